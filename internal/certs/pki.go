@@ -1,0 +1,78 @@
+package certs
+
+import (
+	"crypto/x509"
+	"fmt"
+	"net"
+	"time"
+)
+
+// Extended key usages for the common kinds of leaf certificate.
+var (
+	ServerUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
+	ClientUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}
+	PeerUsage   = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth}
+)
+
+// ClusterCAs is the set of authorities and keys a control plane shares, as
+// kubeadm copies them to every control plane node. CAPI names the Secrets
+// that hold them <cluster>-ca, <cluster>-etcd, <cluster>-proxy and <cluster>-sa.
+type ClusterCAs struct {
+	Cluster    *KeyPair
+	Etcd       *KeyPair
+	FrontProxy *KeyPair
+	// ServiceAccountKey and ServiceAccountPub are PEM; CAPI stores them in
+	// the <cluster>-sa Secret under tls.key and tls.crt.
+	ServiceAccountKey []byte
+	ServiceAccountPub []byte
+}
+
+// NewClusterCAs generates every authority and key a new cluster needs.
+func NewClusterCAs(now time.Time) (*ClusterCAs, error) {
+	cluster, err := NewCA("kubernetes", now)
+	if err != nil {
+		return nil, err
+	}
+	etcd, err := NewCA("etcd-ca", now)
+	if err != nil {
+		return nil, err
+	}
+	proxy, err := NewCA("front-proxy-ca", now)
+	if err != nil {
+		return nil, err
+	}
+	saKey, saPub, err := NewServiceAccountKey()
+	if err != nil {
+		return nil, err
+	}
+	return &ClusterCAs{Cluster: cluster, Etcd: etcd, FrontProxy: proxy, ServiceAccountKey: saKey, ServiceAccountPub: saPub}, nil
+}
+
+// EtcdMemberCerts are the certificates one etcd member serves with.
+type EtcdMemberCerts struct {
+	Server *KeyPair
+	Peer   *KeyPair
+}
+
+// IssueEtcdMember issues the server and peer certificates for an etcd member
+// named name listening on ip. Peer certificates carry both usages because a
+// member is client and server to its peers.
+func IssueEtcdMember(etcdCA *KeyPair, name string, ip net.IP, now time.Time) (*EtcdMemberCerts, error) {
+	ips := []net.IP{ip, net.IPv4(127, 0, 0, 1)}
+	dns := []string{name, "localhost"}
+	server, err := etcdCA.Issue(Request{CommonName: name, DNSNames: dns, IPs: ips, Usages: PeerUsage}, now)
+	if err != nil {
+		return nil, fmt.Errorf("issuing etcd server certificate for %s: %w", name, err)
+	}
+	peer, err := etcdCA.Issue(Request{CommonName: name, DNSNames: dns, IPs: ips, Usages: PeerUsage}, now)
+	if err != nil {
+		return nil, fmt.Errorf("issuing etcd peer certificate for %s: %w", name, err)
+	}
+	return &EtcdMemberCerts{Server: server, Peer: peer}, nil
+}
+
+// IssueEtcdClient issues a client certificate for talking to etcd, such as
+// kube-apiserver's apiserver-etcd-client or a controller's own client.
+func IssueEtcdClient(etcdCA *KeyPair, name string, now time.Time) (*KeyPair, error) {
+	return etcdCA.Issue(Request{CommonName: name, Usages: ClientUsage}, now)
+}
