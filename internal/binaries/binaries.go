@@ -1,0 +1,53 @@
+// Package binaries finds the pinned binaries `make binaries` builds into
+// bin/, named with their version (bin/etcd-v3.6.16, bin/kube-v1.36.3, ...).
+package binaries
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+)
+
+// Default versions; `make binaries` builds these unless told otherwise.
+const (
+	EtcdVersion = "v3.6.16"
+	KubeVersion = "v1.36.3"
+	CAPIVersion = "v1.14.2"
+)
+
+// DirEnv overrides where the binaries are looked up.
+const DirEnv = "QCP_BIN_DIR"
+
+// Dir returns the binaries directory: $QCP_BIN_DIR, or bin/ in the first
+// ancestor of the working directory that holds go.mod of this repository.
+func Dir() (string, error) {
+	if d := os.Getenv(DirEnv); d != "" {
+		return filepath.Abs(d)
+	}
+	wd, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for dir := wd; ; dir = filepath.Dir(dir) {
+		if _, err := os.Stat(filepath.Join(dir, "hack", "tools", "kube", "gomod.sh")); err == nil {
+			return filepath.Join(dir, "bin"), nil
+		}
+		if filepath.Dir(dir) == dir {
+			return "", fmt.Errorf("cannot find the QCP repository above %s: set %s to the directory holding the pinned binaries", wd, DirEnv)
+		}
+	}
+}
+
+// Path returns the path of binary name at version (name is etcd, kube,
+// capi-manager, qcp-agent, ...), and an error naming the fix if it is missing.
+func Path(name, version string) (string, error) {
+	dir, err := Dir()
+	if err != nil {
+		return "", err
+	}
+	p := filepath.Join(dir, name+"-"+version)
+	if _, err := os.Stat(p); err != nil {
+		return "", fmt.Errorf("binary %s %s not found at %s: run `make binaries` (for another version, e.g. `make binaries KUBE_VERSION=%s`)", name, version, p, version)
+	}
+	return p, nil
+}
