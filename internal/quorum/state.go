@@ -1,0 +1,159 @@
+// Package quorum is QCP's quorum engine: a pure planner that looks at a
+// snapshot of a control plane's machines and etcd members and returns exactly
+// one next step, plus the safety invariants I1–I7 that every step must keep.
+//
+// The package does no I/O and imports only the standard library. Like etcd's
+// raft package, it is a state machine whose caller (a reconciler, or the
+// real-etcd test driver) observes the world, builds a State, calls Plan,
+// carries out the Decision and observes again.
+//
+// # Lifecycle of a machine, as the planner models it
+//
+//  1. CreateMachine(fd): the caller creates a Machine. Until its
+//     infrastructure is ready it has no PeerURL ("provisioning").
+//  2. The very first machine of a cluster (no etcd members at all) bootstraps
+//     a new cluster (--initial-cluster-state=new); its member appears as a
+//     started voter on its own. Every later machine joins:
+//  3. AddLearner(machine): the caller calls MemberAddAsLearner with the
+//     machine's PeerURL. The member now exists, unstarted (empty name).
+//  4. The machine then starts etcd with --initial-cluster-state=existing and
+//     the full --initial-cluster; once started the member's name is the
+//     machine's name.
+//  5. AddHook(machine), once the learner is started, healthy and caught up:
+//     the pre-drain hook must be on the machine before it hosts a voter (I5).
+//  6. Promote(member): the learner becomes a voter.
+//
+// A machine leaves the cluster the other way round: MoveLeader away from it if
+// it hosts the leader (I6), DeleteMachine (the hook holds the drain), then
+// RemoveMember, then RemoveHook, after which the infrastructure provider
+// finishes deleting the machine. Machines the user deletes enter the same
+// path at the RemoveMember step.
+package quorum
+
+import "time"
+
+// Topology says where etcd runs. The planner treats both alike; the
+// odd-replica rule for stacked etcd is enforced by the webhook.
+type Topology string
+
+const (
+	// Stacked etcd runs on the control plane machines next to the API server.
+	Stacked Topology = "Stacked"
+	// External etcd runs on etcd-only machines (an EtcdCluster).
+	External Topology = "External"
+)
+
+// HookAnnotation is the pre-drain hook QCP puts on machines that host voters.
+const HookAnnotation = "pre-drain.delete.hook.machine.cluster.x-k8s.io/qcp-etcd-quorum"
+
+// DeleteAnnotation marks a machine the user prefers to lose on scale down.
+const DeleteAnnotation = "cluster.x-k8s.io/delete-machine"
+
+// State is one observation of a control plane, built by the caller.
+// Order of Machines and Members does not matter: Plan sorts its own copies.
+type State struct {
+	// Desired is the number of voters (and machines) wanted, ≥ 1.
+	Desired int
+	// Topology is stacked or external etcd.
+	Topology Topology
+	// FailureDomains are the domains machines may be placed in (from the
+	// Cluster's status). Empty means one unnamed domain ("").
+	FailureDomains []string
+	// Machines are the control plane (or etcd) machines, including deleting
+	// ones, that exist right now.
+	Machines []Machine
+	// Members is the etcd member list as reported by a healthy member, with
+	// per-member status filled in.
+	Members []Member
+	// Now is the caller's clock; the planner never reads the system clock.
+	Now time.Time
+	// Tunables are the configurable thresholds; zero values get defaults.
+	Tunables Tunables
+}
+
+// Tunables are the knobs of the planner.
+type Tunables struct {
+	// LearnerStartTimeout is how long an added learner may stay unstarted
+	// (or unreachable) before its machine is deleted and the learner removed.
+	// Default 5 minutes.
+	LearnerStartTimeout time.Duration
+	// UnhealthyTimeout is how long a voter may stay unhealthy before it is
+	// remediated (removed first, then replaced). Default 5 minutes. Zero
+	// after defaulting is not possible; use a tiny duration for "at once".
+	UnhealthyTimeout time.Duration
+	// CatchUpMaxLag is how far, in applied raft index, a learner may trail
+	// the leader and still be promoted. Default 1000.
+	CatchUpMaxLag uint64
+}
+
+// Machine is one machine that hosts (or will host) an etcd member.
+type Machine struct {
+	// Name is the Machine's name; a started member carries the same name.
+	Name string
+	// FailureDomain is the domain the machine was placed in ("" if none).
+	FailureDomain string
+	// PeerURL is the etcd peer URL the machine will use (https://ip:2380).
+	// Empty while the infrastructure is still provisioning.
+	PeerURL string
+	// UpToDate is false when the machine's spec (version, template, config,
+	// rolloutAfter, certificate expiry) calls for a rollout.
+	UpToDate bool
+	// CreatedAt orders machines by age (oldest is removed first).
+	CreatedAt time.Time
+	// Deleting is true once the Machine has a deletion timestamp.
+	Deleting bool
+	// DeleteAnnotated is true when the machine carries DeleteAnnotation.
+	DeleteAnnotated bool
+	// HasHook is true when the machine carries HookAnnotation.
+	HasHook bool
+	// NodeReady is the Node's Ready condition (stacked topology only; ignored
+	// for external etcd machines, which have no Node).
+	NodeReady bool
+	// ComponentsHealthy is true when the control plane components (or, for
+	// external etcd, the etcd process) on the machine report healthy.
+	ComponentsHealthy bool
+	// CreationFailed is true when the infrastructure reported a terminal
+	// failure; such a machine is deleted and created again.
+	CreationFailed bool
+	// Remediate is true when a MachineHealthCheck marked the machine for
+	// remediation; its voter is then removed first and the machine replaced,
+	// without waiting for UnhealthyTimeout.
+	Remediate bool
+}
+
+// Member is one etcd member, from MemberList plus per-member Status.
+type Member struct {
+	// ID is the etcd member ID; IDs are never reused.
+	ID uint64
+	// Name is empty until the member has started; then it equals the name
+	// of the machine that hosts it.
+	Name string
+	// PeerURL is the member's (first) peer URL; it matches Machine.PeerURL.
+	PeerURL string
+	// Learner is true for a non-voting member.
+	Learner bool
+	// Healthy is the member's health. For voters: /health succeeded. For
+	// learners (which fail /health by design): its Status call succeeded.
+	Healthy bool
+	// UnhealthySince is when the caller first saw the member unhealthy; zero
+	// when healthy or unknown (unknown counts as "just now").
+	UnhealthySince time.Time
+	// AddedAt is when QCP added the member as a learner (recorded by the
+	// caller); zero if unknown, in which case the machine's CreatedAt is used.
+	AddedAt time.Time
+	// AppliedIndex is the member's raft applied index (from Status).
+	AppliedIndex uint64
+	// Revision is the member's store revision, for messages only.
+	Revision int64
+	// Alarms are the active alarms raised by the member (NOSPACE, CORRUPT).
+	Alarms []string
+	// Leader is true for the member that is currently the raft leader.
+	Leader bool
+}
+
+// Started reports whether the member's process has joined (etcd fills in the
+// name only once the member has started).
+func (m Member) Started() bool { return m.Name != "" }
+
+// Voter reports whether the member votes.
+func (m Member) Voter() bool { return !m.Learner }
