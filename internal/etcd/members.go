@@ -1,0 +1,295 @@
+package etcd
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+)
+
+// Member is one entry of the member list.
+type Member struct {
+	ID         uint64
+	Name       string
+	PeerURLs   []string
+	ClientURLs []string
+	IsLearner  bool
+}
+
+// Started reports whether the member's process has joined: etcd publishes a
+// member's name and client URLs only once it has started.
+func (m Member) Started() bool { return m.Name != "" }
+
+// String names a member the way logs and wait reasons refer to it.
+func (m Member) String() string {
+	name := m.Name
+	if name == "" {
+		name = "(unstarted " + strings.Join(m.PeerURLs, ",") + ")"
+	}
+	return fmt.Sprintf("%s[%x]", name, m.ID)
+}
+
+func fromPB(ms []*etcdserverpb.Member) []Member {
+	out := make([]Member, 0, len(ms))
+	for _, m := range ms {
+		out = append(out, Member{ID: m.ID, Name: m.Name, PeerURLs: m.PeerURLs, ClientURLs: m.ClientURLs, IsLearner: m.IsLearner})
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out
+}
+
+// Members returns the linearizable member list, sorted by ID.
+func (c *Client) Members(ctx context.Context) ([]Member, error) {
+	resp, err := c.cli.MemberList(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("listing etcd members: %w", err)
+	}
+	return fromPB(resp.Members), nil
+}
+
+// AddLearner adds a non-voting member with the given peer URL and returns it
+// with the member list as it stood after the add, which the new process
+// needs for --initial-cluster.
+func (c *Client) AddLearner(ctx context.Context, peerURL string) (Member, []Member, error) {
+	resp, err := c.cli.MemberAddAsLearner(ctx, []string{peerURL})
+	if err != nil {
+		return Member{}, nil, fmt.Errorf("adding learner %s: %w", peerURL, err)
+	}
+	added := fromPB([]*etcdserverpb.Member{resp.Member})[0]
+	return added, fromPB(resp.Members), nil
+}
+
+// Promote makes learner id a voter. A member that already is a voter counts
+// as promoted, so a retry after a lost reply succeeds.
+func (c *Client) Promote(ctx context.Context, id uint64) error {
+	_, err := c.cli.MemberPromote(ctx, id)
+	if err != nil && !IsMemberNotLearner(err) {
+		return fmt.Errorf("promoting member %x: %w", id, err)
+	}
+	return nil
+}
+
+// Remove removes member id. A member that is already gone counts as removed.
+func (c *Client) Remove(ctx context.Context, id uint64) error {
+	_, err := c.cli.MemberRemove(ctx, id)
+	if err != nil && !IsMemberNotFound(err) {
+		return fmt.Errorf("removing member %x: %w", id, err)
+	}
+	return nil
+}
+
+// MoveLeader transfers leadership to voter id. etcd accepts the request only
+// from the current leader, so it finds the leader by asking every member for
+// its status and sends the request through a client pinned to the leader.
+func (c *Client) MoveLeader(ctx context.Context, id uint64) error {
+	leader, err := c.Leader(ctx)
+	if err != nil {
+		return fmt.Errorf("moving leadership to %x: %w", id, err)
+	}
+	if leader.ID == id {
+		return nil
+	}
+	p, err := c.pin(leader.Endpoint)
+	if err != nil {
+		return fmt.Errorf("moving leadership to %x: %w", id, err)
+	}
+	if _, err := p.MoveLeader(ctx, id); err != nil {
+		return fmt.Errorf("moving leadership from %x to %x: %w", leader.ID, id, err)
+	}
+	return nil
+}
+
+// MemberStatus is what one member reports about itself.
+type MemberStatus struct {
+	ID       uint64
+	Endpoint string
+	// Revision is the key-value store revision; RaftIndex the last log
+	// index the member has; AppliedIndex the last one it has applied.
+	Revision     int64
+	RaftIndex    uint64
+	AppliedIndex uint64
+	RaftTerm     uint64
+	Leader       uint64
+	IsLearner    bool
+	DBSize       int64
+	// Errors are the member's own complaints, such as a raised alarm.
+	Errors []string
+}
+
+// Status asks the member serving endpoint for its status.
+func (c *Client) Status(ctx context.Context, endpoint string) (MemberStatus, error) {
+	p, err := c.pin(endpoint)
+	if err != nil {
+		return MemberStatus{}, err
+	}
+	r, err := p.Status(ctx, endpoint)
+	if err != nil {
+		return MemberStatus{}, fmt.Errorf("status of %s: %w", endpoint, err)
+	}
+	return MemberStatus{
+		ID: r.Header.MemberId, Endpoint: endpoint, Revision: r.Header.Revision, RaftIndex: r.RaftIndex,
+		AppliedIndex: r.RaftAppliedIndex, RaftTerm: r.RaftTerm, Leader: r.Leader, IsLearner: r.IsLearner,
+		DBSize: r.DbSize, Errors: r.Errors,
+	}, nil
+}
+
+// StatusTimeout bounds each member's status probe in Statuses: the client
+// retries an unreachable member until its context ends, and one dead member
+// must not stall the view of the others.
+const StatusTimeout = time.Second
+
+// Statuses asks every started member for its status, in parallel. A member
+// that does not answer is reported in the error map instead, so one dead
+// member does not hide the others.
+func (c *Client) Statuses(ctx context.Context, members []Member) (map[uint64]MemberStatus, map[uint64]error) {
+	ok := map[uint64]MemberStatus{}
+	failed := map[uint64]error{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for _, m := range members {
+		if len(m.ClientURLs) == 0 {
+			failed[m.ID] = fmt.Errorf("member %s has not started", m)
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sctx, cancel := context.WithTimeout(ctx, StatusTimeout)
+			defer cancel()
+			s, err := c.Status(sctx, m.ClientURLs[0])
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				failed[m.ID] = err
+				return
+			}
+			ok[m.ID] = s
+		}()
+	}
+	wg.Wait()
+	return ok, failed
+}
+
+// Leader returns the status of the member that all reachable members agree
+// leads the cluster, or an error if none does.
+func (c *Client) Leader(ctx context.Context) (MemberStatus, error) {
+	members, err := c.Members(ctx)
+	if err != nil {
+		return MemberStatus{}, err
+	}
+	statuses, _ := c.Statuses(ctx, members)
+	for _, s := range statuses {
+		if s.Leader != 0 && s.Leader == s.ID {
+			return s, nil
+		}
+	}
+	return MemberStatus{}, errors.New("no member reports itself as etcd leader")
+}
+
+// Alarms lists the raised alarms (NOSPACE, CORRUPT) with the member raising each.
+func (c *Client) Alarms(ctx context.Context) ([]Alarm, error) {
+	resp, err := c.cli.AlarmList(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("listing etcd alarms: %w", err)
+	}
+	out := make([]Alarm, 0, len(resp.Alarms))
+	for _, a := range resp.Alarms {
+		out = append(out, Alarm{MemberID: a.MemberID, Type: a.Alarm.String()})
+	}
+	return out, nil
+}
+
+// Alarm is one raised alarm.
+type Alarm struct {
+	MemberID uint64
+	Type     string
+}
+
+// Health checks one member the way etcd's /health does: a linearizable read
+// through that member. It fails for a learner, which serves no reads, and
+// for a member cut off from the leader.
+func (c *Client) Health(ctx context.Context, endpoint string) error {
+	p, err := c.pin(endpoint)
+	if err != nil {
+		return err
+	}
+	if _, err := p.Get(ctx, "health"); err != nil {
+		return fmt.Errorf("health of %s: %w", endpoint, err)
+	}
+	return nil
+}
+
+// Agreement is the member list as each member sees it.
+type Agreement struct {
+	// Views maps a member ID to the sorted IDs (learners suffixed "L") it lists.
+	Views map[uint64][]string
+	// Errors maps a member ID to why its view could not be read.
+	Errors map[uint64]error
+}
+
+// Agree reports whether every member that answered lists the same members
+// with the same roles, and every member answered.
+func (a Agreement) Agree() bool {
+	if len(a.Errors) > 0 {
+		return false
+	}
+	var first []string
+	for _, v := range a.Views {
+		if first == nil {
+			first = v
+			continue
+		}
+		if !slices.Equal(first, v) {
+			return false
+		}
+	}
+	return true
+}
+
+// MemberListAgreement reads the member list from every started member
+// without going through the leader (serializable), so that a member with a
+// stale view shows up as disagreeing.
+func (c *Client) MemberListAgreement(ctx context.Context) (Agreement, error) {
+	members, err := c.Members(ctx)
+	if err != nil {
+		return Agreement{}, err
+	}
+	a := Agreement{Views: map[uint64][]string{}, Errors: map[uint64]error{}}
+	for _, m := range members {
+		if len(m.ClientURLs) == 0 {
+			a.Errors[m.ID] = fmt.Errorf("member %s has not started", m)
+			continue
+		}
+		p, err := c.pin(m.ClientURLs[0])
+		if err != nil {
+			a.Errors[m.ID] = err
+			continue
+		}
+		resp, err := p.MemberList(ctx, clientv3.WithSerializable())
+		if err != nil {
+			a.Errors[m.ID] = fmt.Errorf("member list from %s: %w", m, err)
+			continue
+		}
+		var view []string
+		for _, v := range fromPB(resp.Members) {
+			id := fmt.Sprintf("%x", v.ID)
+			if v.IsLearner {
+				id += "L"
+			}
+			view = append(view, id)
+		}
+		a.Views[m.ID] = view
+	}
+	return a, nil
+}
+
+// ForgetEndpoint drops cached connections to an endpoint whose member was
+// removed or whose machine was deleted.
+func (c *Client) ForgetEndpoint(endpoint string) { c.forgetPinned(endpoint) }
