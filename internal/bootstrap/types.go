@@ -1,0 +1,160 @@
+// Package bootstrap defines the bootstrap data document a bootstrap provider
+// writes for a QCP machine and qcp-agent reads: which components to run, at
+// which versions, how etcd joins, and the CA material a control plane node
+// needs. The machine's own identity (name, address, failure domain) is not
+// here: a bootstrap provider does not know it; the infrastructure side
+// supplies it separately (see internal/agent's machine.json).
+//
+// The format is documented in docs/bootstrap-format.md.
+package bootstrap
+
+// Version identifiers of the document.
+const (
+	APIVersion = "bootstrap.qcp.dev/v1alpha1"
+	Kind       = "MachineBootstrap"
+)
+
+// Component names a process the agent can run.
+type Component string
+
+// The components the agent knows how to run.
+const (
+	Etcd                  Component = "etcd"
+	KubeAPIServer         Component = "kube-apiserver"
+	KubeControllerManager Component = "kube-controller-manager"
+	KubeScheduler         Component = "kube-scheduler"
+)
+
+// AllComponents lists the components in the order the agent starts them.
+var allComponents = []Component{Etcd, KubeAPIServer, KubeControllerManager, KubeScheduler}
+
+// EtcdMode says whether a local etcd member starts a new cluster or joins one.
+type EtcdMode string
+
+// The etcd join modes.
+const (
+	EtcdModeNew      EtcdMode = "new"
+	EtcdModeExisting EtcdMode = "existing"
+)
+
+// Document is the bootstrap data of one machine.
+type Document struct {
+	APIVersion string `json:"apiVersion"`
+	Kind       string `json:"kind"`
+	// ClusterName names the workload cluster; it is the etcd cluster token
+	// and the kube-controller-manager --cluster-name.
+	ClusterName string `json:"clusterName"`
+	// ControlPlaneEndpoint is host:port of the cluster's load balancer. It
+	// goes into the API server certificate's SANs and is where the agent
+	// registers its Node. Empty means "use the local API server".
+	ControlPlaneEndpoint string      `json:"controlPlaneEndpoint,omitempty"`
+	Components           []Component `json:"components"`
+	Versions             Versions    `json:"versions"`
+	Etcd                 EtcdConfig  `json:"etcd"`
+	Certificates         CAMaterial  `json:"certificates"`
+	Tunables             Tunables    `json:"tunables,omitempty"`
+}
+
+// Versions of the binaries to run; the agent looks for
+// <bin-dir>/kube-<kubernetes> and <bin-dir>/etcd-<etcd>.
+type Versions struct {
+	Kubernetes string `json:"kubernetes,omitempty"`
+	Etcd       string `json:"etcd,omitempty"`
+}
+
+// EtcdConfig holds either Local (the machine runs a member) or External
+// (the API server talks to etcd elsewhere), never both.
+type EtcdConfig struct {
+	Local    *LocalEtcd    `json:"local,omitempty"`
+	External *ExternalEtcd `json:"external,omitempty"`
+}
+
+// LocalEtcd describes the member this machine runs.
+type LocalEtcd struct {
+	Mode EtcdMode `json:"mode"`
+	// ExistingEndpoints are client URLs (https://host:2379) of running
+	// members; with mode existing the agent polls them until its own peer
+	// URL is in the member list before it starts etcd.
+	ExistingEndpoints []string `json:"existingEndpoints,omitempty"`
+	// InitialCluster (name=peerURL,...) is used as given when set and the
+	// member list cannot be read; otherwise it is built from the member list.
+	InitialCluster string `json:"initialCluster,omitempty"`
+}
+
+// ExternalEtcd is an etcd cluster the API server uses but this machine does
+// not run a member of.
+type ExternalEtcd struct {
+	Endpoints []string `json:"endpoints"`
+	CACert    string   `json:"caCert"`
+	// ClientCert and ClientKey are the apiserver-etcd-client pair.
+	ClientCert string `json:"clientCert"`
+	ClientKey  string `json:"clientKey"`
+}
+
+// CAMaterial is what kubeadm copies to every control plane node. All values
+// are PEM.
+type CAMaterial struct {
+	ClusterCA      *CertKey          `json:"clusterCA,omitempty"`
+	EtcdCA         *CertKey          `json:"etcdCA,omitempty"`
+	FrontProxyCA   *CertKey          `json:"frontProxyCA,omitempty"`
+	ServiceAccount *ServiceAccountKP `json:"serviceAccount,omitempty"`
+}
+
+// CertKey is a PEM certificate with its PEM private key.
+type CertKey struct {
+	Cert string `json:"cert"`
+	Key  string `json:"key"`
+}
+
+// ServiceAccountKP is the PEM key pair that signs service-account tokens.
+type ServiceAccountKP struct {
+	PrivateKey string `json:"privateKey"`
+	PublicKey  string `json:"publicKey"`
+}
+
+// Tunables are optional knobs; zero values mean the defaults below.
+type Tunables struct {
+	// NodeMonitorGracePeriod is kube-controller-manager's
+	// --node-monitor-grace-period, a Go duration.
+	NodeMonitorGracePeriod string `json:"nodeMonitorGracePeriod,omitempty"`
+	// ServiceClusterIPRange is the API server's --service-cluster-ip-range.
+	ServiceClusterIPRange string `json:"serviceClusterIPRange,omitempty"`
+}
+
+// Defaults for the tunables. The grace period is short so that tests (and
+// fault injection) see a frozen machine's Node go NotReady quickly.
+const (
+	DefaultNodeMonitorGracePeriod = "20s"
+	DefaultServiceClusterIPRange  = "10.96.0.0/12"
+)
+
+// Runs reports whether the document asks for component c.
+func (d *Document) Runs(c Component) bool {
+	for _, have := range d.Components {
+		if have == c {
+			return true
+		}
+	}
+	return false
+}
+
+// RunsKubernetes reports whether any Kubernetes component is requested.
+func (d *Document) RunsKubernetes() bool {
+	return d.Runs(KubeAPIServer) || d.Runs(KubeControllerManager) || d.Runs(KubeScheduler)
+}
+
+// NodeMonitorGracePeriod returns the tunable or its default.
+func (d *Document) NodeMonitorGracePeriod() string {
+	if d.Tunables.NodeMonitorGracePeriod != "" {
+		return d.Tunables.NodeMonitorGracePeriod
+	}
+	return DefaultNodeMonitorGracePeriod
+}
+
+// ServiceClusterIPRange returns the tunable or its default.
+func (d *Document) ServiceClusterIPRange() string {
+	if d.Tunables.ServiceClusterIPRange != "" {
+		return d.Tunables.ServiceClusterIPRange
+	}
+	return DefaultServiceClusterIPRange
+}
