@@ -1,0 +1,205 @@
+package testkit
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/qcp-dev/qcp/internal/etcd"
+	"github.com/qcp-dev/qcp/internal/quorum"
+)
+
+// Monitor samples the member list, member health and the leader at a fixed
+// interval and checks every sample against the membership invariants
+// (quorum.CheckMembers: I2) and every pair of consecutive samples against
+// quorum.CheckMembershipChange (I1, I3).
+type Monitor struct {
+	client   *etcd.Client
+	interval time.Duration
+	cancel   context.CancelFunc
+	done     chan struct{}
+
+	mu sync.Mutex
+	// desired is what the test asked for; bound is what CheckMembers is
+	// given. After a scale down the bound stays at the old desired and
+	// ratchets down as voters leave, so the voters may shrink one by one
+	// but never grow back past it.
+	desired, bound int
+	report         MonitorReport
+	prev           []quorum.Member
+}
+
+// MonitorReport lists what the monitor saw.
+type MonitorReport struct {
+	Samples int
+	// Unobserved counts samples where no member list could be read (no
+	// leader, for example); they are not violations by themselves.
+	Unobserved int
+	Violations []Violation
+	// MaxVoters and MaxLearners are the largest counts seen.
+	MaxVoters, MaxLearners int
+}
+
+// Violation is one sample that broke an invariant.
+type Violation struct {
+	At      time.Time
+	Members string
+	Err     error
+}
+
+func (v Violation) String() string {
+	return fmt.Sprintf("%s: %v (members: %s)", v.At.Format("15:04:05.000"), v.Err, v.Members)
+}
+
+// Err is nil when no sample broke an invariant.
+func (r MonitorReport) Err() error {
+	if len(r.Violations) == 0 {
+		return nil
+	}
+	lines := make([]string, 0, len(r.Violations))
+	for _, v := range r.Violations {
+		lines = append(lines, v.String())
+	}
+	return fmt.Errorf("%d of %d samples broke membership invariants:\n%s", len(r.Violations), r.Samples, strings.Join(lines, "\n"))
+}
+
+// StartMonitor starts sampling through client every interval (200 ms if 0).
+func StartMonitor(client *etcd.Client, desired int, interval time.Duration) *Monitor {
+	if interval == 0 {
+		interval = 200 * time.Millisecond
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	m := &Monitor{client: client, interval: interval, cancel: cancel, done: make(chan struct{}), desired: desired, bound: desired}
+	go m.run(ctx)
+	return m
+}
+
+// SetDesired changes the desired voter count, as a scaling request does.
+func (m *Monitor) SetDesired(n int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.desired = n
+	if n > m.bound {
+		m.bound = n
+	}
+}
+
+// Stop ends sampling and returns the report.
+func (m *Monitor) Stop() MonitorReport {
+	m.cancel()
+	<-m.done
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.report
+}
+
+func (m *Monitor) run(ctx context.Context) {
+	defer close(m.done)
+	t := time.NewTicker(m.interval)
+	defer t.Stop()
+	for {
+		m.sample(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (m *Monitor) sample(ctx context.Context) {
+	members, err := Observe(ctx, m.client)
+	at := time.Now()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if ctx.Err() != nil {
+		return
+	}
+	m.report.Samples++
+	if err != nil {
+		m.report.Unobserved++
+		return
+	}
+	voters, learners := 0, 0
+	for _, mb := range members {
+		if mb.Learner {
+			learners++
+		} else {
+			voters++
+		}
+	}
+	m.report.MaxVoters = max(m.report.MaxVoters, voters)
+	m.report.MaxLearners = max(m.report.MaxLearners, learners)
+	if m.bound > m.desired {
+		m.bound = max(m.desired, min(m.bound, voters-1))
+	}
+	if err := quorum.CheckMembers(m.bound, members); err != nil {
+		m.report.Violations = append(m.report.Violations, Violation{At: at, Members: describe(members), Err: err})
+	}
+	if m.prev != nil {
+		if err := quorum.CheckMembershipChange(m.prev, members); err != nil {
+			m.report.Violations = append(m.report.Violations, Violation{At: at, Members: describe(m.prev) + " -> " + describe(members), Err: err})
+		}
+	}
+	m.prev = members
+}
+
+// Observe reads the member list and each member's status and returns them
+// as the planner sees members. A voter is healthy when it answers a status
+// request without errors; a learner likewise (learners fail /health by
+// design). Alarms are read once for the cluster.
+func Observe(ctx context.Context, client *etcd.Client) ([]quorum.Member, error) {
+	lctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	list, err := client.Members(lctx)
+	if err != nil {
+		return nil, err
+	}
+	statuses, _ := client.Statuses(ctx, list)
+	alarms := map[uint64][]string{}
+	if as, err := client.Alarms(lctx); err == nil {
+		for _, a := range as {
+			alarms[a.MemberID] = append(alarms[a.MemberID], a.Type)
+		}
+	}
+	out := make([]quorum.Member, 0, len(list))
+	for _, mb := range list {
+		qm := quorum.Member{ID: mb.ID, Name: mb.Name, Learner: mb.IsLearner, Alarms: alarms[mb.ID]}
+		if len(mb.PeerURLs) > 0 {
+			qm.PeerURL = mb.PeerURLs[0]
+		}
+		if s, ok := statuses[mb.ID]; ok {
+			qm.Healthy = len(s.Errors) == 0
+			qm.AppliedIndex = s.AppliedIndex
+			qm.Revision = s.Revision
+			qm.Leader = s.Leader == s.ID
+		}
+		out = append(out, qm)
+	}
+	return out, nil
+}
+
+func describe(ms []quorum.Member) string {
+	parts := make([]string, 0, len(ms))
+	for _, m := range ms {
+		role := "voter"
+		if m.Learner {
+			role = "learner"
+		}
+		name := m.Name
+		if name == "" {
+			name = "(unstarted " + m.PeerURL + ")"
+		}
+		flags := ""
+		if !m.Healthy {
+			flags += ",unhealthy"
+		}
+		if m.Leader {
+			flags += ",leader"
+		}
+		parts = append(parts, fmt.Sprintf("%s[%x %s%s]", name, m.ID, role, flags))
+	}
+	return strings.Join(parts, " ")
+}

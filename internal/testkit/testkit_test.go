@@ -1,0 +1,113 @@
+package testkit
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+)
+
+func TestKVModelRejectsStaleRead(t *testing.T) {
+	put := func(v string, call, ret int64) porcupine.Operation {
+		return porcupine.Operation{Input: kvInput{Put: true, Key: "k", Value: v}, Output: kvOutput{}, Call: call, Return: ret}
+	}
+	get := func(v string, call, ret int64) porcupine.Operation {
+		return porcupine.Operation{Input: kvInput{Key: "k"}, Output: kvOutput{Value: v}, Call: call, Return: ret}
+	}
+	ok := []porcupine.Operation{put("a", 0, 10), get("a", 11, 12), put("b", 13, 100), get("a", 14, 15), get("b", 101, 102)}
+	if got := porcupine.CheckOperations(kvModel, ok); !got {
+		t.Error("a linearizable history was rejected")
+	}
+	// After b is acknowledged, reading a is stale.
+	stale := []porcupine.Operation{put("a", 0, 10), put("b", 11, 20), get("a", 21, 22)}
+	if porcupine.CheckOperations(kvModel, stale) {
+		t.Error("a stale read was accepted")
+	}
+}
+
+func TestMaxGapCountsEdges(t *testing.T) {
+	gap, at := maxGap([]time.Duration{3, 4, 10}, 12)
+	if gap != 6 || at != 10 {
+		t.Errorf("maxGap = %v at %v, want 6 at 10", gap, at)
+	}
+	if gap, _ := maxGap(nil, 7); gap != 7 {
+		t.Errorf("maxGap without acks = %v, want the whole run", gap)
+	}
+}
+
+// TestWriterSurvivesLeaderKill runs the writer against three real members
+// while the leader is killed and restarted: the history must stay
+// linearizable, nothing acknowledged may be lost, and the gap must show the
+// election.
+func TestWriterSurvivesLeaderKill(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cl := NewEtcdCluster(t, "writer")
+	ps, err := cl.Bootstrap(ctx, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cli := cl.NewClient(ps...)
+	mon := StartMonitor(cli, 3, 0)
+	w, err := StartWriter(cl.Config(ps[0].ClientURL(), ps[1].ClientURL(), ps[2].ClientURL()), WriterOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitAcks(ctx, t, w, 50)
+	leader, err := cli.Leader(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var victim *EtcdProcess
+	for _, p := range ps {
+		if p.ClientURL() == leader.Endpoint {
+			victim = p
+		}
+	}
+	if err := victim.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	before := acks(w)
+	waitAcks(ctx, t, w, before+50)
+	if err := victim.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	if err := WaitHealthy(ctx, cli, victim); err != nil {
+		t.Fatal(err)
+	}
+	r := w.Stop(ctx)
+	t.Log(r)
+	if err := r.Err(); err != nil {
+		t.Error(err)
+	}
+	if r.MaxWriteGap < 100*time.Millisecond {
+		t.Errorf("max write gap %s is shorter than any election; the gap measurement is broken", r.MaxWriteGap)
+	}
+	mr := mon.Stop()
+	if err := mr.Err(); err != nil {
+		t.Error(err)
+	}
+	if mr.Samples-mr.Unobserved < 3 {
+		t.Errorf("monitor observed only %d of %d samples", mr.Samples-mr.Unobserved, mr.Samples)
+	}
+}
+
+func acks(w *Writer) int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.acks)
+}
+
+func waitAcks(ctx context.Context, t *testing.T, w *Writer, n int) {
+	t.Helper()
+	if err := Eventually(ctx, 20*time.Millisecond, "acknowledged writes", func(context.Context) error {
+		if acks(w) < n {
+			return context.DeadlineExceeded
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}

@@ -1,0 +1,336 @@
+package testkit
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/qcp-dev/qcp/internal/etcd"
+)
+
+// WriterOptions tune the traffic; zero values get defaults.
+type WriterOptions struct {
+	// Keys is how many keys are written, one worker per key (default 4).
+	Keys int
+	// Pause is the pause between one worker's operations (default 5 ms),
+	// which leaves CPU to etcd on small machines while keeping the write
+	// gap resolution in milliseconds.
+	Pause time.Duration
+	// OpTimeout bounds each request (default 2 s).
+	OpTimeout time.Duration
+	// Prefix namespaces the keys (default "/qcp-writer/").
+	Prefix string
+}
+
+func (o WriterOptions) withDefaults() WriterOptions {
+	if o.Keys == 0 {
+		o.Keys = 4
+	}
+	if o.Pause == 0 {
+		o.Pause = 5 * time.Millisecond
+	}
+	if o.OpTimeout == 0 {
+		o.OpTimeout = 2 * time.Second
+	}
+	if o.Prefix == "" {
+		o.Prefix = "/qcp-writer/"
+	}
+	return o
+}
+
+// Writer runs a steady stream of writes and reads against a cluster through
+// the normal client, recording every operation for porcupine.
+type Writer struct {
+	opts   WriterOptions
+	client *etcd.Client
+	start  time.Time
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu      sync.Mutex
+	history []porcupine.Operation
+	// unknown marks history entries whose outcome is unknown; their
+	// return time is set to the end of the history at Stop.
+	unknown  []int
+	acks     []time.Duration
+	failed   int
+	lastAck  map[string]ackedWrite
+	afterAck map[string][]string
+	stopped  bool
+}
+
+type ackedWrite struct {
+	value string
+	at    time.Duration
+}
+
+// StartWriter starts the workers. cfg should list the cluster's current
+// endpoints; the writer keeps them current by auto sync, as any client must.
+func StartWriter(cfg etcd.Config, opts WriterOptions) (*Writer, error) {
+	opts = opts.withDefaults()
+	cfg.AutoSyncInterval = 500 * time.Millisecond
+	cli, err := etcd.New(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("writer client: %w", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	w := &Writer{opts: opts, client: cli, start: time.Now(), cancel: cancel,
+		lastAck: map[string]ackedWrite{}, afterAck: map[string][]string{}}
+	for i := range opts.Keys {
+		w.wg.Add(1)
+		go w.work(ctx, i)
+	}
+	return w, nil
+}
+
+func (w *Writer) now() int64 { return time.Since(w.start).Nanoseconds() }
+
+func (w *Writer) work(ctx context.Context, worker int) {
+	defer w.wg.Done()
+	key := fmt.Sprintf("%sk%d", w.opts.Prefix, worker)
+	for seq := 0; ctx.Err() == nil; seq++ {
+		w.put(ctx, worker, key, fmt.Sprintf("w%d-%d", worker, seq))
+		w.get(ctx, worker, key)
+		select {
+		case <-ctx.Done():
+		case <-time.After(w.opts.Pause):
+		}
+	}
+}
+
+// put writes a unique value once. A failed write is not retried with the
+// same value: the next iteration writes a new one. A write that may have
+// been applied stays in the history with an open end, so porcupine may
+// place it anywhere after its call.
+func (w *Writer) put(ctx context.Context, worker int, key, value string) {
+	call := w.now()
+	octx, cancel := context.WithTimeout(ctx, w.opts.OpTimeout)
+	_, err := w.client.Raw().Put(octx, key, value)
+	cancel()
+	ret := w.now()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.stopped {
+		return
+	}
+	op := porcupine.Operation{ClientId: worker, Input: kvInput{Put: true, Key: key, Value: value}, Call: call, Output: kvOutput{}, Return: ret}
+	switch {
+	case err == nil:
+		w.history = append(w.history, op)
+		w.acks = append(w.acks, time.Duration(ret))
+		w.lastAck[key] = ackedWrite{value: value, at: time.Duration(ret)}
+		w.afterAck[key] = nil
+	case ctx.Err() != nil:
+		// Stopping: the request may or may not have been sent; not a
+		// failure of the cluster.
+		w.recordUnknown(op, key, value)
+	case notApplied(err):
+		w.failed++
+	default:
+		w.failed++
+		w.recordUnknown(op, key, value)
+	}
+}
+
+func (w *Writer) recordUnknown(op porcupine.Operation, key, value string) {
+	w.unknown = append(w.unknown, len(w.history))
+	w.history = append(w.history, op)
+	w.afterAck[key] = append(w.afterAck[key], value)
+}
+
+// notApplied reports errors after which the write certainly did not take
+// effect: the server refused it before proposing it to raft, or raft
+// dropped the proposal (during a leader transfer).
+func notApplied(err error) bool {
+	msg := err.Error()
+	for _, s := range []string{"raft proposal dropped", "etcdserver: no leader", "rpc not supported for learner", "etcdserver: too many requests", "database space exceeded"} {
+		if strings.Contains(msg, s) {
+			return true
+		}
+	}
+	return false
+}
+
+// get reads a key linearizably; a failed read changes nothing and is not
+// recorded.
+func (w *Writer) get(ctx context.Context, worker int, key string) {
+	call := w.now()
+	octx, cancel := context.WithTimeout(ctx, w.opts.OpTimeout)
+	resp, err := w.client.Raw().Get(octx, key)
+	cancel()
+	ret := w.now()
+	if err != nil {
+		return
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if !w.stopped {
+		w.history = append(w.history, porcupine.Operation{ClientId: worker, Input: kvInput{Key: key}, Call: call, Output: kvOutput{Value: value(resp)}, Return: ret})
+	}
+}
+
+func value(resp *clientv3.GetResponse) string {
+	if len(resp.Kvs) == 0 {
+		return ""
+	}
+	return string(resp.Kvs[0].Value)
+}
+
+// WriterReport summarises a run.
+type WriterReport struct {
+	Ops, Writes, Reads, UnknownWrites, FailedAttempts int
+	// MaxWriteGap is the longest time without an acknowledged write,
+	// counting from the start and up to Stop.
+	MaxWriteGap time.Duration
+	// MaxWriteGapEnd is when (since the writer started) that gap ended.
+	MaxWriteGapEnd time.Duration
+	Duration       time.Duration
+	// Linearizable is porcupine's verdict on the whole history.
+	Linearizable porcupine.CheckResult
+	// Visualization is a porcupine HTML file written when the verdict is
+	// not Ok.
+	Visualization string
+	// LostWrites lists keys whose final value is neither the last
+	// acknowledged write nor a later write of unknown outcome.
+	LostWrites []string
+}
+
+// Err returns nil if the history is linearizable and no acknowledged write
+// was lost, or an error saying what went wrong.
+func (r WriterReport) Err() error {
+	var errs []error
+	if r.Linearizable != porcupine.Ok {
+		errs = append(errs, fmt.Errorf("history of %d operations is %s, not linearizable (see %s)", r.Ops, r.Linearizable, r.Visualization))
+	}
+	if len(r.LostWrites) > 0 {
+		errs = append(errs, fmt.Errorf("acknowledged writes lost: %s", strings.Join(r.LostWrites, "; ")))
+	}
+	if r.Writes == 0 {
+		errs = append(errs, errors.New("no write was acknowledged"))
+	}
+	return errors.Join(errs...)
+}
+
+func (r WriterReport) String() string {
+	return fmt.Sprintf("%d ops (%d acknowledged writes, %d reads, %d unknown writes) in %s, %d failed write attempts, max write gap %s (ending at +%s), porcupine %s, lost writes %d",
+		r.Ops, r.Writes, r.Reads, r.UnknownWrites, r.Duration.Round(time.Millisecond), r.FailedAttempts,
+		r.MaxWriteGap.Round(time.Millisecond), r.MaxWriteGapEnd.Round(time.Millisecond), r.Linearizable, len(r.LostWrites))
+}
+
+// Stop ends the traffic, reads back every key (within ctx), and checks the
+// history.
+func (w *Writer) Stop(ctx context.Context) WriterReport {
+	w.cancel()
+	w.wg.Wait()
+	end := time.Duration(w.now())
+	finals := w.readFinals(ctx)
+	w.mu.Lock()
+	w.stopped = true
+	history := slices.Clone(w.history)
+	for k, f := range finals {
+		history = append(history, porcupine.Operation{ClientId: w.opts.Keys, Input: kvInput{Key: k}, Call: f.call, Output: kvOutput{Value: f.value}, Return: f.ret})
+	}
+	last := int64(0)
+	for _, op := range history {
+		last = max(last, op.Return)
+	}
+	for _, i := range w.unknown {
+		history[i].Return = last + 1
+	}
+	r := WriterReport{Ops: len(history), UnknownWrites: len(w.unknown), FailedAttempts: w.failed, Duration: end}
+	for _, op := range history {
+		if op.Input.(kvInput).Put {
+			r.Writes++
+		} else {
+			r.Reads++
+		}
+	}
+	r.Writes -= r.UnknownWrites
+	r.MaxWriteGap, r.MaxWriteGapEnd = maxGap(w.acks, end)
+	r.LostWrites = w.lostWrites(finals)
+	w.mu.Unlock()
+	_ = w.client.Close()
+
+	result, info := porcupine.CheckOperationsVerbose(kvModel, history, time.Minute)
+	r.Linearizable = result
+	if result != porcupine.Ok {
+		if f, err := os.CreateTemp("", "qcp-porcupine-*.html"); err == nil {
+			_ = porcupine.Visualize(kvModel, info, f)
+			_ = f.Close()
+			r.Visualization = f.Name()
+		}
+	}
+	return r
+}
+
+type finalRead struct {
+	value     string
+	call, ret int64
+	err       error
+}
+
+// readFinals reads each written key until a read succeeds or ctx ends: the
+// cluster may still be settling when the traffic stops.
+func (w *Writer) readFinals(ctx context.Context) map[string]finalRead {
+	out := map[string]finalRead{}
+	for i := range w.opts.Keys {
+		key := fmt.Sprintf("%sk%d", w.opts.Prefix, i)
+		var f finalRead
+		_ = Eventually(ctx, 100*time.Millisecond, "final read of "+key, func(ctx context.Context) error {
+			f.call = w.now()
+			octx, cancel := context.WithTimeout(ctx, w.opts.OpTimeout)
+			resp, err := w.client.Raw().Get(octx, key)
+			cancel()
+			f.ret, f.err = w.now(), err
+			if err == nil {
+				f.value = value(resp)
+			}
+			return err
+		})
+		if f.err == nil {
+			out[key] = f
+		}
+	}
+	return out
+}
+
+func (w *Writer) lostWrites(finals map[string]finalRead) []string {
+	var lost []string
+	for i := range w.opts.Keys {
+		key := fmt.Sprintf("%sk%d", w.opts.Prefix, i)
+		f, ok := finals[key]
+		if !ok {
+			lost = append(lost, key+": final value could not be read")
+			continue
+		}
+		acked, hasAck := w.lastAck[key]
+		if (hasAck && f.value == acked.value) || (!hasAck && f.value == "") || slices.Contains(w.afterAck[key], f.value) {
+			continue
+		}
+		lost = append(lost, fmt.Sprintf("%s: last acknowledged %q, read %q", key, acked.value, f.value))
+	}
+	return lost
+}
+
+// maxGap returns the longest interval between consecutive acknowledgements,
+// including from the start to the first and from the last to end.
+func maxGap(acks []time.Duration, end time.Duration) (gap, at time.Duration) {
+	sorted := append(slices.Clone(acks), end)
+	slices.Sort(sorted)
+	prev := time.Duration(0)
+	for _, a := range sorted {
+		if a-prev > gap {
+			gap, at = a-prev, a
+		}
+		prev = a
+	}
+	return gap, at
+}
