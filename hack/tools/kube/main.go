@@ -1,11 +1,14 @@
 // Command kube is one multi-call binary for kube-apiserver,
-// kube-controller-manager and kube-scheduler, chosen by its first argument.
-// One binary links the shared Kubernetes code once instead of three times.
+// kube-controller-manager and kube-scheduler, chosen by its first argument or,
+// when invoked through a link named after a component, by its own name (so
+// tools such as envtest that exec "kube-apiserver" can use it). One binary
+// links the shared Kubernetes code once instead of three times.
 package main
 
 import (
 	"fmt"
 	"os"
+	"path/filepath"
 
 	"github.com/spf13/cobra"
 	"k8s.io/component-base/cli"
@@ -20,11 +23,16 @@ func main() {
 		"kube-controller-manager": controllermanager.NewControllerManagerCommand,
 		"kube-scheduler":          func() *cobra.Command { return scheduler.NewSchedulerCommand() },
 	}
-	if len(os.Args) < 2 || commands[os.Args[1]] == nil {
+	args := os.Args[1:]
+	name := filepath.Base(os.Args[0])
+	if commands[name] == nil && len(args) > 0 {
+		name, args = args[0], args[1:]
+	}
+	if commands[name] == nil {
 		fmt.Fprintln(os.Stderr, "usage: kube {kube-apiserver|kube-controller-manager|kube-scheduler} [flags]")
 		os.Exit(2)
 	}
-	cmd := commands[os.Args[1]]()
-	cmd.SetArgs(os.Args[2:])
+	cmd := commands[name]()
+	cmd.SetArgs(args)
 	os.Exit(cli.Run(cmd))
 }

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# Builds one pinned binary from its wrapper module under hack/tools/, through
+# the Go module proxy only:   hack/build-pinned.sh etcd|kube|capi VERSION OUT
+# The committed wrapper go.mod pins the default version; another version is
+# built from a temporary copy whose go.mod is rewritten for it.
+set -euo pipefail
+tool=$1 version=$2 out=$(realpath -m "$3")
+root=$(cd "$(dirname "$0")/.." && pwd)
+src=$root/hack/tools/$tool
+case $tool in
+  etcd) module=go.etcd.io/etcd/server/v3 ;;
+  kube) module=k8s.io/kubernetes ;;
+  capi) module=sigs.k8s.io/cluster-api ;;
+  *) echo "unknown tool $tool (want etcd, kube or capi)" >&2; exit 2 ;;
+esac
+
+if ! grep -q "$module $version\$" "$src/go.mod"; then
+  work=$(mktemp -d)
+  trap 'rm -rf "$work"' EXIT
+  cp "$src"/*.go "$src"/go.mod "$src"/go.sum "$work"/
+  [ -f "$src/gomod.sh" ] && cp "$src/gomod.sh" "$work/"
+  src=$work
+  echo ">> rewriting the $tool wrapper module for $module $version"
+  (cd "$src" && if [ "$tool" = kube ]; then rm -f go.mod go.sum; ./gomod.sh "$version"; else
+     go mod edit -require="$module@$version"; [ "$tool" = capi ] && go mod edit -require="sigs.k8s.io/cluster-api/api@$version"; go mod tidy; fi)
+fi
+
+ldflags="-s -w"
+target=.
+case $tool in
+  kube)
+    minor=$(echo "$version" | cut -d. -f2)
+    for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
+      ldflags="$ldflags -X $p.gitVersion=$version -X $p.gitMajor=1 -X $p.gitMinor=$minor -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"
+    done ;;
+  capi)
+    target=sigs.k8s.io/cluster-api/core
+    ldflags="$ldflags -X sigs.k8s.io/cluster-api/version.gitVersion=$version -X sigs.k8s.io/cluster-api/version.gitTreeState=clean" ;;
+esac
+
+echo ">> building $tool $version into $out (a cold build can take minutes)"
+start=$(date +%s)
+(cd "$src" && go build -trimpath -ldflags "$ldflags" -o "$out.tmp" "$target")
+mv "$out.tmp" "$out"
+echo ">> built $tool $version in $(( $(date +%s) - start ))s"

@@ -1,0 +1,52 @@
+package localenv
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/qcp-dev/qcp/internal/binaries"
+)
+
+// capiFeatureGates turns off what QCP does not use. ReconcilerRateLimiting
+// (one reconcile per object per second) is off so tests react at event speed;
+// figures measured with it off say so.
+const capiFeatureGates = "MachinePool=false,ClusterTopology=false,RuntimeSDK=false,ReconcilerRateLimiting=false"
+
+func (e *Env) startCAPI(ctx context.Context, opts Options) error {
+	path, err := binaries.Path("capi-manager", opts.CAPIVersion)
+	if err != nil {
+		return err
+	}
+	addrs, err := freeAddrs(2)
+	if err != nil {
+		return err
+	}
+	health, diagnostics := addrs[0], addrs[1]
+	args := []string{
+		"--kubeconfig=" + e.Kubeconfig,
+		"--leader-elect=false",
+		"--webhook-port=" + strconv.Itoa(e.WebhookPort),
+		"--webhook-cert-dir=" + e.WebhookCertDir,
+		"--health-addr=" + health,
+		"--diagnostics-address=" + diagnostics,
+		"--insecure-diagnostics=true",
+		"--feature-gates=" + capiFeatureGates,
+	}
+	// The watch-list client costs seconds at start-up against a fresh
+	// apiserver and buys nothing at this size.
+	env := []string{"KUBE_FEATURE_WatchListClient=false"}
+	if e.capi, err = StartProcess("capi-manager", path, args, env, e.Dir); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	if err := e.capi.WaitHTTP(ctx, "http://"+health+"/readyz"); err != nil {
+		return fmt.Errorf("CAPI core manager did not become ready (log: %s/capi-manager.log): %w", e.Dir, err)
+	}
+	return nil
+}
+
+// CAPI returns the CAPI core manager process, or nil if it is not running.
+func (e *Env) CAPI() *Process { return e.capi }

@@ -1,0 +1,219 @@
+// Package localenv runs a local management cluster: etcd and kube-apiserver
+// (controller-runtime's envtest, pointed at the pinned binaries), CAPI core's
+// and QCP's CRDs, and the CAPI core manager as a child process. Tests and
+// `qcpctl up` share it.
+package localenv
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"time"
+
+	"k8s.io/apimachinery/pkg/runtime"
+	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
+	"k8s.io/client-go/rest"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
+
+	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
+	etcdv1 "github.com/qcp-dev/qcp/api/etcd/v1alpha1"
+	infrav1 "github.com/qcp-dev/qcp/api/infrastructure/v1alpha1"
+	"github.com/qcp-dev/qcp/config"
+	"github.com/qcp-dev/qcp/internal/binaries"
+)
+
+// Options configures a local management cluster. The zero value starts the
+// pinned versions with CAPI core running.
+type Options struct {
+	// Dir holds the kubeconfig, manifests, certificates and logs. Empty means
+	// a new temporary directory, removed on Stop.
+	Dir string
+	// KubeVersion, EtcdVersion and CAPIVersion choose the binaries.
+	KubeVersion, EtcdVersion, CAPIVersion string
+	// WithoutCAPI skips the CAPI core manager.
+	WithoutCAPI bool
+}
+
+// Env is a running local management cluster.
+type Env struct {
+	// Config reaches the management kube-apiserver as an administrator.
+	Config *rest.Config
+	// Client is a client for Config with Scheme.
+	Client client.Client
+	// Scheme knows the Kubernetes, CAPI core and QCP types.
+	Scheme *runtime.Scheme
+	// Dir is where the environment keeps its files.
+	Dir string
+	// Kubeconfig is the path of an administrator kubeconfig.
+	Kubeconfig string
+	// WebhookPort and WebhookCertDir are where CAPI core serves webhooks.
+	WebhookPort    int
+	WebhookCertDir string
+
+	env     *envtest.Environment
+	capi    *Process
+	ownsDir bool
+}
+
+// NewScheme returns a scheme with the Kubernetes, CAPI core and QCP types.
+func NewScheme() *runtime.Scheme {
+	s := runtime.NewScheme()
+	for _, add := range []func(*runtime.Scheme) error{
+		clientgoscheme.AddToScheme, clusterv1.AddToScheme,
+		controlplanev1.AddToScheme, etcdv1.AddToScheme, infrav1.AddToScheme,
+	} {
+		if err := add(s); err != nil {
+			panic(fmt.Sprintf("building scheme: %v", err)) // programming error: types conflict
+		}
+	}
+	return s
+}
+
+// Start starts the management cluster and, unless told not to, CAPI core,
+// and returns once both serve. On error everything started is stopped.
+func Start(ctx context.Context, opts Options) (_ *Env, err error) {
+	opts = withDefaults(opts)
+	e := &Env{Scheme: NewScheme(), Dir: opts.Dir}
+	if e.Dir == "" {
+		if e.Dir, err = os.MkdirTemp("", "qcp-localenv-"); err != nil {
+			return nil, fmt.Errorf("creating the local environment's directory: %w", err)
+		}
+		e.ownsDir = true
+	}
+	defer func() {
+		if err != nil {
+			err = errors.Join(err, e.Stop())
+		}
+	}()
+	if err := os.MkdirAll(e.Dir, 0o700); err != nil {
+		return nil, fmt.Errorf("creating %s: %w", e.Dir, err)
+	}
+	if err := e.startAPIServer(opts); err != nil {
+		return nil, err
+	}
+	if opts.WithoutCAPI {
+		return e, nil
+	}
+	if err := e.startCAPI(ctx, opts); err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+func withDefaults(o Options) Options {
+	if o.KubeVersion == "" {
+		o.KubeVersion = binaries.KubeVersion
+	}
+	if o.EtcdVersion == "" {
+		o.EtcdVersion = binaries.EtcdVersion
+	}
+	if o.CAPIVersion == "" {
+		o.CAPIVersion = binaries.CAPIVersion
+	}
+	return o
+}
+
+func (e *Env) startAPIServer(opts Options) error {
+	etcdPath, err := binaries.Path("etcd", opts.EtcdVersion)
+	if err != nil {
+		return err
+	}
+	kubePath, err := binaries.Path("kube", opts.KubeVersion)
+	if err != nil {
+		return err
+	}
+	manifests, err := e.writeManifests()
+	if err != nil {
+		return err
+	}
+	// The multi-call kube binary picks its component from the name it is run
+	// by, and envtest runs "kube-apiserver".
+	apiserverLink := filepath.Join(e.Dir, "kube-apiserver")
+	_ = os.Remove(apiserverLink)
+	if err := os.Symlink(kubePath, apiserverLink); err != nil {
+		return fmt.Errorf("linking kube-apiserver: %w", err)
+	}
+	e.env = &envtest.Environment{
+		Scheme:                e.Scheme,
+		ErrorIfCRDPathMissing: true,
+		CRDDirectoryPaths: []string{
+			filepath.Join(manifests, "capi", "crd"),
+			filepath.Join(manifests, "crd", "bases"),
+		},
+		WebhookInstallOptions: envtest.WebhookInstallOptions{
+			Paths: []string{filepath.Join(manifests, "capi", "webhook-manifests.yaml")},
+			// CAPI's CRDs convert between v1beta1 and v1beta2 through its
+			// webhook; without it v1beta1 objects silently lose fields.
+			IgnoreSchemeConvertible: true,
+		},
+		ControlPlaneStartTimeout: time.Minute,
+		ControlPlaneStopTimeout:  time.Minute,
+	}
+	e.env.ControlPlane.GetAPIServer().Path = apiserverLink
+	e.env.ControlPlane.Etcd = &envtest.Etcd{Path: etcdPath}
+	cfg, err := e.env.Start()
+	if err != nil {
+		return fmt.Errorf("starting the management kube-apiserver and etcd: %w", err)
+	}
+	e.Config = cfg
+	e.WebhookPort = e.env.WebhookInstallOptions.LocalServingPort
+	e.WebhookCertDir = e.env.WebhookInstallOptions.LocalServingCertDir
+	e.Kubeconfig = filepath.Join(e.Dir, "kubeconfig")
+	if err := os.WriteFile(e.Kubeconfig, e.env.KubeConfig, 0o600); err != nil {
+		return fmt.Errorf("writing the management kubeconfig: %w", err)
+	}
+	if e.Client, err = client.New(cfg, client.Options{Scheme: e.Scheme}); err != nil {
+		return fmt.Errorf("creating a management client: %w", err)
+	}
+	return nil
+}
+
+// writeManifests copies the embedded CRDs and webhook manifests to disk,
+// where envtest reads them.
+func (e *Env) writeManifests() (string, error) {
+	dir := filepath.Join(e.Dir, "manifests")
+	err := fs.WalkDir(config.Manifests, ".", func(path string, d fs.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		data, err := config.Manifests.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		target := filepath.Join(dir, path)
+		if err := os.MkdirAll(filepath.Dir(target), 0o700); err != nil {
+			return err
+		}
+		return os.WriteFile(target, data, 0o600)
+	})
+	if err != nil {
+		return "", fmt.Errorf("writing manifests to %s: %w", dir, err)
+	}
+	return dir, nil
+}
+
+// Stop stops CAPI core, kube-apiserver and etcd, and removes a temporary
+// directory. It is safe to call more than once.
+func (e *Env) Stop() error {
+	var errs []error
+	if e.capi != nil {
+		errs = append(errs, e.capi.Stop())
+		e.capi = nil
+	}
+	if e.env != nil {
+		if err := e.env.Stop(); err != nil {
+			errs = append(errs, fmt.Errorf("stopping the management kube-apiserver and etcd: %w", err))
+		}
+		e.env = nil
+	}
+	if e.ownsDir {
+		errs = append(errs, os.RemoveAll(e.Dir))
+		e.ownsDir = false
+	}
+	return errors.Join(errs...)
+}

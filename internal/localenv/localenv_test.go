@@ -1,0 +1,138 @@
+package localenv_test
+
+import (
+	"context"
+	"syscall"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/wait"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
+	infrav1 "github.com/qcp-dev/qcp/api/infrastructure/v1alpha1"
+	"github.com/qcp-dev/qcp/internal/localenv"
+)
+
+// TestCAPICoreReconcilesClusterOfQCPObjects proves CAPI core runs against
+// QCP's CRDs: it adopts the infrastructure and control plane objects a
+// v1beta2 Cluster references.
+func TestCAPICoreReconcilesClusterOfQCPObjects(t *testing.T) {
+	env := localenv.StartForTest(t, localenv.Options{})
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	c := env.Client
+	ns := "default"
+
+	pc := &infrav1.ProcessCluster{
+		ObjectMeta: metav1.ObjectMeta{Name: "c1", Namespace: ns},
+		Spec:       infrav1.ProcessClusterSpec{FailureDomains: []string{"fd-a", "fd-b", "fd-c"}},
+	}
+	qcp := &controlplanev1.QuorumControlPlane{
+		ObjectMeta: metav1.ObjectMeta{Name: "c1", Namespace: ns},
+		Spec: controlplanev1.QuorumControlPlaneSpec{
+			Replicas: ptr(int32(3)),
+			Version:  "v1.36.3",
+			MachineTemplate: controlplanev1.QuorumControlPlaneMachineTemplate{
+				Spec: controlplanev1.QuorumControlPlaneMachineTemplateSpec{
+					InfrastructureRef: clusterv1.ContractVersionedObjectReference{
+						APIGroup: infrav1.GroupVersion.Group, Kind: "ProcessMachineTemplate", Name: "c1-cp",
+					},
+				},
+			},
+		},
+	}
+	cluster := &clusterv1.Cluster{
+		ObjectMeta: metav1.ObjectMeta{Name: "c1", Namespace: ns},
+		Spec: clusterv1.ClusterSpec{
+			InfrastructureRef: clusterv1.ContractVersionedObjectReference{
+				APIGroup: infrav1.GroupVersion.Group, Kind: "ProcessCluster", Name: "c1",
+			},
+			ControlPlaneRef: clusterv1.ContractVersionedObjectReference{
+				APIGroup: controlplanev1.GroupVersion.Group, Kind: "QuorumControlPlane", Name: "c1",
+			},
+		},
+	}
+	for _, obj := range []client.Object{pc, qcp, cluster} {
+		if err := c.Create(ctx, obj); err != nil {
+			t.Fatalf("creating %T: %v", obj, err)
+		}
+	}
+
+	err := wait.PollUntilContextCancel(ctx, 200*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		if err := c.Get(ctx, client.ObjectKeyFromObject(cluster), cluster); err != nil {
+			return false, err
+		}
+		if len(cluster.Finalizers) == 0 {
+			return false, nil
+		}
+		for _, obj := range []client.Object{pc, qcp} {
+			if err := c.Get(ctx, client.ObjectKeyFromObject(obj), obj); err != nil {
+				return false, err
+			}
+			if !ownedByCluster(obj, cluster) {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		t.Fatalf("CAPI core did not reconcile the Cluster (finalizers %v, ProcessCluster owners %v, QuorumControlPlane owners %v): %v",
+			cluster.Finalizers, pc.OwnerReferences, qcp.OwnerReferences, err)
+	}
+	if got := cluster.Finalizers; !contains(got, clusterv1.ClusterFinalizer) {
+		t.Errorf("Cluster finalizers = %v, want %s", got, clusterv1.ClusterFinalizer)
+	}
+}
+
+// TestStopLeavesNoProcess checks that stopping the environment ends every
+// process it started.
+func TestStopLeavesNoProcess(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a management cluster; not run with -short")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	env, err := localenv.Start(ctx, localenv.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	capiPID := env.CAPI().PID()
+	if err := env.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if alive(capiPID) {
+		t.Errorf("CAPI core manager (pid %d) still running after Stop", capiPID)
+	}
+	if err := env.Stop(); err != nil {
+		t.Errorf("second Stop: %v", err)
+	}
+}
+
+func alive(pid int) bool {
+	err := syscall.Kill(pid, 0)
+	return err == nil
+}
+
+func ownedByCluster(obj client.Object, cluster *clusterv1.Cluster) bool {
+	for _, ref := range obj.GetOwnerReferences() {
+		if ref.Kind == "Cluster" && ref.Name == cluster.Name && ref.UID == cluster.UID {
+			return true
+		}
+	}
+	return false
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+func ptr[T any](v T) *T { return &v }
+

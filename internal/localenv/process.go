@@ -1,0 +1,144 @@
+package localenv
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"time"
+)
+
+// Process is a child process of the local environment, such as the CAPI core
+// manager or qcp-manager. It dies with its parent.
+type Process struct {
+	Name string
+	cmd  *exec.Cmd
+	done chan struct{}
+	err  error
+}
+
+// StartProcess starts path with args, logging to <logDir>/<name>.log.
+func StartProcess(name, path string, args, env []string, logDir string) (*Process, error) {
+	logFile, err := os.OpenFile(filepath.Join(logDir, name+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("opening the log of %s: %w", name, err)
+	}
+	cmd := exec.Command(path, args...)
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	cmd.Env = append(os.Environ(), env...)
+	// The child must not outlive a test binary that is killed, nor hold the
+	// terminal's signals: its own process group, and SIGKILL on our death.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		logFile.Close()
+		return nil, fmt.Errorf("starting %s (%s): %w", name, path, err)
+	}
+	p := &Process{Name: name, cmd: cmd, done: make(chan struct{})}
+	go func() {
+		p.err = cmd.Wait()
+		logFile.Close()
+		close(p.done)
+	}()
+	return p, nil
+}
+
+// PID returns the process ID.
+func (p *Process) PID() int { return p.cmd.Process.Pid }
+
+// Exited reports whether the process has ended.
+func (p *Process) Exited() bool {
+	select {
+	case <-p.done:
+		return true
+	default:
+		return false
+	}
+}
+
+// Stop asks the process to stop, then kills it after a grace period.
+func (p *Process) Stop() error {
+	if p.Exited() {
+		return nil
+	}
+	_ = syscall.Kill(-p.PID(), syscall.SIGTERM)
+	select {
+	case <-p.done:
+		return nil
+	case <-time.After(15 * time.Second):
+	}
+	_ = syscall.Kill(-p.PID(), syscall.SIGKILL)
+	select {
+	case <-p.done:
+		return nil
+	case <-time.After(10 * time.Second):
+		return fmt.Errorf("%s (pid %d) did not exit after SIGKILL", p.Name, p.PID())
+	}
+}
+
+// WaitHTTP waits until url answers 200, or the process exits, or ctx ends.
+func (p *Process) WaitHTTP(ctx context.Context, url string) error {
+	c := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{
+		TLSClientConfig: &tls.Config{InsecureSkipVerify: true}, //nolint:gosec // a local readiness probe of our own child
+	}}
+	tick := time.NewTicker(100 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if resp, err := c.Get(url); err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		select {
+		case <-p.done:
+			return fmt.Errorf("%s exited before %s answered: %v (see its log)", p.Name, url, p.err)
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for %s to answer %s: %w", p.Name, url, ctx.Err())
+		case <-tick.C:
+		}
+	}
+}
+
+// FreeAddr returns a loopback address with a port no one listens on.
+func FreeAddr() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", fmt.Errorf("finding a free port: %w", err)
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
+}
+
+// freeAddrs returns n distinct free loopback addresses.
+func freeAddrs(n int) ([]string, error) {
+	var out []string
+	seen := map[string]bool{}
+	for len(out) < n {
+		a, err := FreeAddr()
+		if err != nil {
+			return nil, err
+		}
+		if !seen[a] {
+			seen[a] = true
+			out = append(out, a)
+		}
+	}
+	return out, nil
+}
+
+var errNoPort = errors.New("no port")
+
+func portOf(addr string) (int, error) {
+	_, p, err := net.SplitHostPort(addr)
+	if err != nil {
+		return 0, errNoPort
+	}
+	return strconv.Atoi(p)
+}
