@@ -135,4 +135,3 @@ func contains(list []string, s string) bool {
 }
 
 func ptr[T any](v T) *T { return &v }
-
