@@ -1,13 +1,30 @@
 package quorum
 
-import "errors"
+import (
+	"errors"
+	"fmt"
+)
 
 // Check reports every invariant (I1–I7) that taking decision d in state
 // before, ending in state after, breaks; nil if none. "after" is the state
-// right after the step (faults and progress of the world may also show in
-// it; Check only blames d for what d can cause).
+// right after the step; faults and progress of the world may also show in
+// it, so Check only blames d for what d can cause.
 func Check(before State, d Decision, after State) error {
-	return errors.New("not implemented")
+	b := newView(before)
+	checks := []func(view, Decision, view) error{
+		checkQuorum, checkBounded, checkLearnersFirst, checkOneAtATime,
+		checkHooks, checkLeader, checkNoHeroics,
+	}
+	var errs []error
+	for _, c := range checks {
+		if err := c(b, d, newView(after)); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("%s: %w", d, errors.Join(errs...))
+	}
+	return nil
 }
 
 // CheckMembers checks the invariants that a bare member list must satisfy at
@@ -15,7 +32,22 @@ func Check(before State, d Decision, after State) error {
 // monitors call it on every sample. During a scale down pass the largest
 // desired seen recently: the user lowering desired is not a violation.
 func CheckMembers(desired int, members []Member) error {
-	return errors.New("not implemented")
+	voters, learners := 0, 0
+	for _, m := range members {
+		if m.Learner {
+			learners++
+		} else {
+			voters++
+		}
+	}
+	var errs []error
+	if voters > desired+1 {
+		errs = append(errs, fmt.Errorf("I2 bounded: %d voters, more than desired %d + 1", voters, desired))
+	}
+	if learners > 1 {
+		errs = append(errs, fmt.Errorf("I2 bounded: %d learners, more than 1", learners))
+	}
+	return errors.Join(errs...)
 }
 
 // CheckMembershipChange checks I1 and I3 between two consecutive samples of
@@ -23,5 +55,173 @@ func CheckMembers(desired int, members []Member) error {
 // healthy before are a majority of the voters left, and a member may only
 // appear as a learner (except the first member, which bootstraps).
 func CheckMembershipChange(before, after []Member) error {
-	return errors.New("not implemented")
+	was := map[uint64]Member{}
+	for _, m := range before {
+		was[m.ID] = m
+	}
+	now := map[uint64]bool{}
+	remaining, healthy := 0, 0
+	var errs []error
+	for _, m := range after {
+		now[m.ID] = true
+		old, existed := was[m.ID]
+		switch {
+		case !existed && m.Voter() && len(before) > 0:
+			errs = append(errs, fmt.Errorf("I3 learners first: member %s joined as a voter", idString(m.ID)))
+		case existed && old.Voter() && m.Voter():
+			remaining++
+			if old.Healthy {
+				healthy++
+			}
+		}
+	}
+	for _, m := range before {
+		if m.Voter() && !now[m.ID] && 2*healthy <= remaining {
+			errs = append(errs, fmt.Errorf("I1 quorum: voter %s removed leaving %d healthy of %d voters", idString(m.ID), healthy, remaining))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func checkQuorum(b view, d Decision, _ view) error {
+	if m, ok := b.member(d.MemberID); ok && d.Kind == RemoveMember && m.Voter() && !quorumAfterRemoval(b.voters(), m.ID) {
+		return fmt.Errorf("I1 quorum: removing voter %s leaves the healthy voters without a majority", b.memberName(m))
+	}
+	return nil
+}
+
+func checkBounded(b view, d Decision, a view) error {
+	var errs []error
+	if av := len(a.voters()); av > a.Desired+1 && av > len(b.voters()) {
+		errs = append(errs, fmt.Errorf("I2 bounded: voters grew to %d, above desired %d + 1", av, a.Desired))
+	}
+	if al := len(a.learners()); al > 1 && al > len(b.learners()) {
+		errs = append(errs, fmt.Errorf("I2 bounded: learners grew to %d", al))
+	}
+	return errors.Join(errs...)
+}
+
+func checkLearnersFirst(b view, d Decision, a view) error {
+	var errs []error
+	if len(b.members) > 0 {
+		for _, m := range a.voters() {
+			if _, existed := b.member(m.ID); !existed {
+				errs = append(errs, fmt.Errorf("I3 learners first: member %s appeared as a voter", a.memberName(m)))
+			}
+		}
+	}
+	if d.Kind != Promote {
+		return errors.Join(errs...)
+	}
+	m, ok := b.member(d.MemberID)
+	leader, hasLeader := b.leader()
+	switch {
+	case !ok || !m.Learner:
+		errs = append(errs, fmt.Errorf("I3 learners first: promoting %s, which is not a learner", idString(d.MemberID)))
+	case !m.Started() || !m.Healthy:
+		errs = append(errs, fmt.Errorf("I3 learners first: promoting learner %s, which is not started and healthy", b.memberName(m)))
+	case !hasLeader || leader.AppliedIndex > m.AppliedIndex+b.tun.CatchUpMaxLag:
+		errs = append(errs, fmt.Errorf("I3 learners first: promoting learner %s, which has not caught up with the leader", b.memberName(m)))
+	}
+	return errors.Join(errs...)
+}
+
+func checkOneAtATime(b view, d Decision, _ view) error {
+	switch d.Kind {
+	case CreateMachine:
+		if prov := b.provisioning(); len(prov) > 0 {
+			return fmt.Errorf("I4 one at a time: creating a machine while %s is being created", prov[0].Name)
+		}
+		if len(b.learners()) > 0 {
+			return errors.New("I4 one at a time: creating a machine while a learner is joining")
+		}
+	case DeleteMachine:
+		m, ok := b.memberOn(d.Machine)
+		if !ok || !m.Voter() {
+			return nil // cleanup of a machine that holds no vote
+		}
+		if prov := b.provisioning(); len(prov) > 0 {
+			return fmt.Errorf("I4 one at a time: deleting voter machine %s while %s is being created", d.Machine, prov[0].Name)
+		}
+		for _, mc := range b.machines {
+			if _, hosts := b.memberOn(mc.Name); hosts && mc.Deleting && mc.Name != d.Machine {
+				return fmt.Errorf("I4 one at a time: deleting voter machine %s while %s is still leaving", d.Machine, mc.Name)
+			}
+		}
+	case AddLearner:
+		if len(b.learners()) > 0 {
+			return errors.New("I4 one at a time: adding a learner while another learner exists")
+		}
+	case RemoveMember:
+		m, ok := b.member(d.MemberID)
+		for _, l := range b.learners() {
+			if ok && m.Voter() && !l.Started() {
+				return fmt.Errorf("I4 one at a time: removing voter %s while learner %s has not started", b.memberName(m), b.memberName(l))
+			}
+		}
+	}
+	return nil
+}
+
+func checkHooks(b view, d Decision, _ view) error {
+	switch d.Kind {
+	case Promote:
+		m, _ := b.member(d.MemberID)
+		if mc, ok := b.machineOf(m); !ok || !mc.HasHook {
+			return fmt.Errorf("I5 hooks: promoting %s before its machine carries the pre-drain hook", b.memberName(m))
+		}
+	case RemoveHook:
+		if m, ok := b.memberOn(d.Machine); ok && m.Voter() {
+			return fmt.Errorf("I5 hooks: removing the hook from %s, which still hosts a voter", d.Machine)
+		}
+	case AddHook:
+		if mc, ok := b.machine(d.Machine); ok && mc.Deleting {
+			return fmt.Errorf("I5 hooks: adding the hook back to deleting machine %s", d.Machine)
+		}
+	}
+	return nil
+}
+
+func checkLeader(b view, d Decision, _ view) error {
+	var leaving Member
+	var ok bool
+	switch d.Kind {
+	case RemoveMember:
+		leaving, ok = b.member(d.MemberID)
+	case DeleteMachine:
+		leaving, ok = b.memberOn(d.Machine)
+	case MoveLeader:
+		return checkLeaderTarget(b, d)
+	}
+	if ok && leaving.Voter() && leaving.Leader && leaving.Healthy && len(b.voters()) > 1 {
+		return fmt.Errorf("I6 leader: %s removes leader %s without moving leadership first", d.Kind, b.memberName(leaving))
+	}
+	return nil
+}
+
+func checkLeaderTarget(b view, d Decision) error {
+	t, ok := b.member(d.MemberID)
+	mc, hasMachine := b.machineOf(t)
+	if !ok || !t.Voter() || !t.Healthy || !t.Started() || t.Leader || !hasMachine || mc.Deleting {
+		return fmt.Errorf("I6 leader: moving leadership to %s, which is not a healthy voter that stays", idString(d.MemberID))
+	}
+	current, _ := b.leader()
+	if best, found := b.leaderTarget(current.ID); found && b.outdated(mc) {
+		if bm, _ := b.machineOf(best); !b.outdated(bm) {
+			return fmt.Errorf("I6 leader: moving leadership to outdated %s while up-to-date %s is available", mc.Name, bm.Name)
+		}
+	}
+	return nil
+}
+
+func checkNoHeroics(b view, d Decision, _ view) error {
+	if !d.Destructive(b.State) {
+		return nil
+	}
+	voters := b.voters()
+	unhealthy := filter(voters, func(m Member) bool { return !m.Healthy })
+	if len(unhealthy) > tolerance(len(voters)) {
+		return fmt.Errorf("I7 no heroics: %s while %d of %d voters are unhealthy", d.Kind, len(unhealthy), len(voters))
+	}
+	return nil
 }

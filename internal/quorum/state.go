@@ -115,6 +115,13 @@ type Machine struct {
 	// CreationFailed is true when the infrastructure reported a terminal
 	// failure; such a machine is deleted and created again.
 	CreationFailed bool
+	// MemberID is the ID of the etcd member QCP added for this machine (or
+	// that bootstrapped on it), recorded by the caller (for example in an
+	// annotation) as soon as it is known; 0 until then. It maps members to
+	// machines without relying on names or addresses, and a machine whose
+	// recorded member is gone is "spent": it is deleted, never re-joined,
+	// because etcd never reuses IDs and its data directory is stale.
+	MemberID uint64
 	// Remediate is true when a MachineHealthCheck marked the machine for
 	// remediation; its voter is then removed first and the machine replaced,
 	// without waiting for UnhealthyTimeout.

@@ -60,8 +60,12 @@ func (t Tunables) withDefaults() Tunables {
 }
 
 // hosts reports whether member m runs on machine mc: by name once started,
-// by peer URL before (an unstarted member has no name yet).
+// by peer URL before (an unstarted member has no name yet). A recorded
+// Machine.MemberID overrides both.
 func hosts(mc Machine, m Member) bool {
+	if mc.MemberID != 0 {
+		return m.ID == mc.MemberID
+	}
 	if m.Name != "" {
 		return m.Name == mc.Name
 	}
@@ -160,4 +164,117 @@ func names[T any](xs []T, name func(T) string) string {
 		out = append(out, name(x))
 	}
 	return strings.Join(out, ", ")
+}
+
+// phase is where a machine is in its lifecycle (see the package comment).
+type phase int
+
+const (
+	phaseDeleting phase = iota // has a deletion timestamp
+	phaseFailed                // infrastructure failed before it hosted a voter
+	phaseSpent                 // its recorded member was removed
+	phasePending               // infrastructure not ready: no peer URL yet
+	phaseUnjoined              // ready, no member yet
+	phaseJoining               // member added as a learner, not started
+	phaseLearner               // started learner
+	phaseVoter                 // hosts a voter
+)
+
+func (v view) phase(mc Machine) phase {
+	m, hasMember := v.memberOn(mc.Name)
+	switch {
+	case mc.Deleting:
+		return phaseDeleting
+	case hasMember && m.Voter():
+		return phaseVoter
+	case mc.CreationFailed:
+		return phaseFailed
+	case !hasMember && mc.MemberID != 0:
+		return phaseSpent
+	case mc.PeerURL == "":
+		return phasePending
+	case !hasMember:
+		return phaseUnjoined
+	case !m.Started():
+		return phaseJoining
+	}
+	return phaseLearner
+}
+
+// keep returns the machines meant to stay: not deleting, failed or spent.
+func (v view) keep() []Machine {
+	return filter(v.machines, func(mc Machine) bool { return v.phase(mc) >= phasePending })
+}
+
+// provisioning returns the kept machines still being created, in the sense
+// of I4: they host no started member yet.
+func (v view) provisioning() []Machine {
+	return filter(v.machines, func(mc Machine) bool {
+		p := v.phase(mc)
+		return p >= phasePending && p <= phaseJoining
+	})
+}
+
+// departing reports whether voter m is on its way out: its machine is gone
+// or being deleted.
+func (v view) departing(m Member) bool {
+	mc, ok := v.machineOf(m)
+	return !ok || mc.Deleting
+}
+
+// unhealthyFor returns how long m has been unhealthy, 0 if unknown.
+func (v view) unhealthyFor(m Member) time.Duration {
+	if m.Healthy || m.UnhealthySince.IsZero() {
+		return 0
+	}
+	return v.Now.Sub(m.UnhealthySince)
+}
+
+// dueForRemediation reports whether voter m, on a kept machine, should be
+// removed first and replaced.
+func (v view) dueForRemediation(m Member) bool {
+	if m.Healthy {
+		return false
+	}
+	if mc, ok := v.machineOf(m); ok && mc.Remediate {
+		return true
+	}
+	return !m.UnhealthySince.IsZero() && v.unhealthyFor(m) >= v.tun.UnhealthyTimeout
+}
+
+// learnerAge returns how long ago learner m was added, as best known.
+func (v view) learnerAge(m Member) time.Duration {
+	added := m.AddedAt
+	if added.IsZero() {
+		if mc, ok := v.machineOf(m); ok {
+			added = mc.CreatedAt
+		}
+	}
+	if added.IsZero() {
+		return 0
+	}
+	return v.Now.Sub(added)
+}
+
+// tolerance is how many unhealthy voters n voters survive.
+func tolerance(n int) int { return (n - 1) / 2 }
+
+// quorumAfterRemoval reports whether removing voter gone leaves the healthy
+// voters a majority of the remaining voters (I1).
+func quorumAfterRemoval(voters []Member, gone uint64) bool {
+	remaining, healthy := 0, 0
+	for _, m := range voters {
+		if m.ID == gone {
+			continue
+		}
+		remaining++
+		if m.Healthy {
+			healthy++
+		}
+	}
+	return remaining > 0 && 2*healthy > remaining
+}
+
+func (v view) outdated(mc Machine) bool {
+	return !mc.UpToDate || (len(v.FailureDomains) > 0 && !slices.Contains(v.FailureDomains, mc.FailureDomain))
 }

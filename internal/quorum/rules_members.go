@@ -1,0 +1,239 @@
+package quorum
+
+import "fmt"
+
+// removeStrayLearners removes learners that will never become voters: those
+// whose machine is gone or deleting, and those that did not start (or stay
+// reachable) within LearnerStartTimeout. Removing a learner never affects
+// quorum, so it needs no further check. The stuck learner's machine is then
+// "spent" and deleteUnusableMachines replaces it.
+func (p planner) removeStrayLearners() (Decision, bool) {
+	for _, m := range p.learners() {
+		mc, ok := p.machineOf(m)
+		switch {
+		case !ok:
+			return p.removeMember(m, "learner "+p.memberName(m)+" has no machine"), true
+		case mc.Deleting:
+			return p.removeMember(m, "learner "+p.memberName(m)+" is on deleting machine "+mc.Name), true
+		case (!m.Started() || !m.Healthy) && p.learnerAge(m) >= p.tun.LearnerStartTimeout:
+			return p.removeMember(m, fmt.Sprintf("learner %s has not started or is unreachable %s after it was added (timeout %s); removing it so machine %s can be replaced",
+				p.memberName(m), roundDuration(p.learnerAge(m)), p.tun.LearnerStartTimeout, mc.Name)), true
+		}
+	}
+	return Decision{}, false
+}
+
+// deleteUnusableMachines deletes machines that can never host a member:
+// failed creations and spent machines. They host no voter, so deleting them
+// is not a quorum decision.
+func (p planner) deleteUnusableMachines() (Decision, bool) {
+	for _, mc := range p.machines {
+		switch p.phase(mc) {
+		case phaseFailed:
+			return Decision{Kind: DeleteMachine, Machine: mc.Name,
+				Reason: "machine " + mc.Name + " failed to be created; deleting it so it can be created again"}, true
+		case phaseSpent:
+			return Decision{Kind: DeleteMachine, Machine: mc.Name,
+				Reason: "machine " + mc.Name + "'s etcd member was removed; deleting it so it can be replaced"}, true
+		}
+	}
+	return Decision{}, false
+}
+
+// removeDepartingVoter removes the voter of a machine that is being deleted
+// (by QCP or a user) or is gone. A healthy one stays until its replacement
+// is a voter (maxSurge 1); an unhealthy one goes first (etcd FAQ).
+func (p planner) removeDepartingVoter() (Decision, bool) {
+	voters := p.voters()
+	// The leader goes last: while another departing voter can go first,
+	// leadership need not move to a machine that is leaving too.
+	candidates := append(filter(voters, func(m Member) bool { return !m.Leader }),
+		filter(voters, func(m Member) bool { return m.Leader })...)
+	for _, m := range candidates {
+		if !p.departing(m) {
+			continue
+		}
+		if m.Healthy && len(voters) <= p.Desired {
+			continue // wait for the replacement to be promoted
+		}
+		if !p.opts.skipQuorumChecks && !quorumAfterRemoval(voters, m.ID) {
+			continue // another voter is down: let remediation go first
+		}
+		if d, blocked := p.membershipBusy(); blocked {
+			return d, true
+		}
+		return p.removeVoter(m, fmt.Sprintf("member %s is on a departing machine and %s", p.memberName(m),
+			why(m.Healthy, "its replacement has joined", "is unhealthy: removing it first")))
+	}
+	return Decision{}, false
+}
+
+// remediateUnhealthyVoter removes a voter, on a machine meant to stay, that
+// has been unhealthy past UnhealthyTimeout or whose machine a health check
+// marked. Removing the member first and only then replacing the machine
+// keeps quorum steady (the etcd FAQ); the spent machine is deleted next.
+func (p planner) remediateUnhealthyVoter() (Decision, bool) {
+	for _, m := range p.voters() {
+		if p.departing(m) || !p.dueForRemediation(m) {
+			continue
+		}
+		if d, blocked := p.membershipBusy(); blocked {
+			return d, true
+		}
+		return p.removeVoter(m, fmt.Sprintf("member %s has been unhealthy for %s; removing it first, then replacing its machine",
+			p.memberName(m), roundDuration(p.unhealthyFor(m))))
+	}
+	return Decision{}, false
+}
+
+// membershipBusy is I4 for voter removals: an unstarted learner is a
+// membership change still in flight, so wait for it to start or time out.
+func (p planner) membershipBusy() (Decision, bool) {
+	for _, l := range p.learners() {
+		if !l.Started() {
+			return waitf("waiting for learner %s to start before removing a voter", p.memberName(l)), true
+		}
+	}
+	return Decision{}, false
+}
+
+// removeVoter removes voter m if that is quorum-safe (I1) and leadership
+// has moved away from it (I6).
+func (p planner) removeVoter(m Member, reason string) (Decision, bool) {
+	if m.Leader && m.Healthy {
+		return p.moveLeaderAway(m)
+	}
+	if m.Leader {
+		return waitf("waiting for etcd to elect a new leader before removing unhealthy leader %s", p.memberName(m)), true
+	}
+	if !p.opts.skipQuorumChecks && !quorumAfterRemoval(p.voters(), m.ID) {
+		return waitf("not removing member %s: the remaining healthy voters would not be a majority", p.memberName(m)), true
+	}
+	return p.removeMember(m, reason), true
+}
+
+func (p planner) removeMember(m Member, reason string) Decision {
+	d := Decision{Kind: RemoveMember, MemberID: m.ID, Reason: reason}
+	if mc, ok := p.machineOf(m); ok {
+		d.Machine = mc.Name
+	}
+	return d
+}
+
+// moveLeaderAway hands leadership from leader to the best healthy voter on
+// a machine that stays, preferring up-to-date machines so it need not move
+// again, then the most caught-up member.
+func (p planner) moveLeaderAway(leader Member) (Decision, bool) {
+	best, ok := p.leaderTarget(leader.ID)
+	if !ok {
+		return waitf("waiting for a healthy voter to take over leadership from %s", p.memberName(leader)), true
+	}
+	mc, _ := p.machineOf(best)
+	return Decision{Kind: MoveLeader, MemberID: best.ID, Machine: mc.Name,
+		Reason: fmt.Sprintf("moving etcd leadership from %s to %s before %s leaves", p.memberName(leader), p.memberName(best), p.memberName(leader))}, true
+}
+
+// leaderTarget picks a healthy voter, other than except, on a kept machine.
+func (p view) leaderTarget(except uint64) (Member, bool) {
+	var best Member
+	var bestMC Machine
+	found := false
+	for _, m := range p.voters() {
+		mc, ok := p.machineOf(m)
+		if m.ID == except || !m.Healthy || !m.Started() || !ok || p.phase(mc) != phaseVoter {
+			continue
+		}
+		if !found || betterTarget(p.outdated(mc), m, p.outdated(bestMC), best) {
+			best, bestMC, found = m, mc, true
+		}
+	}
+	return best, found
+}
+
+func betterTarget(aOutdated bool, a Member, bOutdated bool, b Member) bool {
+	if aOutdated != bOutdated {
+		return !aOutdated
+	}
+	return a.AppliedIndex > b.AppliedIndex
+}
+
+// finishJoining drives the one machine being created until it hosts a
+// voter: wait for infrastructure, add the learner, wait for it to start and
+// catch up, add the hook, promote. When the voter bound (I2) blocks the next
+// step, it steps aside so scaleDown can make room or cancel the machine.
+func (p planner) finishJoining() (Decision, bool) {
+	for _, mc := range p.machines {
+		switch p.phase(mc) {
+		case phasePending:
+			return waitf("waiting for machine %s to be provisioned (no address yet)", mc.Name), true
+		case phaseUnjoined:
+			return p.addLearner(mc)
+		case phaseJoining:
+			m, _ := p.memberOn(mc.Name)
+			return waitf("waiting for learner %s to start (added %s ago; replaced after %s)",
+				mc.Name, roundDuration(p.learnerAge(m)), p.tun.LearnerStartTimeout), true
+		case phaseLearner:
+			m, _ := p.memberOn(mc.Name)
+			return p.promote(mc, m)
+		}
+	}
+	return Decision{}, false
+}
+
+func (p planner) addLearner(mc Machine) (Decision, bool) {
+	if len(p.learners()) > 0 {
+		return waitf("waiting for learner %s before adding machine %s", p.memberName(p.learners()[0]), mc.Name), true
+	}
+	if len(p.voters()) >= p.Desired+1 {
+		return Decision{}, false
+	}
+	if d, ok := p.waitForHealthyVoters("adding machine " + mc.Name + " as a learner"); ok {
+		return d, true
+	}
+	return Decision{Kind: AddLearner, Machine: mc.Name, PeerURL: mc.PeerURL,
+		Reason: "adding machine " + mc.Name + " to etcd as a learner"}, true
+}
+
+func (p planner) promote(mc Machine, m Member) (Decision, bool) {
+	leader, ok := p.leader()
+	switch {
+	case !m.Healthy:
+		return waitf("waiting for learner %s to become reachable", mc.Name), true
+	case !ok:
+		return waitf("waiting for etcd to elect a leader before promoting learner %s", mc.Name), true
+	case leader.AppliedIndex > m.AppliedIndex+p.tun.CatchUpMaxLag:
+		return waitf("waiting for learner %s to catch up: applied index %d of %d", mc.Name, m.AppliedIndex, leader.AppliedIndex), true
+	case !mc.HasHook:
+		return Decision{Kind: AddHook, Machine: mc.Name,
+			Reason: "protecting machine " + mc.Name + " with the pre-drain hook before its learner is promoted"}, true
+	case len(p.voters()) >= p.Desired+1:
+		return Decision{}, false
+	}
+	voters := p.voters()
+	healthy := len(filter(voters, func(v Member) bool { return v.Healthy }))
+	if 2*(healthy+1) <= len(voters)+1 {
+		return waitf("waiting for voters to recover before promoting learner %s: %d of %d healthy", mc.Name, healthy, len(voters)), true
+	}
+	return Decision{Kind: Promote, MemberID: m.ID, Machine: mc.Name,
+		Reason: fmt.Sprintf("promoting learner %s: applied index %d of leader's %d", mc.Name, m.AppliedIndex, leader.AppliedIndex)}, true
+}
+
+// waitForHealthyVoters is the preflight for growing the cluster: never add
+// to a cluster with an unhealthy voter (it raises the quorum without adding
+// tolerance). An unhealthy voter is remediated once it is due.
+func (p planner) waitForHealthyVoters(what string) (Decision, bool) {
+	for _, m := range p.voters() {
+		if !m.Healthy {
+			return waitf("waiting for member %s to become healthy (unhealthy for %s, replaced after %s) before %s",
+				p.memberName(m), roundDuration(p.unhealthyFor(m)), p.tun.UnhealthyTimeout, what), true
+		}
+	}
+	return Decision{}, false
+}
+
+func why(cond bool, yes, no string) string {
+	if cond {
+		return yes
+	}
+	return no
+}

@@ -1,0 +1,203 @@
+package quorum
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// createMachine creates one machine when fewer machines are kept than
+// desired (scale up, or replacing a deleted, spent or failed machine), or
+// when all are there but one is outdated (rolling update with maxSurge 1:
+// the replacement comes first, the old machine goes once it is a voter).
+func (p planner) createMachine() (Decision, bool) {
+	keep := p.keep()
+	outdated := filter(keep, p.outdated)
+	var reason string
+	switch {
+	case len(keep) < p.Desired:
+		reason = fmt.Sprintf("scaling up: %d of %d machines", len(keep), p.Desired)
+	case len(keep) == p.Desired && len(outdated) > 0:
+		reason = fmt.Sprintf("rolling out: replacing outdated machine %s", p.scaleDownVictim(keep).Name)
+	default:
+		return Decision{}, false
+	}
+	// I4: one creation at a time, and only one learner (etcd's own limit).
+	if prov := p.provisioning(); len(prov) > 0 {
+		return waitf("waiting for machine %s to join before creating another", prov[0].Name), true
+	}
+	if l := p.learners(); len(l) > 0 {
+		return waitf("waiting for learner %s to be promoted before creating another machine", p.memberName(l[0])), true
+	}
+	if len(p.voters()) >= p.Desired+1 {
+		return waitf("waiting for a departing voter to be removed before creating a machine (%d voters, at most %d)", len(p.voters()), p.Desired+1), true
+	}
+	if d, ok := p.waitForHealthyVoters("creating a machine"); ok {
+		return d, true
+	}
+	fd := p.nextFailureDomain()
+	return Decision{Kind: CreateMachine, FailureDomain: fd, Reason: reason + " in failure domain " + quoteFD(fd)}, true
+}
+
+// scaleDown deletes one kept machine when there are more than desired. A
+// machine still joining is cancelled first (it costs no voter); otherwise the
+// victim follows the scale-down priority. Its voter is then removed by
+// removeDepartingVoter, while the hook holds the machine's drain.
+func (p planner) scaleDown() (Decision, bool) {
+	keep := p.keep()
+	if len(keep) <= p.Desired {
+		return Decision{}, false
+	}
+	if joining := p.provisioning(); len(joining) > 0 {
+		mc := joining[len(joining)-1]
+		return Decision{Kind: DeleteMachine, Machine: mc.Name,
+			Reason: fmt.Sprintf("scaling down: %d of %d machines; cancelling machine %s, which has not joined yet", len(keep), p.Desired, mc.Name)}, true
+	}
+	victim := p.scaleDownVictim(keep)
+	m, hasMember := p.memberOn(victim.Name)
+	// I4: one voter-hosting machine leaves at a time.
+	for _, mc := range p.machines {
+		if other, ok := p.memberOn(mc.Name); ok && mc.Deleting {
+			return waitf("waiting for member %s on deleting machine %s to be removed before scaling down", p.memberName(other), mc.Name), true
+		}
+	}
+	if d, ok := p.waitForHealthyVoters("scaling down"); ok {
+		return d, true
+	}
+	if hasMember && m.Voter() {
+		if m.Leader {
+			return p.moveLeaderAway(m)
+		}
+		if !p.opts.skipQuorumChecks && !quorumAfterRemoval(p.voters(), m.ID) {
+			return waitf("not scaling down machine %s: the remaining healthy voters would not be a majority", victim.Name), true
+		}
+	}
+	return Decision{Kind: DeleteMachine, Machine: victim.Name,
+		Reason: fmt.Sprintf("scaling down: %d of %d machines; deleting %s (%s)", len(keep), p.Desired, victim.Name, p.victimClass(victim))}, true
+}
+
+// scaleDownPriority lists the victim classes, most preferred first.
+func (p planner) scaleDownPriority() []struct {
+	name string
+	in   func(Machine) bool
+} {
+	return []struct {
+		name string
+		in   func(Machine) bool
+	}{
+		{"outdated and delete-annotated", func(mc Machine) bool { return p.outdated(mc) && mc.DeleteAnnotated }},
+		{"delete-annotated", func(mc Machine) bool { return mc.DeleteAnnotated }},
+		{"outdated with unhealthy components", func(mc Machine) bool { return p.outdated(mc) && !p.componentsOK(mc) }},
+		{"outdated", p.outdated},
+		{"oldest in the fullest failure domain", func(Machine) bool { return true }},
+	}
+}
+
+// scaleDownVictim picks the first non-empty priority class, then within it
+// the failure domain with the most kept machines (alphabetical on ties),
+// then the oldest machine there.
+func (p planner) scaleDownVictim(keep []Machine) Machine {
+	for _, class := range p.scaleDownPriority() {
+		candidates := filter(keep, class.in)
+		if len(candidates) == 0 {
+			continue
+		}
+		count := countByDomain(keep, func(Machine) bool { return true })
+		fd := candidates[0].FailureDomain
+		for _, mc := range candidates {
+			if count[mc.FailureDomain] > count[fd] || (count[mc.FailureDomain] == count[fd] && mc.FailureDomain < fd) {
+				fd = mc.FailureDomain
+			}
+		}
+		for _, mc := range candidates { // oldest first: p.machines is sorted by age
+			if mc.FailureDomain == fd {
+				return mc
+			}
+		}
+	}
+	return keep[0]
+}
+
+func (p planner) victimClass(mc Machine) string {
+	for _, class := range p.scaleDownPriority() {
+		if class.in(mc) {
+			return class.name
+		}
+	}
+	return ""
+}
+
+// nextFailureDomain is where the next machine goes: the domain with the
+// fewest up-to-date kept machines, then the fewest kept machines, then the
+// alphabetically first. Counting up-to-date machines first spreads a
+// rollout's replacements instead of stacking them in the first domain;
+// alphabetical ties give alphabetical reuse when there are more machines
+// than domains.
+func (p planner) nextFailureDomain() string {
+	domains := slices.Clone(p.FailureDomains)
+	if len(domains) == 0 {
+		return ""
+	}
+	slices.Sort(domains)
+	keep := p.keep()
+	upToDate := countByDomain(keep, func(mc Machine) bool { return !p.outdated(mc) })
+	all := countByDomain(keep, func(Machine) bool { return true })
+	best := domains[0]
+	for _, fd := range domains[1:] {
+		if upToDate[fd] < upToDate[best] || (upToDate[fd] == upToDate[best] && all[fd] < all[best]) {
+			best = fd
+		}
+	}
+	return best
+}
+
+func countByDomain(machines []Machine, counted func(Machine) bool) map[string]int {
+	count := map[string]int{}
+	for _, mc := range machines {
+		if counted(mc) {
+			count[mc.FailureDomain]++
+		}
+	}
+	return count
+}
+
+// describe summarises a state in one line, for test failures and logs.
+func (s State) describe() string {
+	v := newView(s)
+	var b strings.Builder
+	fmt.Fprintf(&b, "desired=%d machines=[", s.Desired)
+	for i, mc := range v.machines {
+		if i > 0 {
+			b.WriteString(" ")
+		}
+		fmt.Fprintf(&b, "%s@%s%s", mc.Name, quoteFD(mc.FailureDomain), flags(map[string]bool{
+			"del": mc.Deleting, "hook": mc.HasHook, "old": !mc.UpToDate, "ann": mc.DeleteAnnotated,
+			"fail": mc.CreationFailed, "noaddr": mc.PeerURL == "", "rem": mc.Remediate,
+		}))
+	}
+	b.WriteString("] members=[")
+	for i, m := range v.members {
+		if i > 0 {
+			b.WriteString(" ")
+		}
+		fmt.Fprintf(&b, "%s/%s%s", idString(m.ID), v.memberName(m), flags(map[string]bool{
+			"learner": m.Learner, "unstarted": !m.Started(), "down": !m.Healthy, "leader": m.Leader,
+		}))
+	}
+	b.WriteString("]")
+	return b.String()
+}
+
+func flags(f map[string]bool) string {
+	var on []string
+	for k, v := range f {
+		if v {
+			on = append(on, k)
+		}
+	}
+	if len(on) == 0 {
+		return ""
+	}
+	slices.Sort(on)
+	return "(" + strings.Join(on, ",") + ")"
+}
