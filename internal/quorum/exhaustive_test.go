@@ -41,9 +41,9 @@ func crash(ids ...int) func(*world) {
 func initialWorlds(n int) map[string]world {
 	healthy := healthyWorld(n, n)
 	ws := map[string]world{
-		"fresh":   {desired: n, domains: threeDomains, epoch: 1},
-		"healthy": healthy,
-		"one member down": healthy.with(crash(n)),
+		"fresh":                 {desired: n, domains: threeDomains, epoch: 1},
+		"healthy":               healthy,
+		"one member down":       healthy.with(crash(n)),
 		"machine being deleted": healthy.with(func(w *world) { w.machines[0].deleting = true }),
 		"hook removed by hand on a deleting machine": healthy.with(func(w *world) {
 			w.machines[n-1].deleting, w.machines[n-1].hook = true, false

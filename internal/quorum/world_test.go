@@ -36,14 +36,14 @@ type wMachine struct {
 }
 
 type wMember struct {
-	id        uint64
-	host      int // machine id; the machine may be gone
-	learner   bool
-	started   bool
-	healthy   bool
-	caughtUp  bool
-	leader    bool
-	since     int // epoch it was added (learners) or went down (unhealthy)
+	id       uint64
+	host     int // machine id; the machine may be gone
+	learner  bool
+	started  bool
+	healthy  bool
+	caughtUp bool
+	leader   bool
+	since    int // epoch it was added (learners) or went down (unhealthy)
 }
 
 var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
