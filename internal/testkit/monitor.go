@@ -21,7 +21,10 @@ type Monitor struct {
 	cancel   context.CancelFunc
 	done     chan struct{}
 
-	mu sync.Mutex
+	// sampling serialises whole samples, periodic or on demand, so that
+	// consecutive samples are compared in the order they were taken.
+	sampling sync.Mutex
+	mu       sync.Mutex
 	// desired is what the test asked for; bound is what CheckMembers is
 	// given. After a scale down the bound stays at the old desired and
 	// ratchets down as voters leave, so the voters may shrink one by one
@@ -109,7 +112,15 @@ func (m *Monitor) run(ctx context.Context) {
 	}
 }
 
+// SampleNow takes a sample at once. A driver calls it after each step it
+// takes: a learner that is added and promoted within one sampling interval
+// would otherwise first appear as a voter, which the monitor cannot tell
+// apart from a voter added directly (I3).
+func (m *Monitor) SampleNow(ctx context.Context) { m.sample(ctx) }
+
 func (m *Monitor) sample(ctx context.Context) {
+	m.sampling.Lock()
+	defer m.sampling.Unlock()
 	members, err := Observe(ctx, m.client)
 	at := time.Now()
 	m.mu.Lock()

@@ -1,0 +1,370 @@
+// Package engine proves the quorum planner against real etcd: a driver runs
+// quorum.Plan in a loop and carries out each decision on etcd processes
+// (the "machines"), while a recording writer and an invariant monitor watch.
+// This is the engine without Kubernetes.
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/qcp-dev/qcp/internal/etcd"
+	"github.com/qcp-dev/qcp/internal/quorum"
+	"github.com/qcp-dev/qcp/internal/testkit"
+)
+
+// machine is the driver's record of one machine: an etcd process on its own
+// loopback address plus the metadata a Machine object would carry.
+type machine struct {
+	name      string
+	fd        string
+	proc      *testkit.EtcdProcess
+	createdAt time.Time
+	upToDate  bool
+	deleting  bool
+	hasHook   bool
+	remediate bool
+	memberID  uint64
+}
+
+// driverOptions change how the driver carries out decisions.
+type driverOptions struct {
+	// noLeaderTransfer hides which member leads from the planner, so it
+	// removes the leader like any other voter instead of moving leadership
+	// first. This is how the value of I6 is measured; the planner itself
+	// has no such knob.
+	noLeaderTransfer bool
+	// tunables are passed to the planner.
+	tunables quorum.Tunables
+	// failureDomains are passed to the planner.
+	failureDomains []string
+}
+
+// driver is the reconciler stand-in: observe → plan → act, one step at a time.
+type driver struct {
+	t    testing.TB
+	name string
+	opts driverOptions
+	cl   *testkit.EtcdCluster
+	cli  *etcd.Client // nil until the first machine exists
+
+	desired        int
+	machines       []*machine
+	seq            int
+	addedAt        map[uint64]time.Time
+	unhealthySince map[uint64]time.Time
+	endpoints      []string
+	// suppressStarts is how many learner processes the driver "fails" to
+	// start, as a machine whose etcd never comes up.
+	suppressStarts int
+	steps          []string
+	// afterStep runs after every step, for the monitor to sample each
+	// intermediate membership.
+	afterStep func(context.Context)
+}
+
+func newDriver(t testing.TB, name string, opts driverOptions) *driver {
+	return &driver{t: t, name: name, opts: opts, cl: testkit.NewEtcdCluster(t, name),
+		addedAt: map[uint64]time.Time{}, unhealthySince: map[uint64]time.Time{}}
+}
+
+// converge runs the loop until the planner has nothing left to do and the
+// cluster is steady, or fails the test with the last thing it waited for.
+func (d *driver) converge(ctx context.Context, desired int, timeout time.Duration) {
+	d.t.Helper()
+	d.desired = desired
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	lastWait := ""
+	for {
+		before, err := d.observe(ctx)
+		if err != nil {
+			lastWait = "an observation of etcd: " + err.Error()
+		} else {
+			dec := quorum.Plan(before)
+			switch {
+			case dec.Kind == quorum.Degraded:
+				d.t.Fatalf("%s: planner degraded: %s\nsteps:\n%s", d.name, dec.Reason, strings.Join(d.steps, "\n"))
+			case dec.Kind == quorum.Wait && d.steady(before):
+				return
+			case dec.Kind == quorum.Wait:
+				lastWait = dec.Reason
+			default:
+				d.step(ctx, before, dec)
+				continue
+			}
+		}
+		if err := d.releaseDrainedMachines(); err != nil {
+			d.t.Fatal(err)
+		}
+		select {
+		case <-ctx.Done():
+			d.t.Fatalf("%s: not converged to %d voters within %s; waiting for %s\nsteps:\n%s", d.name, desired, timeout, lastWait, strings.Join(d.steps, "\n"))
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// step carries out one decision and checks it against the invariants with
+// a fresh observation.
+func (d *driver) step(ctx context.Context, before quorum.State, dec quorum.Decision) {
+	d.t.Helper()
+	start := time.Now()
+	if err := d.act(ctx, dec); err != nil {
+		d.t.Fatalf("%s: carrying out %s: %v\nsteps:\n%s", d.name, dec, err, strings.Join(d.steps, "\n"))
+	}
+	d.steps = append(d.steps, fmt.Sprintf("%s +%s %s", start.Format("15:04:05.000"), time.Since(start).Round(time.Millisecond), dec))
+	if err := d.releaseDrainedMachines(); err != nil {
+		d.t.Fatal(err)
+	}
+	if d.afterStep != nil {
+		d.afterStep(ctx)
+	}
+	var after quorum.State
+	err := testkit.Eventually(ctx, 100*time.Millisecond, "an observation after "+string(dec.Kind), func(ctx context.Context) (err error) {
+		after, err = d.observe(ctx)
+		return err
+	})
+	if err != nil {
+		d.t.Fatalf("%s: %v", d.name, err)
+	}
+	if err := quorum.Check(before, dec, after); err != nil {
+		d.t.Errorf("%s: invariant broken by %s: %v", d.name, dec, err)
+	}
+}
+
+// steady reports whether the cluster is where the test wants it: desired
+// healthy voters on up-to-date machines, nothing joining or leaving.
+func (d *driver) steady(s quorum.State) bool {
+	if len(s.Machines) != d.desired || len(s.Members) != d.desired {
+		return false
+	}
+	for _, m := range s.Members {
+		if m.Learner || !m.Healthy || !m.Started() {
+			return false
+		}
+	}
+	for _, mc := range s.Machines {
+		if !mc.UpToDate || mc.Deleting || !mc.HasHook {
+			return false
+		}
+	}
+	return true
+}
+
+// observe builds the planner's State from the member list, per-member
+// status and process liveness.
+func (d *driver) observe(ctx context.Context) (quorum.State, error) {
+	now := time.Now()
+	s := quorum.State{Desired: d.desired, Topology: quorum.External, FailureDomains: d.opts.failureDomains, Now: now, Tunables: d.opts.tunables}
+	if d.cli != nil {
+		members, err := testkit.Observe(ctx, d.cli)
+		if err != nil {
+			return s, err
+		}
+		for i := range members {
+			m := &members[i]
+			if m.Healthy {
+				delete(d.unhealthySince, m.ID)
+			} else if _, ok := d.unhealthySince[m.ID]; !ok {
+				d.unhealthySince[m.ID] = now
+			}
+			m.UnhealthySince = d.unhealthySince[m.ID]
+			m.AddedAt = d.addedAt[m.ID]
+			if d.opts.noLeaderTransfer {
+				m.Leader = false
+			}
+			d.recordBootstrapMember(*m)
+		}
+		s.Members = members
+		d.refreshEndpoints(members)
+	}
+	for _, mc := range d.machines {
+		running := mc.proc.Running()
+		s.Machines = append(s.Machines, quorum.Machine{
+			Name: mc.name, FailureDomain: mc.fd, PeerURL: mc.proc.PeerURL(), UpToDate: mc.upToDate,
+			CreatedAt: mc.createdAt, Deleting: mc.deleting, HasHook: mc.hasHook, NodeReady: true,
+			ComponentsHealthy: running, MemberID: mc.memberID, Remediate: mc.remediate,
+		})
+	}
+	return s, nil
+}
+
+// recordBootstrapMember remembers the member a machine bootstrapped, as a
+// reconciler records it on the Machine.
+func (d *driver) recordBootstrapMember(m quorum.Member) {
+	for _, mc := range d.machines {
+		if mc.memberID == 0 && m.Name == mc.name {
+			mc.memberID = m.ID
+		}
+	}
+}
+
+// refreshEndpoints points the driver's client at the started voters:
+// learners refuse the linearizable reads membership calls rely on.
+func (d *driver) refreshEndpoints(members []quorum.Member) {
+	var eps []string
+	for _, m := range members {
+		if m.Learner || !m.Started() {
+			continue
+		}
+		if mc := d.machineByName(m.Name); mc != nil {
+			eps = append(eps, mc.proc.ClientURL())
+		}
+	}
+	slices.Sort(eps)
+	if len(eps) > 0 && !slices.Equal(eps, d.endpoints) {
+		d.cli.SetEndpoints(eps...)
+		d.endpoints = eps
+	}
+}
+
+func (d *driver) machineByName(name string) *machine {
+	for _, mc := range d.machines {
+		if mc.name == name {
+			return mc
+		}
+	}
+	return nil
+}
+
+// releaseDrainedMachines plays the infrastructure provider: a deleting
+// machine whose pre-drain hook is gone is drained, its process stopped and
+// the machine forgotten.
+func (d *driver) releaseDrainedMachines() error {
+	kept := d.machines[:0]
+	for _, mc := range d.machines {
+		if mc.deleting && !mc.hasHook {
+			if err := mc.proc.Stop(); err != nil {
+				return fmt.Errorf("stopping deleted machine %s: %w", mc.name, err)
+			}
+			if d.cli != nil {
+				d.cli.ForgetEndpoint(mc.proc.ClientURL())
+			}
+			d.steps = append(d.steps, fmt.Sprintf("%s machine %s drained and gone", time.Now().Format("15:04:05.000"), mc.name))
+			continue
+		}
+		kept = append(kept, mc)
+	}
+	d.machines = kept
+	return nil
+}
+
+// retry repeats op while etcd answers with a retryable refusal ("unhealthy
+// cluster" for 5 s after a membership change, "not in sync" until a learner
+// catches up, elections), within limit.
+func retry(ctx context.Context, limit time.Duration, op func(context.Context) error) error {
+	ctx, cancel := context.WithTimeout(ctx, limit)
+	defer cancel()
+	for {
+		octx, ocancel := context.WithTimeout(ctx, 3*time.Second)
+		err := op(octx)
+		ocancel()
+		if err == nil || !etcd.IsRetryable(err) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("still refused after %s: %w", limit, err)
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// act carries out one decision.
+func (d *driver) act(ctx context.Context, dec quorum.Decision) error {
+	switch dec.Kind {
+	case quorum.CreateMachine:
+		return d.createMachine(ctx, dec.FailureDomain)
+	case quorum.AddLearner:
+		return d.addLearner(ctx, dec)
+	case quorum.Promote:
+		return retry(ctx, 20*time.Second, func(ctx context.Context) error { return d.cli.Promote(ctx, dec.MemberID) })
+	case quorum.MoveLeader:
+		if d.opts.noLeaderTransfer {
+			return errors.New("planner asked to move leadership although the driver hides the leader")
+		}
+		return retry(ctx, 20*time.Second, func(ctx context.Context) error { return d.cli.MoveLeader(ctx, dec.MemberID) })
+	case quorum.RemoveMember:
+		return retry(ctx, 20*time.Second, func(ctx context.Context) error { return d.cli.Remove(ctx, dec.MemberID) })
+	case quorum.AddHook, quorum.RemoveHook, quorum.DeleteMachine:
+		mc := d.machineByName(dec.Machine)
+		if mc == nil {
+			return fmt.Errorf("no machine %s", dec.Machine)
+		}
+		switch dec.Kind {
+		case quorum.AddHook:
+			mc.hasHook = true
+		case quorum.RemoveHook:
+			mc.hasHook = false
+		default:
+			mc.deleting = true
+		}
+		return nil
+	}
+	return fmt.Errorf("unknown decision kind %q", dec.Kind)
+}
+
+func (d *driver) createMachine(ctx context.Context, fd string) error {
+	d.seq++
+	name := fmt.Sprintf("%s-m%d", d.name, d.seq)
+	proc, err := d.cl.NewMember(name)
+	if err != nil {
+		return err
+	}
+	mc := &machine{name: name, fd: fd, proc: proc, createdAt: time.Now(), upToDate: true}
+	d.machines = append(d.machines, mc)
+	if d.cli != nil {
+		return nil // it joins once the planner adds it as a learner
+	}
+	// No cluster yet: this machine bootstraps one on its own.
+	if err := proc.Start(testkit.InitialCluster(proc), "new"); err != nil {
+		return err
+	}
+	d.cli, err = etcd.New(d.cl.Config(proc.ClientURL()))
+	if err != nil {
+		return err
+	}
+	d.t.Cleanup(func() { _ = d.cli.Close() })
+	d.endpoints = []string{proc.ClientURL()}
+	return testkit.WaitHealthy(ctx, d.cli, proc)
+}
+
+func (d *driver) addLearner(ctx context.Context, dec quorum.Decision) error {
+	mc := d.machineByName(dec.Machine)
+	if mc == nil {
+		return fmt.Errorf("no machine %s", dec.Machine)
+	}
+	var added etcd.Member
+	var list []etcd.Member
+	err := retry(ctx, 30*time.Second, func(ctx context.Context) (err error) {
+		added, list, err = d.cli.AddLearner(ctx, dec.PeerURL)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	mc.memberID = added.ID
+	d.addedAt[added.ID] = time.Now()
+	if d.suppressStarts > 0 {
+		d.suppressStarts--
+		d.steps = append(d.steps, "  (start of "+mc.name+" suppressed: its etcd never comes up)")
+		return nil
+	}
+	var ic []string
+	for _, m := range list {
+		name := m.Name
+		if m.ID == added.ID {
+			name = mc.name
+		}
+		for _, u := range m.PeerURLs {
+			ic = append(ic, name+"="+u)
+		}
+	}
+	return mc.proc.Start(strings.Join(ic, ","), "existing")
+}

@@ -1,0 +1,100 @@
+package engine
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+)
+
+// rollingFigures are what the rolling replacement measures.
+type rollingFigures struct {
+	Scenario       string  `json:"scenario"`
+	LeaderTransfer bool    `json:"leader_transfer"`
+	MaxWriteGapMs  float64 `json:"max_write_gap_ms"`
+	FailedWrites   int     `json:"failed_write_attempts"`
+	UnknownWrites  int     `json:"unknown_writes"`
+	AckedWrites    int     `json:"acknowledged_writes"`
+	RolloutSeconds float64 `json:"rollout_seconds"`
+	MoveLeaders    int     `json:"move_leader_steps"`
+}
+
+func (f rollingFigures) json() string {
+	b, _ := json.Marshal(f)
+	return string(b)
+}
+
+func modeName(noTransfer bool) string {
+	if noTransfer {
+		return "without-leader-transfer"
+	}
+	return "with-leader-transfer"
+}
+
+// rollingReplacement bootstraps three members, then marks every machine
+// outdated and lets the planner replace them one by one while the writer
+// runs. With noTransfer the driver hides the leader from the planner, so the
+// leader's machine is removed without MoveLeader.
+func rollingReplacement(t testing.TB, noTransfer bool) rollingFigures {
+	ctx := context.Background()
+	d := newDriver(t, "roll", driverOptions{noLeaderTransfer: noTransfer})
+	d.converge(ctx, 3, phaseTimeout)
+	original := map[string]bool{}
+	for _, mc := range d.machines {
+		original[mc.name] = true
+	}
+	tr := startTraffic(t, d)
+	for _, mc := range d.machines {
+		mc.upToDate = false
+	}
+	from := len(d.steps)
+	start := time.Now()
+	d.converge(ctx, 3, 3*phaseTimeout)
+	rollout := time.Since(start)
+	r := tr.stop(t, ctx)
+	logSteps(t, d)
+	for _, mc := range d.machines {
+		if original[mc.name] {
+			t.Errorf("machine %s survived the rolling replacement", mc.name)
+		}
+	}
+	moves := 0
+	for _, s := range d.steps[from:] {
+		if strings.Contains(s, "MoveLeader(") {
+			moves++
+		}
+	}
+	if !noTransfer && moves == 0 {
+		t.Error("no MoveLeader step in a rolling replacement of every member; the leader was removed without transfer")
+	}
+	return rollingFigures{
+		Scenario: "rolling-replacement-3", LeaderTransfer: !noTransfer,
+		MaxWriteGapMs: float64(r.MaxWriteGap.Microseconds()) / 1000, FailedWrites: r.FailedAttempts,
+		UnknownWrites: r.UnknownWrites, AckedWrites: r.Writes, RolloutSeconds: rollout.Seconds(), MoveLeaders: moves,
+	}
+}
+
+// BenchmarkRollingReplacement reports the write gap and failed writes of a
+// rolling replacement of 3 members, with and without leader transfer. Each
+// iteration is a whole rollout; run with -benchtime=Nx.
+func BenchmarkRollingReplacement(b *testing.B) {
+	for _, noTransfer := range []bool{false, true} {
+		b.Run(modeName(noTransfer), func(b *testing.B) {
+			var gapSum, gapMax, failed, rollout float64
+			for range b.N {
+				f := rollingReplacement(b, noTransfer)
+				b.Log(f.json())
+				gapSum += f.MaxWriteGapMs
+				gapMax = max(gapMax, f.MaxWriteGapMs)
+				failed += float64(f.FailedWrites)
+				rollout += f.RolloutSeconds
+			}
+			n := float64(b.N)
+			b.ReportMetric(gapSum/n, "max-write-gap-ms")
+			b.ReportMetric(gapMax, "worst-write-gap-ms")
+			b.ReportMetric(failed/n, "failed-writes")
+			b.ReportMetric(rollout/n, "rollout-s")
+		})
+	}
+}

@@ -1,0 +1,173 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/qcp-dev/qcp/internal/etcd"
+	"github.com/qcp-dev/qcp/internal/testkit"
+)
+
+// phaseTimeout bounds each convergence: every operation must complete
+// within it once faults stop.
+const phaseTimeout = 90 * time.Second
+
+// traffic is the writer and the monitor that run through a scenario.
+type traffic struct {
+	w   *testkit.Writer
+	mon *testkit.Monitor
+	cli *etcd.Client
+}
+
+func startTraffic(t testing.TB, d *driver) *traffic {
+	t.Helper()
+	w, err := testkit.StartWriter(d.cl.Config(d.endpoints...), testkit.WriterOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := d.cl.Config(d.endpoints...)
+	// The monitor follows membership like any client; it must survive
+	// every original member being replaced.
+	cfg.AutoSyncInterval = 500 * time.Millisecond
+	cli, err := etcd.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := &traffic{w: w, mon: testkit.StartMonitor(cli, d.desired, 0), cli: cli}
+	d.afterStep = tr.mon.SampleNow
+	return tr
+}
+
+// stop ends the traffic and asserts what every scenario must show: a
+// linearizable history, no lost acknowledged write, no invariant violation.
+func (tr *traffic) stop(t testing.TB, ctx context.Context) testkit.WriterReport {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	r := tr.w.Stop(ctx)
+	tr.mon.SampleNow(ctx)
+	mr := tr.mon.Stop()
+	_ = tr.cli.Close()
+	t.Logf("writer: %s", r)
+	t.Logf("monitor: %d samples (%d unobserved), max %d voters, max %d learners, %d violations",
+		mr.Samples, mr.Unobserved, mr.MaxVoters, mr.MaxLearners, len(mr.Violations))
+	if err := r.Err(); err != nil {
+		t.Error(err)
+	}
+	if err := mr.Err(); err != nil {
+		t.Error(err)
+	}
+	if mr.Samples-mr.Unobserved == 0 {
+		t.Error("the monitor observed nothing; its verdict is worthless")
+	}
+	return r
+}
+
+func logSteps(t testing.TB, d *driver) {
+	t.Helper()
+	t.Logf("steps:\n%s", strings.Join(d.steps, "\n"))
+}
+
+// stepIndex returns the index of the first step at or after from that
+// contains all of parts, or -1.
+func stepIndex(d *driver, from int, parts ...string) int {
+	for i := from; i < len(d.steps); i++ {
+		all := true
+		for _, p := range parts {
+			all = all && strings.Contains(d.steps[i], p)
+		}
+		if all {
+			return i
+		}
+	}
+	return -1
+}
+
+func TestCreateOneToThree(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	d := newDriver(t, "create", driverOptions{})
+	d.converge(ctx, 1, phaseTimeout)
+	tr := startTraffic(t, d)
+	tr.mon.SetDesired(3)
+	d.converge(ctx, 3, phaseTimeout)
+	tr.stop(t, ctx)
+	logSteps(t, d)
+	if n := strings.Count(strings.Join(d.steps, "\n"), "Promote("); n != 2 {
+		t.Errorf("%d promotions, want 2 (every member after the first joins as a learner)", n)
+	}
+}
+
+func TestScaleThreeToFiveToThree(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	d := newDriver(t, "scale", driverOptions{})
+	d.converge(ctx, 3, phaseTimeout)
+	tr := startTraffic(t, d)
+	tr.mon.SetDesired(5)
+	d.converge(ctx, 5, phaseTimeout)
+	tr.mon.SetDesired(3)
+	d.converge(ctx, 3, phaseTimeout)
+	tr.stop(t, ctx)
+	logSteps(t, d)
+}
+
+func TestReplaceKilledMember(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	d := newDriver(t, "killed", driverOptions{})
+	d.converge(ctx, 3, phaseTimeout)
+	tr := startTraffic(t, d)
+	victim := d.machines[1]
+	if err := victim.proc.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	// A health check marks the dead machine, as QCP's MHC would.
+	victim.remediate = true
+	from := len(d.steps)
+	d.converge(ctx, 3, phaseTimeout)
+	tr.stop(t, ctx)
+	logSteps(t, d)
+	removed := stepIndex(d, from, "RemoveMember(", fmt.Sprintf("%x", victim.memberID))
+	added := stepIndex(d, from, "AddLearner(")
+	if removed < 0 || added < 0 || removed > added {
+		t.Errorf("dead member %x removed at step %d, replacement added at step %d; want removal first (etcd FAQ)", victim.memberID, removed, added)
+	}
+	if d.machineByName(victim.name) != nil {
+		t.Errorf("dead machine %s still exists", victim.name)
+	}
+}
+
+func TestLearnerThatNeverStartsIsRemoved(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	d := newDriver(t, "stuck", driverOptions{})
+	d.opts.tunables.LearnerStartTimeout = 8 * time.Second
+	d.converge(ctx, 1, phaseTimeout)
+	tr := startTraffic(t, d)
+	tr.mon.SetDesired(3)
+	d.suppressStarts = 1
+	d.converge(ctx, 3, phaseTimeout)
+	tr.stop(t, ctx)
+	logSteps(t, d)
+	suppressed := stepIndex(d, 0, "suppressed")
+	if suppressed < 0 {
+		t.Fatal("no learner start was suppressed; the scenario did not happen")
+	}
+	stuck := strings.Fields(d.steps[suppressed])[2]
+	if stepIndex(d, suppressed, "RemoveMember(") < 0 || stepIndex(d, suppressed, "DeleteMachine("+stuck) < 0 {
+		t.Errorf("the learner on %s was not removed and its machine deleted", stuck)
+	}
+}
+
+func TestRollingReplacement(t *testing.T) {
+	for _, noTransfer := range []bool{false, true} {
+		t.Run(modeName(noTransfer), func(t *testing.T) {
+			f := rollingReplacement(t, noTransfer)
+			t.Logf("figures: %s", f.json())
+		})
+	}
+}
