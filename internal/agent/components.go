@@ -1,0 +1,144 @@
+package agent
+
+import (
+	"fmt"
+	"path/filepath"
+	"strings"
+
+	"github.com/qcp-dev/qcp/internal/bootstrap"
+)
+
+// Process is one component's command line.
+type Process struct {
+	Name bootstrap.Component
+	Path string
+	Args []string
+}
+
+func (a *machineCtx) url(scheme string, port int) string {
+	return fmt.Sprintf("%s://%s:%d", scheme, a.machine.Address, port)
+}
+
+// etcdProcess builds etcd's command line; initialCluster and state come
+// from joinEtcd for an existing cluster.
+func (a *machineCtx) etcdProcess(initialCluster, state string) Process {
+	peer := a.url("https", EtcdPeerPort)
+	client := a.url("https", EtcdClientPort)
+	return Process{Name: bootstrap.Etcd, Path: a.bins["etcd"], Args: []string{
+		"--name=" + a.machine.Name,
+		"--data-dir=" + filepath.Join(a.dir, "etcd"),
+		"--listen-client-urls=" + client,
+		"--advertise-client-urls=" + client,
+		"--listen-peer-urls=" + peer,
+		"--initial-advertise-peer-urls=" + peer,
+		// Plain HTTP metrics and /health on their own port, as kubeadm
+		// does, so probes need no client certificate.
+		"--listen-metrics-urls=" + a.url("http", EtcdMetricsPort),
+		"--initial-cluster=" + initialCluster,
+		"--initial-cluster-state=" + state,
+		"--initial-cluster-token=" + a.doc.ClusterName,
+		"--client-cert-auth=true",
+		"--trusted-ca-file=" + a.pki.File("etcd/ca.crt"),
+		"--cert-file=" + a.pki.File("etcd/server.crt"),
+		"--key-file=" + a.pki.File("etcd/server.key"),
+		"--peer-client-cert-auth=true",
+		"--peer-trusted-ca-file=" + a.pki.File("etcd/ca.crt"),
+		"--peer-cert-file=" + a.pki.File("etcd/peer.crt"),
+		"--peer-key-file=" + a.pki.File("etcd/peer.key"),
+		"--snapshot-count=10000",
+		"--logger=zap",
+		"--log-level=warn",
+	}}
+}
+
+func (a *machineCtx) etcdServers() string {
+	if ext := a.doc.Etcd.External; ext != nil {
+		return strings.Join(ext.Endpoints, ",")
+	}
+	// Stacked: the API server talks only to its local member, as kubeadm's.
+	return a.url("https", EtcdClientPort)
+}
+
+func (a *machineCtx) apiserverProcess() Process {
+	f := a.pki.File
+	return Process{Name: bootstrap.KubeAPIServer, Path: a.bins["kube"], Args: []string{
+		"kube-apiserver",
+		"--advertise-address=" + a.machine.Address,
+		"--bind-address=" + a.machine.Address,
+		fmt.Sprintf("--secure-port=%d", APIServerPort),
+		"--allow-privileged=true",
+		"--authorization-mode=Node,RBAC",
+		"--enable-admission-plugins=NodeRestriction",
+		"--enable-bootstrap-token-auth=true",
+		"--client-ca-file=" + f("ca.crt"),
+		"--tls-cert-file=" + f("apiserver.crt"),
+		"--tls-private-key-file=" + f("apiserver.key"),
+		"--etcd-servers=" + a.etcdServers(),
+		"--etcd-cafile=" + f("etcd/ca.crt"),
+		"--etcd-certfile=" + f("apiserver-etcd-client.crt"),
+		"--etcd-keyfile=" + f("apiserver-etcd-client.key"),
+		"--kubelet-client-certificate=" + f("apiserver-kubelet-client.crt"),
+		"--kubelet-client-key=" + f("apiserver-kubelet-client.key"),
+		"--kubelet-preferred-address-types=InternalIP,Hostname",
+		"--proxy-client-cert-file=" + f("front-proxy-client.crt"),
+		"--proxy-client-key-file=" + f("front-proxy-client.key"),
+		"--requestheader-client-ca-file=" + f("front-proxy-ca.crt"),
+		"--requestheader-allowed-names=front-proxy-client",
+		"--requestheader-extra-headers-prefix=X-Remote-Extra-",
+		"--requestheader-group-headers=X-Remote-Group",
+		"--requestheader-username-headers=X-Remote-User",
+		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+		"--service-account-key-file=" + f("sa.pub"),
+		"--service-account-signing-key-file=" + f("sa.key"),
+		"--service-cluster-ip-range=" + a.doc.ServiceClusterIPRange(),
+		"--profiling=false",
+	}}
+}
+
+func (a *machineCtx) controllerManagerProcess() Process {
+	f := a.pki.File
+	kc := f("controller-manager.conf")
+	return Process{Name: bootstrap.KubeControllerManager, Path: a.bins["kube"], Args: []string{
+		"kube-controller-manager",
+		"--kubeconfig=" + kc,
+		"--authentication-kubeconfig=" + kc,
+		"--authorization-kubeconfig=" + kc,
+		"--bind-address=" + a.machine.Address,
+		fmt.Sprintf("--secure-port=%d", KCMPort),
+		"--tls-cert-file=" + f("controller-manager-serving.crt"),
+		"--tls-private-key-file=" + f("controller-manager-serving.key"),
+		"--client-ca-file=" + f("ca.crt"),
+		"--requestheader-client-ca-file=" + f("front-proxy-ca.crt"),
+		"--cluster-name=" + a.doc.ClusterName,
+		"--cluster-signing-cert-file=" + f("ca.crt"),
+		"--cluster-signing-key-file=" + f("ca.key"),
+		"--root-ca-file=" + f("ca.crt"),
+		"--service-account-private-key-file=" + f("sa.key"),
+		"--use-service-account-credentials=true",
+		"--leader-elect=true",
+		"--node-monitor-grace-period=" + a.doc.NodeMonitorGracePeriod(),
+		// The default set minus what needs kubelets, a cloud or node CIDRs
+		// to do anything; bootstrap-token controllers as kubeadm enables.
+		"--controllers=*,bootstrapsigner,tokencleaner,-nodeipam,-cloud-node-lifecycle,-service-lb-controller,-node-route-controller,-persistentvolume-attach-detach-controller",
+		"--profiling=false",
+	}}
+}
+
+func (a *machineCtx) schedulerProcess() Process {
+	f := a.pki.File
+	kc := f("scheduler.conf")
+	return Process{Name: bootstrap.KubeScheduler, Path: a.bins["kube"], Args: []string{
+		"kube-scheduler",
+		"--kubeconfig=" + kc,
+		"--authentication-kubeconfig=" + kc,
+		"--authorization-kubeconfig=" + kc,
+		"--bind-address=" + a.machine.Address,
+		fmt.Sprintf("--secure-port=%d", SchedulerPort),
+		"--tls-cert-file=" + f("scheduler-serving.crt"),
+		"--tls-private-key-file=" + f("scheduler-serving.key"),
+		"--client-ca-file=" + f("ca.crt"),
+		"--requestheader-client-ca-file=" + f("front-proxy-ca.crt"),
+		"--leader-elect=true",
+		"--profiling=false",
+	}}
+}

@@ -1,0 +1,146 @@
+package agent
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"sort"
+	"strings"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+
+	"github.com/qcp-dev/qcp/internal/certs"
+)
+
+const memberPoll = 2 * time.Second
+
+// etcdTLS is the agent's own etcd client identity, issued from the etcd CA.
+func (a *machineCtx) etcdTLS() (*tls.Config, error) {
+	pool, err := certs.CertPool(a.pki.EtcdCAPEM)
+	if err != nil {
+		return nil, fmt.Errorf("etcd CA: %w", err)
+	}
+	pair, err := tls.X509KeyPair(a.pki.EtcdClient.CertPEM, a.pki.EtcdClient.KeyPEM)
+	if err != nil {
+		return nil, fmt.Errorf("etcd client certificate: %w", err)
+	}
+	return &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{pair}, MinVersion: tls.VersionTLS12}, nil
+}
+
+func (a *machineCtx) etcdClient(endpoints []string) (*clientv3.Client, error) {
+	tlsCfg, err := a.etcdTLS()
+	if err != nil {
+		return nil, err
+	}
+	return clientv3.New(clientv3.Config{
+		Endpoints:   endpoints,
+		TLS:         tlsCfg,
+		DialTimeout: 5 * time.Second,
+		Logger:      zap.NewNop(),
+	})
+}
+
+// joinEtcd waits until this machine's peer URL is in the member list (the
+// control plane controller adds it as a learner; the agent never adds
+// itself) and returns etcd's --initial-cluster built from that list.
+func (a *machineCtx) joinEtcd(ctx context.Context) (string, error) {
+	local := a.doc.Etcd.Local
+	myPeer := a.url("https", EtcdPeerPort)
+	if len(local.ExistingEndpoints) == 0 {
+		// Only an initial cluster was given: trust it as etcd would.
+		return local.InitialCluster, nil
+	}
+	cli, err := a.etcdClient(local.ExistingEndpoints)
+	if err != nil {
+		return "", fmt.Errorf("connecting to existing etcd members %v: %w", local.ExistingEndpoints, err)
+	}
+	defer cli.Close()
+	lastMsg := ""
+	for {
+		msg, initial := a.checkMembership(ctx, cli, myPeer)
+		if initial != "" {
+			a.log.Info("own peer URL is in the etcd member list; starting etcd", "peerURL", myPeer, "initialCluster", initial)
+			return initial, nil
+		}
+		if msg != lastMsg {
+			a.log.Info("waiting before starting etcd", "waitingFor", msg)
+			lastMsg = msg
+		}
+		a.sup.setWaiting("etcd", msg)
+		select {
+		case <-ctx.Done():
+			return "", ctx.Err()
+		case <-time.After(memberPoll):
+		}
+	}
+}
+
+func (a *machineCtx) checkMembership(ctx context.Context, cli *clientv3.Client, myPeer string) (waitingFor, initialCluster string) {
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	resp, err := cli.MemberList(cctx)
+	if err != nil {
+		return fmt.Sprintf("the etcd member list from %v (error: %v)", a.doc.Etcd.Local.ExistingEndpoints, err), ""
+	}
+	var parts, seen []string
+	found := false
+	for _, m := range resp.Members {
+		name := m.Name
+		isMe := false
+		for _, u := range m.PeerURLs {
+			isMe = isMe || u == myPeer
+		}
+		if isMe {
+			found, name = true, a.machine.Name
+		}
+		if name == "" {
+			// Another added but unstarted member: etcd matches members by
+			// peer URL, so any unique name will do.
+			name = fmt.Sprintf("unstarted-%x", m.ID)
+		}
+		seen = append(seen, name+"="+strings.Join(m.PeerURLs, "|"))
+		for _, u := range m.PeerURLs {
+			parts = append(parts, name+"="+u)
+		}
+	}
+	if !found {
+		sort.Strings(seen)
+		return fmt.Sprintf("peer URL %s to be added to the etcd member list (as a learner, by the control plane controller); members now: %s", myPeer, strings.Join(seen, ", ")), ""
+	}
+	sort.Strings(parts)
+	return "", strings.Join(parts, ",")
+}
+
+// waitVoter blocks until this machine's member is a voter. A learner
+// refuses the API server's requests, so starting kube-apiserver earlier
+// would only crash-loop it.
+func (a *machineCtx) waitVoter(ctx context.Context) error {
+	cli, err := a.etcdClient(append([]string{a.url("https", EtcdClientPort)}, a.doc.Etcd.Local.ExistingEndpoints...))
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	myPeer := a.url("https", EtcdPeerPort)
+	for {
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		resp, err := cli.MemberList(cctx)
+		cancel()
+		if err == nil {
+			for _, m := range resp.Members {
+				for _, u := range m.PeerURLs {
+					if u == myPeer && !m.IsLearner {
+						return nil
+					}
+				}
+			}
+		}
+		a.sup.setWaiting("kube-apiserver", "etcd member "+a.machine.Name+" to be promoted from learner to voter")
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(memberPoll):
+		}
+	}
+}

@@ -1,0 +1,167 @@
+package agent
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/qcp-dev/qcp/internal/bootstrap"
+	"github.com/qcp-dev/qcp/internal/certs"
+)
+
+const probeEvery = 2 * time.Second
+
+// Probe is the result of one health check.
+type Probe struct {
+	OK    bool      `json:"ok"`
+	Error string    `json:"error,omitempty"`
+	Time  time.Time `json:"time"`
+}
+
+// Health is the JSON the agent serves at http://<machine IP>:10248/healthz.
+type Health struct {
+	Machine    string                                 `json:"machine"`
+	Healthy    bool                                   `json:"healthy"`
+	Components map[bootstrap.Component]ComponentState `json:"components"`
+	Probes     map[bootstrap.Component]Probe          `json:"probes"`
+	Node       *NodeState                             `json:"node,omitempty"`
+}
+
+type prober struct {
+	a      *machineCtx
+	client *http.Client
+	mu     sync.Mutex
+	probes map[bootstrap.Component]Probe
+}
+
+func (a *machineCtx) newProber() (*prober, error) {
+	tlsCfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	if a.pki.ClusterCAPEM != nil {
+		pool, err := certs.CertPool(a.pki.ClusterCAPEM)
+		if err != nil {
+			return nil, err
+		}
+		tlsCfg.RootCAs = pool
+	}
+	return &prober{
+		a:      a,
+		client: &http.Client{Timeout: time.Second, Transport: &http.Transport{TLSClientConfig: tlsCfg, DisableKeepAlives: true}},
+		probes: map[bootstrap.Component]Probe{},
+	}, nil
+}
+
+func (p *prober) urls() map[bootstrap.Component]string {
+	a := p.a
+	out := map[bootstrap.Component]string{}
+	if a.doc.Runs(bootstrap.Etcd) {
+		out[bootstrap.Etcd] = a.url("http", EtcdMetricsPort) + "/health"
+	}
+	if a.doc.Runs(bootstrap.KubeAPIServer) {
+		out[bootstrap.KubeAPIServer] = a.url("https", APIServerPort) + "/readyz"
+	}
+	if a.doc.Runs(bootstrap.KubeControllerManager) {
+		out[bootstrap.KubeControllerManager] = a.url("https", KCMPort) + "/healthz"
+	}
+	if a.doc.Runs(bootstrap.KubeScheduler) {
+		out[bootstrap.KubeScheduler] = a.url("https", SchedulerPort) + "/healthz"
+	}
+	return out
+}
+
+func (p *prober) Run(ctx context.Context) {
+	for {
+		for c, u := range p.urls() {
+			err := p.get(ctx, u)
+			pr := Probe{OK: err == nil, Time: time.Now()}
+			if err != nil {
+				pr.Error = err.Error()
+			}
+			p.mu.Lock()
+			p.probes[c] = pr
+			p.mu.Unlock()
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(probeEvery):
+		}
+	}
+}
+
+func (p *prober) get(ctx context.Context, u string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := p.client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s returned %d: %s", u, resp.StatusCode, body)
+	}
+	return nil
+}
+
+func (p *prober) snapshot() map[bootstrap.Component]Probe {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make(map[bootstrap.Component]Probe, len(p.probes))
+	for k, v := range p.probes {
+		out[k] = v
+	}
+	return out
+}
+
+func (a *machineCtx) health() Health {
+	h := Health{Machine: a.machine.Name, Components: a.sup.Snapshot(), Probes: a.prober.snapshot(), Healthy: true}
+	for _, c := range a.doc.Components {
+		if !h.Components[c].Running || !h.Probes[c].OK {
+			h.Healthy = false
+		}
+	}
+	if a.node != nil {
+		st := a.node.State()
+		h.Node = &st
+	}
+	return h
+}
+
+// serveHealth serves the health endpoint until ctx ends.
+func (a *machineCtx) serveHealth(ctx context.Context) error {
+	addr := net.JoinHostPort(a.machine.Address, strconv.Itoa(HealthPort))
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("health endpoint on %s: %w (is another machine using address %s?)", addr, err, a.machine.Address)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		h := a.health()
+		w.Header().Set("Content-Type", "application/json")
+		if !h.Healthy {
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}
+		_ = json.NewEncoder(w).Encode(h)
+	})
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() {
+		<-ctx.Done()
+		_ = srv.Close()
+	}()
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			a.log.Error("health endpoint stopped", "err", err)
+		}
+	}()
+	return nil
+}

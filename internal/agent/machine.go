@@ -1,0 +1,152 @@
+// Package agent is qcp-agent's machine side: a kubelet and kubeadm in
+// miniature. It reads the machine's identity and bootstrap data from the
+// machine directory, issues the machine's certificates, runs the components
+// as supervised child processes, and registers and heartbeats the Node.
+package agent
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"time"
+)
+
+// Files in a machine directory.
+const (
+	MachineFile   = "machine.json"
+	BootstrapFile = "bootstrap-data"
+	StatusFile    = "status.json"
+	PKIDir        = "pki"
+	LogDir        = "logs"
+)
+
+// Standard ports, so that a machine looks like a real host.
+const (
+	EtcdClientPort  = 2379
+	EtcdPeerPort    = 2380
+	EtcdMetricsPort = 2381
+	APIServerPort   = 6443
+	HealthPort      = 10248
+	KCMPort         = 10257
+	SchedulerPort   = 10259
+)
+
+// Machine is the machine's identity, written by the infrastructure side
+// like cloud metadata: a bootstrap provider does not know it.
+type Machine struct {
+	Name          string `json:"name"`
+	Namespace     string `json:"namespace"`
+	Cluster       string `json:"cluster"`
+	Address       string `json:"address"`
+	ProviderID    string `json:"providerID"`
+	FailureDomain string `json:"failureDomain,omitempty"`
+}
+
+// IP returns the machine's address.
+func (m Machine) IP() net.IP { return net.ParseIP(m.Address) }
+
+// Validate checks the identity; its errors name the field and the fix.
+func (m Machine) Validate() error {
+	var errs []error
+	if m.Name == "" {
+		errs = append(errs, errors.New("name is empty: set the Machine's name"))
+	}
+	if m.Namespace == "" {
+		errs = append(errs, errors.New("namespace is empty: set the Machine's namespace"))
+	}
+	if m.Cluster == "" {
+		errs = append(errs, errors.New("cluster is empty: set the cluster name"))
+	}
+	if ip := m.IP(); ip == nil || ip.To4() == nil {
+		errs = append(errs, fmt.Errorf("address %q is not an IPv4 address: allocate one such as 127.0.10.1", m.Address))
+	}
+	if m.ProviderID == "" {
+		errs = append(errs, errors.New("providerID is empty: set it, e.g. process://<namespace>/<name>"))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("invalid %s: %w", MachineFile, err)
+	}
+	return nil
+}
+
+// ReadMachine reads and validates dir/machine.json.
+func ReadMachine(dir string) (Machine, error) {
+	var m Machine
+	data, err := os.ReadFile(filepath.Join(dir, MachineFile))
+	if err != nil {
+		return m, fmt.Errorf("reading machine identity: %w (the infrastructure provider writes %s)", err, MachineFile)
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&m); err != nil {
+		return m, fmt.Errorf("decoding %s: %w", MachineFile, err)
+	}
+	return m, m.Validate()
+}
+
+// Phases of a machine as status.json reports them.
+const (
+	PhaseStarting = "Starting"
+	PhaseRunning  = "Running"
+	PhaseFailed   = "Failed"
+	PhaseStopped  = "Stopped"
+)
+
+// Reasons in status.json, CamelCase for conditions.
+const (
+	ReasonInvalidMachine       = "InvalidMachineIdentity"
+	ReasonInvalidBootstrapData = "InvalidBootstrapData"
+	ReasonBinaryMissing        = "BinaryMissing"
+	ReasonStartFailed          = "StartFailed"
+	ReasonStopped              = "Stopped"
+)
+
+// Status is status.json: the agent's machine-readable account of why it is
+// (not) running, for the infrastructure controller to surface.
+type Status struct {
+	Phase   string    `json:"phase"`
+	Reason  string    `json:"reason,omitempty"`
+	Message string    `json:"message,omitempty"`
+	PID     int       `json:"pid"`
+	Time    time.Time `json:"time"`
+}
+
+// WriteStatus replaces dir/status.json atomically, so a reader never sees a
+// half-written file.
+func WriteStatus(dir string, s Status) error {
+	s.PID = os.Getpid()
+	s.Time = time.Now().UTC()
+	data, err := json.MarshalIndent(s, "", "  ")
+	if err != nil {
+		return err
+	}
+	return writeAtomic(filepath.Join(dir, StatusFile), data, 0o600)
+}
+
+// ReadStatus reads dir/status.json.
+func ReadStatus(dir string) (Status, error) {
+	var s Status
+	data, err := os.ReadFile(filepath.Join(dir, StatusFile))
+	if err != nil {
+		return s, err
+	}
+	if err := json.Unmarshal(data, &s); err != nil {
+		return s, fmt.Errorf("decoding %s: %w", filepath.Join(dir, StatusFile), err)
+	}
+	return s, nil
+}
+
+func writeAtomic(path string, data []byte, mode os.FileMode) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, data, mode); err != nil {
+		return fmt.Errorf("writing %s: %w", path, err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("writing %s: %w", path, err)
+	}
+	return nil
+}

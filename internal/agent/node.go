@@ -1,0 +1,259 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"sync"
+	"time"
+
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+
+	"github.com/qcp-dev/qcp/internal/certs"
+)
+
+// Heartbeat periods. The lease is what the node lifecycle controller
+// watches; the Ready condition is refreshed so it reads True again after a
+// thaw without waiting for kubelet's five-minute status report period.
+const (
+	leaseRenew     = 5 * time.Second
+	statusUpdate   = 10 * time.Second
+	leaseDuration  = 40
+	nodeLeaseNS    = "kube-node-lease"
+	controlPlaneLb = "node-role.kubernetes.io/control-plane"
+	zoneLabel      = "topology.kubernetes.io/zone"
+)
+
+// NodeState is what the health endpoint reports about the Node.
+type NodeState struct {
+	Registered    bool      `json:"registered"`
+	Labelled      bool      `json:"labelled"`
+	LastLease     time.Time `json:"lastLease,omitzero"`
+	LastStatus    time.Time `json:"lastStatus,omitzero"`
+	LastError     string    `json:"lastError,omitempty"`
+	LastErrorTime time.Time `json:"lastErrorTime,omitzero"`
+}
+
+// nodeAgent registers and heartbeats the machine's Node. It talks through
+// the control plane endpoint and falls back to the local API server, so a
+// load balancer outage does not make a healthy machine look dead.
+type nodeAgent struct {
+	a       *machineCtx
+	clients []kubernetes.Interface // as the node, in order of preference
+	admin   []kubernetes.Interface // to set the control plane label
+
+	mu    sync.Mutex
+	state NodeState
+}
+
+func (a *machineCtx) newNodeAgent() (*nodeAgent, error) {
+	n := &nodeAgent{a: a}
+	var servers []string
+	if ep := a.doc.ControlPlaneEndpoint; ep != "" {
+		servers = append(servers, "https://"+ep)
+	}
+	if a.doc.Runs("kube-apiserver") {
+		servers = append(servers, a.url("https", APIServerPort))
+	}
+	for _, s := range servers {
+		node, err := clientFor(s, a.pki.ClusterCAPEM, a.pki.Node)
+		if err != nil {
+			return nil, err
+		}
+		admin, err := clientFor(s, a.pki.ClusterCAPEM, a.pki.Admin)
+		if err != nil {
+			return nil, err
+		}
+		n.clients = append(n.clients, node)
+		n.admin = append(n.admin, admin)
+	}
+	return n, nil
+}
+
+func clientFor(server string, caPEM []byte, kp *certs.KeyPair) (kubernetes.Interface, error) {
+	cfg := &rest.Config{
+		Host:            server,
+		TLSClientConfig: rest.TLSClientConfig{CAData: caPEM, CertData: kp.CertPEM, KeyData: kp.KeyPEM},
+		Timeout:         5 * time.Second,
+		UserAgent:       "qcp-agent",
+	}
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("client for %s: %w", server, err)
+	}
+	return cs, nil
+}
+
+// each tries f with every client until one succeeds.
+func each(ctx context.Context, clients []kubernetes.Interface, f func(context.Context, kubernetes.Interface) error) error {
+	var err error
+	for _, c := range clients {
+		if err = f(ctx, c); err == nil {
+			return nil
+		}
+	}
+	return err
+}
+
+func (n *nodeAgent) State() NodeState {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.state
+}
+
+func (n *nodeAgent) record(f func(*NodeState), err error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if err != nil {
+		n.state.LastError, n.state.LastErrorTime = err.Error(), time.Now()
+		return
+	}
+	f(&n.state)
+}
+
+// Run heartbeats until ctx ends.
+func (n *nodeAgent) Run(ctx context.Context) {
+	lease := time.NewTicker(leaseRenew)
+	defer lease.Stop()
+	lastStatus := time.Time{}
+	for {
+		st := n.State()
+		if !st.Registered {
+			n.record(func(s *NodeState) { s.Registered = true }, n.register(ctx))
+		}
+		if st := n.State(); st.Registered {
+			if !st.Labelled {
+				n.record(func(s *NodeState) { s.Labelled = true }, n.label(ctx))
+			}
+			n.record(func(s *NodeState) { s.LastLease = time.Now() }, n.renewLease(ctx))
+			if time.Since(lastStatus) >= statusUpdate {
+				err := n.updateStatus(ctx)
+				n.record(func(s *NodeState) { s.LastStatus = time.Now() }, err)
+				if err == nil {
+					lastStatus = time.Now()
+				}
+			}
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-lease.C:
+		}
+	}
+}
+
+func (n *nodeAgent) register(ctx context.Context) error {
+	m := n.a.machine
+	labels := map[string]string{
+		"kubernetes.io/hostname": m.Name,
+		"kubernetes.io/os":       runtime.GOOS,
+		"kubernetes.io/arch":     runtime.GOARCH,
+	}
+	if m.FailureDomain != "" {
+		labels[zoneLabel] = m.FailureDomain
+	}
+	node := &corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: m.Name, Labels: labels},
+		Spec:       corev1.NodeSpec{ProviderID: m.ProviderID},
+	}
+	err := each(ctx, n.clients, func(ctx context.Context, c kubernetes.Interface) error {
+		_, err := c.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
+		if apierrors.IsAlreadyExists(err) {
+			return nil
+		}
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("registering Node %s: %w", m.Name, err)
+	}
+	n.a.log.Info("node registered", "node", m.Name, "providerID", m.ProviderID, "zone", m.FailureDomain)
+	return nil
+}
+
+func (n *nodeAgent) label(ctx context.Context) error {
+	patch := []byte(fmt.Sprintf(`{"metadata":{"labels":{%q:""}}}`, controlPlaneLb))
+	err := each(ctx, n.admin, func(ctx context.Context, c kubernetes.Interface) error {
+		_, err := c.CoreV1().Nodes().Patch(ctx, n.a.machine.Name, types.MergePatchType, patch, metav1.PatchOptions{})
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("labelling Node %s as control plane: %w", n.a.machine.Name, err)
+	}
+	return nil
+}
+
+func (n *nodeAgent) renewLease(ctx context.Context) error {
+	name := n.a.machine.Name
+	now := metav1.NewMicroTime(time.Now())
+	err := each(ctx, n.clients, func(ctx context.Context, c kubernetes.Interface) error {
+		leases := c.CoordinationV1().Leases(nodeLeaseNS)
+		l, err := leases.Get(ctx, name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			_, err = leases.Create(ctx, n.newLease(ctx, c, now), metav1.CreateOptions{})
+			return err
+		}
+		if err != nil {
+			return err
+		}
+		l.Spec.RenewTime = &now
+		_, err = leases.Update(ctx, l, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("renewing Lease %s/%s: %w", nodeLeaseNS, name, err)
+	}
+	return nil
+}
+
+func (n *nodeAgent) newLease(ctx context.Context, c kubernetes.Interface, now metav1.MicroTime) *coordinationv1.Lease {
+	name := n.a.machine.Name
+	dur := int32(leaseDuration)
+	l := &coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: nodeLeaseNS},
+		Spec:       coordinationv1.LeaseSpec{HolderIdentity: &name, LeaseDurationSeconds: &dur, RenewTime: &now},
+	}
+	// Owned by the Node, as kubelet's, so deleting the Node collects it.
+	if node, err := c.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{}); err == nil {
+		l.OwnerReferences = []metav1.OwnerReference{{APIVersion: "v1", Kind: "Node", Name: name, UID: node.UID}}
+	}
+	return l
+}
+
+func (n *nodeAgent) updateStatus(ctx context.Context) error {
+	m := n.a.machine
+	err := each(ctx, n.clients, func(ctx context.Context, c kubernetes.Interface) error {
+		node, err := c.CoreV1().Nodes().Get(ctx, m.Name, metav1.GetOptions{})
+		if apierrors.IsNotFound(err) {
+			// Someone deleted the Node: register it again, as kubelet does.
+			n.record(func(s *NodeState) { s.Registered, s.Labelled = false, false }, nil)
+			return err
+		}
+		if err != nil {
+			return err
+		}
+		now := metav1.Now()
+		ready := corev1.NodeCondition{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "QCPAgentReady", Message: "qcp-agent is running and heartbeating", LastHeartbeatTime: now, LastTransitionTime: now}
+		for _, c := range node.Status.Conditions {
+			if c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue {
+				ready.LastTransitionTime = c.LastTransitionTime
+			}
+		}
+		node.Status.Conditions = []corev1.NodeCondition{ready}
+		node.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: m.Address}, {Type: corev1.NodeHostName, Address: m.Name}}
+		node.Status.NodeInfo.KubeletVersion = n.a.doc.Versions.Kubernetes
+		node.Status.NodeInfo.OperatingSystem = runtime.GOOS
+		node.Status.NodeInfo.Architecture = runtime.GOARCH
+		_, err = c.CoreV1().Nodes().UpdateStatus(ctx, node, metav1.UpdateOptions{})
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("updating status of Node %s: %w", m.Name, err)
+	}
+	return nil
+}

@@ -1,0 +1,171 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/qcp-dev/qcp/internal/bootstrap"
+)
+
+// Options configure Run.
+type Options struct {
+	// Dir is the machine directory holding machine.json and bootstrap-data.
+	Dir string
+	// BinDir holds etcd-<version> and kube-<version>.
+	BinDir string
+	Log    *slog.Logger
+}
+
+// PreflightError is a problem found before anything was started; Reason is
+// the CamelCase reason also written to status.json.
+type PreflightError struct {
+	Reason string
+	Err    error
+}
+
+func (e *PreflightError) Error() string { return e.Err.Error() }
+func (e *PreflightError) Unwrap() error { return e.Err }
+
+// machineCtx is one running machine: its identity, document, PKI and the
+// parts that run it.
+type machineCtx struct {
+	dir     string
+	machine Machine
+	doc     *bootstrap.Document
+	bins    map[string]string
+	pki     *PKI
+	log     *slog.Logger
+	sup     *supervisor
+	prober  *prober
+	node    *nodeAgent
+}
+
+// Preflight reads and validates everything Run needs without starting or
+// writing anything.
+func Preflight(dir, binDir string) (Machine, *bootstrap.Document, error) {
+	m, err := ReadMachine(dir)
+	if err != nil {
+		return m, nil, &PreflightError{Reason: ReasonInvalidMachine, Err: err}
+	}
+	data, err := os.ReadFile(filepath.Join(dir, BootstrapFile))
+	if err != nil {
+		return m, nil, &PreflightError{Reason: ReasonInvalidBootstrapData, Err: fmt.Errorf("machine %s/%s: reading bootstrap data: %w (the infrastructure provider copies the bootstrap Secret's value there)", m.Namespace, m.Name, err)}
+	}
+	doc, err := bootstrap.Parse(data)
+	if err != nil {
+		return m, nil, &PreflightError{Reason: ReasonInvalidBootstrapData, Err: fmt.Errorf("machine %s/%s: %w", m.Namespace, m.Name, err)}
+	}
+	if err := doc.CheckBinaries(binDir); err != nil {
+		return m, nil, &PreflightError{Reason: ReasonBinaryMissing, Err: fmt.Errorf("machine %s/%s: %w", m.Namespace, m.Name, err)}
+	}
+	return m, doc, nil
+}
+
+// Run validates the machine directory, starts the components and keeps the
+// Node alive until ctx ends, then stops the components. Any failure before
+// a component starts is recorded in status.json and nothing is left running.
+func Run(ctx context.Context, opts Options) (err error) {
+	log := opts.Log
+	if log == nil {
+		log = slog.Default()
+	}
+	defer func() {
+		if err != nil {
+			reason := ReasonStartFailed
+			var pf *PreflightError
+			if errors.As(err, &pf) {
+				reason = pf.Reason
+			}
+			if werr := WriteStatus(opts.Dir, Status{Phase: PhaseFailed, Reason: reason, Message: err.Error()}); werr != nil {
+				log.Error("cannot record failure", "err", werr)
+			}
+		}
+	}()
+	m, doc, err := Preflight(opts.Dir, opts.BinDir)
+	if err != nil {
+		return err
+	}
+	a := &machineCtx{dir: opts.Dir, machine: m, doc: doc, bins: doc.Binaries(opts.BinDir), log: log.With("machine", m.Name)}
+	if err := WriteStatus(opts.Dir, Status{Phase: PhaseStarting}); err != nil {
+		return err
+	}
+	if a.pki, err = IssuePKI(opts.Dir, m, doc, time.Now()); err != nil {
+		return fmt.Errorf("machine %s/%s: issuing certificates: %w", m.Namespace, m.Name, err)
+	}
+	logDir := filepath.Join(opts.Dir, LogDir)
+	if err := os.MkdirAll(logDir, 0o700); err != nil {
+		return err
+	}
+	a.sup = newSupervisor(logDir, a.log)
+	if a.prober, err = a.newProber(); err != nil {
+		return err
+	}
+	if doc.RunsKubernetes() {
+		if a.node, err = a.newNodeAgent(); err != nil {
+			return err
+		}
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	// The health listener goes first: binding the machine's address fails
+	// fast if another machine already has it, before any component starts.
+	if err := a.serveHealth(ctx); err != nil {
+		return &PreflightError{Reason: ReasonStartFailed, Err: err}
+	}
+	go a.prober.Run(ctx)
+	if err := WriteStatus(opts.Dir, Status{Phase: PhaseRunning}); err != nil {
+		return err
+	}
+	a.log.Info("machine starting", "address", m.Address, "components", doc.Components)
+	startErr := a.startComponents(ctx)
+	if startErr == nil && a.node != nil {
+		go a.node.Run(ctx)
+	}
+	if startErr == nil {
+		<-ctx.Done()
+	}
+	cancel()
+	a.sup.Wait()
+	if startErr != nil && !errors.Is(startErr, context.Canceled) {
+		return startErr
+	}
+	a.log.Info("machine stopped")
+	return WriteStatus(opts.Dir, Status{Phase: PhaseStopped, Reason: ReasonStopped, Message: "qcp-agent was asked to stop"})
+}
+
+// startComponents starts the components in dependency order. It returns
+// once all are started (their supervisors keep them running).
+func (a *machineCtx) startComponents(ctx context.Context) error {
+	if a.doc.Runs(bootstrap.Etcd) {
+		initial := a.machine.Name + "=" + a.url("https", EtcdPeerPort)
+		state := "new"
+		if a.doc.Etcd.Local.Mode == bootstrap.EtcdModeExisting {
+			var err error
+			if initial, err = a.joinEtcd(ctx); err != nil {
+				return fmt.Errorf("joining etcd: %w", err)
+			}
+			state = "existing"
+		}
+		a.sup.Start(ctx, a.etcdProcess(initial, state))
+	}
+	if a.doc.Runs(bootstrap.KubeAPIServer) {
+		if a.doc.Runs(bootstrap.Etcd) && a.doc.Etcd.Local.Mode == bootstrap.EtcdModeExisting {
+			if err := a.waitVoter(ctx); err != nil {
+				return fmt.Errorf("waiting for etcd promotion: %w", err)
+			}
+		}
+		a.sup.Start(ctx, a.apiserverProcess())
+	}
+	if a.doc.Runs(bootstrap.KubeControllerManager) {
+		a.sup.Start(ctx, a.controllerManagerProcess())
+	}
+	if a.doc.Runs(bootstrap.KubeScheduler) {
+		a.sup.Start(ctx, a.schedulerProcess())
+	}
+	return nil
+}

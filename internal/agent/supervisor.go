@@ -1,0 +1,161 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/qcp-dev/qcp/internal/bootstrap"
+)
+
+// ComponentState is what the health endpoint reports about one component.
+type ComponentState struct {
+	Running   bool      `json:"running"`
+	PID       int       `json:"pid,omitempty"`
+	Restarts  int       `json:"restarts"`
+	LastError string    `json:"lastError,omitempty"`
+	StartedAt time.Time `json:"startedAt,omitzero"`
+	Waiting   string    `json:"waiting,omitempty"`
+}
+
+// supervisor runs components as child processes in the agent's own process
+// group (so a signal to the group reaches the whole machine) and restarts
+// them with backoff when they exit.
+type supervisor struct {
+	logDir string
+	log    *slog.Logger
+
+	mu     sync.Mutex
+	states map[bootstrap.Component]*ComponentState
+	wg     sync.WaitGroup
+}
+
+const (
+	minBackoff = time.Second
+	// maxBackoff is short because a component often exits while waiting
+	// for another (an API server for its etcd member) and should be back
+	// soon after that one is up.
+	maxBackoff = 10 * time.Second
+	// stableRun resets the backoff: a component that ran this long was not
+	// crash-looping.
+	stableRun = time.Minute
+	stopGrace = 10 * time.Second
+)
+
+func newSupervisor(logDir string, log *slog.Logger) *supervisor {
+	return &supervisor{logDir: logDir, log: log, states: map[bootstrap.Component]*ComponentState{}}
+}
+
+// setWaiting records what a component waits for before it can start.
+func (s *supervisor) setWaiting(c bootstrap.Component, what string) {
+	s.update(c, func(st *ComponentState) { st.Waiting = what })
+}
+
+func (s *supervisor) update(c bootstrap.Component, f func(*ComponentState)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	st := s.states[c]
+	if st == nil {
+		st = &ComponentState{}
+		s.states[c] = st
+	}
+	f(st)
+}
+
+// Snapshot copies the states for reporting.
+func (s *supervisor) Snapshot() map[bootstrap.Component]ComponentState {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make(map[bootstrap.Component]ComponentState, len(s.states))
+	for k, v := range s.states {
+		out[k] = *v
+	}
+	return out
+}
+
+// Start supervises p until ctx ends, then stops it.
+func (s *supervisor) Start(ctx context.Context, p Process) {
+	s.update(p.Name, func(st *ComponentState) { st.Waiting = "" })
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		s.loop(ctx, p)
+	}()
+}
+
+// Wait returns once every supervised process has stopped.
+func (s *supervisor) Wait() { s.wg.Wait() }
+
+func (s *supervisor) loop(ctx context.Context, p Process) {
+	backoff := minBackoff
+	for ctx.Err() == nil {
+		started := time.Now()
+		err := s.runOnce(ctx, p)
+		if ctx.Err() != nil {
+			return
+		}
+		if time.Since(started) > stableRun {
+			backoff = minBackoff
+		}
+		s.log.Warn("component exited; restarting", "component", p.Name, "err", err, "backoff", backoff)
+		s.update(p.Name, func(st *ComponentState) {
+			st.Running, st.PID, st.LastError = false, 0, fmt.Sprint(err)
+			st.Restarts++
+		})
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(backoff*2, maxBackoff)
+	}
+}
+
+func (s *supervisor) runOnce(ctx context.Context, p Process) error {
+	logFile, err := os.OpenFile(filepath.Join(s.logDir, string(p.Name)+".log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return fmt.Errorf("opening log of %s: %w", p.Name, err)
+	}
+	defer logFile.Close()
+	fmt.Fprintf(logFile, "---- qcp-agent starting %s at %s\n", p.Name, time.Now().UTC().Format(time.RFC3339))
+	cmd := exec.Command(p.Path, p.Args...)
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	// No Setpgid: children stay in the agent's process group. Pdeathsig
+	// makes a component die with the agent even when only the agent is
+	// killed, so no orphan outlives its machine.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("starting %s: %w", p.Name, err)
+	}
+	s.log.Info("component started", "component", p.Name, "pid", cmd.Process.Pid)
+	s.update(p.Name, func(st *ComponentState) {
+		st.Running, st.PID, st.StartedAt = true, cmd.Process.Pid, time.Now()
+	})
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err == nil {
+			err = errors.New("exited with status 0")
+		}
+		return err
+	case <-ctx.Done():
+		_ = cmd.Process.Signal(syscall.SIGTERM)
+		select {
+		case <-done:
+		case <-time.After(stopGrace):
+			_ = cmd.Process.Kill()
+			<-done
+		}
+		s.update(p.Name, func(st *ComponentState) { st.Running, st.PID = false, 0 })
+		s.log.Info("component stopped", "component", p.Name)
+		return ctx.Err()
+	}
+}

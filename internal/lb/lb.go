@@ -1,0 +1,298 @@
+// Package lb is the control plane load balancer of a process cluster: a
+// TCP forwarder on a stable address that sends connections only to the API
+// servers whose /readyz passes, so traffic moves off a killed or frozen
+// machine within a probe period or two.
+package lb
+
+import (
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/qcp-dev/qcp/internal/certs"
+)
+
+// Files in a load balancer directory.
+const (
+	ConfigFile   = "lb.json"
+	BackendsFile = "backends.json"
+	CAFile       = "ca.crt"
+)
+
+// Timings. Probes are frequent and short so a frozen API server (which
+// accepts connections into its backlog but never answers) drops out fast.
+const (
+	probeEvery   = time.Second
+	probeTimeout = time.Second
+	dialTimeout  = 2 * time.Second
+)
+
+// Config is lb.json.
+type Config struct {
+	// Listen is the stable host:port of the control plane endpoint.
+	Listen string `json:"listen"`
+}
+
+// ReadConfig reads dir/lb.json.
+func ReadConfig(dir string) (Config, error) {
+	var c Config
+	data, err := os.ReadFile(filepath.Join(dir, ConfigFile))
+	if err != nil {
+		return c, fmt.Errorf("reading load balancer config: %w", err)
+	}
+	if err := json.Unmarshal(data, &c); err != nil {
+		return c, fmt.Errorf("decoding %s: %w", ConfigFile, err)
+	}
+	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
+		return c, fmt.Errorf("%s: listen %q is not host:port: set it to the control plane endpoint", ConfigFile, c.Listen)
+	}
+	return c, nil
+}
+
+// Balancer forwards connections to ready backends.
+type Balancer struct {
+	dir    string
+	log    *slog.Logger
+	client *http.Client
+
+	mu       sync.Mutex
+	backends []string        // as listed in backends.json
+	ready    map[string]bool // by backend
+	conns    map[string]map[net.Conn]struct{}
+	next     int
+	modTime  time.Time
+}
+
+// New prepares a balancer for dir; the CA in dir verifies backends.
+func New(dir string, log *slog.Logger) (*Balancer, error) {
+	caPEM, err := os.ReadFile(filepath.Join(dir, CAFile))
+	if err != nil {
+		return nil, fmt.Errorf("reading the cluster CA the load balancer verifies API servers with: %w", err)
+	}
+	pool, err := certs.CertPool(caPEM)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", filepath.Join(dir, CAFile), err)
+	}
+	tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}, DisableKeepAlives: true}
+	return &Balancer{
+		dir: dir, log: log,
+		client: &http.Client{Transport: tr, Timeout: probeTimeout},
+		ready:  map[string]bool{},
+		conns:  map[string]map[net.Conn]struct{}{},
+	}, nil
+}
+
+// Run listens on the configured address until ctx ends.
+func (b *Balancer) Run(ctx context.Context) error {
+	cfg, err := ReadConfig(b.dir)
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("load balancer listening on %s: %w", cfg.Listen, err)
+	}
+	b.log.Info("load balancer listening", "address", cfg.Listen)
+	go func() {
+		<-ctx.Done()
+		ln.Close()
+	}()
+	go b.probeLoop(ctx)
+	for {
+		conn, err := ln.Accept()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			if errors.Is(err, net.ErrClosed) {
+				return err
+			}
+			continue
+		}
+		go b.forward(conn)
+	}
+}
+
+// Ready returns the backends that passed their last probe.
+func (b *Balancer) Ready() []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var out []string
+	for _, be := range b.backends {
+		if b.ready[be] {
+			out = append(out, be)
+		}
+	}
+	return out
+}
+
+func (b *Balancer) forward(client net.Conn) {
+	defer client.Close()
+	for _, be := range b.pick() {
+		upstream, err := net.DialTimeout("tcp", be, dialTimeout)
+		if err != nil {
+			b.log.Warn("backend dial failed", "backend", be, "err", err)
+			continue
+		}
+		b.track(be, client, true)
+		defer b.track(be, client, false)
+		pipe(client, upstream)
+		return
+	}
+}
+
+// pick returns the ready backends in round-robin order.
+func (b *Balancer) pick() []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var ready []string
+	for _, be := range b.backends {
+		if b.ready[be] {
+			ready = append(ready, be)
+		}
+	}
+	if len(ready) == 0 {
+		return nil
+	}
+	b.next++
+	start := b.next % len(ready)
+	return append(ready[start:], ready[:start]...)
+}
+
+func (b *Balancer) track(be string, c net.Conn, add bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if add {
+		if b.conns[be] == nil {
+			b.conns[be] = map[net.Conn]struct{}{}
+		}
+		b.conns[be][c] = struct{}{}
+		return
+	}
+	delete(b.conns[be], c)
+}
+
+func pipe(a, b net.Conn) {
+	done := make(chan struct{}, 2)
+	cp := func(dst, src net.Conn) {
+		_, _ = io.Copy(dst, src)
+		// Closing both ends unblocks the other direction.
+		a.Close()
+		b.Close()
+		done <- struct{}{}
+	}
+	go cp(a, b)
+	go cp(b, a)
+	<-done
+	<-done
+}
+
+func (b *Balancer) probeLoop(ctx context.Context) {
+	for {
+		b.reloadBackends()
+		b.mu.Lock()
+		backends := append([]string(nil), b.backends...)
+		b.mu.Unlock()
+		var wg sync.WaitGroup
+		results := make([]bool, len(backends))
+		for i, be := range backends {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				results[i] = b.probe(ctx, be)
+			}()
+		}
+		wg.Wait()
+		for i, be := range backends {
+			b.setReady(be, results[i])
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(probeEvery):
+		}
+	}
+}
+
+func (b *Balancer) probe(ctx context.Context, backend string) bool {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "https://"+backend+"/readyz", nil)
+	if err != nil {
+		return false
+	}
+	resp, err := b.client.Do(req)
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
+}
+
+func (b *Balancer) setReady(be string, ok bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.ready[be] == ok {
+		return
+	}
+	b.ready[be] = ok
+	b.log.Info("backend readiness changed", "backend", be, "ready", ok)
+	if !ok {
+		// Close connections to a backend that stopped answering: a frozen
+		// API server would otherwise hold its clients' watches forever.
+		for c := range b.conns[be] {
+			c.Close()
+		}
+	}
+}
+
+// reloadBackends re-reads backends.json when it changed. A missing or
+// corrupt file keeps the previous list: the writer replaces it atomically,
+// so that is a transient state or an operator error worth logging.
+func (b *Balancer) reloadBackends() {
+	path := filepath.Join(b.dir, BackendsFile)
+	fi, err := os.Stat(path)
+	if err != nil {
+		return
+	}
+	b.mu.Lock()
+	unchanged := fi.ModTime().Equal(b.modTime)
+	b.mu.Unlock()
+	if unchanged {
+		return
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return
+	}
+	var list []string
+	if err := json.Unmarshal(data, &list); err != nil {
+		b.log.Error("ignoring corrupt backends file", "file", path, "err", err)
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.modTime = fi.ModTime()
+	b.backends = list
+	keep := map[string]bool{}
+	for _, be := range list {
+		keep[be] = true
+	}
+	for be := range b.ready {
+		if !keep[be] {
+			delete(b.ready, be)
+			for c := range b.conns[be] {
+				c.Close()
+			}
+		}
+	}
+	b.log.Info("backends updated", "backends", list)
+}

@@ -1,0 +1,209 @@
+// Package machinehost is the host side of process machines: what the
+// infrastructure controller calls to start, inspect, stop and inject faults
+// into machines and load balancers. It knows nothing of Kubernetes types.
+// Machines are qcp-agent processes in their own session, so they outlive
+// the manager that started them, as VMs outlive a cloud controller.
+package machinehost
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/qcp-dev/qcp/internal/agent"
+	"github.com/qcp-dev/qcp/internal/bootstrap"
+)
+
+// Host manages the machines under Root.
+type Host struct {
+	// Root holds one directory per machine, <Root>/<namespace>/<name>.
+	Root string
+	// BinDir holds the pinned component binaries.
+	BinDir string
+	// AgentPath is the qcp-agent binary.
+	AgentPath string
+}
+
+// MachineSpec is a machine's identity, written to machine.json.
+type MachineSpec struct {
+	Name          string
+	Namespace     string
+	Cluster       string
+	Address       string
+	ProviderID    string
+	FailureDomain string
+}
+
+// Reasons of a *Error, CamelCase for conditions.
+const (
+	ReasonInvalidSpec          = "InvalidMachineSpec"
+	ReasonInvalidBootstrapData = agent.ReasonInvalidBootstrapData
+	ReasonBinaryMissing        = agent.ReasonBinaryMissing
+	ReasonAgentMissing         = "AgentMissing"
+	ReasonStartFailed          = agent.ReasonStartFailed
+)
+
+// Error is a failure to start a machine; Reason is a condition reason and
+// the message names the cause and the fix.
+type Error struct {
+	Reason string
+	Object string // namespace/name
+	Err    error
+}
+
+func (e *Error) Error() string { return fmt.Sprintf("machine %s: %v", e.Object, e.Err) }
+func (e *Error) Unwrap() error { return e.Err }
+
+// ReasonOf returns the Reason of a *Error in err's chain, or "".
+func ReasonOf(err error) string {
+	var e *Error
+	if errors.As(err, &e) {
+		return e.Reason
+	}
+	return ""
+}
+
+const (
+	pidFile  = "agent.pid"
+	agentLog = "agent.log"
+	// stopTimeout bounds a graceful stop; kube-apiserver drains requests
+	// before exiting, which takes a few seconds.
+	stopTimeout = 30 * time.Second
+	killTimeout = 10 * time.Second
+)
+
+// Dir returns the directory of machine namespace/name.
+func (h *Host) Dir(namespace, name string) string {
+	return filepath.Join(h.Root, namespace, name)
+}
+
+// Start starts the machine, or does nothing if its agent is already running
+// (after a manager restart this re-attaches). It validates the spec, the
+// bootstrap data, and the binaries first, and creates nothing if they fail.
+func (h *Host) Start(spec MachineSpec, bootstrapData []byte) error {
+	obj := spec.Namespace + "/" + spec.Name
+	m := agent.Machine(spec)
+	if err := m.Validate(); err != nil || strings.ContainsAny(spec.Namespace+spec.Name, "/\x00") || strings.HasPrefix(spec.Namespace, ".") || strings.HasPrefix(spec.Name, ".") {
+		return &Error{Reason: ReasonInvalidSpec, Object: obj, Err: fmt.Errorf("invalid machine spec: %v; fix the ProcessMachine", err)}
+	}
+	dir := h.Dir(spec.Namespace, spec.Name)
+	if st, _ := h.Status(spec.Namespace, spec.Name); st.Running {
+		return nil
+	}
+	doc, err := bootstrap.Parse(bootstrapData)
+	if err != nil {
+		return &Error{Reason: ReasonInvalidBootstrapData, Object: obj, Err: fmt.Errorf("%w (fix the bootstrap data Secret; its provider must write a %s %s document)", err, bootstrap.APIVersion, bootstrap.Kind)}
+	}
+	if err := doc.CheckBinaries(h.BinDir); err != nil {
+		return &Error{Reason: ReasonBinaryMissing, Object: obj, Err: err}
+	}
+	if fi, err := os.Stat(h.AgentPath); err != nil || fi.IsDir() {
+		return &Error{Reason: ReasonAgentMissing, Object: obj, Err: fmt.Errorf("qcp-agent not found at %s: build it with `go build -o %s ./cmd/qcp-agent`", h.AgentPath, h.AgentPath)}
+	}
+	identity, err := json.MarshalIndent(m, "", "  ")
+	if err != nil {
+		return &Error{Reason: ReasonStartFailed, Object: obj, Err: err}
+	}
+	files := map[string][]byte{agent.MachineFile: identity, agent.BootstrapFile: bootstrapData}
+	if _, err := h.launch(dir, files, "run", "--dir", dir, "--bin-dir", h.BinDir); err != nil {
+		return &Error{Reason: ReasonStartFailed, Object: obj, Err: err}
+	}
+	return nil
+}
+
+// launch writes files into dir and starts the agent detached: its own
+// session and process group, stdin from /dev/null, output to agent.log.
+func (h *Host) launch(dir string, files map[string][]byte, args ...string) (int, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return 0, fmt.Errorf("creating %s: %w", dir, err)
+	}
+	if err := os.Chmod(dir, 0o700); err != nil {
+		return 0, err
+	}
+	for name, data := range files {
+		if err := writeAtomic(filepath.Join(dir, name), data, 0o600); err != nil {
+			return 0, err
+		}
+	}
+	logFile, err := os.OpenFile(filepath.Join(dir, agentLog), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return 0, fmt.Errorf("opening agent log: %w", err)
+	}
+	defer logFile.Close()
+	cmd := exec.Command(h.AgentPath, args...)
+	cmd.Stdout, cmd.Stderr = logFile, logFile
+	cmd.Dir = dir
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return 0, fmt.Errorf("starting %s: %w", h.AgentPath, err)
+	}
+	pid := cmd.Process.Pid
+	// Reap the agent if it exits while this process lives; after a manager
+	// restart init reaps it instead.
+	go func() { _ = cmd.Wait() }()
+	if err := writeAtomic(filepath.Join(dir, pidFile), []byte(strconv.Itoa(pid)), 0o600); err != nil {
+		_ = syscall.Kill(-pid, syscall.SIGKILL)
+		return 0, err
+	}
+	return pid, nil
+}
+
+// MachineStatus is what Status reports.
+type MachineStatus struct {
+	// Running is true while the agent process lives.
+	Running bool
+	// PID is the agent's PID (also its process group ID) when running.
+	PID int
+	// Agent is the agent's own status.json, if it wrote one: on failure
+	// its Reason and Message say why it exited.
+	Agent *agent.Status
+}
+
+// Status reports whether the machine's agent runs and what it last said.
+func (h *Host) Status(namespace, name string) (MachineStatus, error) {
+	return h.status(h.Dir(namespace, name), "run")
+}
+
+func (h *Host) status(dir, sub string) (MachineStatus, error) {
+	var st MachineStatus
+	if s, err := agent.ReadStatus(dir); err == nil {
+		st.Agent = &s
+	}
+	pid, err := readPID(dir)
+	if err != nil {
+		return st, err
+	}
+	if pid > 0 && isAgent(pid, sub, dir) {
+		st.Running, st.PID = true, pid
+	}
+	return st, nil
+}
+
+func readPID(dir string) (int, error) {
+	data, err := os.ReadFile(filepath.Join(dir, pidFile))
+	if errors.Is(err, os.ErrNotExist) {
+		return 0, nil
+	}
+	if err != nil {
+		return 0, err
+	}
+	return strconv.Atoi(strings.TrimSpace(string(data)))
+}
+
+func writeAtomic(path string, data []byte, mode os.FileMode) error {
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, data, mode); err != nil {
+		return fmt.Errorf("writing %s: %w", path, err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("writing %s: %w", path, err)
+	}
+	return nil
+}

@@ -1,0 +1,113 @@
+package machinehost
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+)
+
+// Proc is one process as /proc describes it.
+type Proc struct {
+	PID, PPID, PGID, SID int
+	State                string // R, S, T (stopped), Z (zombie), ...
+	Comm                 string
+}
+
+// readProc parses /proc/<pid>/stat. The command name may hold spaces and
+// parentheses, so fields are counted from the last ')'.
+func readProc(pid int) (Proc, error) {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return Proc{}, err
+	}
+	open, end := bytes.IndexByte(data, '('), bytes.LastIndexByte(data, ')')
+	if open < 0 || end < open {
+		return Proc{}, fmt.Errorf("malformed /proc/%d/stat", pid)
+	}
+	f := strings.Fields(string(data[end+1:]))
+	if len(f) < 4 {
+		return Proc{}, fmt.Errorf("malformed /proc/%d/stat", pid)
+	}
+	p := Proc{PID: pid, Comm: string(data[open+1 : end]), State: f[0]}
+	p.PPID, _ = strconv.Atoi(f[1])
+	p.PGID, _ = strconv.Atoi(f[2])
+	p.SID, _ = strconv.Atoi(f[3])
+	return p, nil
+}
+
+// GroupProcesses lists the live (non-zombie) processes in process group
+// pgid whose session is also pgid: a machine's agent is a session leader,
+// so this excludes an unrelated process that merely reuses the number.
+func GroupProcesses(pgid int) ([]Proc, error) {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, fmt.Errorf("listing processes: %w", err)
+	}
+	var out []Proc
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		p, err := readProc(pid)
+		if err != nil {
+			continue // exited while we looked
+		}
+		if p.PGID == pgid && p.SID == pgid && p.State != "Z" {
+			out = append(out, p)
+		}
+	}
+	return out, nil
+}
+
+// cmdline returns the argv of pid.
+func cmdline(pid int) []string {
+	data, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil || len(data) == 0 {
+		return nil
+	}
+	return strings.Split(strings.TrimRight(string(data), "\x00"), "\x00")
+}
+
+// isAgent reports whether pid is a live `qcp-agent <sub> --dir <dir>`.
+// Matching the command line, not just the PID, survives PID reuse after a
+// reboot or a long manager outage.
+func isAgent(pid int, sub, dir string) bool {
+	if p, err := readProc(pid); err != nil || p.State == "Z" {
+		return false
+	}
+	args := cmdline(pid)
+	if len(args) < 4 || args[1] != sub {
+		return false
+	}
+	for i := 2; i+1 < len(args); i++ {
+		if args[i] == "--dir" && filepath.Clean(args[i+1]) == filepath.Clean(dir) {
+			return true
+		}
+	}
+	return false
+}
+
+// rssKB returns VmRSS of pid in kB (0 for kernel threads and zombies).
+func rssKB(pid int) (int64, error) {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if rest, ok := strings.CutPrefix(sc.Text(), "VmRSS:"); ok {
+			fields := strings.Fields(rest)
+			if len(fields) == 0 {
+				return 0, nil
+			}
+			return strconv.ParseInt(fields[0], 10, 64)
+		}
+	}
+	return 0, sc.Err()
+}

@@ -1,0 +1,127 @@
+package machinehost
+
+import (
+	"fmt"
+	"os"
+	"syscall"
+	"time"
+)
+
+// Stop stops the machine: SIGTERM to its process group, then SIGKILL if it
+// has not exited in time; it verifies no process of the group remains and
+// removes the machine directory.
+func (h *Host) Stop(namespace, name string) error {
+	return h.stop(h.Dir(namespace, name), "run", "machine "+namespace+"/"+name)
+}
+
+func (h *Host) stop(dir, sub, obj string) error {
+	pid, err := readPID(dir)
+	if err != nil {
+		return fmt.Errorf("stopping %s: %w", obj, err)
+	}
+	// A live leader that is not our agent means the PID was reused by an
+	// unrelated session after the machine died: leave that one alone.
+	if p, err := readProc(pid); pid > 0 && err == nil && p.State != "Z" && !isAgent(pid, sub, dir) {
+		pid = 0
+	}
+	if pid > 0 {
+		if err := stopGroup(pid); err != nil {
+			return fmt.Errorf("stopping %s: %w", obj, err)
+		}
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return fmt.Errorf("removing the directory of %s: %w", obj, err)
+	}
+	return nil
+}
+
+// stopGroup terminates process group pgid gracefully, then forcibly.
+func stopGroup(pgid int) error {
+	if alive(pgid) {
+		_ = syscall.Kill(-pgid, syscall.SIGTERM)
+		// A frozen machine must run to handle SIGTERM.
+		_ = syscall.Kill(-pgid, syscall.SIGCONT)
+		if waitEmpty(pgid, stopTimeout) {
+			return nil
+		}
+	}
+	_ = syscall.Kill(-pgid, syscall.SIGKILL)
+	if !waitEmpty(pgid, killTimeout) {
+		procs, _ := GroupProcesses(pgid)
+		return fmt.Errorf("process group %d still has %d processes after SIGKILL: %v", pgid, len(procs), procs)
+	}
+	return nil
+}
+
+func alive(pgid int) bool {
+	procs, err := GroupProcesses(pgid)
+	return err == nil && len(procs) > 0
+}
+
+func waitEmpty(pgid int, timeout time.Duration) bool {
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		if !alive(pgid) {
+			return true
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	return !alive(pgid)
+}
+
+// Kill sends SIGKILL to the machine's process group, as a power cut would.
+// The directory stays, so the machine can be inspected or started again.
+func (h *Host) Kill(namespace, name string) error {
+	return h.signal(namespace, name, syscall.SIGKILL)
+}
+
+// Freeze stops every process of the machine (SIGSTOP), as a hung VM.
+func (h *Host) Freeze(namespace, name string) error {
+	return h.signal(namespace, name, syscall.SIGSTOP)
+}
+
+// Thaw resumes a frozen machine (SIGCONT).
+func (h *Host) Thaw(namespace, name string) error {
+	return h.signal(namespace, name, syscall.SIGCONT)
+}
+
+func (h *Host) signal(namespace, name string, sig syscall.Signal) error {
+	st, err := h.Status(namespace, name)
+	if err != nil {
+		return err
+	}
+	if !st.Running {
+		return fmt.Errorf("machine %s/%s is not running: start it before sending %v", namespace, name, sig)
+	}
+	if err := syscall.Kill(-st.PID, sig); err != nil {
+		return fmt.Errorf("sending %v to machine %s/%s: %w", sig, namespace, name, err)
+	}
+	return nil
+}
+
+// Processes lists the live processes of the machine's process group.
+func (h *Host) Processes(namespace, name string) ([]Proc, error) {
+	pid, err := readPID(h.Dir(namespace, name))
+	if err != nil || pid == 0 {
+		return nil, err
+	}
+	return GroupProcesses(pid)
+}
+
+// RSS returns the resident memory, in bytes, of every process of the
+// machine (the agent and all its components).
+func (h *Host) RSS(namespace, name string) (int64, error) {
+	procs, err := h.Processes(namespace, name)
+	if err != nil {
+		return 0, err
+	}
+	var total int64
+	for _, p := range procs {
+		kb, err := rssKB(p.PID)
+		if err != nil {
+			continue // exited meanwhile
+		}
+		total += kb * 1024
+	}
+	return total, nil
+}
