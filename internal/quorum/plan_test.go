@@ -1,0 +1,200 @@
+package quorum
+
+import (
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+)
+
+// cluster builds a State for table tests: n healthy, up-to-date voters
+// under the hook, spread over domains, the first one leading.
+func cluster(desired, n int, domains ...string) State {
+	return healthyWorld(desired, n).with(func(w *world) { w.domains = domains; spread(w) }).state()
+}
+
+func spread(w *world) {
+	for i := range w.machines {
+		w.machines[i].fd = ""
+		if len(w.domains) > 0 {
+			w.machines[i].fd = w.domains[i%len(w.domains)]
+		}
+	}
+}
+
+func edit(s State, f func(*State)) State {
+	s.Machines = append([]Machine(nil), s.Machines...)
+	s.Members = append([]Member(nil), s.Members...)
+	f(&s)
+	return s
+}
+
+func down(s *State, i int, since time.Duration) {
+	s.Members[i].Healthy, s.Members[i].Leader = false, false
+	s.Members[i].UnhealthySince = s.Now.Add(-since)
+}
+
+func TestPlanDecisions(t *testing.T) {
+	abc := []string{"fd-a", "fd-b", "fd-c"}
+	tests := []struct {
+		name   string
+		state  State
+		kind   Kind
+		target string // machine, or member ID in hex for member steps
+		reason string // substring of the reason
+	}{
+		{"fresh cluster creates the first machine in the first domain",
+			cluster(3, 0, abc...), CreateMachine, "fd-a", "bootstraps a new etcd cluster"},
+		{"first machine bootstraps on its own",
+			edit(cluster(3, 0), func(s *State) {
+				s.Machines = []Machine{{Name: "m-01", PeerURL: "https://x:2380", CreatedAt: s.Now.Add(-time.Minute)}}
+			}), Wait, "", "waiting for machine m-01 to bootstrap"},
+		{"first machine that never bootstraps is deleted",
+			edit(cluster(3, 0), func(s *State) {
+				s.Machines = []Machine{{Name: "m-01", PeerURL: "https://x:2380", CreatedAt: s.Now.Add(-time.Hour)}}
+			}), DeleteMachine, "m-01", "has not bootstrapped"},
+		{"scale up into the domain with the fewest machines",
+			cluster(3, 2, abc...), CreateMachine, "fd-c", "scaling up: 2 of 3"},
+		{"scale up reuses domains alphabetically",
+			cluster(5, 3, "fd-a", "fd-b"), CreateMachine, "fd-b", "scaling up: 3 of 5"},
+		{"new machine is added as a learner",
+			edit(cluster(3, 2), func(s *State) {
+				s.Machines = append(s.Machines, Machine{Name: "m-09", PeerURL: "https://m9:2380", UpToDate: true, CreatedAt: s.Now})
+			}), AddLearner, "m-09", "as a learner"},
+		{"no learner is added while a voter is down",
+			edit(cluster(5, 4), func(s *State) {
+				down(s, 1, time.Minute)
+				s.Machines = append(s.Machines, Machine{Name: "m-09", PeerURL: "https://m9:2380", UpToDate: true, CreatedAt: s.Now})
+			}), Wait, "", "waiting for member m-02 to become healthy"},
+		{"lagging learner is waited for, naming the indexes",
+			withLearner(cluster(3, 2), 1200, true), Wait, "", "waiting for learner m-09 to catch up: applied index 1200 of 5000"},
+		{"caught-up learner's machine gets the hook first",
+			withLearner(cluster(3, 2), 4900, false), AddHook, "m-09", "before its learner is promoted"},
+		{"caught-up learner with the hook is promoted",
+			withLearner(cluster(3, 2), 4900, true), Promote, "9", "promoting learner m-09"},
+		{"unstarted learner past its timeout is removed",
+			edit(withLearner(cluster(3, 2), 0, true), func(s *State) {
+				l := &s.Members[len(s.Members)-1]
+				l.Name, l.Healthy, l.AddedAt = "", false, s.Now.Add(-time.Hour)
+			}), RemoveMember, "9", "has not started"},
+		{"machine whose member was removed is deleted",
+			edit(cluster(3, 3), func(s *State) { s.Members = s.Members[:2] }), DeleteMachine, "m-03", "member was removed"},
+		{"failed machine is deleted",
+			edit(cluster(3, 2), func(s *State) {
+				s.Machines = append(s.Machines, Machine{Name: "m-09", CreationFailed: true, CreatedAt: s.Now})
+			}), DeleteMachine, "m-09", "failed to be created"},
+		{"voter machine without the hook gets it back",
+			edit(cluster(3, 3), func(s *State) { s.Machines[1].HasHook = false }), AddHook, "m-02", "lacks the pre-drain hook"},
+		{"deleting machine never gets its hook back (escape hatch)",
+			edit(cluster(3, 3), func(s *State) { s.Machines[1].HasHook, s.Machines[1].Deleting = false, true }), CreateMachine, "", "scaling up: 2 of 3"},
+		{"deleting machine is replaced first when its member is healthy (maxSurge 1)",
+			edit(cluster(3, 3, abc...), func(s *State) { s.Machines[1].Deleting = true }), CreateMachine, "fd-b", "scaling up: 2 of 3"},
+		{"deleting machine's voter is removed once its replacement votes",
+			edit(cluster(3, 4), func(s *State) { s.Machines[1].Deleting = true }), RemoveMember, "2", "replacement has joined"},
+		{"deleting machine's unhealthy voter is removed first",
+			edit(cluster(3, 3), func(s *State) { s.Machines[1].Deleting = true; down(s, 1, time.Second) }), RemoveMember, "2", "removing it first"},
+		{"deleting machine is released once its member is gone",
+			edit(cluster(3, 3), func(s *State) {
+				s.Machines = append(s.Machines, Machine{Name: "m-09", Deleting: true, HasHook: true, MemberID: 99})
+			}), RemoveHook, "m-09", "no longer hosts a voter"},
+		{"leader leaves only after leadership moved to an up-to-date voter",
+			edit(cluster(3, 4), func(s *State) { s.Machines[0].Deleting = true; s.Machines[1].UpToDate = false }), MoveLeader, "3", "moving etcd leadership from m-01 to m-03"},
+		{"unhealthy voter past its timeout is removed first (etcd FAQ)",
+			edit(cluster(3, 3), func(s *State) { down(s, 2, time.Hour) }), RemoveMember, "3", "removing it first, then replacing"},
+		{"machine marked by a health check is remediated at once",
+			edit(cluster(3, 3), func(s *State) { down(s, 2, time.Second); s.Machines[2].Remediate = true }), RemoveMember, "3", "removing it first"},
+		{"recently unhealthy voter is waited for",
+			edit(cluster(3, 3), func(s *State) { down(s, 2, time.Second); s.Machines[0].UpToDate = false }), Wait, "", "waiting for member m-03 to become healthy"},
+		{"two of three down is degraded (I7)",
+			edit(cluster(3, 3), func(s *State) { down(s, 1, time.Hour); down(s, 2, time.Hour) }), Degraded, "", "lost quorum: 2 of 3"},
+		{"two of five down is remediated",
+			edit(cluster(5, 5), func(s *State) { down(s, 3, time.Hour); down(s, 4, time.Hour) }), RemoveMember, "4", "removing it first"},
+		{"alarms stop membership changes",
+			edit(cluster(5, 3), func(s *State) { s.Members[1].Alarms = []string{"NOSPACE"} }), Degraded, "", "NOSPACE"},
+		{"rollout creates the replacement first (maxSurge 1)",
+			edit(cluster(3, 3, abc...), func(s *State) { s.Machines[1].UpToDate = false }), CreateMachine, "fd-b", "rolling out: replacing outdated machine m-02"},
+		{"scale down removes the leader only after moving leadership",
+			cluster(1, 3), MoveLeader, "2", "before m-01 leaves"},
+		{"scale down deletes the oldest machine of the fullest domain",
+			edit(cluster(3, 4, abc...), func(s *State) { s.Members[0].Leader, s.Members[2].Leader = false, true }), DeleteMachine, "m-01", "oldest in the fullest"},
+		{"scale down prefers outdated and delete-annotated",
+			edit(cluster(3, 4), func(s *State) {
+				s.Machines[1].DeleteAnnotated = true
+				s.Machines[2].DeleteAnnotated, s.Machines[2].UpToDate = true, false
+			}), DeleteMachine, "m-03", "outdated and delete-annotated"},
+		{"scale down prefers delete-annotated over outdated",
+			edit(cluster(3, 4), func(s *State) { s.Machines[1].DeleteAnnotated = true; s.Machines[2].UpToDate = false }), DeleteMachine, "m-02", "(delete-annotated)"},
+		{"scale down prefers outdated with unhealthy components",
+			edit(cluster(3, 4), func(s *State) {
+				s.Machines[1].UpToDate = false
+				s.Machines[2].UpToDate, s.Machines[2].ComponentsHealthy = false, false
+			}), DeleteMachine, "m-03", "outdated with unhealthy components"},
+		{"scale down releases the drain of a machine that left etcd",
+			edit(cluster(3, 5), func(s *State) { s.Machines[4].Deleting = true; s.Members[4].Healthy = true; s.Members = s.Members[:4] }),
+			RemoveHook, "m-05", "no longer hosts a voter"},
+		{"converged cluster waits",
+			cluster(3, 3, abc...), Wait, "", "nothing to do"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			d := Plan(tt.state)
+			if d.Kind != tt.kind || !strings.Contains(d.Reason, tt.reason) || !targets(d, tt.target) {
+				t.Fatalf("Plan(%s)\n = %s\nwant %s on %q with reason containing %q", tt.state.describe(), d, tt.kind, tt.target, tt.reason)
+			}
+			if err := checkAlone(tt.state, d); err != nil {
+				t.Fatalf("decision breaks an invariant: %v", err)
+			}
+		})
+	}
+}
+
+// withLearner adds machine m-09 hosting a started learner at applied index.
+func withLearner(s State, applied uint64, hook bool) State {
+	return edit(s, func(s *State) {
+		s.Machines = append(s.Machines, Machine{Name: "m-09", PeerURL: "https://m9:2380", UpToDate: true, HasHook: hook,
+			CreatedAt: s.Now, MemberID: 9, NodeReady: true, ComponentsHealthy: true})
+		s.Members = append(s.Members, Member{ID: 9, Name: "m-09", PeerURL: "https://m9:2380", Learner: true, Healthy: true,
+			AppliedIndex: applied, AddedAt: s.Now})
+	})
+}
+
+func targets(d Decision, target string) bool {
+	switch d.Kind {
+	case CreateMachine:
+		return target == "" || d.FailureDomain == target
+	case Promote, MoveLeader, RemoveMember:
+		return idString(d.MemberID) == target
+	case Wait, Degraded:
+		return target == ""
+	}
+	return d.Machine == target
+}
+
+// checkAlone checks a decision against the state it was taken in, with no
+// "after" effects (they are covered by the exhaustive exploration).
+func checkAlone(s State, d Decision) error { return Check(s, d, s) }
+
+// TestPlanIgnoresOrder shows Plan depends on what is observed, not on the
+// order the caller lists machines and members in.
+func TestPlanIgnoresOrder(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for name, w := range initialWorlds(5) {
+		s := w.state()
+		want := Plan(s)
+		for range 20 {
+			shuffled := edit(s, func(s *State) {
+				rng.Shuffle(len(s.Machines), func(i, j int) { s.Machines[i], s.Machines[j] = s.Machines[j], s.Machines[i] })
+				rng.Shuffle(len(s.Members), func(i, j int) { s.Members[i], s.Members[j] = s.Members[j], s.Members[i] })
+			})
+			if got := Plan(shuffled); got != want {
+				t.Fatalf("%s: Plan depends on order: %s vs %s", name, got, want)
+			}
+		}
+	}
+}
+
+func TestPlanRefusesBadDesired(t *testing.T) {
+	if d := Plan(State{}); d.Kind != Degraded || !strings.Contains(d.Reason, "at least 1") {
+		t.Fatalf("Plan(desired=0) = %s", d)
+	}
+}
