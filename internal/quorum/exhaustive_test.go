@@ -92,8 +92,13 @@ func TestExhaustive(t *testing.T) {
 			for _, err := range e.errs {
 				t.Error(err)
 			}
-			t.Logf("replicas=%d: %d states explored, %d degraded runs recovered or left for a human, %s",
-				n, e.states, e.degr, time.Since(start).Round(time.Millisecond))
+			for _, k := range []Kind{CreateMachine, AddLearner, Promote, MoveLeader, RemoveMember, AddHook, RemoveHook, DeleteMachine, Wait, Degraded} {
+				if e.kinds[k] == 0 {
+					t.Errorf("the exploration never took a %s step", k)
+				}
+			}
+			t.Logf("replicas=%d: %d states explored, %d degraded runs recovered or left for a human, %s; steps taken: %v",
+				n, e.states, e.degr, time.Since(start).Round(time.Millisecond), e.kinds)
 		})
 	}
 }

@@ -103,11 +103,12 @@ type explorer struct {
 	outcome map[string]string // fault-free run from a key: "" converged, else why not
 	states  int
 	degr    int
+	kinds   map[Kind]int // decisions taken, to show the exploration covers every step
 	errs    []string
 }
 
 func newExplorer(plan func(State) Decision) *explorer {
-	return &explorer{plan: plan, seen: map[string]bool{}, outcome: map[string]string{}}
+	return &explorer{plan: plan, seen: map[string]bool{}, outcome: map[string]string{}, kinds: map[Kind]int{}}
 }
 
 type node struct {
@@ -149,6 +150,7 @@ func (e *explorer) explore(start world, name string) {
 func (e *explorer) step(n node) (node, bool) {
 	before := n.w.state()
 	d := e.plan(before)
+	e.kinds[d.Kind]++
 	after := n.w.apply(d)
 	if err := Check(before, d, after.state()); err != nil {
 		e.fail(n, "%v", err)

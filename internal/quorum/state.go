@@ -23,11 +23,17 @@
 //     the pre-drain hook must be on the machine before it hosts a voter (I5).
 //  6. Promote(member): the learner becomes a voter.
 //
-// A machine leaves the cluster the other way round: MoveLeader away from it if
-// it hosts the leader (I6), DeleteMachine (the hook holds the drain), then
-// RemoveMember, then RemoveHook, after which the infrastructure provider
-// finishes deleting the machine. Machines the user deletes enter the same
-// path at the RemoveMember step.
+// A healthy machine leaves the other way round: MoveLeader away from it if it
+// hosts the leader (I6), DeleteMachine (the hook holds the drain), then
+// RemoveMember once its replacement votes (maxSurge 1), then RemoveHook,
+// after which the infrastructure provider finishes deleting the machine.
+// Machines the user deletes enter the same path at the RemoveMember step.
+//
+// An unhealthy member goes first (etcd FAQ): RemoveMember, then the machine
+// is "spent" (its recorded Machine.MemberID is gone) and is deleted and
+// replaced; a learner that never starts is handled the same way. A deleting
+// machine whose hook an operator removed by hand is let go: its member is
+// then removed when that is quorum-safe, or the planner reports Degraded.
 package quorum
 
 import "time"
