@@ -2,6 +2,8 @@ package quorum
 
 import (
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -86,8 +88,8 @@ func TestExhaustive(t *testing.T) {
 			}
 			start := time.Now()
 			e := newExplorer(Plan)
-			for name, w := range initialWorlds(n) {
-				e.explore(w, name)
+			for _, name := range slices.Sorted(maps.Keys(initialWorlds(n))) {
+				e.explore(initialWorlds(n)[name], name)
 			}
 			for _, err := range e.errs {
 				t.Error(err)
@@ -108,8 +110,8 @@ func TestExhaustive(t *testing.T) {
 func TestExhaustiveCatchesPlannerWithoutQuorumChecks(t *testing.T) {
 	broken := func(s State) Decision { return planWith(s, options{skipQuorumChecks: true}) }
 	e := newExplorer(broken)
-	for name, w := range initialWorlds(3) {
-		e.explore(w, name)
+	for _, name := range slices.Sorted(maps.Keys(initialWorlds(3))) {
+		e.explore(initialWorlds(3)[name], name)
 	}
 	if len(e.errs) == 0 {
 		t.Fatalf("the exploration did not catch a planner without quorum checks (%d states)", e.states)
@@ -118,4 +120,17 @@ func TestExhaustiveCatchesPlannerWithoutQuorumChecks(t *testing.T) {
 		t.Fatalf("caught, but not for quorum: %s", e.errs[0])
 	}
 	t.Logf("caught: %s", strings.SplitN(e.errs[0], "\n", 2)[0])
+}
+
+// TestExhaustiveCatchesPlannerWithoutLeaderTransfer: the measurement option
+// that skips MoveLeader must show up as an I6 violation.
+func TestExhaustiveCatchesPlannerWithoutLeaderTransfer(t *testing.T) {
+	noTransfer := func(s State) Decision { return PlanWithOptions(s, Options{SkipLeaderTransfer: true}) }
+	e := newExplorer(noTransfer)
+	for _, name := range slices.Sorted(maps.Keys(initialWorlds(3))) {
+		e.explore(initialWorlds(3)[name], name)
+	}
+	if len(e.errs) == 0 || !strings.Contains(strings.Join(e.errs, "\n"), "I6") {
+		t.Fatalf("the exploration did not catch a planner without leader transfer (%d states, errors: %v)", e.states, e.errs)
+	}
 }

@@ -17,11 +17,26 @@ func Plan(s State) Decision {
 	return planWith(s, options{})
 }
 
+// Options change the planner for measurements. Production code uses Plan.
+type Options struct {
+	// SkipLeaderTransfer removes leaders without MoveLeader first. It
+	// deliberately breaks I6, so that a test can measure the write gap that
+	// MoveLeader saves. Never set it outside such a measurement.
+	SkipLeaderTransfer bool
+}
+
+// PlanWithOptions is Plan with measurement options; see Options.
+func PlanWithOptions(s State, o Options) Decision {
+	return planWith(s, options{skipLeaderTransfer: o.SkipLeaderTransfer})
+}
+
 // options lets tests swap in deliberately broken planners, to prove that the
 // exploration catches them. Production code always uses the zero value.
 type options struct {
 	// skipQuorumChecks removes the I1 and I7 guards.
 	skipQuorumChecks bool
+	// skipLeaderTransfer removes the I6 MoveLeader step.
+	skipLeaderTransfer bool
 }
 
 // planner holds one observation; its methods are the rules.

@@ -100,7 +100,7 @@ func (p planner) membershipBusy() (Decision, bool) {
 // removeVoter removes voter m if that is quorum-safe (I1) and leadership
 // has moved away from it (I6).
 func (p planner) removeVoter(m Member, reason string) (Decision, bool) {
-	if m.Leader && m.Healthy {
+	if m.Leader && m.Healthy && !p.opts.skipLeaderTransfer {
 		return p.moveLeaderAway(m)
 	}
 	if m.Leader {

@@ -65,7 +65,7 @@ func (p planner) scaleDown() (Decision, bool) {
 		return d, true
 	}
 	if hasMember && m.Voter() {
-		if m.Leader {
+		if m.Leader && !p.opts.skipLeaderTransfer {
 			return p.moveLeaderAway(m)
 		}
 		if !p.opts.skipQuorumChecks && !quorumAfterRemoval(p.voters(), m.ID) {
