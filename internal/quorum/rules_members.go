@@ -103,7 +103,7 @@ func (p planner) removeVoter(m Member, reason string) (Decision, bool) {
 	if m.Leader && m.Healthy && !p.opts.skipLeaderTransfer {
 		return p.moveLeaderAway(m)
 	}
-	if m.Leader {
+	if m.Leader && !m.Healthy {
 		return waitf("waiting for etcd to elect a new leader before removing unhealthy leader %s", p.memberName(m)), true
 	}
 	if !p.opts.skipQuorumChecks && !quorumAfterRemoval(p.voters(), m.ID) {
