@@ -6,7 +6,6 @@ package engine
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -34,10 +33,11 @@ type machine struct {
 
 // driverOptions change how the driver carries out decisions.
 type driverOptions struct {
-	// noLeaderTransfer hides which member leads from the planner, so it
-	// removes the leader like any other voter instead of moving leadership
-	// first. This is how the value of I6 is measured; the planner itself
-	// has no such knob.
+	// noLeaderTransfer turns MoveLeader into a no-op: the driver does not
+	// call etcd, and from then on tells the planner that the transferee
+	// leads (while the real leader still does), so the planner goes on to
+	// remove the real leader directly. This is how the value of I6 is
+	// measured; the planner itself has no such knob.
 	noLeaderTransfer bool
 	// tunables are passed to the planner.
 	tunables quorum.Tunables
@@ -66,6 +66,9 @@ type driver struct {
 	// afterStep runs after every step, for the monitor to sample each
 	// intermediate membership.
 	afterStep func(context.Context)
+	// leader is the real leader at the last observation; fakeLeader, with
+	// noLeaderTransfer, the member the planner is told leads instead.
+	leader, fakeLeader uint64
 }
 
 func newDriver(t testing.TB, name string, opts driverOptions) *driver {
@@ -176,11 +179,9 @@ func (d *driver) observe(ctx context.Context) (quorum.State, error) {
 			}
 			m.UnhealthySince = d.unhealthySince[m.ID]
 			m.AddedAt = d.addedAt[m.ID]
-			if d.opts.noLeaderTransfer {
-				m.Leader = false
-			}
 			d.recordBootstrapMember(*m)
 		}
+		d.overrideLeader(members)
 		s.Members = members
 		d.refreshEndpoints(members)
 	}
@@ -193,6 +194,28 @@ func (d *driver) observe(ctx context.Context) (quorum.State, error) {
 		})
 	}
 	return s, nil
+}
+
+// overrideLeader applies the noLeaderTransfer fiction: once the planner
+// asked to move leadership to fakeLeader, it is shown as leading for as long
+// as the real leader it should have replaced still leads.
+func (d *driver) overrideLeader(members []quorum.Member) {
+	var real uint64
+	for _, m := range members {
+		if m.Leader {
+			real = m.ID
+		}
+	}
+	if d.fakeLeader != 0 && real != d.leader {
+		d.fakeLeader = 0 // a new election made the fiction moot
+	}
+	d.leader = real
+	if d.fakeLeader == 0 {
+		return
+	}
+	for i := range members {
+		members[i].Leader = members[i].ID == d.fakeLeader
+	}
 }
 
 // recordBootstrapMember remembers the member a machine bootstrapped, as a
@@ -287,7 +310,9 @@ func (d *driver) act(ctx context.Context, dec quorum.Decision) error {
 		return retry(ctx, 20*time.Second, func(ctx context.Context) error { return d.cli.Promote(ctx, dec.MemberID) })
 	case quorum.MoveLeader:
 		if d.opts.noLeaderTransfer {
-			return errors.New("planner asked to move leadership although the driver hides the leader")
+			d.fakeLeader = dec.MemberID
+			d.steps = append(d.steps, "  (MoveLeader not carried out: leader transfer disabled)")
+			return nil
 		}
 		return retry(ctx, 20*time.Second, func(ctx context.Context) error { return d.cli.MoveLeader(ctx, dec.MemberID) })
 	case quorum.RemoveMember:
