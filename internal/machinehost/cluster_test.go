@@ -1,0 +1,214 @@
+package machinehost
+
+import (
+	"context"
+	"crypto/tls"
+	"fmt"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"go.uber.org/zap"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/qcp-dev/qcp/internal/bootstrap"
+	"github.com/qcp-dev/qcp/internal/certs"
+)
+
+// testCluster is one workload cluster of process machines for a test.
+type testCluster struct {
+	t       *testing.T
+	h       *Host
+	ns, cl  string
+	lbAddr  string
+	cas     *certs.ClusterCAs
+	kube    kubernetes.Interface
+	started []string
+}
+
+func newTestCluster(t *testing.T, h *Host, ns, cluster, lbAddr string) *testCluster {
+	t.Helper()
+	cas, err := certs.NewClusterCAs(time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := &testCluster{t: t, h: h, ns: ns, cl: cluster, lbAddr: lbAddr, cas: cas}
+	// Registered first so it runs last: every process stops even when the
+	// test fails half-way.
+	t.Cleanup(func() {
+		for _, m := range c.started {
+			if err := h.Stop(ns, m); err != nil {
+				t.Errorf("cleanup: %v", err)
+			}
+		}
+		if err := h.StopLB(ns, cluster); err != nil {
+			t.Errorf("cleanup: %v", err)
+		}
+	})
+	if err := h.StartLB(ns, cluster, lbAddr, cas.Cluster.CertPEM); err != nil {
+		t.Fatal(err)
+	}
+	kc, err := certs.AdminKubeconfig(cluster, "https://"+lbAddr, cas.Cluster, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := clientcmd.RESTConfigFromKubeConfig(kc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Timeout = 5 * time.Second
+	if c.kube, err = kubernetes.NewForConfig(cfg); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func (c *testCluster) spec(name, addr, fd string) MachineSpec {
+	return MachineSpec{Name: name, Namespace: c.ns, Cluster: c.cl, Address: addr, ProviderID: "process://" + c.ns + "/" + name, FailureDomain: fd}
+}
+
+// start starts a machine and adds its API server to the load balancer.
+func (c *testCluster) start(spec MachineSpec, etcd bootstrap.LocalEtcd, backends []string) {
+	c.t.Helper()
+	data, err := bootstrap.Marshal(bootstrap.NewStacked(c.cl, c.cas, c.lbAddr, etcd))
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	c.started = append(c.started, spec.Name)
+	if err := c.h.Start(spec, data); err != nil {
+		c.t.Fatal(err)
+	}
+	if err := c.h.SetBackends(c.ns, c.cl, backends); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+// eventually polls cond every 500ms until it returns nil or timeout passes.
+func (c *testCluster) eventually(what string, timeout time.Duration, cond func() error) {
+	c.t.Helper()
+	deadline := time.Now().Add(timeout)
+	var err error
+	for time.Now().Before(deadline) {
+		if err = cond(); err == nil {
+			return
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	c.dumpLogs()
+	c.t.Fatalf("timed out after %v waiting for %s: %v", timeout, what, err)
+}
+
+// dumpLogs prints the tail of each machine's logs, to explain a timeout.
+func (c *testCluster) dumpLogs() {
+	for _, m := range c.started {
+		dir := c.h.Dir(c.ns, m)
+		files, _ := filepath.Glob(filepath.Join(dir, "logs", "*.log"))
+		files = append(files, filepath.Join(dir, "agent.log"))
+		for _, f := range files {
+			data, _ := os.ReadFile(f)
+			if len(data) > 3000 {
+				data = data[len(data)-3000:]
+			}
+			c.t.Logf("==== %s\n%s", f, data)
+		}
+	}
+}
+
+func (c *testCluster) nodeCondition(name string) (corev1.ConditionStatus, *corev1.Node, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	node, err := c.kube.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		return "", nil, err
+	}
+	for _, cond := range node.Status.Conditions {
+		if cond.Type == corev1.NodeReady {
+			return cond.Status, node, nil
+		}
+	}
+	return "", node, nil
+}
+
+func (c *testCluster) waitNodeReady(name string, want corev1.ConditionStatus, timeout time.Duration) *corev1.Node {
+	c.t.Helper()
+	var node *corev1.Node
+	c.eventually(fmt.Sprintf("node %s Ready=%s through the load balancer", name, want), timeout, func() error {
+		got, n, err := c.nodeCondition(name)
+		if err != nil {
+			return err
+		}
+		if (want == corev1.ConditionTrue) != (got == corev1.ConditionTrue) {
+			return fmt.Errorf("Ready=%q", got)
+		}
+		node = n
+		return nil
+	})
+	return node
+}
+
+func (c *testCluster) etcdClient(endpoints ...string) *clientv3.Client {
+	c.t.Helper()
+	kp, err := certs.IssueEtcdClient(c.cas.Etcd, "test", time.Now())
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	pair, err := tls.X509KeyPair(kp.CertPEM, kp.KeyPEM)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	pool, _ := certs.CertPool(c.cas.Etcd.CertPEM)
+	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
+		TLS: &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{pair}, MinVersion: tls.VersionTLS12}})
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	c.t.Cleanup(func() { cli.Close() })
+	return cli
+}
+
+// join adds the machine as a learner, starts it, and promotes it once it
+// has caught up: what the control plane controller will do.
+func (c *testCluster) join(cli *clientv3.Client, spec MachineSpec, existing, backends []string) {
+	c.t.Helper()
+	var resp *clientv3.MemberAddResponse
+	// etcd refuses membership changes until every voter has been connected
+	// for a few seconds ("unhealthy cluster"), e.g. right after a promotion.
+	c.eventually("etcd to accept "+spec.Name+" as a learner", time.Minute, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		var err error
+		resp, err = cli.MemberAddAsLearner(ctx, []string{"https://" + spec.Address + ":2380"})
+		return err
+	})
+	c.start(spec, bootstrap.JoinMember(existing...), backends)
+	c.eventually("learner "+spec.Name+" to be promoted", 2*time.Minute, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_, err := cli.MemberPromote(ctx, resp.Member.ID)
+		return err
+	})
+}
+
+func (c *testCluster) pids() map[string]int {
+	out := map[string]int{}
+	for _, m := range c.started {
+		st, err := c.h.Status(c.ns, m)
+		if err != nil {
+			c.t.Fatal(err)
+		}
+		out[m] = st.PID
+	}
+	return out
+}
+
+func (c *testCluster) listNodes() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	_, err := c.kube.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	return err
+}

@@ -1,0 +1,162 @@
+package machinehost
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/qcp-dev/qcp/internal/bootstrap"
+)
+
+// TestProcessMachines walks one cluster through its life: a single stacked
+// machine whose Node becomes Ready, re-attach after a "manager restart",
+// two learners joining into a 3-member etcd, freeze and thaw, a killed
+// machine the load balancer routes around, and clean stops. The phases
+// share one cluster because each machine costs ~600 MB and tens of seconds.
+func TestProcessMachines(t *testing.T) {
+	requireBinaries(t)
+	if testing.Short() {
+		t.Skip("starts real etcd and Kubernetes components")
+	}
+	h := newHost(t)
+	c := newTestCluster(t, h, "ns1", "c1", "127.0.201.1:6443")
+	m1 := c.spec("m1", "127.0.201.11", "fd-a")
+	m2 := c.spec("m2", "127.0.201.12", "fd-b")
+	m3 := c.spec("m3", "127.0.201.13", "fd-c")
+	api := func(specs ...MachineSpec) []string {
+		var out []string
+		for _, s := range specs {
+			out = append(out, s.Address+":6443")
+		}
+		return out
+	}
+
+	start := time.Now()
+	c.start(m1, bootstrap.NewMember(), api(m1))
+	node := c.waitNodeReady("m1", corev1.ConditionTrue, 3*time.Minute)
+	t.Logf("single machine Node Ready after %v", time.Since(start).Round(time.Second))
+	if node.Labels["topology.kubernetes.io/zone"] != "fd-a" || node.Spec.ProviderID != "process://ns1/m1" {
+		t.Errorf("node labels %v providerID %q", node.Labels, node.Spec.ProviderID)
+	}
+	c.eventually("control plane label on m1", 30*time.Second, func() error {
+		_, n, err := c.nodeCondition("m1")
+		if err != nil {
+			return err
+		}
+		if _, ok := n.Labels["node-role.kubernetes.io/control-plane"]; !ok {
+			return fmt.Errorf("labels %v", n.Labels)
+		}
+		return nil
+	})
+	if rss, err := h.RSS("ns1", "m1"); err == nil {
+		t.Logf("machine m1 resident memory: %d MB", rss>>20)
+	}
+
+	t.Run("reattach", func(t *testing.T) {
+		before := c.pids()
+		lbBefore, _ := h.LBStatus("ns1", "c1")
+		fresh := &Host{Root: h.Root, BinDir: h.BinDir, AgentPath: h.AgentPath}
+		data, _ := os.ReadFile(fresh.Dir("ns1", "m1") + "/bootstrap-data")
+		if err := fresh.Start(m1, data); err != nil {
+			t.Fatal(err)
+		}
+		if err := fresh.StartLB("ns1", "c1", c.lbAddr, c.cas.Cluster.CertPEM); err != nil {
+			t.Fatal(err)
+		}
+		st, _ := fresh.Status("ns1", "m1")
+		lbAfter, _ := fresh.LBStatus("ns1", "c1")
+		if !st.Running || st.PID != before["m1"] || !lbAfter.Running || lbAfter.PID != lbBefore.PID {
+			t.Errorf("after re-attach: machine %+v (was %d), lb %+v (was %d)", st, before["m1"], lbAfter, lbBefore.PID)
+		}
+		agents := 0
+		procs, _ := fresh.Processes("ns1", "m1")
+		for _, p := range procs {
+			if p.Comm == "qcp-agent" {
+				agents++
+			}
+		}
+		if agents != 1 {
+			t.Errorf("%d qcp-agent processes in m1's group, want 1: %v", agents, procs)
+		}
+	})
+
+	cli := c.etcdClient("https://" + m1.Address + ":2379")
+	c.join(cli, m2, []string{"https://" + m1.Address + ":2379"}, api(m1, m2))
+	c.join(cli, m3, []string{"https://" + m1.Address + ":2379", "https://" + m2.Address + ":2379"}, api(m1, m2, m3))
+	c.waitNodeReady("m2", corev1.ConditionTrue, 3*time.Minute)
+	c.waitNodeReady("m3", corev1.ConditionTrue, 3*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	members, err := cli.MemberList(ctx)
+	cancel()
+	if err != nil {
+		t.Fatal(err)
+	}
+	voters := 0
+	for _, m := range members.Members {
+		if !m.IsLearner {
+			voters++
+		}
+	}
+	if len(members.Members) != 3 || voters != 3 {
+		t.Fatalf("etcd members %v, want 3 voters", members.Members)
+	}
+	t.Logf("three machines Ready after %v", time.Since(start).Round(time.Second))
+
+	t.Run("freeze makes the node NotReady, thaw Ready", func(t *testing.T) {
+		if err := h.Freeze("ns1", "m3"); err != nil {
+			t.Fatal(err)
+		}
+		frozen := time.Now()
+		c.waitNodeReady("m3", corev1.ConditionUnknown, 2*time.Minute)
+		t.Logf("m3 NotReady %v after freeze", time.Since(frozen).Round(time.Second))
+		if err := h.Thaw("ns1", "m3"); err != nil {
+			t.Fatal(err)
+		}
+		c.waitNodeReady("m3", corev1.ConditionTrue, time.Minute)
+	})
+
+	t.Run("load balancer survives a killed machine", func(t *testing.T) {
+		if err := h.Kill("ns1", "m1"); err != nil {
+			t.Fatal(err)
+		}
+		c.eventually("m1's processes to die", 10*time.Second, func() error {
+			if procs, _ := h.Processes("ns1", "m1"); len(procs) > 0 {
+				return fmt.Errorf("%v", procs)
+			}
+			return nil
+		})
+		killed := time.Now()
+		c.eventually("the load balancer to serve after m1 was killed", 30*time.Second, c.listNodes)
+		t.Logf("load balancer serving %v after the kill", time.Since(killed).Round(time.Millisecond))
+		// Every one of several requests must succeed once m1 is out of
+		// rotation, not just the lucky one.
+		for i := range 10 {
+			if err := c.listNodes(); err != nil {
+				t.Fatalf("request %d through the load balancer: %v", i, err)
+			}
+		}
+	})
+
+	t.Run("stop leaves nothing behind", func(t *testing.T) {
+		for _, name := range []string{"m1", "m2", "m3"} {
+			pid := c.pids()[name]
+			if err := h.Stop("ns1", name); err != nil {
+				t.Fatal(err)
+			}
+			if pid == 0 {
+				continue
+			}
+			if procs, _ := GroupProcesses(pid); len(procs) > 0 {
+				t.Errorf("stray processes of %s: %v", name, procs)
+			}
+			if _, err := os.Stat(h.Dir("ns1", name)); !os.IsNotExist(err) {
+				t.Errorf("directory of %s remains", name)
+			}
+		}
+		c.started = nil
+	})
+}

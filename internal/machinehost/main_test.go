@@ -1,0 +1,57 @@
+package machinehost
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+
+	"github.com/qcp-dev/qcp/internal/binaries"
+)
+
+// agentPath is the qcp-agent built once for the package's tests.
+var agentPath string
+
+func TestMain(m *testing.M) {
+	tmp, err := os.MkdirTemp("", "qcp-agent-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	agentPath = filepath.Join(tmp, "qcp-agent")
+	build := exec.Command("go", "build", "-o", agentPath, "github.com/qcp-dev/qcp/cmd/qcp-agent")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "building qcp-agent:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(tmp)
+	os.Exit(code)
+}
+
+func newHost(t testing.TB) *Host {
+	t.Helper()
+	binDir, err := binaries.Dir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A short root keeps paths readable in process listings.
+	root, err := os.MkdirTemp("", "qcp-machines-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(root) })
+	return &Host{Root: root, BinDir: binDir, AgentPath: agentPath}
+}
+
+// requireBinaries skips heavy tests when the pinned binaries are not built.
+func requireBinaries(t testing.TB) {
+	t.Helper()
+	for _, b := range [][2]string{{"etcd", binaries.EtcdVersion}, {"kube", binaries.KubeVersion}} {
+		if _, err := binaries.Path(b[0], b[1]); err != nil {
+			t.Skip(err)
+		}
+	}
+}

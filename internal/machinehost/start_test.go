@@ -1,0 +1,58 @@
+package machinehost
+
+import (
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/qcp-dev/qcp/internal/bootstrap"
+	"github.com/qcp-dev/qcp/internal/certs"
+)
+
+func TestStartRejectsBeforeCreatingAnything(t *testing.T) {
+	h := newHost(t)
+	cas, err := certs.NewClusterCAs(time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := MachineSpec{Name: "bad", Namespace: "ns", Cluster: "c", Address: "127.0.209.1", ProviderID: "process://ns/bad", FailureDomain: "fd-a"}
+	good, err := bootstrap.Marshal(bootstrap.NewStacked("c", cas, "127.0.209.100:6443", bootstrap.NewMember()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	missing := bootstrap.NewStacked("c", cas, "127.0.209.100:6443", bootstrap.NewMember())
+	missing.Versions.Kubernetes = "v1.99.0"
+	missingData, err := bootstrap.Marshal(missing)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name   string
+		spec   MachineSpec
+		data   []byte
+		reason string
+		want   []string
+	}{
+		{"corrupt", spec, []byte("apiVersion: bootstrap.qcp.dev/v1alpha1\nkind: MachineBootstrap\nclusterName: [\n"), ReasonInvalidBootstrapData, []string{"machine ns/bad", "bootstrap data"}},
+		{"unknown version", spec, []byte(strings.Replace(string(good), bootstrap.APIVersion, "bootstrap.qcp.dev/v2", 1)), ReasonInvalidBootstrapData, []string{"apiVersion", "bootstrap.qcp.dev/v2", "upgrade qcp-agent"}},
+		{"missing binary", spec, missingData, ReasonBinaryMissing, []string{"kube v1.99.0", "make binaries"}},
+		{"bad address", MachineSpec{Name: "bad", Namespace: "ns", Cluster: "c", Address: "nowhere", ProviderID: "p"}, good, ReasonInvalidSpec, []string{"address", "nowhere"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			err := h.Start(tc.spec, tc.data)
+			if got := ReasonOf(err); got != tc.reason {
+				t.Fatalf("reason = %q (err %v), want %q", got, err, tc.reason)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q lacks %q", err, w)
+				}
+			}
+			if _, err := os.Stat(h.Dir("ns", "bad")); !os.IsNotExist(err) {
+				t.Errorf("machine directory exists after a rejected start (stat err %v)", err)
+			}
+		})
+	}
+}
