@@ -13,18 +13,14 @@ import (
 	"path/filepath"
 	"time"
 
-	"k8s.io/apimachinery/pkg/runtime"
-	clientgoscheme "k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
-	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
-	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
-	etcdv1 "github.com/qcp-dev/qcp/api/etcd/v1alpha1"
-	infrav1 "github.com/qcp-dev/qcp/api/infrastructure/v1alpha1"
 	"github.com/qcp-dev/qcp/config"
 	"github.com/qcp-dev/qcp/internal/binaries"
+	"github.com/qcp-dev/qcp/internal/scheme"
+	"k8s.io/apimachinery/pkg/runtime"
 )
 
 // Options configures a local management cluster. The zero value starts the
@@ -55,30 +51,17 @@ type Env struct {
 	WebhookPort    int
 	WebhookCertDir string
 
-	env     *envtest.Environment
-	capi    *Process
-	ownsDir bool
-}
-
-// NewScheme returns a scheme with the Kubernetes, CAPI core and QCP types.
-func NewScheme() *runtime.Scheme {
-	s := runtime.NewScheme()
-	for _, add := range []func(*runtime.Scheme) error{
-		clientgoscheme.AddToScheme, clusterv1.AddToScheme,
-		controlplanev1.AddToScheme, etcdv1.AddToScheme, infrav1.AddToScheme,
-	} {
-		if err := add(s); err != nil {
-			panic(fmt.Sprintf("building scheme: %v", err)) // programming error: types conflict
-		}
-	}
-	return s
+	env      *envtest.Environment
+	capi     *Process
+	managers []*Process
+	ownsDir  bool
 }
 
 // Start starts the management cluster and, unless told not to, CAPI core,
 // and returns once both serve. On error everything started is stopped.
 func Start(ctx context.Context, opts Options) (_ *Env, err error) {
 	opts = withDefaults(opts)
-	e := &Env{Scheme: NewScheme(), Dir: opts.Dir}
+	e := &Env{Scheme: scheme.New(), Dir: opts.Dir}
 	if e.Dir == "" {
 		if e.Dir, err = os.MkdirTemp("", "qcp-localenv-"); err != nil {
 			return nil, fmt.Errorf("creating the local environment's directory: %w", err)
@@ -201,6 +184,10 @@ func (e *Env) writeManifests() (string, error) {
 // directory. It is safe to call more than once.
 func (e *Env) Stop() error {
 	var errs []error
+	for _, m := range e.managers {
+		errs = append(errs, m.Stop())
+	}
+	e.managers = nil
 	if e.capi != nil {
 		errs = append(errs, e.capi.Stop())
 		e.capi = nil

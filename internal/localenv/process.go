@@ -3,14 +3,12 @@ package localenv
 import (
 	"context"
 	"crypto/tls"
-	"errors"
 	"fmt"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"syscall"
 	"time"
 )
@@ -131,14 +129,4 @@ func freeAddrs(n int) ([]string, error) {
 		}
 	}
 	return out, nil
-}
-
-var errNoPort = errors.New("no port")
-
-func portOf(addr string) (int, error) {
-	_, p, err := net.SplitHostPort(addr)
-	if err != nil {
-		return 0, errNoPort
-	}
-	return strconv.Atoi(p)
 }

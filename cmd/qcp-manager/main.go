@@ -1,0 +1,102 @@
+// Command qcp-manager hosts QCP's controllers and webhooks.
+package main
+
+import (
+	"flag"
+	"fmt"
+	"net/netip"
+	"os"
+	"path/filepath"
+
+	"k8s.io/klog/v2"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/healthz"
+	"sigs.k8s.io/controller-runtime/pkg/log/zap"
+	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+
+	"github.com/qcp-dev/qcp/internal/binaries"
+	"github.com/qcp-dev/qcp/internal/controllers/process"
+	"github.com/qcp-dev/qcp/internal/scheme"
+	"github.com/qcp-dev/qcp/internal/version"
+)
+
+func main() {
+	var (
+		metricsAddr, healthAddr string
+		leaderElect, showVer    bool
+		processOpts             process.Options
+	)
+	flag.StringVar(&metricsAddr, "metrics-bind-address", "127.0.0.1:8080", "where Prometheus metrics are served; 0 turns them off")
+	flag.StringVar(&healthAddr, "health-probe-bind-address", "127.0.0.1:8081", "where /healthz and /readyz are served")
+	flag.BoolVar(&leaderElect, "leader-elect", false, "use leader election, for running more than one replica")
+	flag.BoolVar(&showVer, "version", false, "print the version and exit")
+	flag.StringVar(&processOpts.MachineRoot, "machine-root", "", "directory holding the process machines' directories (required)")
+	flag.StringVar(&processOpts.BinDir, "bin-dir", "", "directory of the pinned binaries (default: $QCP_BIN_DIR or the repository's bin/)")
+	flag.StringVar(&processOpts.AgentPath, "agent", "", "path of qcp-agent (default: qcp-agent next to this binary)")
+	flag.Func("address-range", "loopback prefix machine and load balancer addresses come from (default "+process.DefaultAddressRange.String()+")", func(v string) error {
+		p, err := netip.ParsePrefix(v)
+		if err != nil || !p.Addr().IsLoopback() {
+			return fmt.Errorf("want a loopback prefix such as 127.20.0.0/16, got %q", v)
+		}
+		processOpts.AddressRange = p
+		return nil
+	})
+	opts := zap.Options{}
+	opts.BindFlags(flag.CommandLine)
+	flag.Parse()
+	if showVer {
+		fmt.Println("qcp-manager", version.Get())
+		return
+	}
+	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&opts)))
+	klog.SetLogger(ctrl.Log)
+	if err := run(metricsAddr, healthAddr, leaderElect, processOpts); err != nil {
+		ctrl.Log.Error(err, "qcp-manager failed")
+		os.Exit(1)
+	}
+}
+
+func run(metricsAddr, healthAddr string, leaderElect bool, processOpts process.Options) error {
+	if processOpts.MachineRoot == "" {
+		return fmt.Errorf("--machine-root is required: name the directory that holds the process machines")
+	}
+	if processOpts.BinDir == "" {
+		dir, err := binaries.Dir()
+		if err != nil {
+			return err
+		}
+		processOpts.BinDir = dir
+	}
+	if processOpts.AgentPath == "" {
+		self, err := os.Executable()
+		if err != nil {
+			return err
+		}
+		processOpts.AgentPath = filepath.Join(filepath.Dir(self), "qcp-agent")
+	}
+	cfg, err := ctrl.GetConfig()
+	if err != nil {
+		return fmt.Errorf("loading the management cluster's kubeconfig (set --kubeconfig): %w", err)
+	}
+	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
+		Scheme:                 scheme.New(),
+		Metrics:                metricsserver.Options{BindAddress: metricsAddr},
+		HealthProbeBindAddress: healthAddr,
+		LeaderElection:         leaderElect,
+		LeaderElectionID:       "qcp-manager.qcp.dev",
+	})
+	if err != nil {
+		return fmt.Errorf("creating the manager: %w", err)
+	}
+	if err := process.Setup(mgr, processOpts); err != nil {
+		return err
+	}
+	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
+		return err
+	}
+	if err := mgr.AddReadyzCheck("ping", healthz.Ping); err != nil {
+		return err
+	}
+	ctrl.Log.Info("starting qcp-manager", "version", version.Get())
+	return mgr.Start(ctrl.SetupSignalHandler())
+}

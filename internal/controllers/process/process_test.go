@@ -1,0 +1,285 @@
+package process_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	infrav1 "github.com/qcp-dev/qcp/api/infrastructure/v1alpha1"
+	"github.com/qcp-dev/qcp/internal/bootstrap"
+	"github.com/qcp-dev/qcp/internal/certs"
+	"github.com/qcp-dev/qcp/internal/etcd"
+	"github.com/qcp-dev/qcp/internal/machinehost"
+)
+
+// TestProcessProvider runs the process provider through CAPI core: one
+// stacked machine to Running, two more joining etcd, a frozen machine going
+// NotReady and back, a manager restart, the load balancer surviving a
+// killed machine, and a Machine deletion leaving nothing behind. The steps
+// share one workload cluster because each machine costs about half a GiB.
+func TestProcessProvider(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs real machines; not run with -short")
+	}
+	w := newWorld(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
+	defer cancel()
+	host := &machinehost.Host{Root: w.host()}
+	w.createCluster(ctx)
+
+	// Bad input first: it is cheap and must not disturb what follows.
+	w.createMachine(ctx, "bad-data", "fd-a", []byte("{not a bootstrap document"))
+	w.createMachine(ctx, "bad-version", "fd-a", w.bootstrapDoc(bootstrap.NewMember(), func(d *bootstrap.Document) {
+		d.Versions.Kubernetes = "v1.99.0"
+	}))
+	w.createMachine(ctx, "m1", "fd-a", w.bootstrapDoc(bootstrap.NewMember()))
+
+	t.Run("corrupt bootstrap data and a missing binary surface as conditions, and nothing starts", func(t *testing.T) {
+		bad := w.waitCondition(ctx, "bad-data", machinehost.ReasonInvalidBootstrapData)
+		if !strings.Contains(bad.Message, "bootstrap") || !strings.Contains(bad.Message, "fix") {
+			t.Errorf("message %q does not name the cause and the fix", bad.Message)
+		}
+		missing := w.waitCondition(ctx, "bad-version", machinehost.ReasonBinaryMissing)
+		if !strings.Contains(missing.Message, "v1.99.0") || !strings.Contains(missing.Message, "make binaries") {
+			t.Errorf("message %q does not name the missing version and how to build it", missing.Message)
+		}
+		for _, name := range []string{"bad-data", "bad-version"} {
+			if _, err := os.Stat(host.Dir(ns, name)); !os.IsNotExist(err) {
+				t.Errorf("machine %s has a directory (%v): it half-started", name, err)
+			}
+			if st, _ := host.Status(ns, name); st.Running {
+				t.Errorf("machine %s runs", name)
+			}
+		}
+	})
+
+	t.Run("a stacked machine reaches Running with a Ready node carrying its zone", func(t *testing.T) {
+		w.waitRunning(ctx, "m1")
+		node := w.waitNodeReady(ctx, "m1", corev1.ConditionTrue)
+		if got := node.Labels[corev1.LabelTopologyZone]; got != "fd-a" {
+			t.Errorf("zone label = %q, want fd-a", got)
+		}
+		if node.Spec.ProviderID != "process://default/m1" {
+			t.Errorf("providerID = %q", node.Spec.ProviderID)
+		}
+		pm := w.processMachine(ctx, "m1")
+		if pm.Status.FailureDomain != "fd-a" || pm.Spec.ProviderID != node.Spec.ProviderID {
+			t.Errorf("ProcessMachine failure domain %q, providerID %q", pm.Status.FailureDomain, pm.Spec.ProviderID)
+		}
+	})
+
+	addrs := map[string]string{"m1": w.address(ctx, "m1")}
+	etcdClient := w.etcdClient(t, addrs["m1"])
+
+	t.Run("two more machines join as learners and are promoted: a 3-member etcd over TLS", func(t *testing.T) {
+		for _, m := range []struct{ name, fd string }{{"m2", "fd-b"}, {"m3", "fd-c"}} {
+			w.createMachine(ctx, m.name, m.fd, w.bootstrapDoc(bootstrap.JoinMember("https://"+addrs["m1"]+":2379")))
+			addrs[m.name] = w.address(ctx, m.name)
+			learner := w.addLearner(ctx, etcdClient, addrs[m.name])
+			w.promote(ctx, etcdClient, learner)
+			w.waitRunning(ctx, m.name)
+			w.waitNodeReady(ctx, m.name, corev1.ConditionTrue)
+		}
+		members, err := etcdClient.Members(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var voters []string
+		for _, m := range members {
+			if !m.IsLearner && strings.HasPrefix(m.PeerURLs[0], "https://") {
+				voters = append(voters, m.Name)
+			}
+		}
+		slices.Sort(voters)
+		if strings.Join(voters, ",") != "m1,m2,m3" {
+			t.Errorf("voters over TLS = %v, want m1, m2, m3 (members %v)", voters, members)
+		}
+		w.eventually(ctx, "load balancer backends for 3 machines", func(ctx context.Context) error {
+			pc := &infrav1.ProcessCluster{}
+			if err := w.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: w.cluster}, pc); err != nil {
+				return err
+			}
+			if len(pc.Status.Backends) != 3 {
+				return fmt.Errorf("backends %v", pc.Status.Backends)
+			}
+			return nil
+		})
+	})
+
+	t.Run("a frozen machine's node goes NotReady through the workload controller manager, and back when thawed", func(t *testing.T) {
+		if err := host.Freeze(ns, "m3"); err != nil {
+			t.Fatal(err)
+		}
+		thawed := false
+		defer func() {
+			if !thawed {
+				_ = host.Thaw(ns, "m3")
+			}
+		}()
+		w.waitNodeReady(ctx, "m3", corev1.ConditionUnknown)
+		if err := host.Thaw(ns, "m3"); err != nil {
+			t.Fatal(err)
+		}
+		thawed = true
+		w.waitNodeReady(ctx, "m3", corev1.ConditionTrue)
+	})
+
+	t.Run("restarting qcp-manager leaves machines and the load balancer running and re-attached", func(t *testing.T) {
+		before := w.pids(ctx, host)
+		if err := w.manager.Stop(); err != nil {
+			t.Fatal(err)
+		}
+		w.startManager()
+		// Give the new manager a reconcile of every object: wait until each
+		// ProcessMachine's status was written by it (observed again).
+		w.eventually(ctx, "every machine reconciled by the new manager", func(ctx context.Context) error {
+			for _, name := range []string{"m1", "m2", "m3"} {
+				pm := &infrav1.ProcessMachine{}
+				if err := w.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, pm); err != nil {
+					return err
+				}
+				if !ptrTrue(pm.Status.Initialization.Provisioned) {
+					return fmt.Errorf("%s not provisioned", name)
+				}
+			}
+			return nil
+		})
+		after := w.pids(ctx, host)
+		if fmt.Sprint(before) != fmt.Sprint(after) {
+			t.Errorf("PIDs changed across a manager restart: before %v, after %v", before, after)
+		}
+		agents := len(processesMentioning("qcp-agent run --dir "+w.host()+"/"))
+		if agents != 3 {
+			t.Errorf("%d machine agents run, want 3 (no duplicates)", agents)
+		}
+	})
+
+	t.Run("the load balancer keeps serving when a machine is killed", func(t *testing.T) {
+		if err := host.Kill(ns, "m1"); err != nil {
+			t.Fatal(err)
+		}
+		wl := w.workload()
+		w.eventually(ctx, "listing nodes through the load balancer with m1 dead", func(ctx context.Context) error {
+			// Three lists in a row must succeed, not one lucky one.
+			for range 3 {
+				if _, err := wl.CoreV1().Nodes().List(ctx, metav1.ListOptions{}); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		w.waitCondition(ctx, "m1", "AgentExited")
+	})
+
+	t.Run("deleting a Machine stops every process and removes its directory", func(t *testing.T) {
+		dir := host.Dir(ns, "m2")
+		pid := w.processMachine(ctx, "m2").Status.PID
+		if err := w.c.Delete(ctx, &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Name: "m2", Namespace: ns}}); err != nil {
+			t.Fatal(err)
+		}
+		w.eventually(ctx, "ProcessMachine m2 gone", func(ctx context.Context) error {
+			err := w.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "m2"}, &infrav1.ProcessMachine{})
+			if isNotFound(err) {
+				return nil
+			}
+			return fmt.Errorf("still there (%v)", err)
+		})
+		if procs, _ := machinehost.GroupProcesses(int(pid)); len(procs) != 0 {
+			t.Errorf("processes of m2 remain: %v", procs)
+		}
+		if strays := processesMentioning(dir); len(strays) != 0 {
+			t.Errorf("processes still use m2's directory: %v", strays)
+		}
+		if _, err := os.Stat(dir); !os.IsNotExist(err) {
+			t.Errorf("m2's directory %s remains (%v)", dir, err)
+		}
+	})
+}
+
+func ptrTrue(b *bool) bool { return b != nil && *b }
+
+// pids returns the agent PID of every running machine and of the load
+// balancer, as the host sees them.
+func (w *world) pids(ctx context.Context, host *machinehost.Host) map[string]int {
+	out := map[string]int{}
+	for _, name := range []string{"m1", "m2", "m3"} {
+		st, err := host.Status(ns, name)
+		if err != nil || !st.Running {
+			w.t.Fatalf("machine %s not running (%v)", name, err)
+		}
+		out[name] = st.PID
+	}
+	lb, err := host.LBStatus(ns, w.cluster)
+	if err != nil || !lb.Running {
+		w.t.Fatalf("load balancer not running (%v)", err)
+	}
+	out["lb"] = lb.PID
+	return out
+}
+
+func (w *world) etcdClient(t *testing.T, addr string) *etcd.Client {
+	kp, err := certs.IssueEtcdClient(w.cas.Etcd, "test-client", time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := etcd.New(etcd.Config{
+		Endpoints: []string{"https://" + addr + ":2379"}, CAPEM: w.cas.Etcd.CertPEM,
+		CertPEM: kp.CertPEM, KeyPEM: kp.KeyPEM, AutoSyncInterval: time.Second,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// addLearner adds the machine at addr as a learner, retrying what etcd
+// refuses only for a while (a cluster that just changed is "unhealthy").
+func (w *world) addLearner(ctx context.Context, c *etcd.Client, addr string) uint64 {
+	var id uint64
+	w.eventually(ctx, "adding learner "+addr, func(ctx context.Context) error {
+		m, _, err := c.AddLearner(ctx, "https://"+addr+":2380")
+		if err != nil {
+			if etcd.IsRetryable(err) {
+				return err
+			}
+			w.t.Fatalf("adding learner %s: %v", addr, err)
+		}
+		id = m.ID
+		return nil
+	})
+	return id
+}
+
+func (w *world) promote(ctx context.Context, c *etcd.Client, id uint64) {
+	w.eventually(ctx, fmt.Sprintf("promoting learner %x", id), func(ctx context.Context) error {
+		return c.Promote(ctx, id)
+	})
+}
+
+
+// processesMentioning lists the live processes whose command line contains s.
+func processesMentioning(s string) []string {
+	var out []string
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		data, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
+		if err != nil || len(data) == 0 {
+			continue
+		}
+		cmd := strings.ReplaceAll(strings.TrimRight(string(data), "\x00"), "\x00", " ")
+		if strings.Contains(cmd, s) {
+			out = append(out, e.Name()+": "+cmd)
+		}
+	}
+	return out
+}

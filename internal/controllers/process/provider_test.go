@@ -1,0 +1,325 @@
+package process_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/utils/ptr"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/conditions"
+	"sigs.k8s.io/cluster-api/util/secret"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	infrav1 "github.com/qcp-dev/qcp/api/infrastructure/v1alpha1"
+	"github.com/qcp-dev/qcp/internal/bootstrap"
+	"github.com/qcp-dev/qcp/internal/certs"
+	"github.com/qcp-dev/qcp/internal/controllers/process"
+	"github.com/qcp-dev/qcp/internal/localenv"
+	"github.com/qcp-dev/qcp/internal/testkit"
+)
+
+// addressRange keeps this package's machines apart from other packages'
+// tests running at the same time.
+const addressRange = "127.21.0.0/16"
+
+const ns = "default"
+
+// world is one management cluster with qcp-manager and one workload cluster.
+type world struct {
+	t        *testing.T
+	env      *localenv.Env
+	c        client.Client
+	binDir   string
+	manager  *localenv.Process
+	cluster  string
+	cas      *certs.ClusterCAs
+	endpoint string // host:port of the load balancer
+}
+
+func buildQCP(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	root, err := filepath.Abs("../../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("go", "build", "-o", dir+"/", "./cmd/qcp-manager", "./cmd/qcp-agent")
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("building qcp-manager and qcp-agent: %v\n%s", err, out)
+	}
+	return dir
+}
+
+func newWorld(t *testing.T) *world {
+	env := localenv.StartForTest(t, localenv.Options{})
+	w := &world{t: t, env: env, c: env.Client, binDir: buildQCP(t), cluster: "c1"}
+	w.startManager()
+	t.Cleanup(w.dumpOnFailure)
+	return w
+}
+
+func (w *world) startManager() {
+	w.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	p, err := w.env.StartManager(ctx, localenv.ManagerOptions{
+		Path:      filepath.Join(w.binDir, "qcp-manager"),
+		ExtraArgs: []string{"--address-range=" + addressRange},
+	})
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	w.manager = p
+}
+
+func (w *world) host() string { return filepath.Join(w.env.Dir, "machines") }
+
+func (w *world) dumpOnFailure() {
+	if !w.t.Failed() {
+		return
+	}
+	for _, f := range []string{"qcp-manager.log", "capi-manager.log"} {
+		data, _ := os.ReadFile(filepath.Join(w.env.Dir, f))
+		lines := strings.Split(string(data), "\n")
+		if len(lines) > 60 {
+			lines = lines[len(lines)-60:]
+		}
+		w.t.Logf("--- tail of %s ---\n%s", f, strings.Join(lines, "\n"))
+	}
+}
+
+func (w *world) create(ctx context.Context, objs ...client.Object) {
+	w.t.Helper()
+	for _, o := range objs {
+		if err := w.c.Create(ctx, o); err != nil {
+			w.t.Fatalf("creating %T %s: %v", o, o.GetName(), err)
+		}
+	}
+}
+
+func (w *world) eventually(ctx context.Context, what string, cond func(context.Context) error) {
+	w.t.Helper()
+	if err := testkit.Eventually(ctx, 250*time.Millisecond, what, cond); err != nil {
+		w.t.Fatal(err)
+	}
+}
+
+// createCluster writes the cluster's CA Secrets, a ProcessCluster with three
+// failure domains and a Cluster, waits for the load balancer, then writes the
+// kubeconfig Secret CAPI core reaches the workload cluster through.
+func (w *world) createCluster(ctx context.Context) {
+	var err error
+	if w.cas, err = certs.NewClusterCAs(time.Now()); err != nil {
+		w.t.Fatal(err)
+	}
+	w.create(ctx,
+		capiSecret(w.cluster, secret.ClusterCA, w.cas.Cluster.CertPEM, w.cas.Cluster.KeyPEM),
+		capiSecret(w.cluster, secret.EtcdCA, w.cas.Etcd.CertPEM, w.cas.Etcd.KeyPEM),
+		capiSecret(w.cluster, secret.FrontProxyCA, w.cas.FrontProxy.CertPEM, w.cas.FrontProxy.KeyPEM),
+		capiSecret(w.cluster, secret.ServiceAccount, w.cas.ServiceAccountPub, w.cas.ServiceAccountKey),
+		&infrav1.ProcessCluster{
+			ObjectMeta: metav1.ObjectMeta{Name: w.cluster, Namespace: ns},
+			Spec:       infrav1.ProcessClusterSpec{FailureDomains: []string{"fd-a", "fd-b", "fd-c"}},
+		},
+		&clusterv1.Cluster{
+			ObjectMeta: metav1.ObjectMeta{Name: w.cluster, Namespace: ns},
+			Spec: clusterv1.ClusterSpec{InfrastructureRef: clusterv1.ContractVersionedObjectReference{
+				APIGroup: infrav1.GroupVersion.Group, Kind: "ProcessCluster", Name: w.cluster,
+			}},
+		},
+	)
+	cluster := &clusterv1.Cluster{}
+	w.eventually(ctx, "Cluster infrastructure provisioned with an endpoint", func(ctx context.Context) error {
+		if err := w.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: w.cluster}, cluster); err != nil {
+			return err
+		}
+		if !ptr.Deref(cluster.Status.Initialization.InfrastructureProvisioned, false) || cluster.Spec.ControlPlaneEndpoint.Host == "" {
+			return fmt.Errorf("infrastructure provisioned=%v endpoint=%q", cluster.Status.Initialization.InfrastructureProvisioned, cluster.Spec.ControlPlaneEndpoint.Host)
+		}
+		return nil
+	})
+	w.endpoint = fmt.Sprintf("%s:%d", cluster.Spec.ControlPlaneEndpoint.Host, cluster.Spec.ControlPlaneEndpoint.Port)
+	kubeconfig, err := certs.AdminKubeconfig(w.cluster, "https://"+w.endpoint, w.cas.Cluster, time.Now())
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	w.create(ctx, capiSecret(w.cluster, secret.Kubeconfig, nil, nil, kubeconfig))
+
+	pc := &infrav1.ProcessCluster{}
+	if err := w.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: w.cluster}, pc); err != nil {
+		w.t.Fatal(err)
+	}
+	var names []string
+	for _, fd := range pc.Status.FailureDomains {
+		names = append(names, fd.Name)
+	}
+	if strings.Join(names, ",") != "fd-a,fd-b,fd-c" {
+		w.t.Errorf("ProcessCluster reports failure domains %v, want fd-a, fd-b, fd-c", names)
+	}
+}
+
+// capiSecret builds a Secret named and labelled as CAPI's util/secret does.
+// For the kubeconfig purpose pass the kubeconfig as the only extra value.
+func capiSecret(cluster string, purpose secret.Purpose, crt, key []byte, value ...[]byte) *corev1.Secret {
+	s := &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: secret.Name(cluster, purpose), Namespace: ns,
+			Labels: map[string]string{clusterv1.ClusterNameLabel: cluster},
+		},
+		Type: clusterv1.ClusterSecretType,
+		Data: map[string][]byte{secret.TLSCrtDataName: crt, secret.TLSKeyDataName: key},
+	}
+	if len(value) > 0 {
+		s.Data = map[string][]byte{secret.KubeconfigDataName: value[0]}
+	}
+	return s
+}
+
+// createMachine creates a control plane Machine, its ProcessMachine and its
+// bootstrap data Secret, as a control plane provider would.
+func (w *world) createMachine(ctx context.Context, name, fd string, data []byte) {
+	w.create(ctx,
+		&corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Name: name + "-bootstrap", Namespace: ns,
+				Labels: map[string]string{clusterv1.ClusterNameLabel: w.cluster}},
+			Type: clusterv1.ClusterSecretType,
+			Data: map[string][]byte{"value": data, "format": []byte("qcp")},
+		},
+		&infrav1.ProcessMachine{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns,
+			Labels: map[string]string{clusterv1.ClusterNameLabel: w.cluster}}},
+		&clusterv1.Machine{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: map[string]string{
+				clusterv1.ClusterNameLabel: w.cluster, clusterv1.MachineControlPlaneLabel: "",
+			}},
+			Spec: clusterv1.MachineSpec{
+				ClusterName:   w.cluster,
+				Version:       "v1.36.3",
+				FailureDomain: fd,
+				Bootstrap:     clusterv1.Bootstrap{DataSecretName: ptr.To(name + "-bootstrap")},
+				InfrastructureRef: clusterv1.ContractVersionedObjectReference{
+					APIGroup: infrav1.GroupVersion.Group, Kind: "ProcessMachine", Name: name,
+				},
+			},
+		},
+	)
+}
+
+func (w *world) bootstrapDoc(etcd bootstrap.LocalEtcd, mutate ...func(*bootstrap.Document)) []byte {
+	doc := bootstrap.NewStacked(w.cluster, w.cas, w.endpoint, etcd)
+	for _, m := range mutate {
+		m(doc)
+	}
+	data, err := bootstrap.Marshal(doc)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	return data
+}
+
+func (w *world) processMachine(ctx context.Context, name string) *infrav1.ProcessMachine {
+	pm := &infrav1.ProcessMachine{}
+	if err := w.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, pm); err != nil {
+		w.t.Fatal(err)
+	}
+	return pm
+}
+
+// address waits for the machine's allocated address.
+func (w *world) address(ctx context.Context, name string) string {
+	var addr string
+	w.eventually(ctx, "an address for "+name, func(ctx context.Context) error {
+		pm := &infrav1.ProcessMachine{}
+		if err := w.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, pm); err != nil {
+			return err
+		}
+		for _, a := range pm.Status.Addresses {
+			if a.Type == clusterv1.MachineInternalIP {
+				addr = a.Address
+				return nil
+			}
+		}
+		return errors.New("no InternalIP yet")
+	})
+	return addr
+}
+
+// waitRunning waits until CAPI core reports the Machine Running with a node.
+func (w *world) waitRunning(ctx context.Context, name string) {
+	w.eventually(ctx, "Machine "+name+" Running with a nodeRef", func(ctx context.Context) error {
+		m := &clusterv1.Machine{}
+		if err := w.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, m); err != nil {
+			return err
+		}
+		if m.Status.Phase != string(clusterv1.MachinePhaseRunning) || !m.Status.NodeRef.IsDefined() {
+			return fmt.Errorf("phase %q, nodeRef %q", m.Status.Phase, m.Status.NodeRef.Name)
+		}
+		return nil
+	})
+}
+
+// workload returns a client of the workload cluster through the load
+// balancer, with a kubeconfig built by internal/certs.
+func (w *world) workload() *kubernetes.Clientset {
+	kubeconfig, err := certs.AdminKubeconfig(w.cluster, "https://"+w.endpoint, w.cas.Cluster, time.Now())
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	cfg, err := clientcmd.RESTConfigFromKubeConfig(kubeconfig)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	cfg.Timeout = 5 * time.Second
+	return kubernetes.NewForConfigOrDie(cfg)
+}
+
+// waitNodeReady waits for the node's Ready condition to have status want.
+func (w *world) waitNodeReady(ctx context.Context, name string, want corev1.ConditionStatus) *corev1.Node {
+	var node *corev1.Node
+	wl := w.workload()
+	w.eventually(ctx, fmt.Sprintf("node %s Ready=%s", name, want), func(ctx context.Context) error {
+		n, err := wl.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		for _, c := range n.Status.Conditions {
+			if c.Type == corev1.NodeReady && c.Status == want {
+				node = n
+				return nil
+			}
+		}
+		return fmt.Errorf("conditions %v", n.Status.Conditions)
+	})
+	return node
+}
+
+// waitCondition waits for the ProcessMachine condition to be False with reason.
+func (w *world) waitCondition(ctx context.Context, name, reason string) *metav1.Condition {
+	var cond *metav1.Condition
+	w.eventually(ctx, "ProcessMachine "+name+" condition reason "+reason, func(ctx context.Context) error {
+		pm := &infrav1.ProcessMachine{}
+		if err := w.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, pm); err != nil {
+			return err
+		}
+		cond = conditions.Get(pm, process.ProcessRunningCondition)
+		if cond == nil || cond.Reason != reason {
+			return fmt.Errorf("condition %+v", cond)
+		}
+		return nil
+	})
+	return cond
+}
+
+func isNotFound(err error) bool { return apierrors.IsNotFound(err) }

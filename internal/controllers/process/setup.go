@@ -1,0 +1,48 @@
+// Package process holds the process infrastructure provider's controllers:
+// ProcessCluster (failure domains and a load balancer process) and
+// ProcessMachine (a qcp-agent process tree per machine).
+package process
+
+import (
+	"fmt"
+	"net/netip"
+	"path/filepath"
+
+	ctrl "sigs.k8s.io/controller-runtime"
+
+	"github.com/qcp-dev/qcp/internal/machinehost"
+)
+
+// Options configures the process provider.
+type Options struct {
+	// MachineRoot holds one directory per machine and load balancer.
+	MachineRoot string
+	// BinDir holds the pinned binaries the machines run.
+	BinDir string
+	// AgentPath is the qcp-agent binary.
+	AgentPath string
+	// AddressRange is where machine and load balancer addresses come from.
+	AddressRange netip.Prefix
+}
+
+// DefaultAddressRange keeps process machines clear of 127.0.0.1 and of the
+// ranges tests use for bare etcd clusters.
+var DefaultAddressRange = netip.MustParsePrefix("127.20.0.0/16")
+
+// Setup registers the process provider's controllers with mgr.
+func Setup(mgr ctrl.Manager, opts Options) error {
+	if !opts.AddressRange.IsValid() {
+		opts.AddressRange = DefaultAddressRange
+	}
+	host := &machinehost.Host{Root: opts.MachineRoot, BinDir: opts.BinDir, AgentPath: opts.AgentPath}
+	addrs := &Addresses{Dir: filepath.Join(opts.MachineRoot, ".addresses"), Prefix: opts.AddressRange}
+	if err := (&ClusterReconciler{Client: mgr.GetClient(), Host: host, Addresses: addrs,
+		Recorder: mgr.GetEventRecorderFor("processcluster-controller")}).SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("setting up the ProcessCluster controller: %w", err)
+	}
+	if err := (&MachineReconciler{Client: mgr.GetClient(), Host: host, Addresses: addrs,
+		Recorder: mgr.GetEventRecorderFor("processmachine-controller")}).SetupWithManager(mgr); err != nil {
+		return fmt.Errorf("setting up the ProcessMachine controller: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,58 @@
+package localenv
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"time"
+
+	"github.com/qcp-dev/qcp/internal/binaries"
+)
+
+// ManagerOptions configures a qcp-manager child process.
+type ManagerOptions struct {
+	// Path of the qcp-manager binary; default bin/qcp-manager.
+	Path string
+	// MachineRoot holds the process machines; default <Dir>/machines.
+	MachineRoot string
+	// ExtraArgs are appended to the command line.
+	ExtraArgs []string
+}
+
+// StartManager starts qcp-manager against this management cluster and
+// waits until it is ready. The caller stops it with Stop; a test can stop and
+// start it again to check that machines outlive the manager.
+func (e *Env) StartManager(ctx context.Context, opts ManagerOptions) (*Process, error) {
+	binDir, err := binaries.Dir()
+	if err != nil {
+		return nil, err
+	}
+	if opts.Path == "" {
+		opts.Path = filepath.Join(binDir, "qcp-manager")
+	}
+	if opts.MachineRoot == "" {
+		opts.MachineRoot = filepath.Join(e.Dir, "machines")
+	}
+	addrs, err := freeAddrs(2)
+	if err != nil {
+		return nil, err
+	}
+	args := append([]string{
+		"--kubeconfig=" + e.Kubeconfig,
+		"--machine-root=" + opts.MachineRoot,
+		"--bin-dir=" + binDir,
+		"--metrics-bind-address=" + addrs[0],
+		"--health-probe-bind-address=" + addrs[1],
+	}, opts.ExtraArgs...)
+	p, err := StartProcess("qcp-manager", opts.Path, args, []string{"KUBE_FEATURE_WatchListClient=false"}, e.Dir)
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	if err := p.WaitHTTP(ctx, "http://"+addrs[1]+"/readyz"); err != nil {
+		return nil, fmt.Errorf("qcp-manager did not become ready (log: %s/qcp-manager.log): %w", e.Dir, err)
+	}
+	e.managers = append(e.managers, p)
+	return p, nil
+}
