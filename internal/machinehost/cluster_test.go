@@ -3,7 +3,9 @@ package machinehost
 import (
 	"context"
 	"crypto/tls"
+	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"testing"
@@ -16,6 +18,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/qcp-dev/qcp/internal/agent"
 	"github.com/qcp-dev/qcp/internal/bootstrap"
 	"github.com/qcp-dev/qcp/internal/certs"
 )
@@ -192,6 +195,29 @@ func (c *testCluster) join(cli *clientv3.Client, spec MachineSpec, existing, bac
 		_, err := cli.MemberPromote(ctx, resp.Member.ID)
 		return err
 	})
+}
+
+// waitHealthy waits until the machine's health endpoint reports every
+// component running and passing its probe.
+func (c *testCluster) waitHealthy(spec MachineSpec, timeout time.Duration) agent.Health {
+	c.t.Helper()
+	var h agent.Health
+	c.eventually("machine "+spec.Name+" healthy on its health endpoint", timeout, func() error {
+		resp, err := http.Get("http://" + spec.Address + ":10248/healthz")
+		if err != nil {
+			return err
+		}
+		defer resp.Body.Close()
+		h = agent.Health{}
+		if err := json.NewDecoder(resp.Body).Decode(&h); err != nil {
+			return err
+		}
+		if !h.Healthy {
+			return fmt.Errorf("unhealthy: components %+v probes %+v", h.Components, h.Probes)
+		}
+		return nil
+	})
+	return h
 }
 
 func (c *testCluster) pids() map[string]int {

@@ -89,6 +89,12 @@ func TestProcessMachines(t *testing.T) {
 	c.join(cli, m3, []string{"https://" + m1.Address + ":2379", "https://" + m2.Address + ":2379"}, api(m1, m2, m3))
 	c.waitNodeReady("m2", corev1.ConditionTrue, 3*time.Minute)
 	c.waitNodeReady("m3", corev1.ConditionTrue, 3*time.Minute)
+	for _, m := range []MachineSpec{m1, m2, m3} {
+		h := c.waitHealthy(m, 3*time.Minute)
+		if len(h.Components) != 4 {
+			t.Errorf("health of %s reports %d components, want 4: %+v", m.Name, len(h.Components), h.Components)
+		}
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	members, err := cli.MemberList(ctx)
 	cancel()
@@ -143,7 +149,7 @@ func TestProcessMachines(t *testing.T) {
 
 	t.Run("stop leaves nothing behind", func(t *testing.T) {
 		for _, name := range []string{"m1", "m2", "m3"} {
-			pid := c.pids()[name]
+			pid, _ := readPID(h.Dir("ns1", name))
 			if err := h.Stop("ns1", name); err != nil {
 				t.Fatal(err)
 			}
