@@ -1,7 +1,9 @@
 package machinehost
 
 import (
+	"errors"
 	"os"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
@@ -54,5 +56,33 @@ func TestStartRejectsBeforeCreatingAnything(t *testing.T) {
 				t.Errorf("machine directory exists after a rejected start (stat err %v)", err)
 			}
 		})
+	}
+}
+
+// TestAgentExitsOnCorruptData runs the agent binary on a hand-written
+// machine directory (as after a manager wrote it and the data was later
+// corrupted): it must exit non-zero, say why, and start nothing.
+func TestAgentExitsOnCorruptData(t *testing.T) {
+	h := newHost(t)
+	dir := h.Dir("ns", "corrupt")
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	os.WriteFile(dir+"/machine.json", []byte(`{"name":"corrupt","namespace":"ns","cluster":"c","address":"127.0.209.2","providerID":"process://ns/corrupt"}`), 0o600)
+	os.WriteFile(dir+"/bootstrap-data", []byte("apiVersion: bootstrap.qcp.dev/v1alpha1\nkind: MachineBootstrap\nbogus: true\n"), 0o600)
+	out, err := exec.Command(h.AgentPath, "run", "--dir", dir, "--bin-dir", h.BinDir).CombinedOutput()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() == 0 {
+		t.Fatalf("agent did not fail: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), `unknown field "bogus"`) {
+		t.Errorf("output does not name the field: %s", out)
+	}
+	st, err := h.Status("ns", "corrupt")
+	if err != nil || st.Running || st.Agent == nil || st.Agent.Reason != ReasonInvalidBootstrapData {
+		t.Errorf("status = %+v, %v", st, err)
+	}
+	if _, err := os.Stat(dir + "/logs"); !os.IsNotExist(err) {
+		t.Error("logs directory created: something started")
 	}
 }
