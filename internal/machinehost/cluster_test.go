@@ -25,7 +25,7 @@ import (
 
 // testCluster is one workload cluster of process machines for a test.
 type testCluster struct {
-	t       *testing.T
+	t       testing.TB
 	h       *Host
 	ns, cl  string
 	lbAddr  string
@@ -34,7 +34,7 @@ type testCluster struct {
 	started []string
 }
 
-func newTestCluster(t *testing.T, h *Host, ns, cluster, lbAddr string) *testCluster {
+func newTestCluster(t testing.TB, h *Host, ns, cluster, lbAddr string) *testCluster {
 	t.Helper()
 	cas, err := certs.NewClusterCAs(time.Now())
 	if err != nil {
