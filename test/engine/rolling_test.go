@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -53,7 +54,9 @@ func rollingReplacement(t testing.TB, noTransfer bool) rollingFigures {
 	d.converge(ctx, 3, 3*phaseTimeout)
 	rollout := time.Since(start)
 	r := tr.stop(t, ctx)
-	logSteps(t, d)
+	if t.Failed() || testing.Verbose() {
+		logSteps(t, d)
+	}
 	for _, mc := range d.machines {
 		if original[mc.name] {
 			t.Errorf("machine %s survived the rolling replacement", mc.name)
@@ -84,7 +87,9 @@ func BenchmarkRollingReplacement(b *testing.B) {
 			var gapSum, gapMax, failed, rollout float64
 			for range b.N {
 				f := rollingReplacement(b, noTransfer)
-				b.Log(f.json())
+				// One JSON line per rollout on stdout, for `make bench`
+				// to collect; b.Log output is truncated for benchmarks.
+				fmt.Println(f.json())
 				gapSum += f.MaxWriteGapMs
 				gapMax = max(gapMax, f.MaxWriteGapMs)
 				failed += float64(f.FailedWrites)
