@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -44,6 +45,7 @@ func newTestCluster(t testing.TB, h *Host, ns, cluster, lbAddr string) *testClus
 	// Registered first so it runs last: every process stops even when the
 	// test fails half-way.
 	t.Cleanup(func() {
+		c.checkNoRaces()
 		for _, m := range c.started {
 			if err := h.Stop(ns, m); err != nil {
 				t.Errorf("cleanup: %v", err)
@@ -104,6 +106,16 @@ func (c *testCluster) eventually(what string, timeout time.Duration, cond func()
 	}
 	c.dumpLogs()
 	c.t.Fatalf("timed out after %v waiting for %s: %v", timeout, what, err)
+}
+
+// checkNoRaces fails the test if a race-enabled agent reported a race.
+func (c *testCluster) checkNoRaces() {
+	for _, m := range c.started {
+		data, _ := os.ReadFile(filepath.Join(c.h.Dir(c.ns, m), "agent.log"))
+		if strings.Contains(string(data), "DATA RACE") {
+			c.t.Errorf("qcp-agent of %s reported a data race:\n%s", m, data)
+		}
+	}
 }
 
 // dumpLogs prints the tail of each machine's logs, to explain a timeout.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"syscall"
 	"testing"
 	"time"
 
@@ -112,6 +113,20 @@ func TestProcessMachines(t *testing.T) {
 	}
 	t.Logf("three machines Ready after %v", time.Since(start).Round(time.Second))
 
+	t.Run("a crashed component is restarted", func(t *testing.T) {
+		before := c.waitHealthy(m2, time.Minute).Components["kube-scheduler"]
+		if err := syscall.Kill(before.PID, syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		c.eventually("m2's kube-scheduler to be restarted and healthy", time.Minute, func() error {
+			after := c.waitHealthy(m2, time.Minute).Components["kube-scheduler"]
+			if after.Restarts != before.Restarts+1 || after.PID == before.PID || after.LastError == "" {
+				return fmt.Errorf("scheduler state %+v, before %+v", after, before)
+			}
+			return nil
+		})
+	})
+
 	t.Run("freeze makes the node NotReady, thaw Ready", func(t *testing.T) {
 		if err := h.Freeze("ns1", "m3"); err != nil {
 			t.Fatal(err)
@@ -148,6 +163,7 @@ func TestProcessMachines(t *testing.T) {
 	})
 
 	t.Run("stop leaves nothing behind", func(t *testing.T) {
+		c.checkNoRaces()
 		for _, name := range []string{"m1", "m2", "m3"} {
 			pid, _ := readPID(h.Dir("ns1", name))
 			if err := h.Stop("ns1", name); err != nil {

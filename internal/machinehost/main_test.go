@@ -20,7 +20,13 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	agentPath = filepath.Join(tmp, "qcp-agent")
-	build := exec.Command("go", "build", "-o", agentPath, "github.com/qcp-dev/qcp/cmd/qcp-agent")
+	args := []string{"build", "-o", agentPath}
+	// QCP_AGENT_RACE=1 builds the agent with the race detector; races then
+	// appear in each machine's agent.log.
+	if os.Getenv("QCP_AGENT_RACE") == "1" {
+		args = append(args, "-race")
+	}
+	build := exec.Command("go", append(args, "github.com/qcp-dev/qcp/cmd/qcp-agent")...)
 	build.Stdout, build.Stderr = os.Stderr, os.Stderr
 	if err := build.Run(); err != nil {
 		fmt.Fprintln(os.Stderr, "building qcp-agent:", err)
