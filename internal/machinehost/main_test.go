@@ -13,7 +13,23 @@ import (
 // agentPath is the qcp-agent built once for the package's tests.
 var agentPath string
 
+// helperEnv makes the test binary act as a short-lived "manager" that
+// starts a load balancer and exits, for the outlive-the-manager test.
+const helperEnv = "QCP_MACHINEHOST_HELPER"
+
 func TestMain(m *testing.M) {
+	if os.Getenv(helperEnv) == "startlb" {
+		ca, err := os.ReadFile(os.Getenv("HELPER_CA"))
+		if err == nil {
+			h := &Host{Root: os.Getenv("HELPER_ROOT"), AgentPath: os.Getenv("HELPER_AGENT")}
+			err = h.StartLB("ns", "c", "127.0.209.50:16443", ca)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
 	tmp, err := os.MkdirTemp("", "qcp-agent-bin-")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -84,5 +85,46 @@ func TestAgentExitsOnCorruptData(t *testing.T) {
 	}
 	if _, err := os.Stat(dir + "/logs"); !os.IsNotExist(err) {
 		t.Error("logs directory created: something started")
+	}
+}
+
+// TestLoadBalancerOutlivesItsStarter starts a load balancer from a child
+// process that then exits, as a manager restart would: the balancer keeps
+// running, and a fresh Host re-attaches to the same PID without a duplicate.
+func TestLoadBalancerOutlivesItsStarter(t *testing.T) {
+	h := newHost(t)
+	ca, err := certs.NewCA("kubernetes", time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := h.StopLB("ns", "c"); err != nil {
+			t.Error(err)
+		}
+	})
+	caFile := filepath.Join(t.TempDir(), "ca.crt")
+	os.WriteFile(caFile, ca.CertPEM, 0o600)
+	starter := exec.Command(os.Args[0], "-test.run=^$")
+	starter.Env = append(os.Environ(), helperEnv+"=startlb", "HELPER_ROOT="+h.Root, "HELPER_CA="+caFile, "HELPER_AGENT="+h.AgentPath)
+	if out, err := starter.CombinedOutput(); err != nil {
+		t.Fatalf("starter: %v\n%s", err, out)
+	}
+	st, err := h.LBStatus("ns", "c")
+	if err != nil || !st.Running {
+		t.Fatalf("load balancer not running after its starter exited: %+v %v", st, err)
+	}
+	if p, err := readProc(st.PID); err != nil || p.PPID == starter.Process.Pid {
+		t.Errorf("load balancer %+v still a child of the exited starter (%v)", p, err)
+	}
+	fresh := &Host{Root: h.Root, BinDir: h.BinDir, AgentPath: h.AgentPath}
+	if err := fresh.StartLB("ns", "c", "127.0.209.50:16443", ca.CertPEM); err != nil {
+		t.Fatal(err)
+	}
+	again, _ := fresh.LBStatus("ns", "c")
+	if again.PID != st.PID {
+		t.Errorf("StartLB on a running balancer changed its PID from %d to %d", st.PID, again.PID)
+	}
+	if procs, _ := GroupProcesses(st.PID); len(procs) != 1 {
+		t.Errorf("balancer group has %d processes, want 1: %v", len(procs), procs)
 	}
 }
