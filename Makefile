@@ -73,7 +73,7 @@ unit:
 
 ## bench: benchmarks, as JSON (go test -json) in bin/bench.json.
 bench: binaries
-	go test -run '^$$' -bench . -benchtime 1x -timeout 60m -json ./... | tee $(BIN)/bench.json | go run ./hack/benchsummary
+	go test -run '^$$' -bench . -benchtime 1x -timeout 60m -json ./... | tee $(BIN)/bench.json | go run ./hack/benchjson
 
 lint:
 	gofmt -l . | tee /dev/stderr | (! read)

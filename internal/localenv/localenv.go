@@ -19,6 +19,7 @@ import (
 
 	"github.com/qcp-dev/qcp/config"
 	"github.com/qcp-dev/qcp/internal/binaries"
+	"github.com/qcp-dev/qcp/internal/machinehost"
 	"github.com/qcp-dev/qcp/internal/scheme"
 	"k8s.io/apimachinery/pkg/runtime"
 )
@@ -188,6 +189,11 @@ func (e *Env) Stop() error {
 		errs = append(errs, m.Stop())
 	}
 	e.managers = nil
+	// Machines outlive the manager by design; the environment that made
+	// them ends them.
+	if err := (&machinehost.Host{Root: e.MachineRoot()}).StopAll(); err != nil {
+		errs = append(errs, fmt.Errorf("stopping machines: %w", err))
+	}
 	if e.capi != nil {
 		errs = append(errs, e.capi.Stop())
 		e.capi = nil
@@ -204,3 +210,6 @@ func (e *Env) Stop() error {
 	}
 	return errors.Join(errs...)
 }
+
+// MachineRoot is where qcp-manager keeps the process machines by default.
+func (e *Env) MachineRoot() string { return filepath.Join(e.Dir, "machines") }

@@ -31,7 +31,7 @@ func (e *Env) StartManager(ctx context.Context, opts ManagerOptions) (*Process, 
 		opts.Path = filepath.Join(binDir, "qcp-manager")
 	}
 	if opts.MachineRoot == "" {
-		opts.MachineRoot = filepath.Join(e.Dir, "machines")
+		opts.MachineRoot = e.MachineRoot()
 	}
 	addrs, err := freeAddrs(2)
 	if err != nil {

@@ -7,7 +7,7 @@ import (
 
 // QuorumControlPlaneFinalizer holds deletion until machines and worker
 // machines are gone.
-const QuorumControlPlaneFinalizer = "quorumcontrolplane.controlplane.cluster.x-k8s.io"
+const QuorumControlPlaneFinalizer = "controlplane.cluster.x-k8s.io/quorumcontrolplane"
 
 // RolloutStrategyType is how machines are replaced during a rollout.
 // +kubebuilder:validation:Enum=RollingUpdate;OnDelete

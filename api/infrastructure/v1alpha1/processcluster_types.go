@@ -7,7 +7,7 @@ import (
 
 // ProcessClusterFinalizer lets the controller stop the load balancer before
 // the ProcessCluster goes away.
-const ProcessClusterFinalizer = "processcluster.infrastructure.cluster.x-k8s.io"
+const ProcessClusterFinalizer = "infrastructure.cluster.x-k8s.io/processcluster"
 
 // ProcessClusterSpec defines the desired state of a ProcessCluster.
 type ProcessClusterSpec struct {

@@ -7,7 +7,7 @@ import (
 
 // ProcessMachineFinalizer lets the controller stop a machine's processes and
 // remove its directory before the ProcessMachine goes away.
-const ProcessMachineFinalizer = "processmachine.infrastructure.cluster.x-k8s.io"
+const ProcessMachineFinalizer = "infrastructure.cluster.x-k8s.io/processmachine"
 
 // ProcessMachineSpec defines the desired state of a ProcessMachine.
 type ProcessMachineSpec struct {

@@ -63,6 +63,7 @@ func TestProcessProvider(t *testing.T) {
 	})
 
 	t.Run("a stacked machine reaches Running with a Ready node carrying its zone", func(t *testing.T) {
+		w.initializeControlPlane(ctx)
 		w.waitRunning(ctx, "m1")
 		node := w.waitNodeReady(ctx, "m1", corev1.ConditionTrue)
 		if got := node.Labels[corev1.LabelTopologyZone]; got != "fd-a" {

@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/cluster-api/util/secret"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
 	infrav1 "github.com/qcp-dev/qcp/api/infrastructure/v1alpha1"
 	"github.com/qcp-dev/qcp/internal/bootstrap"
 	"github.com/qcp-dev/qcp/internal/certs"
@@ -85,7 +86,7 @@ func (w *world) startManager() {
 	w.manager = p
 }
 
-func (w *world) host() string { return filepath.Join(w.env.Dir, "machines") }
+func (w *world) host() string { return w.env.MachineRoot() }
 
 func (w *world) dumpOnFailure() {
 	if !w.t.Failed() {
@@ -134,11 +135,31 @@ func (w *world) createCluster(ctx context.Context) {
 			ObjectMeta: metav1.ObjectMeta{Name: w.cluster, Namespace: ns},
 			Spec:       infrav1.ProcessClusterSpec{FailureDomains: []string{"fd-a", "fd-b", "fd-c"}},
 		},
+		// The test plays the control plane provider: no controller runs
+		// for this QuorumControlPlane, the test sets its status.
+		&controlplanev1.QuorumControlPlane{
+			ObjectMeta: metav1.ObjectMeta{Name: w.cluster, Namespace: ns},
+			Spec: controlplanev1.QuorumControlPlaneSpec{
+				Replicas: ptr.To(int32(3)), Version: "v1.36.3",
+				MachineTemplate: controlplanev1.QuorumControlPlaneMachineTemplate{
+					Spec: controlplanev1.QuorumControlPlaneMachineTemplateSpec{
+						InfrastructureRef: clusterv1.ContractVersionedObjectReference{
+							APIGroup: infrav1.GroupVersion.Group, Kind: "ProcessMachineTemplate", Name: w.cluster,
+						},
+					},
+				},
+			},
+		},
 		&clusterv1.Cluster{
 			ObjectMeta: metav1.ObjectMeta{Name: w.cluster, Namespace: ns},
-			Spec: clusterv1.ClusterSpec{InfrastructureRef: clusterv1.ContractVersionedObjectReference{
-				APIGroup: infrav1.GroupVersion.Group, Kind: "ProcessCluster", Name: w.cluster,
-			}},
+			Spec: clusterv1.ClusterSpec{
+				InfrastructureRef: clusterv1.ContractVersionedObjectReference{
+					APIGroup: infrav1.GroupVersion.Group, Kind: "ProcessCluster", Name: w.cluster,
+				},
+				ControlPlaneRef: clusterv1.ContractVersionedObjectReference{
+					APIGroup: controlplanev1.GroupVersion.Group, Kind: "QuorumControlPlane", Name: w.cluster,
+				},
+			},
 		},
 	)
 	cluster := &clusterv1.Cluster{}
@@ -152,6 +173,8 @@ func (w *world) createCluster(ctx context.Context) {
 		return nil
 	})
 	w.endpoint = fmt.Sprintf("%s:%d", cluster.Spec.ControlPlaneEndpoint.Host, cluster.Spec.ControlPlaneEndpoint.Port)
+	// The control plane provider writes the kubeconfig Secret CAPI core
+	// reaches the workload cluster through.
 	kubeconfig, err := certs.AdminKubeconfig(w.cluster, "https://"+w.endpoint, w.cas.Cluster, time.Now())
 	if err != nil {
 		w.t.Fatal(err)
@@ -254,6 +277,25 @@ func (w *world) address(ctx context.Context, name string) string {
 		return errors.New("no InternalIP yet")
 	})
 	return addr
+}
+
+// initializeControlPlane reports the control plane initialized once the
+// first API server answers through the load balancer, as a control plane
+// provider does; CAPI core watches the workload cluster's Nodes only then.
+func (w *world) initializeControlPlane(ctx context.Context) {
+	wl := w.workload()
+	w.eventually(ctx, "the workload API server answering through the load balancer", func(ctx context.Context) error {
+		_, err := wl.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+		return err
+	})
+	cp := &controlplanev1.QuorumControlPlane{}
+	if err := w.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: w.cluster}, cp); err != nil {
+		w.t.Fatal(err)
+	}
+	cp.Status.Initialization.ControlPlaneInitialized = ptr.To(true)
+	if err := w.c.Status().Update(ctx, cp); err != nil {
+		w.t.Fatal(err)
+	}
 }
 
 // waitRunning waits until CAPI core reports the Machine Running with a node.
