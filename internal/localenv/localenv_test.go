@@ -2,6 +2,9 @@ package localenv_test
 
 import (
 	"context"
+	"os"
+	"path/filepath"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -13,6 +16,7 @@ import (
 
 	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
 	infrav1 "github.com/qcp-dev/qcp/api/infrastructure/v1alpha1"
+	"github.com/qcp-dev/qcp/internal/binaries"
 	"github.com/qcp-dev/qcp/internal/localenv"
 )
 
@@ -84,6 +88,15 @@ func TestCAPICoreReconcilesClusterOfQCPObjects(t *testing.T) {
 	}
 	if got := cluster.Finalizers; !contains(got, clusterv1.ClusterFinalizer) {
 		t.Errorf("Cluster finalizers = %v, want %s", got, clusterv1.ClusterFinalizer)
+	}
+	// The CAPI core manager has no --version flag; the version stamped into
+	// it is what it reports when it starts.
+	logData, err := os.ReadFile(filepath.Join(env.Dir, "capi-manager.log"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "Version: " + binaries.CAPIVersion; !strings.Contains(string(logData), want) {
+		t.Errorf("CAPI core manager did not report %q at start-up", want)
 	}
 }
 

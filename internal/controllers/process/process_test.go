@@ -158,7 +158,7 @@ func TestProcessProvider(t *testing.T) {
 		if fmt.Sprint(before) != fmt.Sprint(after) {
 			t.Errorf("PIDs changed across a manager restart: before %v, after %v", before, after)
 		}
-		agents := len(processesMentioning("qcp-agent run --dir "+w.host()+"/"))
+		agents := len(processesMentioning("qcp-agent run --dir " + w.host() + "/"))
 		if agents != 3 {
 			t.Errorf("%d machine agents run, want 3 (no duplicates)", agents)
 		}
@@ -266,7 +266,6 @@ func (w *world) promote(ctx context.Context, c *etcd.Client, id uint64) {
 		return c.Promote(ctx, id)
 	})
 }
-
 
 // processesMentioning lists the live processes whose command line contains s.
 func processesMentioning(s string) []string {
