@@ -11,8 +11,8 @@ ETCD := $(BIN)/etcd-$(ETCD_VERSION)
 KUBE := $(BIN)/kube-$(KUBE_VERSION)
 CAPI := $(BIN)/capi-manager-$(CAPI_VERSION)
 CONTROLLER_GEN := $(BIN)/controller-gen-$(CONTROLLER_TOOLS_VERSION)
-QCP_BINARIES := $(BIN)/qcp-agent $(BIN)/qcp-manager $(BIN)/qcpctl
 
+# -count=1: CI must run every test, never report a cached result.
 # Tests run packages in parallel; 2 keeps the heavy process tests within the
 # memory and CPU of a 2-core machine.
 TEST_PARALLEL ?= 2
@@ -64,7 +64,7 @@ verify-generate: generate
 ## test: everything CI runs: generated files up to date, vet, all tests, no stray process.
 test: binaries verify-generate
 	go vet ./...
-	go test -p $(TEST_PARALLEL) -timeout $(TEST_TIMEOUT) $(TEST_FLAGS) ./... 2>&1 | tee $(BIN)/test.log
+	go test -count=1 -p $(TEST_PARALLEL) -timeout $(TEST_TIMEOUT) $(TEST_FLAGS) ./... 2>&1 | tee $(BIN)/test.log
 	hack/check-strays.sh $(BIN)
 
 ## unit: the fast tests only (no processes).

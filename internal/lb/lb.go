@@ -71,25 +71,55 @@ type Balancer struct {
 	conns    map[string]map[net.Conn]struct{}
 	next     int
 	modTime  time.Time
+
+	caModTime time.Time // of ca.crt when client was built
 }
 
-// New prepares a balancer for dir; the CA in dir verifies backends.
+// New prepares a balancer for dir. The CA in dir verifies backends; it may
+// be missing or empty at first (the control plane creates the cluster CA
+// after the infrastructure is up), in which case no backend counts as ready
+// until it appears.
 func New(dir string, log *slog.Logger) (*Balancer, error) {
-	caPEM, err := os.ReadFile(filepath.Join(dir, CAFile))
+	if _, err := os.Stat(dir); err != nil {
+		return nil, fmt.Errorf("load balancer directory: %w", err)
+	}
+	b := &Balancer{
+		dir: dir, log: log,
+		ready: map[string]bool{},
+		conns: map[string]map[net.Conn]struct{}{},
+	}
+	b.reloadCA()
+	return b, nil
+}
+
+// reloadCA rebuilds the probe client when ca.crt changed. Until a valid CA
+// is present the client is nil and every probe fails closed.
+func (b *Balancer) reloadCA() {
+	path := filepath.Join(b.dir, CAFile)
+	st, err := os.Stat(path)
+	if err != nil || st.ModTime().Equal(b.caModTime) {
+		return
+	}
+	b.caModTime = st.ModTime()
+	caPEM, err := os.ReadFile(path)
 	if err != nil {
-		return nil, fmt.Errorf("reading the cluster CA the load balancer verifies API servers with: %w", err)
+		return
 	}
 	pool, err := certs.CertPool(caPEM)
 	if err != nil {
-		return nil, fmt.Errorf("%s: %w", filepath.Join(dir, CAFile), err)
+		b.log.Info("no usable cluster CA yet; no backend is ready until one is written", "file", path)
+		b.setClient(nil)
+		return
 	}
 	tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}, DisableKeepAlives: true}
-	return &Balancer{
-		dir: dir, log: log,
-		client: &http.Client{Transport: tr, Timeout: probeTimeout},
-		ready:  map[string]bool{},
-		conns:  map[string]map[net.Conn]struct{}{},
-	}, nil
+	b.setClient(&http.Client{Transport: tr, Timeout: probeTimeout})
+	b.log.Info("cluster CA loaded", "file", path)
+}
+
+func (b *Balancer) setClient(c *http.Client) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.client = c
 }
 
 // Run listens on the configured address until ctx ends.
@@ -200,8 +230,10 @@ func pipe(a, b net.Conn) {
 func (b *Balancer) probeLoop(ctx context.Context) {
 	for {
 		b.reloadBackends()
+		b.reloadCA()
 		b.mu.Lock()
 		backends := append([]string(nil), b.backends...)
+		client := b.client
 		b.mu.Unlock()
 		var wg sync.WaitGroup
 		results := make([]bool, len(backends))
@@ -209,7 +241,7 @@ func (b *Balancer) probeLoop(ctx context.Context) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				results[i] = b.probe(ctx, be)
+				results[i] = probe(ctx, client, be)
 			}()
 		}
 		wg.Wait()
@@ -224,12 +256,15 @@ func (b *Balancer) probeLoop(ctx context.Context) {
 	}
 }
 
-func (b *Balancer) probe(ctx context.Context, backend string) bool {
+func probe(ctx context.Context, client *http.Client, backend string) bool {
+	if client == nil {
+		return false
+	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "https://"+backend+"/readyz", nil)
 	if err != nil {
 		return false
 	}
-	resp, err := b.client.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
 		return false
 	}

@@ -130,3 +130,52 @@ func TestBalancerSendsOnlyToReadyBackends(t *testing.T) {
 	write(BackendsFile, `["`+a.addr()+`"]`)
 	only("a")
 }
+
+// TestBalancerWaitsForTheClusterCA starts a balancer before the cluster CA
+// exists, as happens when the infrastructure is provisioned before the
+// control plane writes its CA: it must run, treat no backend as ready, and
+// start forwarding once the CA is written.
+func TestBalancerWaitsForTheClusterCA(t *testing.T) {
+	ca, err := certs.NewCA("kubernetes", time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := newBackend(t, ca, "a")
+	a.ready.Store(true)
+	dir := t.TempDir()
+	listen := "127.0.203.2:16443"
+	if err := os.WriteFile(filepath.Join(dir, ConfigFile), []byte(`{"listen":"`+listen+`"}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, BackendsFile), []byte(`["`+a.addr()+`"]`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	bal, err := New(dir, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	if err != nil {
+		t.Fatalf("a balancer without a CA must still start: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() { _ = bal.Run(ctx) }()
+
+	// Several probe rounds pass without a CA; none may mark the backend ready.
+	deadline := time.Now().Add(3 * probeEvery)
+	for time.Now().Before(deadline) {
+		if r := bal.Ready(); len(r) != 0 {
+			t.Fatalf("backends %v ready without a CA to verify them", r)
+		}
+		time.Sleep(probeEvery / 4)
+	}
+	if err := os.WriteFile(filepath.Join(dir, CAFile), ca.CertPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	waitCtx, waitCancel := context.WithTimeout(ctx, 10*time.Second)
+	defer waitCancel()
+	for len(bal.Ready()) != 1 {
+		select {
+		case <-waitCtx.Done():
+			t.Fatal("backend not ready after the CA was written")
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}

@@ -1,6 +1,7 @@
 package machinehost
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -23,7 +24,9 @@ func (h *Host) LBDir(namespace, cluster string) string {
 func (h *Host) StartLB(namespace, cluster, addr string, caPEM []byte) error {
 	dir := h.LBDir(namespace, cluster)
 	if st, _ := h.status(dir, "lb"); st.Running {
-		return nil
+		// The cluster CA may appear or rotate after the balancer started;
+		// it re-reads the file when it changes.
+		return writeIfChanged(filepath.Join(dir, lb.CAFile), caPEM)
 	}
 	cfg, err := json.Marshal(lb.Config{Listen: addr})
 	if err != nil {
@@ -64,4 +67,11 @@ func (h *Host) LBStatus(namespace, cluster string) (MachineStatus, error) {
 // StopLB stops the load balancer and removes its directory.
 func (h *Host) StopLB(namespace, cluster string) error {
 	return h.stop(h.LBDir(namespace, cluster), "lb", "load balancer "+namespace+"/"+cluster)
+}
+
+func writeIfChanged(path string, data []byte) error {
+	if old, err := os.ReadFile(path); err == nil && bytes.Equal(old, data) {
+		return nil
+	}
+	return writeAtomic(path, data, 0o600)
 }
