@@ -23,6 +23,7 @@ func NewRoot() *cobra.Command {
 	}
 	root.PersistentFlags().StringVar(&dir, "dir", defaultDir(), "directory of the local management cluster's state")
 	root.AddCommand(newUpCommand(&dir), newDownCommand(&dir), newKubeconfigCommand(&dir))
+	root.AddCommand(newFaultCommands(&dir)...)
 	return root
 }
 
