@@ -13,6 +13,8 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/qcp-dev/qcp/internal/atomicfile"
 )
 
 // Files in a machine directory.
@@ -124,7 +126,7 @@ func WriteStatus(dir string, s Status) error {
 	if err != nil {
 		return err
 	}
-	return writeAtomic(filepath.Join(dir, StatusFile), data, 0o600)
+	return atomicfile.Write(filepath.Join(dir, StatusFile), data, 0o600)
 }
 
 // ReadStatus reads dir/status.json.
@@ -138,15 +140,4 @@ func ReadStatus(dir string) (Status, error) {
 		return s, fmt.Errorf("decoding %s: %w", filepath.Join(dir, StatusFile), err)
 	}
 	return s, nil
-}
-
-func writeAtomic(path string, data []byte, mode os.FileMode) error {
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, data, mode); err != nil {
-		return fmt.Errorf("writing %s: %w", path, err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("writing %s: %w", path, err)
-	}
-	return nil
 }

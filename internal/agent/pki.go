@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"time"
 
+	"github.com/qcp-dev/qcp/internal/atomicfile"
 	"github.com/qcp-dev/qcp/internal/bootstrap"
 	"github.com/qcp-dev/qcp/internal/certs"
 )
@@ -187,7 +188,7 @@ func (w *pkiWriter) write(name string, data []byte, mode os.FileMode) {
 	if w.err != nil {
 		return
 	}
-	w.err = writeAtomic(filepath.Join(w.dir, name), data, mode)
+	w.err = atomicfile.Write(filepath.Join(w.dir, name), data, mode)
 }
 
 func (w *pkiWriter) cert(name string, pem []byte) { w.write(name, pem, 0o644) }

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/qcp-dev/qcp/internal/agent"
+	"github.com/qcp-dev/qcp/internal/atomicfile"
 	"github.com/qcp-dev/qcp/internal/bootstrap"
 )
 
@@ -128,7 +129,7 @@ func (h *Host) launch(dir string, files map[string][]byte, args ...string) (int,
 		return 0, err
 	}
 	for name, data := range files {
-		if err := writeAtomic(filepath.Join(dir, name), data, 0o600); err != nil {
+		if err := atomicfile.Write(filepath.Join(dir, name), data, 0o600); err != nil {
 			return 0, err
 		}
 	}
@@ -148,7 +149,7 @@ func (h *Host) launch(dir string, files map[string][]byte, args ...string) (int,
 	// Reap the agent if it exits while this process lives; after a manager
 	// restart init reaps it instead.
 	go func() { _ = cmd.Wait() }()
-	if err := writeAtomic(filepath.Join(dir, pidFile), []byte(strconv.Itoa(pid)), 0o600); err != nil {
+	if err := atomicfile.Write(filepath.Join(dir, pidFile), []byte(strconv.Itoa(pid)), 0o600); err != nil {
 		_ = syscall.Kill(-pid, syscall.SIGKILL)
 		return 0, err
 	}
@@ -195,15 +196,4 @@ func readPID(dir string) (int, error) {
 		return 0, err
 	}
 	return strconv.Atoi(strings.TrimSpace(string(data)))
-}
-
-func writeAtomic(path string, data []byte, mode os.FileMode) error {
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, data, mode); err != nil {
-		return fmt.Errorf("writing %s: %w", path, err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("writing %s: %w", path, err)
-	}
-	return nil
 }

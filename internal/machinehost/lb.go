@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/qcp-dev/qcp/internal/atomicfile"
 	"github.com/qcp-dev/qcp/internal/lb"
 )
 
@@ -56,7 +57,7 @@ func (h *Host) SetBackends(namespace, cluster string, backends []string) error {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
-	return writeAtomic(filepath.Join(dir, lb.BackendsFile), data, 0o600)
+	return atomicfile.Write(filepath.Join(dir, lb.BackendsFile), data, 0o600)
 }
 
 // LBStatus reports whether the cluster's load balancer runs.
@@ -73,5 +74,5 @@ func writeIfChanged(path string, data []byte) error {
 	if old, err := os.ReadFile(path); err == nil && bytes.Equal(old, data) {
 		return nil
 	}
-	return writeAtomic(path, data, 0o600)
+	return atomicfile.Write(path, data, 0o600)
 }

@@ -62,8 +62,8 @@ type ClusterReconciler struct {
 func (r *ClusterReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&infrav1.ProcessCluster{}).
-		Watches(&infrav1.ProcessMachine{}, handler.EnqueueRequestsFromMapFunc(r.clusterOfMachine)).
-		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(r.clusterOfSecret),
+		Watches(&infrav1.ProcessMachine{}, handler.EnqueueRequestsFromMapFunc(r.processClusterOf)).
+		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(r.processClusterOf),
 			builder.WithPredicates(predicate.NewPredicateFuncs(isClusterCASecret))).
 		Complete(r)
 }
@@ -217,11 +217,9 @@ func (r *ClusterReconciler) backends(ctx context.Context, cluster *clusterv1.Clu
 	return out, nil
 }
 
-func (r *ClusterReconciler) clusterOfMachine(ctx context.Context, obj client.Object) []reconcile.Request {
-	return r.requestsForCluster(ctx, obj.GetNamespace(), obj.GetLabels()[clusterv1.ClusterNameLabel])
-}
-
-func (r *ClusterReconciler) clusterOfSecret(ctx context.Context, obj client.Object) []reconcile.Request {
+// processClusterOf maps an object labelled with its cluster's name (a
+// ProcessMachine, the cluster CA Secret) to the cluster's ProcessCluster.
+func (r *ClusterReconciler) processClusterOf(ctx context.Context, obj client.Object) []reconcile.Request {
 	return r.requestsForCluster(ctx, obj.GetNamespace(), obj.GetLabels()[clusterv1.ClusterNameLabel])
 }
 
