@@ -26,6 +26,11 @@ const (
 	// descProposalDropped comes from the raft package, not rpctypes; the
 	// server returns it as gRPC Unknown while a leader transfer is running.
 	descProposalDropped = "raft proposal dropped"
+	// descRaftStopped and descServerStopped come from a member that is
+	// shutting down, typically one just removed from the cluster that the
+	// client still had in its endpoint list: another member can answer.
+	descRaftStopped   = "raft: stopped"
+	descServerStopped = "etcdserver: server stopped"
 )
 
 // retryableDescs are refusals that go away by themselves: etcd is waiting for
@@ -40,6 +45,8 @@ var retryableDescs = map[string]bool{
 	descNoLeader:         true,
 	descNotEnoughStarted: true,
 	descProposalDropped:  true,
+	descRaftStopped:      true,
+	descServerStopped:    true,
 }
 
 // IsRetryable reports whether err is a transient refusal after which the same

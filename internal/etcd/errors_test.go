@@ -30,6 +30,8 @@ func TestErrorClassification(t *testing.T) {
 		{name: "request timed out", err: rpctypes.ErrTimeout, retryable: true},
 		{name: "not enough started members", err: rpctypes.ErrMemberNotEnoughStarted, retryable: true},
 		{name: "raft proposal dropped", err: wrap(status.Error(codes.Unknown, "raft proposal dropped")), retryable: true},
+		{name: "member shutting down: raft stopped", err: wrap(status.Error(codes.Unknown, "raft: stopped")), retryable: true},
+		{name: "member shutting down: server stopped", err: wrap(rpctypes.ErrGRPCStopped), retryable: true},
 		{name: "transport unavailable", err: status.Error(codes.Unavailable, "connection error: connect: connection refused"), retryable: true},
 		{name: "gRPC deadline", err: status.Error(codes.DeadlineExceeded, "context deadline exceeded"), retryable: true},
 		{name: "caller deadline", err: wrap(context.DeadlineExceeded), retryable: true},
