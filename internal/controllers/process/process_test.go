@@ -19,6 +19,7 @@ import (
 	"github.com/qcp-dev/qcp/internal/certs"
 	"github.com/qcp-dev/qcp/internal/etcd"
 	"github.com/qcp-dev/qcp/internal/machinehost"
+	"github.com/qcp-dev/qcp/internal/testkit"
 )
 
 // TestProcessProvider runs the process provider through CAPI core: one
@@ -82,6 +83,14 @@ func TestProcessProvider(t *testing.T) {
 	etcdClient := w.etcdClient(t, addrs["m1"])
 
 	t.Run("two more machines join as learners and are promoted: a 3-member etcd over TLS", func(t *testing.T) {
+		// The invariant monitor watches membership while the members join.
+		monitor := testkit.StartMonitor(etcdClient, 3, 200*time.Millisecond)
+		defer func() {
+			monitor.SampleNow(ctx)
+			if err := monitor.Stop().Err(); err != nil {
+				t.Errorf("membership invariants broken while joining: %v", err)
+			}
+		}()
 		for _, m := range []struct{ name, fd string }{{"m2", "fd-b"}, {"m3", "fd-c"}} {
 			w.createMachine(ctx, m.name, m.fd, w.bootstrapDoc(bootstrap.JoinMember("https://"+addrs["m1"]+":2379")))
 			addrs[m.name] = w.address(ctx, m.name)
