@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -213,6 +214,75 @@ func TestProcessProvider(t *testing.T) {
 			t.Errorf("m2's directory %s remains (%v)", dir, err)
 		}
 	})
+
+	t.Run("private keys are only in 0600 files: never in logs, events or status", func(t *testing.T) {
+		w.checkNoKeyLeaks(ctx, t)
+	})
+}
+
+// checkNoKeyLeaks inspects every file, event and status the run produced:
+// private keys may only be in the machines' own files, with mode 0600.
+func (w *world) checkNoKeyLeaks(ctx context.Context, t *testing.T) {
+	keyFiles := 0
+	err := filepath.WalkDir(w.env.Dir, func(path string, d os.DirEntry, err error) error {
+		if err != nil || d.IsDir() {
+			return err
+		}
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		data, err := os.ReadFile(path)
+		if err != nil {
+			return nil // removed meanwhile
+		}
+		hasKey := strings.Contains(string(data), "PRIVATE KEY")
+		switch {
+		case strings.HasSuffix(path, ".log") && hasKey:
+			t.Errorf("log %s contains a private key", path)
+		case hasKey && strings.HasPrefix(path, w.host()):
+			keyFiles++
+			if info.Mode().Perm()&0o077 != 0 {
+				t.Errorf("%s holds a private key with mode %v, want 0600", path, info.Mode().Perm())
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if keyFiles == 0 {
+		t.Fatal("found no key file in the running machines' directories: the check inspected nothing")
+	}
+	events := &corev1.EventList{}
+	if err := w.c.List(ctx, events); err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range events.Items {
+		if strings.Contains(e.Message, "PRIVATE KEY") {
+			t.Errorf("event %s/%s carries a private key", e.Namespace, e.Name)
+		}
+	}
+	var statuses []string
+	pms := &infrav1.ProcessMachineList{}
+	pcs := &infrav1.ProcessClusterList{}
+	if err := w.c.List(ctx, pms); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.c.List(ctx, pcs); err != nil {
+		t.Fatal(err)
+	}
+	for _, pm := range pms.Items {
+		statuses = append(statuses, fmt.Sprint(pm.Status))
+	}
+	for _, pc := range pcs.Items {
+		statuses = append(statuses, fmt.Sprint(pc.Status))
+	}
+	for _, st := range statuses {
+		if strings.Contains(st, "PRIVATE KEY") {
+			t.Errorf("a status carries a private key: %s", st)
+		}
+	}
 }
 
 func ptrTrue(b *bool) bool { return b != nil && *b }
