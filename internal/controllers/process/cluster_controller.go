@@ -80,6 +80,7 @@ func (r *ClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ 
 	}
 	defer func() {
 		pc.Status.ObservedGeneration = pc.Generation
+		setReady(pc, LoadBalancerReadyCondition, !pc.DeletionTimestamp.IsZero())
 		if err := helper.Patch(ctx, pc); err != nil && !apierrors.IsNotFound(err) {
 			reterr = errors.Join(reterr, err)
 		}

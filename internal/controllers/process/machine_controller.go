@@ -76,6 +76,7 @@ func (r *MachineReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ 
 	}
 	defer func() {
 		pm.Status.ObservedGeneration = pm.Generation
+		setReady(pm, ProcessRunningCondition, !pm.DeletionTimestamp.IsZero())
 		if err := helper.Patch(ctx, pm); err != nil && !apierrors.IsNotFound(err) {
 			reterr = errors.Join(reterr, err)
 		}

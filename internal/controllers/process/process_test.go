@@ -13,6 +13,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/conditions"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	infrav1 "github.com/qcp-dev/qcp/api/infrastructure/v1alpha1"
@@ -54,6 +55,19 @@ func TestProcessProvider(t *testing.T) {
 		if !strings.Contains(missing.Message, "v1.99.0") || !strings.Contains(missing.Message, "make binaries") {
 			t.Errorf("message %q does not name the missing version and how to build it", missing.Message)
 		}
+		// CAPI core mirrors the ProcessMachine's Ready condition onto the
+		// Machine, so a user reading the Machine sees the cause too.
+		w.eventually(ctx, "Machine bad-data InfrastructureReady naming the cause", func(ctx context.Context) error {
+			m := &clusterv1.Machine{}
+			if err := w.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "bad-data"}, m); err != nil {
+				return err
+			}
+			c := conditions.Get(m, clusterv1.MachineInfrastructureReadyCondition)
+			if c == nil || c.Status != metav1.ConditionFalse || !strings.Contains(c.Message, "bootstrap") {
+				return fmt.Errorf("InfrastructureReady = %+v", c)
+			}
+			return nil
+		})
 		for _, name := range []string{"bad-data", "bad-version"} {
 			if _, err := os.Stat(host.Dir(ns, name)); !os.IsNotExist(err) {
 				t.Errorf("machine %s has a directory (%v): it half-started", name, err)
