@@ -4,10 +4,13 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"net"
+	"strings"
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/tools/clientcmd"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 )
 
 func TestIssuedCertificatesVerifyAgainstTheirCA(t *testing.T) {
@@ -78,5 +81,36 @@ func TestAdminKubeconfigLoads(t *testing.T) {
 	}
 	if user.Subject.CommonName != "kubernetes-admin" || len(user.Subject.Organization) != 1 || user.Subject.Organization[0] != "system:masters" {
 		t.Errorf("admin subject = %v", user.Subject)
+	}
+}
+
+func TestSecretsFollowCAPINamingAndRoundTrip(t *testing.T) {
+	cas, err := NewClusterCAs(time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	byName := map[string]*corev1.Secret{}
+	for _, s := range Secrets("ns", "c1", cas) {
+		byName[s.Name] = s
+		if s.Labels[clusterv1.ClusterNameLabel] != "c1" || s.Type != clusterv1.ClusterSecretType {
+			t.Errorf("Secret %s: labels %v, type %s", s.Name, s.Labels, s.Type)
+		}
+	}
+	for _, want := range []string{"c1-ca", "c1-etcd", "c1-proxy", "c1-sa"} {
+		if byName[want] == nil {
+			t.Errorf("no Secret %s among %v", want, byName)
+		}
+	}
+	back, err := ClusterCAsFromSecrets("c1", byName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !back.Etcd.Cert.Equal(cas.Etcd.Cert) || !back.Cluster.Cert.Equal(cas.Cluster.Cert) ||
+		string(back.ServiceAccountKey) != string(cas.ServiceAccountKey) {
+		t.Error("authorities did not round-trip through their Secrets")
+	}
+	delete(byName, "c1-proxy")
+	if _, err := ClusterCAsFromSecrets("c1", byName); err == nil || !strings.Contains(err.Error(), "c1-proxy") {
+		t.Errorf("a missing Secret gave %v, want an error naming c1-proxy", err)
 	}
 }

@@ -19,7 +19,6 @@ import (
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/conditions"
-	"sigs.k8s.io/cluster-api/util/secret"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
@@ -126,11 +125,10 @@ func (w *world) createCluster(ctx context.Context) {
 	if w.cas, err = certs.NewClusterCAs(time.Now()); err != nil {
 		w.t.Fatal(err)
 	}
+	for _, s := range certs.Secrets(ns, w.cluster, w.cas) {
+		w.create(ctx, s)
+	}
 	w.create(ctx,
-		capiSecret(w.cluster, secret.ClusterCA, w.cas.Cluster.CertPEM, w.cas.Cluster.KeyPEM),
-		capiSecret(w.cluster, secret.EtcdCA, w.cas.Etcd.CertPEM, w.cas.Etcd.KeyPEM),
-		capiSecret(w.cluster, secret.FrontProxyCA, w.cas.FrontProxy.CertPEM, w.cas.FrontProxy.KeyPEM),
-		capiSecret(w.cluster, secret.ServiceAccount, w.cas.ServiceAccountPub, w.cas.ServiceAccountKey),
 		&infrav1.ProcessCluster{
 			ObjectMeta: metav1.ObjectMeta{Name: w.cluster, Namespace: ns},
 			Spec:       infrav1.ProcessClusterSpec{FailureDomains: []string{"fd-a", "fd-b", "fd-c"}},
@@ -179,7 +177,7 @@ func (w *world) createCluster(ctx context.Context) {
 	if err != nil {
 		w.t.Fatal(err)
 	}
-	w.create(ctx, capiSecret(w.cluster, secret.Kubeconfig, nil, nil, kubeconfig))
+	w.create(ctx, certs.KubeconfigSecret(ns, w.cluster, kubeconfig))
 
 	pc := &infrav1.ProcessCluster{}
 	if err := w.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: w.cluster}, pc); err != nil {
@@ -192,23 +190,6 @@ func (w *world) createCluster(ctx context.Context) {
 	if strings.Join(names, ",") != "fd-a,fd-b,fd-c" {
 		w.t.Errorf("ProcessCluster reports failure domains %v, want fd-a, fd-b, fd-c", names)
 	}
-}
-
-// capiSecret builds a Secret named and labelled as CAPI's util/secret does.
-// For the kubeconfig purpose pass the kubeconfig as the only extra value.
-func capiSecret(cluster string, purpose secret.Purpose, crt, key []byte, value ...[]byte) *corev1.Secret {
-	s := &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{
-			Name: secret.Name(cluster, purpose), Namespace: ns,
-			Labels: map[string]string{clusterv1.ClusterNameLabel: cluster},
-		},
-		Type: clusterv1.ClusterSecretType,
-		Data: map[string][]byte{secret.TLSCrtDataName: crt, secret.TLSKeyDataName: key},
-	}
-	if len(value) > 0 {
-		s.Data = map[string][]byte{secret.KubeconfigDataName: value[0]}
-	}
-	return s
 }
 
 // createMachine creates a control plane Machine, its ProcessMachine and its

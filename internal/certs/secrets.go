@@ -1,0 +1,76 @@
+package certs
+
+import (
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/secret"
+)
+
+// Secrets returns the Secrets that hold cas for cluster, named, typed and
+// labelled as CAPI's util/secret names them (<cluster>-ca, -etcd, -proxy,
+// -sa; tls.crt and tls.key), so CAPI core and other providers find them.
+func Secrets(namespace, cluster string, cas *ClusterCAs) []*corev1.Secret {
+	return []*corev1.Secret{
+		capiSecret(namespace, cluster, secret.ClusterCA, cas.Cluster.CertPEM, cas.Cluster.KeyPEM),
+		capiSecret(namespace, cluster, secret.EtcdCA, cas.Etcd.CertPEM, cas.Etcd.KeyPEM),
+		capiSecret(namespace, cluster, secret.FrontProxyCA, cas.FrontProxy.CertPEM, cas.FrontProxy.KeyPEM),
+		// CAPI keeps the service-account public key under tls.crt.
+		capiSecret(namespace, cluster, secret.ServiceAccount, cas.ServiceAccountPub, cas.ServiceAccountKey),
+	}
+}
+
+// KubeconfigSecret returns the <cluster>-kubeconfig Secret CAPI core reaches
+// the workload cluster through.
+func KubeconfigSecret(namespace, cluster string, kubeconfig []byte) *corev1.Secret {
+	s := capiSecret(namespace, cluster, secret.Kubeconfig, nil, nil)
+	s.Data = map[string][]byte{secret.KubeconfigDataName: kubeconfig}
+	return s
+}
+
+// ClusterCAsFromSecrets reads the authorities back from the Secrets that
+// Secrets returns, keyed by their names.
+func ClusterCAsFromSecrets(cluster string, byName map[string]*corev1.Secret) (*ClusterCAs, error) {
+	pair := func(purpose secret.Purpose) (*KeyPair, error) {
+		name := secret.Name(cluster, purpose)
+		s, ok := byName[name]
+		if !ok {
+			return nil, fmt.Errorf("secret %s is missing", name)
+		}
+		kp, err := ParseKeyPair(s.Data[secret.TLSCrtDataName], s.Data[secret.TLSKeyDataName])
+		if err != nil {
+			return nil, fmt.Errorf("secret %s: %w", name, err)
+		}
+		return kp, nil
+	}
+	var cas ClusterCAs
+	var err error
+	if cas.Cluster, err = pair(secret.ClusterCA); err != nil {
+		return nil, err
+	}
+	if cas.Etcd, err = pair(secret.EtcdCA); err != nil {
+		return nil, err
+	}
+	if cas.FrontProxy, err = pair(secret.FrontProxyCA); err != nil {
+		return nil, err
+	}
+	sa, ok := byName[secret.Name(cluster, secret.ServiceAccount)]
+	if !ok || len(sa.Data[secret.TLSKeyDataName]) == 0 || len(sa.Data[secret.TLSCrtDataName]) == 0 {
+		return nil, fmt.Errorf("secret %s is missing or incomplete", secret.Name(cluster, secret.ServiceAccount))
+	}
+	cas.ServiceAccountKey, cas.ServiceAccountPub = sa.Data[secret.TLSKeyDataName], sa.Data[secret.TLSCrtDataName]
+	return &cas, nil
+}
+
+func capiSecret(namespace, cluster string, purpose secret.Purpose, crt, key []byte) *corev1.Secret {
+	return &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: secret.Name(cluster, purpose), Namespace: namespace,
+			Labels: map[string]string{clusterv1.ClusterNameLabel: cluster},
+		},
+		Type: clusterv1.ClusterSecretType,
+		Data: map[string][]byte{secret.TLSCrtDataName: crt, secret.TLSKeyDataName: key},
+	}
+}
