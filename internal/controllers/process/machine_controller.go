@@ -39,9 +39,9 @@ const (
 	RunningReason                  = "Running"
 )
 
-// livenessPeriod is how often a running machine's process is checked, as a
+// LivenessPeriod is how often a running machine's process is checked, as a
 // cloud provider polls its instances; exits surface within this period.
-const livenessPeriod = 5 * time.Second
+const LivenessPeriod = 5 * time.Second
 
 // MachineReconciler reconciles ProcessMachines.
 type MachineReconciler struct {
@@ -134,7 +134,7 @@ func (r *MachineReconciler) reconcileNormal(ctx context.Context, cluster *cluste
 		// A machine that ran and stopped is not restarted behind the
 		// control plane's back, as a cloud would not resurrect a dead VM.
 		r.setRunning(pm, metav1.ConditionFalse, AgentExitedReason, agentExitedMessage(pm, status, r.Host.Dir(pm.Namespace, pm.Name)))
-		return ctrl.Result{RequeueAfter: livenessPeriod}, nil
+		return ctrl.Result{RequeueAfter: LivenessPeriod}, nil
 	}
 	if !status.Running {
 		if err := r.Host.Start(spec, data); err != nil {
@@ -145,7 +145,7 @@ func (r *MachineReconciler) reconcileNormal(ctx context.Context, cluster *cluste
 		}
 		if !status.Running {
 			r.setRunning(pm, metav1.ConditionFalse, AgentExitedReason, agentExitedMessage(pm, status, r.Host.Dir(pm.Namespace, pm.Name)))
-			return ctrl.Result{RequeueAfter: livenessPeriod}, nil
+			return ctrl.Result{RequeueAfter: LivenessPeriod}, nil
 		}
 	}
 	pid := status.PID
@@ -163,7 +163,7 @@ func (r *MachineReconciler) reconcileNormal(ctx context.Context, cluster *cluste
 	}
 	pm.Status.Initialization.Provisioned = ptr.To(true)
 	r.setRunning(pm, metav1.ConditionTrue, RunningReason, fmt.Sprintf("Agent runs on %s with pid %d", addr, pid))
-	return ctrl.Result{RequeueAfter: livenessPeriod}, nil
+	return ctrl.Result{RequeueAfter: LivenessPeriod}, nil
 }
 
 // startFailed records why a machine could not start. Bad bootstrap data, a
