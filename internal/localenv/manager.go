@@ -15,6 +15,9 @@ type ManagerOptions struct {
 	Path string
 	// MachineRoot holds the process machines; default <Dir>/machines.
 	MachineRoot string
+	// MetricsAddr is where the manager serves Prometheus metrics; default a
+	// free loopback port.
+	MetricsAddr string
 	// ExtraArgs are appended to the command line.
 	ExtraArgs []string
 }
@@ -37,11 +40,14 @@ func (e *Env) StartManager(ctx context.Context, opts ManagerOptions) (*Process, 
 	if err != nil {
 		return nil, err
 	}
+	if opts.MetricsAddr == "" {
+		opts.MetricsAddr = addrs[0]
+	}
 	args := append([]string{
 		"--kubeconfig=" + e.Kubeconfig,
 		"--machine-root=" + opts.MachineRoot,
 		"--bin-dir=" + binDir,
-		"--metrics-bind-address=" + addrs[0],
+		"--metrics-bind-address=" + opts.MetricsAddr,
 		"--health-probe-bind-address=" + addrs[1],
 	}, opts.ExtraArgs...)
 	p, err := StartProcess("qcp-manager", opts.Path, args, []string{"KUBE_FEATURE_WatchListClient=false"}, e.Dir)

@@ -50,6 +50,8 @@ type ClusterReconciler struct {
 	Host      *machinehost.Host
 	Addresses *Addresses
 	Recorder  record.EventRecorder
+
+	metrics *providerMetrics
 }
 
 // +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=processclusters;processclusters/status;processclusters/finalizers,verbs=get;list;watch;update;patch
@@ -139,6 +141,7 @@ func (r *ClusterReconciler) reconcileNormal(ctx context.Context, cluster *cluste
 	}
 	pc.Status.LoadBalancerPID = int32(pid)
 	pc.Status.Backends = backends
+	r.metrics.lbBackends.WithLabelValues(pc.Namespace, cluster.Name).Set(float64(len(backends)))
 	pc.Status.Initialization.Provisioned = ptr.To(true)
 	msg := fmt.Sprintf("Load balancer serves %s, forwarding to %d API servers that pass /readyz", listen, len(backends))
 	conditions.Set(pc, metav1.Condition{Type: LoadBalancerReadyCondition, Status: metav1.ConditionTrue, Reason: LoadBalancerRunningReason, Message: msg})

@@ -49,6 +49,8 @@ type MachineReconciler struct {
 	Host      *machinehost.Host
 	Addresses *Addresses
 	Recorder  record.EventRecorder
+
+	metrics *providerMetrics
 }
 
 // +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=processmachines;processmachines/status;processmachines/finalizers,verbs=get;list;watch;update;patch
@@ -133,6 +135,10 @@ func (r *MachineReconciler) reconcileNormal(ctx context.Context, cluster *cluste
 	if !status.Running && pm.Status.PID != 0 {
 		// A machine that ran and stopped is not restarted behind the
 		// control plane's back, as a cloud would not resurrect a dead VM.
+		if c := conditions.Get(pm, ProcessRunningCondition); c == nil || c.Reason != AgentExitedReason {
+			r.metrics.machineExits.WithLabelValues(pm.Namespace, cluster.Name).Inc()
+			r.Recorder.Eventf(pm, corev1.EventTypeWarning, AgentExitedReason, "Agent of machine %s (pid %d) is gone", pm.Name, pm.Status.PID)
+		}
 		r.setRunning(pm, metav1.ConditionFalse, AgentExitedReason, agentExitedMessage(pm, status, r.Host.Dir(pm.Namespace, pm.Name)))
 		return ctrl.Result{RequeueAfter: LivenessPeriod}, nil
 	}
@@ -140,6 +146,7 @@ func (r *MachineReconciler) reconcileNormal(ctx context.Context, cluster *cluste
 		if err := r.Host.Start(spec, data); err != nil {
 			return ctrl.Result{}, r.startFailed(pm, err)
 		}
+		r.metrics.machineStarts.WithLabelValues(pm.Namespace, cluster.Name).Inc()
 		if status, err = r.Host.Status(pm.Namespace, pm.Name); err != nil {
 			return ctrl.Result{}, err
 		}
@@ -197,6 +204,7 @@ func (r *MachineReconciler) reconcileDelete(ctx context.Context, pm *infrav1.Pro
 	if err := r.Addresses.Release(machineKey(pm)); err != nil {
 		return err
 	}
+	r.metrics.machineStops.WithLabelValues(pm.Namespace, pm.Labels[clusterv1.ClusterNameLabel]).Inc()
 	r.Recorder.Eventf(pm, corev1.EventTypeNormal, "MachineStopped", "Machine %s stopped and its directory removed", pm.Name)
 	log.FromContext(ctx).Info("machine stopped")
 	controllerutil.RemoveFinalizer(pm, infrav1.ProcessMachineFinalizer)

@@ -227,6 +227,27 @@ func TestProcessProvider(t *testing.T) {
 		}
 	})
 
+	t.Run("metrics count the killed and the deleted machine and the load balancer's backends", func(t *testing.T) {
+		// The manager was restarted before the kill, so its counters start there.
+		want := map[string]float64{
+			`qcp_process_machine_exits_total{cluster="c1",namespace="default"}`: 1,
+			`qcp_process_machine_stops_total{cluster="c1",namespace="default"}`: 1,
+			`qcp_process_lb_backends{cluster="c1",namespace="default"}`:         2,
+		}
+		w.eventually(ctx, "metrics of the kill and the deletion", func(ctx context.Context) error {
+			for series, v := range want {
+				got, err := w.metric(ctx, series)
+				if err != nil {
+					return err
+				}
+				if got != v {
+					return fmt.Errorf("%s = %v, want %v", series, got, v)
+				}
+			}
+			return nil
+		})
+	})
+
 	t.Run("private keys are only in 0600 files: never in logs, events or status", func(t *testing.T) {
 		w.checkNoKeyLeaks(ctx, t)
 	})

@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -43,6 +46,7 @@ type world struct {
 	c        client.Client
 	binDir   string
 	manager  *localenv.Process
+	metrics  string // host:port of the manager's metrics endpoint
 	cluster  string
 	cas      *certs.ClusterCAs
 	endpoint string // host:port of the load balancer
@@ -75,14 +79,45 @@ func (w *world) startManager() {
 	w.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	metrics, err := localenv.FreeAddr()
+	if err != nil {
+		w.t.Fatal(err)
+	}
 	p, err := w.env.StartManager(ctx, localenv.ManagerOptions{
-		Path:      filepath.Join(w.binDir, "qcp-manager"),
-		ExtraArgs: []string{"--address-range=" + addressRange},
+		Path:        filepath.Join(w.binDir, "qcp-manager"),
+		MetricsAddr: metrics,
+		ExtraArgs:   []string{"--address-range=" + addressRange},
 	})
 	if err != nil {
 		w.t.Fatal(err)
 	}
-	w.manager = p
+	w.manager, w.metrics = p, metrics
+}
+
+// metric returns the value of the sample whose name and labels start with
+// series, e.g. `qcp_process_lb_backends{cluster="c1"`, from the manager's
+// metrics endpoint.
+func (w *world) metric(ctx context.Context, series string) (float64, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+w.metrics+"/metrics", nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(body), "\n") {
+		if strings.HasPrefix(line, series) {
+			fields := strings.Fields(line)
+			return strconv.ParseFloat(fields[len(fields)-1], 64)
+		}
+	}
+	return 0, fmt.Errorf("no sample %s on the metrics endpoint", series)
 }
 
 func (w *world) host() string { return w.env.MachineRoot() }

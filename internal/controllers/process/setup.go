@@ -36,11 +36,12 @@ func Setup(mgr ctrl.Manager, opts Options) error {
 	}
 	host := &machinehost.Host{Root: opts.MachineRoot, BinDir: opts.BinDir, AgentPath: opts.AgentPath}
 	addrs := &Addresses{Dir: filepath.Join(opts.MachineRoot, ".addresses"), Prefix: opts.AddressRange}
-	if err := (&ClusterReconciler{Client: mgr.GetClient(), Host: host, Addresses: addrs,
+	m := newProviderMetrics().register()
+	if err := (&ClusterReconciler{Client: mgr.GetClient(), Host: host, Addresses: addrs, metrics: m,
 		Recorder: mgr.GetEventRecorderFor("processcluster-controller")}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the ProcessCluster controller: %w", err)
 	}
-	if err := (&MachineReconciler{Client: mgr.GetClient(), Host: host, Addresses: addrs,
+	if err := (&MachineReconciler{Client: mgr.GetClient(), Host: host, Addresses: addrs, metrics: m,
 		Recorder: mgr.GetEventRecorderFor("processmachine-controller")}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the ProcessMachine controller: %w", err)
 	}

@@ -1,0 +1,57 @@
+package process
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+	"sigs.k8s.io/controller-runtime/pkg/metrics"
+)
+
+// Metrics of the process provider, served on qcp-manager's metrics endpoint
+// next to controller-runtime's own.
+type providerMetrics struct {
+	machineStarts *prometheus.CounterVec
+	machineStops  *prometheus.CounterVec
+	machineExits  *prometheus.CounterVec
+	lbBackends    *prometheus.GaugeVec
+}
+
+func newProviderMetrics() *providerMetrics {
+	return &providerMetrics{
+		machineStarts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "qcp_process_machine_starts_total",
+			Help: "Process machines whose agent this manager launched (re-attaching to a running one does not count), by cluster.",
+		}, []string{"namespace", "cluster"}),
+		machineStops: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "qcp_process_machine_stops_total",
+			Help: "Process machines stopped and removed because their ProcessMachine was deleted, by cluster.",
+		}, []string{"namespace", "cluster"}),
+		machineExits: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "qcp_process_machine_exits_total",
+			Help: "Times a running process machine's agent was found gone (killed or crashed), by cluster.",
+		}, []string{"namespace", "cluster"}),
+		lbBackends: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "qcp_process_lb_backends",
+			Help: "API servers the cluster's load balancer forwards to (before its own readiness probes).",
+		}, []string{"namespace", "cluster"}),
+	}
+}
+
+// register adds the metrics to controller-runtime's registry. When another
+// Setup in the same process registered them first, those collectors are used.
+func (m *providerMetrics) register() *providerMetrics {
+	m.machineStarts = registerOrReuse(m.machineStarts)
+	m.machineStops = registerOrReuse(m.machineStops)
+	m.machineExits = registerOrReuse(m.machineExits)
+	m.lbBackends = registerOrReuse(m.lbBackends)
+	return m
+}
+
+func registerOrReuse[C prometheus.Collector](c C) C {
+	if err := metrics.Registry.Register(c); err != nil {
+		if are, ok := err.(prometheus.AlreadyRegisteredError); ok {
+			if existing, ok := are.ExistingCollector.(C); ok {
+				return existing
+			}
+		}
+	}
+	return c
+}
