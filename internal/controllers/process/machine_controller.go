@@ -43,6 +43,10 @@ const (
 // cloud provider polls its instances; exits surface within this period.
 const LivenessPeriod = 5 * time.Second
 
+// recheckAfterFix is how soon a machine that could not start for a reason a
+// human must fix (bad bootstrap data, a missing binary) is tried again.
+const recheckAfterFix = 30 * time.Second
+
 // MachineReconciler reconciles ProcessMachines.
 type MachineReconciler struct {
 	Client    client.Client
@@ -144,7 +148,9 @@ func (r *MachineReconciler) reconcileNormal(ctx context.Context, cluster *cluste
 	}
 	if !status.Running {
 		if err := r.Host.Start(spec, data); err != nil {
-			return ctrl.Result{}, r.startFailed(pm, err)
+			// A fix to the bootstrap Secret or bin/ wakes nothing, so look
+			// again now and then.
+			return ctrl.Result{RequeueAfter: recheckAfterFix}, r.startFailed(pm, err)
 		}
 		r.metrics.machineStarts.WithLabelValues(pm.Namespace, cluster.Name).Inc()
 		if status, err = r.Host.Status(pm.Namespace, pm.Name); err != nil {
