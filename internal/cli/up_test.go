@@ -6,7 +6,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -16,6 +15,7 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/qcp-dev/qcp/internal/machinehost"
 	"github.com/qcp-dev/qcp/internal/scheme"
 )
 
@@ -111,18 +111,10 @@ func TestUpAndDown(t *testing.T) {
 // pidOf returns the PID of the process whose command line contains s.
 func pidOf(t *testing.T, s string) int {
 	t.Helper()
-	entries, _ := os.ReadDir("/proc")
-	for _, e := range entries {
-		data, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
-		if err != nil {
-			continue
-		}
-		if strings.Contains(strings.ReplaceAll(string(data), "\x00", " "), s) {
-			if pid, err := strconv.Atoi(e.Name()); err == nil {
-				return pid
-			}
-		}
+	procs, err := machinehost.ProcessesMatching(s)
+	if err != nil || len(procs) == 0 {
+		t.Errorf("no process runs %q (%v)", s, err)
+		return 0
 	}
-	t.Errorf("no process runs %q", s)
-	return 0
+	return procs[0].PID
 }

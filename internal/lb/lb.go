@@ -157,6 +157,11 @@ func (b *Balancer) Run(ctx context.Context) error {
 func (b *Balancer) Ready() []string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	return b.readyLocked()
+}
+
+// readyLocked lists the ready backends in backends.json order; b.mu is held.
+func (b *Balancer) readyLocked() []string {
 	var out []string
 	for _, be := range b.backends {
 		if b.ready[be] {
@@ -185,12 +190,7 @@ func (b *Balancer) forward(client net.Conn) {
 func (b *Balancer) pick() []string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	var ready []string
-	for _, be := range b.backends {
-		if b.ready[be] {
-			ready = append(ready, be)
-		}
-	}
+	ready := b.readyLocked()
 	if len(ready) == 0 {
 		return nil
 	}

@@ -2,7 +2,6 @@ package machinehost
 
 import (
 	"context"
-	"crypto/tls"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -12,8 +11,6 @@ import (
 	"testing"
 	"time"
 
-	clientv3 "go.etcd.io/etcd/client/v3"
-	"go.uber.org/zap"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
@@ -22,6 +19,7 @@ import (
 	"github.com/qcp-dev/qcp/internal/agent"
 	"github.com/qcp-dev/qcp/internal/bootstrap"
 	"github.com/qcp-dev/qcp/internal/certs"
+	"github.com/qcp-dev/qcp/internal/etcd"
 )
 
 // testCluster is one workload cluster of process machines for a test.
@@ -166,46 +164,41 @@ func (c *testCluster) waitNodeReady(name string, want corev1.ConditionStatus, ti
 	return node
 }
 
-func (c *testCluster) etcdClient(endpoints ...string) *clientv3.Client {
+// etcdClient is a client of the machines' etcd through internal/etcd, the
+// one package that talks to etcd, with a client certificate from the etcd CA.
+func (c *testCluster) etcdClient(endpoints ...string) *etcd.Client {
 	c.t.Helper()
 	kp, err := certs.IssueEtcdClient(c.cas.Etcd, "test", time.Now())
 	if err != nil {
 		c.t.Fatal(err)
 	}
-	pair, err := tls.X509KeyPair(kp.CertPEM, kp.KeyPEM)
+	cli, err := etcd.New(etcd.Config{Endpoints: endpoints, CAPEM: c.cas.Etcd.CertPEM, CertPEM: kp.CertPEM, KeyPEM: kp.KeyPEM})
 	if err != nil {
 		c.t.Fatal(err)
 	}
-	pool, _ := certs.CertPool(c.cas.Etcd.CertPEM)
-	cli, err := clientv3.New(clientv3.Config{Endpoints: endpoints, DialTimeout: 5 * time.Second, Logger: zap.NewNop(),
-		TLS: &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{pair}, MinVersion: tls.VersionTLS12}})
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	c.t.Cleanup(func() { cli.Close() })
+	c.t.Cleanup(func() { _ = cli.Close() })
 	return cli
 }
 
 // join adds the machine as a learner, starts it, and promotes it once it
 // has caught up: what the control plane controller will do.
-func (c *testCluster) join(cli *clientv3.Client, spec MachineSpec, existing, backends []string) {
+func (c *testCluster) join(cli *etcd.Client, spec MachineSpec, existing, backends []string) {
 	c.t.Helper()
-	var resp *clientv3.MemberAddResponse
+	var learner etcd.Member
 	// etcd refuses membership changes until every voter has been connected
 	// for a few seconds ("unhealthy cluster"), e.g. right after a promotion.
 	c.eventually("etcd to accept "+spec.Name+" as a learner", time.Minute, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		var err error
-		resp, err = cli.MemberAddAsLearner(ctx, []string{"https://" + spec.Address + ":2380"})
+		learner, _, err = cli.AddLearner(ctx, "https://"+spec.Address+":2380")
 		return err
 	})
 	c.start(spec, bootstrap.JoinMember(existing...), backends)
 	c.eventually("learner "+spec.Name+" to be promoted", 2*time.Minute, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		_, err := cli.MemberPromote(ctx, resp.Member.ID)
-		return err
+		return cli.Promote(ctx, learner.ID)
 	})
 }
 

@@ -97,19 +97,19 @@ func TestProcessMachines(t *testing.T) {
 		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	members, err := cli.MemberList(ctx)
+	members, err := cli.Members(ctx)
 	cancel()
 	if err != nil {
 		t.Fatal(err)
 	}
 	voters := 0
-	for _, m := range members.Members {
+	for _, m := range members {
 		if !m.IsLearner {
 			voters++
 		}
 	}
-	if len(members.Members) != 3 || voters != 3 {
-		t.Fatalf("etcd members %v, want 3 voters", members.Members)
+	if len(members) != 3 || voters != 3 {
+		t.Fatalf("etcd members %v, want 3 voters", members)
 	}
 	t.Logf("three machines Ready after %v", time.Since(start).Round(time.Second))
 

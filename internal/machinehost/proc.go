@@ -15,6 +15,7 @@ type Proc struct {
 	PID, PPID, PGID, SID int
 	State                string // R, S, T (stopped), Z (zombie), ...
 	Comm                 string
+	Cmdline              string // arguments joined by spaces
 }
 
 // readProc parses /proc/<pid>/stat. The command name may hold spaces and
@@ -43,6 +44,17 @@ func readProc(pid int) (Proc, error) {
 // pgid whose session is also pgid: a machine's agent is a session leader,
 // so this excludes an unrelated process that merely reuses the number.
 func GroupProcesses(pgid int) ([]Proc, error) {
+	return liveProcesses(func(p Proc) bool { return p.PGID == pgid && p.SID == pgid })
+}
+
+// ProcessesMatching lists the live processes whose command line (arguments
+// joined by spaces) contains s, for stray-process checks.
+func ProcessesMatching(s string) ([]Proc, error) {
+	return liveProcesses(func(p Proc) bool { return strings.Contains(p.Cmdline, s) })
+}
+
+// liveProcesses lists the non-zombie processes keep accepts.
+func liveProcesses(keep func(Proc) bool) ([]Proc, error) {
 	entries, err := os.ReadDir("/proc")
 	if err != nil {
 		return nil, fmt.Errorf("listing processes: %w", err)
@@ -54,10 +66,11 @@ func GroupProcesses(pgid int) ([]Proc, error) {
 			continue
 		}
 		p, err := readProc(pid)
-		if err != nil {
+		if err != nil || p.State == "Z" {
 			continue // exited while we looked
 		}
-		if p.PGID == pgid && p.SID == pgid && p.State != "Z" {
+		p.Cmdline = strings.Join(cmdline(pid), " ")
+		if keep(p) {
 			out = append(out, p)
 		}
 	}

@@ -176,10 +176,10 @@ func TestProcessProvider(t *testing.T) {
 			if after := w.pids(ctx, host); fmt.Sprint(before) != fmt.Sprint(after) {
 				t.Fatalf("PIDs changed across a manager restart: before %v, after %v", before, after)
 			}
-			if agents := len(processesMentioning("qcp-agent run --dir " + w.host() + "/")); agents != 3 {
+			if agents := len(processesMentioning(t, "qcp-agent run --dir "+w.host()+"/")); agents != 3 {
 				t.Fatalf("%d machine agents run, want 3 (no duplicates)", agents)
 			}
-			if lbs := len(processesMentioning("qcp-agent lb --dir " + w.host() + "/")); lbs != 1 {
+			if lbs := len(processesMentioning(t, "qcp-agent lb --dir "+w.host()+"/")); lbs != 1 {
 				t.Fatalf("%d load balancers run, want 1", lbs)
 			}
 			time.Sleep(250 * time.Millisecond)
@@ -219,7 +219,7 @@ func TestProcessProvider(t *testing.T) {
 		if procs, _ := machinehost.GroupProcesses(int(pid)); len(procs) != 0 {
 			t.Errorf("processes of m2 remain: %v", procs)
 		}
-		if strays := processesMentioning(dir); len(strays) != 0 {
+		if strays := processesMentioning(t, dir); len(strays) != 0 {
 			t.Errorf("processes still use m2's directory: %v", strays)
 		}
 		if _, err := os.Stat(dir); !os.IsNotExist(err) {
@@ -378,18 +378,11 @@ func (w *world) promote(ctx context.Context, c *etcd.Client, id uint64) {
 }
 
 // processesMentioning lists the live processes whose command line contains s.
-func processesMentioning(s string) []string {
-	var out []string
-	entries, _ := os.ReadDir("/proc")
-	for _, e := range entries {
-		data, err := os.ReadFile("/proc/" + e.Name() + "/cmdline")
-		if err != nil || len(data) == 0 {
-			continue
-		}
-		cmd := strings.ReplaceAll(strings.TrimRight(string(data), "\x00"), "\x00", " ")
-		if strings.Contains(cmd, s) {
-			out = append(out, e.Name()+": "+cmd)
-		}
+func processesMentioning(t *testing.T, s string) []machinehost.Proc {
+	t.Helper()
+	procs, err := machinehost.ProcessesMatching(s)
+	if err != nil {
+		t.Fatal(err)
 	}
-	return out
+	return procs
 }
