@@ -3,6 +3,7 @@ package quorum
 import (
 	"errors"
 	"fmt"
+	"slices"
 )
 
 // Check reports every invariant (I1–I7) that taking decision d in state
@@ -84,8 +85,18 @@ func CheckMembershipChange(before, after []Member) error {
 }
 
 func checkQuorum(b view, d Decision, _ view) error {
-	if m, ok := b.member(d.MemberID); ok && d.Kind == RemoveMember && m.Voter() && !quorumAfterRemoval(b.voters(), m.ID) {
+	m, ok := b.member(d.MemberID)
+	if !ok || d.Kind != RemoveMember || !m.Voter() {
+		return nil
+	}
+	if !quorumAfterRemoval(b.voters(), m.ID) {
 		return fmt.Errorf("I1 quorum: removing voter %s leaves the healthy voters without a majority", b.memberName(m))
+	}
+	// A voter whose machine an operator let go (deleting, hook removed) is
+	// about to drop out: removing it first lowers nothing.
+	atRisk := b.atRiskVoters()
+	if i := slices.IndexFunc(atRisk, func(v Member) bool { return v.ID == m.ID }); i >= 0 && !keepsTolerance(atRisk, atRisk[i]) {
+		return fmt.Errorf("I1 quorum: removing healthy voter %s while another voter is down leaves etcd unable to survive one more failure", b.memberName(m))
 	}
 	return nil
 }
@@ -178,6 +189,11 @@ func checkHooks(b view, d Decision, _ view) error {
 		if mc, ok := b.machine(d.Machine); ok && mc.Deleting {
 			return fmt.Errorf("I5 hooks: adding the hook back to deleting machine %s", d.Machine)
 		}
+	case DeleteMachine:
+		mc, _ := b.machine(d.Machine)
+		if m, ok := b.memberOn(d.Machine); ok && m.Voter() && !mc.HasHook {
+			return fmt.Errorf("I5 hooks (and I1): deleting voter machine %s, which lacks the pre-drain hook, drains it before its member is removed", d.Machine)
+		}
 	}
 	return nil
 }
@@ -202,14 +218,14 @@ func checkLeader(b view, d Decision, _ view) error {
 func checkLeaderTarget(b view, d Decision) error {
 	t, ok := b.member(d.MemberID)
 	mc, hasMachine := b.machineOf(t)
-	if !ok || !t.Voter() || !t.Healthy || !t.Started() || t.Leader || !hasMachine || mc.Deleting {
+	current, _ := b.leader()
+	best, found := b.leaderTarget(current.ID)
+	bestMC, _ := b.machineOf(best)
+	if !ok || !t.Voter() || !t.Healthy || !t.Started() || t.Leader || !hasMachine || (mc.Deleting && found && !bestMC.Deleting) {
 		return fmt.Errorf("I6 leader: moving leadership to %s, which is not a healthy voter that stays", idString(d.MemberID))
 	}
-	current, _ := b.leader()
-	if best, found := b.leaderTarget(current.ID); found && b.outdated(mc) {
-		if bm, _ := b.machineOf(best); !b.outdated(bm) {
-			return fmt.Errorf("I6 leader: moving leadership to outdated %s while up-to-date %s is available", mc.Name, bm.Name)
-		}
+	if found && b.outdated(mc) && !b.outdated(bestMC) {
+		return fmt.Errorf("I6 leader: moving leadership to outdated %s while up-to-date %s is available", mc.Name, bestMC.Name)
 	}
 	return nil
 }

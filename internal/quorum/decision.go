@@ -1,6 +1,10 @@
 package quorum
 
-import "fmt"
+import (
+	"fmt"
+	"slices"
+	"strings"
+)
 
 // Kind names the one step a Decision asks the caller to take.
 type Kind string
@@ -12,8 +16,10 @@ const (
 	// (--initial-cluster-state=new); otherwise it waits to be added as a
 	// learner and then joins with --initial-cluster-state=existing.
 	CreateMachine Kind = "CreateMachine"
-	// AddLearner: MemberAddAsLearner(Decision.PeerURL) for Decision.Machine,
-	// and record the time in Member.AddedAt. Retry "unhealthy cluster".
+	// AddLearner: record Machine.JoinStarted, then
+	// MemberAddAsLearner(Decision.PeerURL) for Decision.Machine, then record
+	// the member's ID (Machine.MemberID) and the time (Member.AddedAt).
+	// Retry "unhealthy cluster".
 	AddLearner Kind = "AddLearner"
 	// Promote: MemberPromote(Decision.MemberID). "member not learner" is
 	// success; "not in sync with leader" is retryable.
@@ -53,6 +59,148 @@ type Decision struct {
 	PeerURL string
 	// Reason is a sentence for humans: why this step, or what is waited for.
 	Reason string
+	// Expect is what the world must still look like when the caller acts.
+	Expect Expectation
+}
+
+// Expectation holds the preconditions of a Decision. The caller observes,
+// plans and only then acts, and the world may change in between: a user
+// deletes the machine QCP is about to put a hook on, or a voter crashes
+// before QCP removes another. Right before it acts, the caller observes
+// again and calls Decision.Verify; on a mismatch it drops the step and
+// plans again.
+type Expectation struct {
+	// Desired is the desired replica count the plan used: a user lowering
+	// it between plan and act must not see the cluster grow past it (I2).
+	Desired int
+	// FailureDomains are the domains the plan used, sorted: placement and
+	// the choice of leadership target depend on them.
+	FailureDomains []string
+	// MachineResourceVersion is Decision.Machine's ResourceVersion as
+	// observed (for member steps, the machine hosting the member: a learner
+	// is promoted only while its machine still carries the hook it had).
+	// Beyond Verify, AddHook, RemoveHook and DeleteMachine must be
+	// conditional on it (an optimistic-lock patch, a delete precondition),
+	// so that, for example, a hook is never put back on a machine that
+	// started deleting.
+	MachineResourceVersion string
+	// Deleting are the machines that were being deleted, and Hooked those
+	// that carried the hook, both sorted. A machine is deleted only while no
+	// other one has started leaving since (I4), and a member is removed only
+	// while no voter's machine has lost its hook since (it is about to drain).
+	Deleting, Hooked []string
+	// Members are the IDs of every member the plan saw, sorted. Every step
+	// is taken only if a fresh member list has exactly these IDs: a member
+	// that only looked gone must not lose its hook or its machine, and a
+	// learner that was missed must not get a second one next to it.
+	Members []uint64
+	// Learners are the IDs of the members that were learners, sorted: roles
+	// must match too (a stale list must not promote a voter again).
+	Learners []uint64
+	// Healthy are the members that were healthy and started, sorted. The
+	// set must be the same right before the step: a removal relied on the
+	// voters it leaves, a promotion on the learner, a leadership move on its
+	// target being the best one.
+	Healthy []uint64
+	// Leader is the member that led when the plan was made, for steps that
+	// depend on who leads: moving leadership away from it, and removing or
+	// deleting a voter that was not the leader (I6). It must still lead.
+	Leader uint64
+}
+
+// Verify checks d's preconditions against a fresh observation, made right
+// before the caller acts.
+func (d Decision) Verify(fresh State) error {
+	e := d.Expect
+	v := newView(fresh)
+	if e.Desired != 0 && fresh.Desired != e.Desired {
+		return fmt.Errorf("desired replicas changed since the plan: %d, planned with %d", fresh.Desired, e.Desired)
+	}
+	if e.FailureDomains != nil && !slices.Equal(sortedDomains(fresh.FailureDomains), e.FailureDomains) {
+		return fmt.Errorf("failure domains changed since the plan: %v, planned with %v", fresh.FailureDomains, e.FailureDomains)
+	}
+	if e.MachineResourceVersion != "" {
+		if mc, ok := v.machine(d.Machine); !ok || mc.ResourceVersion != e.MachineResourceVersion {
+			return fmt.Errorf("machine %s changed since the plan", d.Machine)
+		}
+	}
+	if e.Deleting != nil {
+		deleting, hooked := machineNames(v.machines)
+		if !slices.Equal(deleting, e.Deleting) || !slices.Equal(hooked, e.Hooked) {
+			return fmt.Errorf("machines being deleted or carrying the hook changed since the plan: %v and %v, planned with %v and %v",
+				deleting, hooked, e.Deleting, e.Hooked)
+		}
+	}
+	if e.Members != nil {
+		ids, learners := memberIDs(v.members)
+		if !slices.Equal(ids, e.Members) || !slices.Equal(learners, e.Learners) {
+			return fmt.Errorf("etcd membership changed since the plan: members %s (learners %s), planned with %s (learners %s)",
+				idList(ids), idList(learners), idList(e.Members), idList(e.Learners))
+		}
+	}
+	if l, ok := v.member(e.Leader); e.Leader != 0 && (!ok || !l.Leader) {
+		return fmt.Errorf("member %s no longer leads; the plan relied on it", idString(e.Leader))
+	}
+	if healthy := healthyIDs(v.members); e.Members != nil && !slices.Equal(healthy, e.Healthy) {
+		return fmt.Errorf("member health changed since the plan: healthy %s, planned with %s", idList(healthy), idList(e.Healthy))
+	}
+	return nil
+}
+
+// machineNames returns the names of the deleting machines and of those
+// carrying the hook, sorted and non-nil.
+func machineNames(machines []Machine) (deleting, hooked []string) {
+	deleting, hooked = []string{}, []string{}
+	for _, mc := range machines {
+		if mc.Deleting {
+			deleting = append(deleting, mc.Name)
+		}
+		if mc.HasHook {
+			hooked = append(hooked, mc.Name)
+		}
+	}
+	slices.Sort(deleting)
+	slices.Sort(hooked)
+	return deleting, hooked
+}
+
+// healthyIDs returns the IDs of the healthy, started members, sorted.
+func healthyIDs(members []Member) []uint64 {
+	ids := []uint64{}
+	for _, m := range members {
+		if m.Healthy && m.Started() {
+			ids = append(ids, m.ID)
+		}
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+func sortedDomains(fds []string) []string {
+	out := append([]string{}, fds...)
+	slices.Sort(out)
+	return out
+}
+
+// memberIDs returns the IDs of members (sorted by ID) and of the learners
+// among them, both non-nil.
+func memberIDs(members []Member) (ids, learners []uint64) {
+	ids, learners = []uint64{}, []uint64{}
+	for _, m := range members {
+		ids = append(ids, m.ID)
+		if m.Learner {
+			learners = append(learners, m.ID)
+		}
+	}
+	return ids, learners
+}
+
+func idList(ids []uint64) string {
+	out := make([]string, 0, len(ids))
+	for _, id := range ids {
+		out = append(out, idString(id))
+	}
+	return "[" + strings.Join(out, " ") + "]"
 }
 
 // Destructive reports whether the step can reduce etcd's fault tolerance:

@@ -5,168 +5,163 @@ import (
 	"strings"
 )
 
-// maxFaults bounds the faults injected along any one path of the
-// exploration; it keeps the state space small enough to explore fully.
-const maxFaults = 2
-
 // convergeSteps bounds how many planner steps, once faults stop, the
 // planner may take to reach the desired state.
 const convergeSteps = 80
 
-// fault is something the world or a user does to the cluster on its own.
-type fault struct {
-	name  string
-	apply func(world) []world
-}
-
-func faults() []fault {
-	return []fault{
-		{"member crashes", eachMember(func(m *wMember, w *world) bool {
-			if !m.started || !m.healthy {
-				return false
-			}
-			m.healthy, m.leader, m.since = false, false, w.epoch
-			w.elect()
-			return true
-		})},
-		{"member recovers", eachMember(func(m *wMember, w *world) bool {
-			mc := w.machine(machineName(m.host))
-			if !m.started || m.healthy || mc == nil {
-				return false
-			}
-			m.healthy, m.caughtUp = true, true
-			w.elect()
-			return true
-		})},
-		{"learner never starts", eachMachine(func(mc *wMachine, w *world) bool {
-			if mc.broken || mc.deleting || (w.memberOn(mc.id) != nil && w.memberOn(mc.id).started) {
-				return false
-			}
-			mc.broken = true
-			return true
-		})},
-		{"user deletes a machine", eachMachine(func(mc *wMachine, _ *world) bool {
-			if mc.deleting {
-				return false
-			}
-			mc.deleting = true
-			return true
-		})},
-		{"user removes a hook", eachMachine(func(mc *wMachine, _ *world) bool {
-			if !mc.hook {
-				return false
-			}
-			mc.hook = false
-			return true
-		})},
-		{"machine creation fails", eachMachine(func(mc *wMachine, _ *world) bool {
-			if mc.addr || mc.failed || mc.deleting {
-				return false
-			}
-			mc.failed = true
-			return true
-		})},
-	}
-}
-
-func eachMember(f func(*wMember, *world) bool) func(world) []world {
-	return func(w world) []world {
-		var out []world
-		for i := range w.members {
-			c := w.clone()
-			if f(&c.members[i], &c) {
-				out = append(out, c)
-			}
-		}
-		return out
-	}
-}
-
-func eachMachine(f func(*wMachine, *world) bool) func(world) []world {
-	return func(w world) []world {
-		var out []world
-		for i := range w.machines {
-			c := w.clone()
-			if f(&c.machines[i], &c) {
-				out = append(out, c)
-			}
-		}
-		return out
-	}
-}
-
 // explorer walks every state reachable from some initial worlds, under the
-// planner plan and at most maxFaults faults per path.
+// planner plan and at most maxFaults faults per path. A fault is a world
+// fault (faults), a world fault between plan and act (the caller acts on a
+// stale observation), or a wrong observation (observationFaults).
 type explorer struct {
-	plan    func(State) Decision
-	seen    map[string]bool
-	outcome map[string]string // fault-free run from a key: "" converged, else why not
-	states  int
-	degr    int
-	kinds   map[Kind]int // decisions taken, to show the exploration covers every step
-	errs    []string
+	plan      func(State) Decision
+	maxFaults int
+	seen      map[string]bool
+	outcome   map[string]string // fault-free run from a key: "" converged, else why not
+	states    int
+	degr      int
+	dropped   int          // stale or misobserved steps the preconditions stopped
+	kinds     map[Kind]int // decisions taken, to show the exploration covers every step
+	errs      []string
+	maxErrs   int // stop after this many violations
 }
 
-func newExplorer(plan func(State) Decision) *explorer {
-	return &explorer{plan: plan, seen: map[string]bool{}, outcome: map[string]string{}, kinds: map[Kind]int{}}
+func newExplorer(plan func(State) Decision, maxFaults int) *explorer {
+	return &explorer{plan: plan, maxFaults: maxFaults, seen: map[string]bool{}, outcome: map[string]string{}, kinds: map[Kind]int{}, maxErrs: 5}
 }
 
 type node struct {
 	w      world
 	faults int
-	path   []string
+	// stale counts the faults that struck between plan and act or in the
+	// observation; at most one per path keeps the space within budget.
+	stale int
+	prev  []Member // the member list one step earlier, for stale observations
+	path  []string
 }
 
 // explore runs a breadth-first search and records every violation.
 func (e *explorer) explore(start world, name string) {
 	queue := []node{{w: start, path: []string{name}}}
-	for len(queue) > 0 && len(e.errs) < 5 {
+	for len(queue) > 0 && len(e.errs) < e.maxErrs {
 		n := queue[0]
 		queue = queue[1:]
-		k := fmt.Sprintf("%d|%s", n.faults, n.w.key())
+		k := fmt.Sprintf("%d%d|%s", n.faults, n.stale, n.w.key())
 		if e.seen[k] {
 			continue
 		}
 		e.seen[k] = true
 		e.states++
-		next, ok := e.step(n)
+		s := n.w.state()
+		d := e.plan(s)
+		e.kinds[d.Kind]++
+		if !n.w.admits(d, s) {
+			e.fail(n, "%s: its preconditions do not hold on the world it was planned on: %+v", d, d.Expect)
+			continue
+		}
+		after, ok := e.act(n, n.w, d, "")
 		if !ok {
 			continue
 		}
-		queue = append(queue, next)
-		if n.faults == maxFaults {
+		if why := e.converges(n.w); why != "" {
+			e.fail(n, "does not converge: %s", why)
 			continue
 		}
+		queue = append(queue, e.successor(n, after, 0, 0, d.String()))
+		if n.faults == e.maxFaults {
+			continue
+		}
+		stale := n.stale == 0 && d.Kind != Wait && d.Kind != Degraded
 		for _, f := range faults() {
 			for _, w := range f.apply(n.w) {
-				queue = append(queue, node{w: w, faults: n.faults + 1, path: appendPath(n.path, "FAULT "+f.name)})
+				queue = append(queue, e.successor(n, w, 1, 0, "FAULT "+f.name))
+				if !stale {
+					continue
+				}
+				if after, ok := e.act(n, w, d, "FAULT "+f.name+" between plan and act, then "); ok {
+					queue = append(queue, e.successor(n, after, 1, 1, "FAULT "+f.name+" between plan and act, then "+d.String()))
+				}
+			}
+		}
+		if n.stale > 0 {
+			continue
+		}
+		for _, o := range observationFaults(s, n.prev) {
+			d := e.plan(o.s)
+			if d.Kind == Wait || d.Kind == Degraded {
+				continue // acting on a wait is the same as on the true view
+			}
+			e.kinds[d.Kind]++
+			if after, ok := e.act(n, n.w, d, "FAULT "+o.name+", planned "); ok {
+				queue = append(queue, e.successor(n, after, 1, 1, "FAULT "+o.name+", planned "+d.String()))
 			}
 		}
 	}
 }
 
-// step takes the planner's decision in n, checks the transition and the
-// liveness of the state, and returns the successor.
-func (e *explorer) step(n node) (node, bool) {
-	before := n.w.state()
-	d := e.plan(before)
-	e.kinds[d.Kind]++
-	after := n.w.apply(d)
-	if err := Check(before, d, after.state()); err != nil {
-		e.fail(n, "%v", err)
-		return node{}, false
+// successor is the node after a step. A fault costs one of the path's
+// budget; a stale one (between plan and act, or in the observation) also
+// uses up the path's one stale fault.
+func (e *explorer) successor(n node, w world, fault, stale int, step string) node {
+	return node{w: w, faults: n.faults + fault, stale: n.stale + stale, prev: n.w.state().Members, path: appendPath(n.path, step)}
+}
+
+// act carries out d in w, as a caller that enforces d's preconditions
+// would, and checks the transition: the invariants I1–I7 (Check, against
+// the world as it really was), the member bound, and the world invariant.
+// A step whose preconditions fail is dropped; the caller plans again.
+func (e *explorer) act(n node, w world, d Decision, how string) (world, bool) {
+	before := w.state()
+	if !w.admits(d, before) {
+		e.dropped++
+		return w, false
+	}
+	after := w.apply(d)
+	afterState := after.state()
+	fail := func(format string, args ...any) (world, bool) {
+		e.fail(n, how+format, args...)
+		return world{}, false
+	}
+	if err := Check(before, d, afterState); err != nil {
+		return fail("%v", err)
 	}
 	// The user lowering desired is not a violation; QCP growing past it is.
-	bound := max(n.w.desired, len(newView(before).voters())-1)
-	if err := CheckMembers(bound, after.state().Members); err != nil {
-		e.fail(n, "after %s: %v", d, err)
-		return node{}, false
+	bound := max(w.desired, len(newView(before).voters())-1)
+	if err := CheckMembers(bound, afterState.Members); err != nil {
+		return fail("after %s: %v", d, err)
 	}
-	if why := e.converges(n.w); why != "" {
-		e.fail(n, "does not converge: %s", why)
-		return node{}, false
+	if why := worldInvariant(w, d, after); why != "" {
+		return fail("%s", why)
 	}
-	return node{w: after, faults: n.faults, path: appendPath(n.path, d.String())}, true
+	return after, true
+}
+
+// worldInvariant judges QCP's step d by what it does to the world, not by
+// the rules Check knows: no step may turn a cluster that survives one more
+// failure into one without quorum, and no voter's machine may be drained
+// before its member is removed, unless a human had already let it go.
+func worldInvariant(before world, d Decision, after world) string {
+	if d.Kind == Wait || d.Kind == Degraded {
+		return ""
+	}
+	// What the world does next anyway (drains a machine whose hook a user
+	// removed, say) is not QCP's doing: compare with QCP having waited.
+	baseline, probe := before.clone(), after.clone()
+	baseline.progress()
+	probe.progress()
+	if before.margin() >= 1 && baseline.margin() >= 0 && probe.margin() < 0 {
+		return fmt.Sprintf("world: %s turned a cluster that survives one more failure into one without quorum", d)
+	}
+	for _, mc := range after.machines {
+		m := after.memberOn(mc.id)
+		if probe.machine(machineName(mc.id)) != nil || m == nil || m.learner {
+			continue
+		}
+		if was := before.machine(machineName(mc.id)); was == nil || !was.deleting || was.hook {
+			return fmt.Sprintf("world: %s let voter machine %s drain before its member was removed", d, machineName(mc.id))
+		}
+	}
+	return ""
 }
 
 // converges follows the planner without faults. If it stops in Degraded,
@@ -195,9 +190,12 @@ func (e *explorer) converges(w world) string {
 		if err := Check(s, d, w.apply(d).state()); err != nil {
 			return result(fmt.Sprintf("fault-free step breaks invariants in %s: %v", s.describe(), err))
 		}
+		if !w.admits(d, s) {
+			return result(fmt.Sprintf("fault-free step's preconditions do not hold in %s: %s", s.describe(), d))
+		}
 		if d.Kind == Degraded {
 			e.degr++
-			r := recoverAll(w)
+			r := recoverAll(w.apply(d)) // the world moves on while QCP waits for a human
 			if r.key() != k {
 				w = r
 				continue
@@ -213,29 +211,45 @@ func (e *explorer) converges(w world) string {
 }
 
 // needsRestore reports whether quorum is lost for good: the healthy voters
-// are not a majority even counting every member whose machine still exists.
+// are not a majority even counting every member whose machine still exists,
+// or the only voter is CORRUPT.
 func needsRestore(w world) bool {
-	voters, alive := 0, 0
+	var voters []wMember
 	for _, m := range w.members {
-		if m.learner {
-			continue
+		if !m.learner {
+			voters = append(voters, m)
 		}
-		voters++
+	}
+	if len(voters) == 1 && voters[0].alarm == "CORRUPT" {
+		return true
+	}
+	alive := 0
+	for _, m := range voters {
 		if m.healthy || w.machine(machineName(m.host)) != nil {
 			alive++
 		}
 	}
-	return 2*alive <= voters
+	return 2*alive <= len(voters)
 }
 
-// recoverAll is the human bringing back every crashed member whose machine
-// still exists.
+// recoverAll is the human answering Degraded: bringing back every crashed
+// member whose machine still exists, defragmenting and disarming NOSPACE,
+// and deleting the machine of a CORRUPT member so QCP replaces it.
 func recoverAll(w world) world {
 	w = w.clone()
 	for i := range w.members {
 		m := &w.members[i]
-		if m.started && !m.healthy && w.machine(machineName(m.host)) != nil {
+		mc := w.machine(machineName(m.host))
+		if m.started && !m.healthy && mc != nil {
 			m.healthy, m.caughtUp = true, true
+		}
+		switch {
+		case m.alarm == "NOSPACE":
+			m.alarm = ""
+		case m.alarm == "CORRUPT" && mc != nil:
+			mc.deleting = true
+		case m.alarm == "CORRUPT":
+			m.alarm = "" // its machine is gone: disarm what is left
 		}
 	}
 	w.elect()

@@ -2,6 +2,7 @@ package quorum
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 )
@@ -37,6 +38,12 @@ type options struct {
 	skipQuorumChecks bool
 	// skipLeaderTransfer removes the I6 MoveLeader step.
 	skipLeaderTransfer bool
+	// protectVotersLast runs protectVoters after every other rule, so that
+	// voter machines without the hook may be deleted before they get it.
+	protectVotersLast bool
+	// removeHealthyWithOtherDown lets a healthy departing voter go while
+	// another voter is down, lowering fault tolerance.
+	removeHealthyWithOtherDown bool
 }
 
 // planner holds one observation; its methods are the rules.
@@ -54,29 +61,79 @@ func planWith(s State, o options) Decision {
 	}
 	p := planner{view: newView(s), opts: o}
 	rules := []rule{
+		planner.refuseUnknownMembership,
 		planner.bootstrap,
 		planner.protectVoters,
 		planner.releaseDepartedMachines,
-		planner.refuseWithoutQuorum,
 		planner.refuseWithAlarms,
+		planner.refuseWithoutQuorum,
 		planner.removeStrayLearners,
 		planner.deleteUnusableMachines,
+		planner.cancelSurplusMachines,
 		planner.removeDepartingVoter,
 		planner.remediateUnhealthyVoter,
 		planner.finishJoining,
 		planner.createMachine,
 		planner.scaleDown,
+		planner.waitForUnhealthyVoters,
+	}
+	if o.protectVotersLast {
+		rules = append(slices.Delete(rules, 2, 3), planner.protectVoters)
 	}
 	for _, r := range rules {
 		if d, ok := r(p); ok {
-			return d
+			return p.expect(d)
 		}
 	}
 	return waitf("nothing to do: %d healthy, up-to-date voters as desired", len(p.voters()))
 }
 
+// expect fills in the preconditions of d (see Expectation) from the
+// observation it was planned on. Every step but Wait and Degraded gets the
+// same, whole set: it is cheap to check, and a partial one proved to leave
+// gaps (the exploration's stale observations found each of them).
+func (p planner) expect(d Decision) Decision {
+	if d.Kind == Wait || d.Kind == Degraded {
+		return d
+	}
+	if mc, ok := p.machine(d.Machine); ok {
+		d.Expect.MachineResourceVersion = mc.ResourceVersion
+	}
+	d.Expect.Desired, d.Expect.FailureDomains = p.Desired, sortedDomains(p.FailureDomains)
+	d.Expect.Deleting, d.Expect.Hooked = machineNames(p.machines)
+	if len(p.members) > 0 {
+		d.Expect.Members, d.Expect.Learners = memberIDs(p.members)
+		d.Expect.Healthy = healthyIDs(p.members)
+	}
+	if leader, ok := p.leader(); ok {
+		d.Expect.Leader = leader.ID
+	}
+	return d
+}
+
+// refuseUnknownMembership takes no step while the member list cannot be
+// observed, once etcd has ever had a member. An empty or unreadable list is
+// then a blind spot, not a fact: taking it for "no members" would treat
+// every machine as spent and delete the whole control plane.
+func (p planner) refuseUnknownMembership() (Decision, bool) {
+	if len(p.members) > 0 {
+		return Decision{}, false
+	}
+	recorded := filter(p.machines, func(mc Machine) bool { return mc.MemberID != 0 || mc.JoinStarted })
+	if len(recorded) == 0 {
+		return Decision{}, false // etcd never had a member: the bootstrap rule decides
+	}
+	what := "no etcd member is listed"
+	if p.MembersUnknown {
+		what = "the etcd member list cannot be read (no member answered, or the members disagree)"
+	}
+	return degradedf("%s, but machines %s have hosted etcd members; QCP takes no step until it can see the membership: bring a member back, or restore etcd from a backup",
+		what, names(recorded, func(m Machine) string { return m.Name })), true
+}
+
 // bootstrap handles the cluster before it has any etcd member: the first
-// machine starts a new etcd cluster on its own, without AddLearner.
+// machine starts a new etcd cluster on its own, without AddLearner. It runs
+// only when no machine has ever recorded a member (refuseUnknownMembership).
 func (p planner) bootstrap() (Decision, bool) {
 	if len(p.members) > 0 {
 		return Decision{}, false
@@ -88,21 +145,24 @@ func (p planner) bootstrap() (Decision, bool) {
 				Reason: "machine " + mc.Name + " is being deleted and hosts no etcd member"}, true
 		case mc.Deleting:
 			return waitf("waiting for machine %s to finish deleting before bootstrapping etcd", mc.Name), true
-		case mc.CreationFailed || mc.MemberID != 0:
+		case mc.CreationFailed || mc.Remediate:
 			return Decision{Kind: DeleteMachine, Machine: mc.Name,
-				Reason: "machine " + mc.Name + " cannot bootstrap etcd (creation failed or its member is gone)"}, true
+				Reason: "machine " + mc.Name + " cannot bootstrap etcd (" + why(mc.Remediate, "a health check marked it", "creation failed") + "); deleting it"}, true
 		}
 	}
 	switch live := p.keep(); len(live) {
 	case 0:
-		fd := p.nextFailureDomain()
+		fd := p.nextFailureDomain(nil)
 		return Decision{Kind: CreateMachine, FailureDomain: fd,
 			Reason: "creating the first machine in failure domain " + quoteFD(fd) + "; it bootstraps a new etcd cluster"}, true
 	case 1:
 		mc := live[0]
-		if age := p.Now.Sub(mc.CreatedAt); age >= p.tun.LearnerStartTimeout {
+		if mc.PeerURL == "" {
+			return waitf("waiting for machine %s to be provisioned (no address yet) before it bootstraps etcd", mc.Name), true
+		}
+		if age := p.since(mc.InfraReadyAt); age >= p.tun.LearnerStartTimeout {
 			return Decision{Kind: DeleteMachine, Machine: mc.Name,
-				Reason: fmt.Sprintf("machine %s has not bootstrapped etcd %s after it was created (timeout %s); deleting it to try again",
+				Reason: fmt.Sprintf("machine %s has not bootstrapped etcd %s after its infrastructure became ready (timeout %s); deleting it to try again",
 					mc.Name, roundDuration(age), p.tun.LearnerStartTimeout)}, true
 		}
 		return waitf("waiting for machine %s to bootstrap the etcd cluster", mc.Name), true
@@ -152,25 +212,53 @@ func (p planner) refuseWithoutQuorum() (Decision, bool) {
 	if p.opts.skipQuorumChecks {
 		return Decision{}, false
 	}
-	voters := p.voters()
-	unhealthy := filter(voters, func(m Member) bool { return !m.Healthy })
-	if len(voters) > 0 && len(unhealthy) <= tolerance(len(voters)) {
+	if p.hasQuorum() {
 		return Decision{}, false
 	}
+	voters := p.voters()
+	unhealthy := filter(voters, func(m Member) bool { return !m.Healthy })
 	return degradedf("etcd has lost quorum: %d of %d voters are unhealthy (%s) and it tolerates %d; bring those members back or restore etcd from a backup",
 		len(unhealthy), len(voters), names(unhealthy, p.memberName), tolerance(len(voters))), true
 }
 
 // refuseWithAlarms stops membership changes while a member has an alarm:
-// NOSPACE and CORRUPT need an operator (defragment, disarm, restore).
+// NOSPACE and CORRUPT need an operator (defragment and disarm, or restore).
+// It runs before refuseWithoutQuorum so that the message names the alarm.
+// Removing members QCP would remove anyway is still allowed, when
+// quorum-safe: stray learners, and voters that are leaving (their machine
+// is deleting or gone, or they are due for remediation), the alarmed ones
+// first and without waiting for a replacement. Removing the alarmed member
+// and replacing it is the standard fix for a CORRUPT member.
 func (p planner) refuseWithAlarms() (Decision, bool) {
-	for _, m := range p.members {
-		if len(m.Alarms) > 0 {
-			return degradedf("member %s has alarms %v; resolve them (defragment and disarm, or restore) before QCP changes membership",
-				p.memberName(m), m.Alarms), true
-		}
+	alarmed := filter(p.members, func(m Member) bool { return len(m.Alarms) > 0 })
+	if len(alarmed) == 0 {
+		return Decision{}, false
 	}
-	return Decision{}, false
+	if d, ok := p.removeStrayLearners(); ok {
+		return d, true
+	}
+	leaving := func(m Member) bool {
+		mc, ok := p.machineOf(m)
+		return !ok || mc.Deleting || mc.Remediate || p.dueForRemediation(m)
+	}
+	candidates := append(filter(alarmed, leaving), filter(p.voters(), func(m Member) bool {
+		return len(m.Alarms) == 0 && leaving(m) && !m.Healthy
+	})...)
+	for _, m := range candidates {
+		if m.Learner {
+			return p.removeMember(m, "learner "+p.memberName(m)+" has alarms "+fmt.Sprint(m.Alarms)+" and is leaving; removing it"), true
+		}
+		if !p.hasQuorum() || !p.removalSafe(m) {
+			continue
+		}
+		if d, blocked := p.membershipBusy(); blocked {
+			return d, true
+		}
+		return p.removeVoter(m, fmt.Sprintf("member %s is leaving while member %s has alarms %v; removing it first%s",
+			p.memberName(m), p.memberName(alarmed[0]), alarmed[0].Alarms, why(len(m.Alarms) > 0, ", then replacing its machine", "")))
+	}
+	return degradedf("member %s has alarms %v; resolve them (defragment and disarm, or restore) before QCP changes membership",
+		p.memberName(alarmed[0]), alarmed[0].Alarms), true
 }
 
 func quoteFD(fd string) string {

@@ -2,6 +2,7 @@ package quorum
 
 import (
 	"math/rand/v2"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -51,7 +52,7 @@ func TestPlanDecisions(t *testing.T) {
 			}), Wait, "", "waiting for machine m-01 to bootstrap"},
 		{"first machine that never bootstraps is deleted",
 			edit(cluster(3, 0), func(s *State) {
-				s.Machines = []Machine{{Name: "m-01", PeerURL: "https://x:2380", CreatedAt: s.Now.Add(-time.Hour)}}
+				s.Machines = []Machine{{Name: "m-01", PeerURL: "https://x:2380", CreatedAt: s.Now.Add(-time.Hour), InfraReadyAt: s.Now.Add(-time.Hour)}}
 			}), DeleteMachine, "m-01", "has not bootstrapped"},
 		{"scale up into the domain with the fewest machines",
 			cluster(3, 2, abc...), CreateMachine, "fd-c", "scaling up: 2 of 3"},
@@ -186,7 +187,7 @@ func TestPlanIgnoresOrder(t *testing.T) {
 				rng.Shuffle(len(s.Machines), func(i, j int) { s.Machines[i], s.Machines[j] = s.Machines[j], s.Machines[i] })
 				rng.Shuffle(len(s.Members), func(i, j int) { s.Members[i], s.Members[j] = s.Members[j], s.Members[i] })
 			})
-			if got := Plan(shuffled); got != want {
+			if got := Plan(shuffled); !reflect.DeepEqual(got, want) {
 				t.Fatalf("%s: Plan depends on order: %s vs %s", name, got, want)
 			}
 		}

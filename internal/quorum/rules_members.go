@@ -1,6 +1,9 @@
 package quorum
 
-import "fmt"
+import (
+	"fmt"
+	"slices"
+)
 
 // removeStrayLearners removes learners that will never become voters: those
 // whose machine is gone or deleting, and those that did not start (or stay
@@ -42,13 +45,20 @@ func (p planner) deleteUnusableMachines() (Decision, bool) {
 
 // removeDepartingVoter removes the voter of a machine that is being deleted
 // (by QCP or a user) or is gone. A healthy one stays until its replacement
-// is a voter (maxSurge 1); an unhealthy one goes first (etcd FAQ).
+// is a voter (maxSurge 1); an unhealthy one goes first (etcd FAQ). Unhealthy
+// ones are tried first and the leader last: while another departing voter
+// can go, leadership need not move to a machine that is leaving too.
 func (p planner) removeDepartingVoter() (Decision, bool) {
 	voters := p.voters()
-	// The leader goes last: while another departing voter can go first,
-	// leadership need not move to a machine that is leaving too.
-	candidates := append(filter(voters, func(m Member) bool { return !m.Leader }),
-		filter(voters, func(m Member) bool { return m.Leader })...)
+	var candidates []Member
+	for _, class := range []func(Member) bool{
+		func(m Member) bool { return !m.Healthy },
+		func(m Member) bool { return m.Healthy && !m.Leader },
+		func(m Member) bool { return m.Healthy && m.Leader },
+	} {
+		candidates = append(candidates, filter(voters, class)...)
+	}
+	var blocked []Member
 	for _, m := range candidates {
 		if !p.departing(m) {
 			continue
@@ -56,8 +66,9 @@ func (p planner) removeDepartingVoter() (Decision, bool) {
 		if m.Healthy && len(voters) <= p.Desired {
 			continue // wait for the replacement to be promoted
 		}
-		if !p.opts.skipQuorumChecks && !quorumAfterRemoval(voters, m.ID) {
-			continue // another voter is down: let remediation go first
+		if !p.removalSafe(m) {
+			blocked = append(blocked, m) // another voter is down: let remediation go first
+			continue
 		}
 		if d, blocked := p.membershipBusy(); blocked {
 			return d, true
@@ -65,7 +76,13 @@ func (p planner) removeDepartingVoter() (Decision, bool) {
 		return p.removeVoter(m, fmt.Sprintf("member %s is on a departing machine and %s", p.memberName(m),
 			why(m.Healthy, "its replacement has joined", "is unhealthy: removing it first")))
 	}
-	return Decision{}, false
+	if len(blocked) == 0 {
+		return Decision{}, false
+	}
+	if d, ok := p.remediateUnhealthyVoter(); ok {
+		return d, true
+	}
+	return waitf("not removing member %s: %s", p.memberName(blocked[0]), p.unsafeRemoval(blocked[0])), true
 }
 
 // remediateUnhealthyVoter removes a voter, on a machine meant to stay, that
@@ -80,10 +97,29 @@ func (p planner) remediateUnhealthyVoter() (Decision, bool) {
 		if d, blocked := p.membershipBusy(); blocked {
 			return d, true
 		}
-		return p.removeVoter(m, fmt.Sprintf("member %s has been unhealthy for %s; removing it first, then replacing its machine",
-			p.memberName(m), roundDuration(p.unhealthyFor(m))))
+		return p.removeVoter(m, fmt.Sprintf("member %s has been unhealthy for %s%s; removing it first, then replacing its machine",
+			p.memberName(m), roundDuration(p.unhealthyFor(m)), p.markedSuffix(m)))
 	}
 	return Decision{}, false
+}
+
+func (p planner) markedSuffix(m Member) string {
+	if mc, ok := p.machineOf(m); ok && mc.Remediate {
+		return " and a health check marked its machine"
+	}
+	return ""
+}
+
+// removalSafe reports whether voter m may be removed now: the remaining
+// healthy voters are a majority (I1), and fault tolerance does not drop
+// (keepsTolerance).
+func (p planner) removalSafe(m Member) bool {
+	if p.opts.skipQuorumChecks {
+		return true
+	}
+	voters := p.atRiskVoters()
+	i := slices.IndexFunc(voters, func(v Member) bool { return v.ID == m.ID })
+	return i >= 0 && quorumAfterRemoval(voters, m.ID) && (p.opts.removeHealthyWithOtherDown || keepsTolerance(voters, voters[i]))
 }
 
 // membershipBusy is I4 for voter removals: an unstarted learner is a
@@ -106,10 +142,20 @@ func (p planner) removeVoter(m Member, reason string) (Decision, bool) {
 	if m.Leader && !m.Healthy {
 		return waitf("waiting for etcd to elect a new leader before removing unhealthy leader %s", p.memberName(m)), true
 	}
-	if !p.opts.skipQuorumChecks && !quorumAfterRemoval(p.voters(), m.ID) {
-		return waitf("not removing member %s: the remaining healthy voters would not be a majority", p.memberName(m)), true
+	if !p.removalSafe(m) {
+		return waitf("not removing member %s: %s", p.memberName(m), p.unsafeRemoval(m)), true
 	}
 	return p.removeMember(m, reason), true
+}
+
+// unsafeRemoval says why removing voter m now is not safe.
+func (p planner) unsafeRemoval(m Member) string {
+	if !quorumAfterRemoval(p.atRiskVoters(), m.ID) {
+		return "the remaining healthy voters would not be a majority"
+	}
+	down := filter(p.atRiskVoters(), func(o Member) bool { return !o.Healthy })
+	return fmt.Sprintf("member %s is unhealthy, and without healthy %s etcd could not survive another failure; waiting for %s to recover or be replaced",
+		names(down, p.memberName), p.memberName(m), names(down, p.memberName))
 }
 
 func (p planner) removeMember(m Member, reason string) Decision {
@@ -133,18 +179,25 @@ func (p planner) moveLeaderAway(leader Member) (Decision, bool) {
 		Reason: fmt.Sprintf("moving etcd leadership from %s to %s before %s leaves", p.memberName(leader), p.memberName(best), p.memberName(leader))}, true
 }
 
-// leaderTarget picks a healthy voter, other than except, on a kept machine.
+// leaderTarget picks a healthy voter, other than except, on a kept machine;
+// failing that, on a machine that is leaving too (when every machine is
+// leaving, leadership still must not go down with the member removed first).
 func (p view) leaderTarget(except uint64) (Member, bool) {
 	var best Member
 	var bestMC Machine
 	found := false
-	for _, m := range p.voters() {
-		mc, ok := p.machineOf(m)
-		if m.ID == except || !m.Healthy || !m.Started() || !ok || p.phase(mc) != phaseVoter {
-			continue
+	for _, kept := range []bool{true, false} {
+		for _, m := range p.voters() {
+			mc, ok := p.machineOf(m)
+			if m.ID == except || !m.Healthy || !m.Started() || !ok || (kept && p.phase(mc) != phaseVoter) {
+				continue
+			}
+			if !found || betterTarget(p.outdated(mc), m, p.outdated(bestMC), best) {
+				best, bestMC, found = m, mc, true
+			}
 		}
-		if !found || betterTarget(p.outdated(mc), m, p.outdated(bestMC), best) {
-			best, bestMC, found = m, mc, true
+		if found {
+			break
 		}
 	}
 	return best, found
@@ -229,6 +282,13 @@ func (p planner) waitForHealthyVoters(what string) (Decision, bool) {
 		}
 	}
 	return Decision{}, false
+}
+
+// waitForUnhealthyVoters is the last rule: with nothing else to do, a
+// voter that is down but not yet due for remediation is still something
+// the control plane waits for, never "nothing to do".
+func (p planner) waitForUnhealthyVoters() (Decision, bool) {
+	return p.waitForHealthyVoters("the control plane is steady")
 }
 
 func why(cond bool, yes, no string) string {

@@ -14,11 +14,15 @@ func (p planner) createMachine() (Decision, bool) {
 	keep := p.keep()
 	outdated := filter(keep, p.outdated)
 	var reason string
+	var leaving *Machine
 	switch {
 	case len(keep) < p.Desired:
 		reason = fmt.Sprintf("scaling up: %d of %d machines", len(keep), p.Desired)
 	case len(keep) == p.Desired && len(outdated) > 0:
-		reason = fmt.Sprintf("rolling out: replacing outdated machine %s", p.scaleDownVictim(keep).Name)
+		victim := p.scaleDownVictim(keep)
+		leaving = &victim
+		reason = fmt.Sprintf("%s: replacing %s machine %s", why(victim.Remediate, "remediating", "rolling out"),
+			why(victim.Remediate, "marked", "outdated"), victim.Name)
 	default:
 		return Decision{}, false
 	}
@@ -35,12 +39,36 @@ func (p planner) createMachine() (Decision, bool) {
 	if d, ok := p.waitForHealthyVoters("creating a machine"); ok {
 		return d, true
 	}
-	fd := p.nextFailureDomain()
+	fd := p.nextFailureDomain(leaving)
 	return Decision{Kind: CreateMachine, FailureDomain: fd, Reason: reason + " in failure domain " + quoteFD(fd)}, true
 }
 
-// scaleDown deletes one kept machine when there are more than desired. A
-// machine still joining is cancelled first (it costs no voter); otherwise the
+// cancelSurplusMachines deletes a machine that does not vote yet when more
+// machines are kept than desired (plus the one surge machine of a rollout),
+// and any such machine a health check marked: joining it would only grow
+// etcd to shrink it again, or join a machine known to be broken.
+func (p planner) cancelSurplusMachines() (Decision, bool) {
+	keep := p.keep()
+	notVoting := filter(keep, func(mc Machine) bool { return p.phase(mc) != phaseVoter })
+	for _, mc := range notVoting {
+		if mc.Remediate {
+			return Decision{Kind: DeleteMachine, Machine: mc.Name,
+				Reason: "a health check marked machine " + mc.Name + " before it became a voter; deleting it instead of joining it"}, true
+		}
+	}
+	surge := 0
+	if len(filter(keep, func(mc Machine) bool { return p.phase(mc) == phaseVoter && p.outdated(mc) })) > 0 {
+		surge = 1
+	}
+	if len(notVoting) == 0 || len(keep) <= p.Desired+surge {
+		return Decision{}, false
+	}
+	mc := notVoting[len(notVoting)-1] // the newest
+	return Decision{Kind: DeleteMachine, Machine: mc.Name,
+		Reason: fmt.Sprintf("scaling down: %d of %d machines; cancelling machine %s, which has not become a voter yet", len(keep), p.Desired, mc.Name)}, true
+}
+
+// scaleDown deletes one voter machine when more are kept than desired. The
 // victim follows the scale-down priority. Its voter is then removed by
 // removeDepartingVoter, while the hook holds the machine's drain.
 func (p planner) scaleDown() (Decision, bool) {
@@ -48,32 +76,34 @@ func (p planner) scaleDown() (Decision, bool) {
 	if len(keep) <= p.Desired {
 		return Decision{}, false
 	}
-	if joining := p.provisioning(); len(joining) > 0 {
-		mc := joining[len(joining)-1]
-		return Decision{Kind: DeleteMachine, Machine: mc.Name,
-			Reason: fmt.Sprintf("scaling down: %d of %d machines; cancelling machine %s, which has not joined yet", len(keep), p.Desired, mc.Name)}, true
-	}
 	victim := p.scaleDownVictim(keep)
-	m, hasMember := p.memberOn(victim.Name)
-	// I4: one voter-hosting machine leaves at a time.
+	return p.deleteVoterMachine(victim, fmt.Sprintf("scaling down: %d of %d machines; deleting %s (%s)", len(keep), p.Desired, victim.Name, p.victimClass(victim)))
+}
+
+// deleteVoterMachine deletes a machine that hosts a voter, under its hook:
+// one such machine at a time and none while another joins (I4), only with
+// every voter healthy, and after leadership has moved away (I6).
+func (p planner) deleteVoterMachine(victim Machine, reason string) (Decision, bool) {
 	for _, mc := range p.machines {
 		if other, ok := p.memberOn(mc.Name); ok && mc.Deleting {
-			return waitf("waiting for member %s on deleting machine %s to be removed before scaling down", p.memberName(other), mc.Name), true
+			return waitf("waiting for member %s on deleting machine %s to be removed before deleting %s", p.memberName(other), mc.Name, victim.Name), true
 		}
 	}
-	if d, ok := p.waitForHealthyVoters("scaling down"); ok {
+	if prov := p.provisioning(); len(prov) > 0 {
+		return waitf("waiting for machine %s to join before deleting %s", prov[0].Name, victim.Name), true
+	}
+	if d, ok := p.waitForHealthyVoters("deleting machine " + victim.Name); ok {
 		return d, true
 	}
-	if hasMember && m.Voter() {
+	if m, ok := p.memberOn(victim.Name); ok && m.Voter() {
 		if m.Leader && !p.opts.skipLeaderTransfer {
 			return p.moveLeaderAway(m)
 		}
 		if !p.opts.skipQuorumChecks && !quorumAfterRemoval(p.voters(), m.ID) {
-			return waitf("not scaling down machine %s: the remaining healthy voters would not be a majority", victim.Name), true
+			return waitf("not deleting machine %s: the remaining healthy voters would not be a majority", victim.Name), true
 		}
 	}
-	return Decision{Kind: DeleteMachine, Machine: victim.Name,
-		Reason: fmt.Sprintf("scaling down: %d of %d machines; deleting %s (%s)", len(keep), p.Desired, victim.Name, p.victimClass(victim))}, true
+	return Decision{Kind: DeleteMachine, Machine: victim.Name, Reason: reason}, true
 }
 
 // scaleDownPriority lists the victim classes, most preferred first.
@@ -85,6 +115,7 @@ func (p planner) scaleDownPriority() []struct {
 		name string
 		in   func(Machine) bool
 	}{
+		{"marked for remediation", func(mc Machine) bool { return mc.Remediate }},
 		{"outdated and delete-annotated", func(mc Machine) bool { return p.outdated(mc) && mc.DeleteAnnotated }},
 		{"delete-annotated", func(mc Machine) bool { return mc.DeleteAnnotated }},
 		{"outdated with unhealthy components", func(mc Machine) bool { return p.outdated(mc) && !p.componentsOK(mc) }},
@@ -128,23 +159,20 @@ func (p planner) victimClass(mc Machine) string {
 }
 
 // nextFailureDomain is where the next machine goes: the domain with the
-// fewest up-to-date kept machines, then the fewest kept machines, then the
-// alphabetically first. Counting up-to-date machines first spreads a
-// rollout's replacements instead of stacking them in the first domain;
-// alphabetical ties give alphabetical reuse when there are more machines
-// than domains.
-func (p planner) nextFailureDomain() string {
+// fewest machines that will remain (every kept machine but leaving, the one
+// a rollout replaces), then the alphabetically first. Alphabetical ties give
+// alphabetical reuse when there are more machines than domains; leaving out
+// the machine being replaced puts its replacement where it was.
+func (p planner) nextFailureDomain(leaving *Machine) string {
 	domains := slices.Clone(p.FailureDomains)
 	if len(domains) == 0 {
 		return ""
 	}
 	slices.Sort(domains)
-	keep := p.keep()
-	upToDate := countByDomain(keep, func(mc Machine) bool { return !p.outdated(mc) })
-	all := countByDomain(keep, func(Machine) bool { return true })
+	remain := countByDomain(p.keep(), func(mc Machine) bool { return leaving == nil || mc.Name != leaving.Name })
 	best := domains[0]
 	for _, fd := range domains[1:] {
-		if upToDate[fd] < upToDate[best] || (upToDate[fd] == upToDate[best] && all[fd] < all[best]) {
+		if remain[fd] < remain[best] {
 			best = fd
 		}
 	}

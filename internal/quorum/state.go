@@ -71,6 +71,12 @@ type State struct {
 	// Members is the etcd member list as reported by a healthy member, with
 	// per-member status filled in.
 	Members []Member
+	// MembersUnknown is true when the caller could not observe the member
+	// list: no member answered, or the members disagree about it. Members is
+	// then ignored. An unknown list is never taken for an empty one: once a
+	// machine has recorded a member, the planner takes no step until the
+	// list can be read again.
+	MembersUnknown bool
 	// Now is the caller's clock; the planner never reads the system clock.
 	Now time.Time
 	// Tunables are the configurable thresholds; zero values get defaults.
@@ -106,6 +112,15 @@ type Machine struct {
 	UpToDate bool
 	// CreatedAt orders machines by age (oldest is removed first).
 	CreatedAt time.Time
+	// InfraReadyAt is when the machine's infrastructure became ready (it got
+	// its PeerURL). The bootstrap timeout counts from here, so slow
+	// provisioning never counts against etcd. Zero means unknown and counts
+	// as Now: the caller must persist the time it first saw.
+	InfraReadyAt time.Time
+	// ResourceVersion is the Machine object's version as observed. Decisions
+	// that change the machine carry it, so that the caller's write fails if
+	// the machine changed since (see Expectation).
+	ResourceVersion string
 	// Deleting is true once the Machine has a deletion timestamp.
 	Deleting bool
 	// DeleteAnnotated is true when the machine carries DeleteAnnotation.
@@ -128,9 +143,18 @@ type Machine struct {
 	// recorded member is gone is "spent": it is deleted, never re-joined,
 	// because etcd never reuses IDs and its data directory is stale.
 	MemberID uint64
+	// JoinStarted is true once the caller has begun adding this machine to
+	// etcd. The caller records it before it calls MemberAddAsLearner, so a
+	// crash between that call and recording MemberID is visible: a machine
+	// that has started joining and hosts no member is spent, never joined a
+	// second time with a stale data directory. (After such a crash the
+	// learner itself is found by its peer URL.)
+	JoinStarted bool
 	// Remediate is true when a MachineHealthCheck marked the machine for
-	// remediation; its voter is then removed first and the machine replaced,
-	// without waiting for UnhealthyTimeout.
+	// remediation. A machine that hosts no voter yet is deleted; an
+	// unhealthy voter is removed first, without waiting for
+	// UnhealthyTimeout; a healthy voter's machine is deleted under its hook
+	// and replaced first, like a rollout.
 	Remediate bool
 }
 
@@ -148,17 +172,22 @@ type Member struct {
 	// Healthy is the member's health. For voters: /health succeeded. For
 	// learners (which fail /health by design): its Status call succeeded.
 	Healthy bool
-	// UnhealthySince is when the caller first saw the member unhealthy; zero
-	// when healthy or unknown (unknown counts as "just now").
+	// UnhealthySince is when the caller first saw the member unhealthy. Zero
+	// on an unhealthy member means unknown and counts as Now: the caller
+	// must persist the time it first saw, or the member is never remediated.
 	UnhealthySince time.Time
 	// AddedAt is when QCP added the member as a learner (recorded by the
-	// caller); zero if unknown, in which case the machine's CreatedAt is used.
+	// caller). Zero means unknown and counts as Now, never as the machine's
+	// creation: provisioning time must not count against the learner.
 	AddedAt time.Time
 	// AppliedIndex is the member's raft applied index (from Status).
 	AppliedIndex uint64
 	// Revision is the member's store revision, for messages only.
 	Revision int64
-	// Alarms are the active alarms raised by the member (NOSPACE, CORRUPT).
+	// Alarms are the active alarms this member raised (NOSPACE, CORRUPT),
+	// from etcd's alarm list, which names the raising member. Not the Errors
+	// of a member's Status: those repeat every cluster-wide alarm on every
+	// member. An alarm does not make a member unhealthy.
 	Alarms []string
 	// Leader is true for the member that is currently the raft leader.
 	Leader bool

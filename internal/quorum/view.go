@@ -32,7 +32,9 @@ func newView(s State) view {
 		}
 		return strings.Compare(a.Name, b.Name)
 	})
-	v.members = slices.Clone(s.Members)
+	if !s.MembersUnknown {
+		v.members = slices.Clone(s.Members)
+	}
 	slices.SortFunc(v.members, func(a, b Member) int {
 		switch {
 		case a.ID < b.ID:
@@ -172,7 +174,7 @@ type phase int
 const (
 	phaseDeleting phase = iota // has a deletion timestamp
 	phaseFailed                // infrastructure failed before it hosted a voter
-	phaseSpent                 // its recorded member was removed
+	phaseSpent                 // its recorded member was removed, or its join started and left no member
 	phasePending               // infrastructure not ready: no peer URL yet
 	phaseUnjoined              // ready, no member yet
 	phaseJoining               // member added as a learner, not started
@@ -189,7 +191,7 @@ func (v view) phase(mc Machine) phase {
 		return phaseVoter
 	case mc.CreationFailed:
 		return phaseFailed
-	case !hasMember && mc.MemberID != 0:
+	case !hasMember && (mc.MemberID != 0 || mc.JoinStarted):
 		return phaseSpent
 	case mc.PeerURL == "":
 		return phasePending
@@ -222,16 +224,26 @@ func (v view) departing(m Member) bool {
 	return !ok || mc.Deleting
 }
 
-// unhealthyFor returns how long m has been unhealthy, 0 if unknown.
-func (v view) unhealthyFor(m Member) time.Duration {
-	if m.Healthy || m.UnhealthySince.IsZero() {
+// since returns how long ago t was; an unknown (zero) time counts as now,
+// so a lost record restarts a timeout instead of firing it.
+func (v view) since(t time.Time) time.Duration {
+	if t.IsZero() {
 		return 0
 	}
-	return v.Now.Sub(m.UnhealthySince)
+	return v.Now.Sub(t)
 }
 
-// dueForRemediation reports whether voter m, on a kept machine, should be
-// removed first and replaced.
+// unhealthyFor returns how long m has been unhealthy, 0 if healthy or unknown.
+func (v view) unhealthyFor(m Member) time.Duration {
+	if m.Healthy {
+		return 0
+	}
+	return v.since(m.UnhealthySince)
+}
+
+// dueForRemediation reports whether unhealthy voter m should be removed
+// first and its machine replaced: a health check marked its machine, or it
+// has been unhealthy past UnhealthyTimeout.
 func (v view) dueForRemediation(m Member) bool {
 	if m.Healthy {
 		return false
@@ -239,21 +251,32 @@ func (v view) dueForRemediation(m Member) bool {
 	if mc, ok := v.machineOf(m); ok && mc.Remediate {
 		return true
 	}
-	return !m.UnhealthySince.IsZero() && v.unhealthyFor(m) >= v.tun.UnhealthyTimeout
+	return v.unhealthyFor(m) >= v.tun.UnhealthyTimeout
 }
 
-// learnerAge returns how long ago learner m was added, as best known.
-func (v view) learnerAge(m Member) time.Duration {
-	added := m.AddedAt
-	if added.IsZero() {
-		if mc, ok := v.machineOf(m); ok {
-			added = mc.CreatedAt
+// learnerAge returns how long ago learner m was added (0 if unknown).
+func (v view) learnerAge(m Member) time.Duration { return v.since(m.AddedAt) }
+
+// atRiskVoters returns the voters, counting as unhealthy those whose
+// machine is deleting without the hook: an operator let that machine go,
+// so its member is about to drop out, and quorum decisions must not lean
+// on it.
+func (v view) atRiskVoters() []Member {
+	voters := v.voters()
+	for i, m := range voters {
+		if mc, ok := v.machineOf(m); ok && mc.Deleting && !mc.HasHook {
+			voters[i].Healthy = false
 		}
 	}
-	if added.IsZero() {
-		return 0
-	}
-	return v.Now.Sub(added)
+	return voters
+}
+
+// hasQuorum reports whether no more voters are unhealthy than etcd
+// tolerates (I7).
+func (v view) hasQuorum() bool {
+	voters := v.voters()
+	unhealthy := filter(voters, func(m Member) bool { return !m.Healthy })
+	return len(voters) > 0 && len(unhealthy) <= tolerance(len(voters))
 }
 
 // tolerance is how many unhealthy voters n voters survive.
@@ -275,6 +298,28 @@ func quorumAfterRemoval(voters []Member, gone uint64) bool {
 	return remaining > 0 && 2*healthy > remaining
 }
 
+// keepsTolerance reports whether removing voter m leaves etcd surviving as
+// many further failures as before, judged the way an operator would: a
+// healthy voter may go only while every other voter is healthy, or when the
+// count drops from even to odd (4 → 3 tolerates one failure either way).
+// Removing a healthy one of 5 voters while another is down takes the cluster
+// from surviving one more failure to surviving none.
+func keepsTolerance(voters []Member, m Member) bool {
+	if !m.Healthy || len(voters)%2 == 0 {
+		return true
+	}
+	for _, o := range voters {
+		if o.ID != m.ID && !o.Healthy {
+			return false
+		}
+	}
+	return true
+}
+
+// outdated reports whether mc is to be replaced: its spec is out of date,
+// its failure domain is gone, or a health check marked it. A marked machine
+// whose voter is healthy (its Node or components failed, not etcd) is thus
+// replaced like a rollout: the replacement joins before the member leaves.
 func (v view) outdated(mc Machine) bool {
-	return !mc.UpToDate || (len(v.FailureDomains) > 0 && !slices.Contains(v.FailureDomains, mc.FailureDomain))
+	return !mc.UpToDate || mc.Remediate || (len(v.FailureDomains) > 0 && !slices.Contains(v.FailureDomains, mc.FailureDomain))
 }

@@ -3,6 +3,7 @@ package quorum
 import (
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -22,17 +23,29 @@ type world struct {
 }
 
 type wMachine struct {
-	id        int
-	fd        string
-	born      int // epoch of creation
-	addr      bool
-	upToDate  bool
-	deleting  bool
-	annotated bool
-	hook      bool
-	failed    bool
-	broken    bool // etcd on it never starts
-	memberID  uint64
+	id          int
+	fd          string
+	born        int // epoch of creation
+	readyAt     int // epoch its infrastructure became ready
+	addr        bool
+	upToDate    bool
+	deleting    bool
+	annotated   bool
+	hook        bool
+	failed      bool
+	broken      bool // etcd on it never starts
+	noInfra     bool // its infrastructure never becomes ready
+	slow        bool // its next step of progress (address, start, catch-up) is late by an epoch
+	remediate   bool // a MachineHealthCheck marked it
+	joinStarted bool
+	memberID    uint64
+}
+
+// version stands in for the Machine's resourceVersion: it changes whenever
+// anything the API server stores about the machine changes.
+func (m wMachine) version() string {
+	return m.fd + "/" + bits(m.addr, m.upToDate, m.deleting, m.annotated, m.hook, m.failed, m.remediate, m.joinStarted) +
+		"/" + strconv.FormatUint(m.memberID, 10)
 }
 
 type wMember struct {
@@ -43,15 +56,35 @@ type wMember struct {
 	healthy  bool
 	caughtUp bool
 	leader   bool
-	since    int // epoch it was added (learners) or went down (unhealthy)
+	since    int    // epoch it was added (learners) or went down (unhealthy)
+	alarm    string // "", "NOSPACE" or "CORRUPT", raised by this member
 }
 
 var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 
 const epochLen = 10 * time.Minute
 
-func machineName(id int) string { return fmt.Sprintf("m-%02d", id) }
-func peerURL(id int) string     { return fmt.Sprintf("https://10.0.0.%d:2380", id) }
+// Names and URLs are precomputed: the exploration renders millions of states.
+var machineNameTable, peerURLTable = func() (names, urls []string) {
+	for id := range 100 {
+		names = append(names, fmt.Sprintf("m-%02d", id))
+		urls = append(urls, fmt.Sprintf("https://10.0.0.%d:2380", id))
+	}
+	return names, urls
+}()
+
+func machineName(id int) string { return machineNameTable[id] }
+func peerURL(id int) string     { return peerURLTable[id] }
+
+func bits(flags ...bool) string {
+	n := 0
+	for i, f := range flags {
+		if f {
+			n |= 1 << i
+		}
+	}
+	return strconv.Itoa(n)
+}
 
 func (w world) clone() world {
 	w.machines = slices.Clone(w.machines)
@@ -69,10 +102,12 @@ func (w world) state() State {
 			Name: machineName(m.id), FailureDomain: m.fd, UpToDate: m.upToDate,
 			CreatedAt: at(m.born).Add(time.Duration(m.id) * time.Second),
 			Deleting:  m.deleting, DeleteAnnotated: m.annotated, HasHook: m.hook,
-			NodeReady: true, ComponentsHealthy: true, CreationFailed: m.failed, MemberID: m.memberID,
+			NodeReady: !m.remediate, ComponentsHealthy: !m.remediate, CreationFailed: m.failed, MemberID: m.memberID,
+			JoinStarted: m.joinStarted, Remediate: m.remediate, ResourceVersion: m.version(),
 		}
 		if m.addr {
 			mc.PeerURL = peerURL(m.id)
+			mc.InfraReadyAt = at(m.readyAt).Add(time.Duration(m.id) * time.Second)
 		}
 		s.Machines = append(s.Machines, mc)
 	}
@@ -90,6 +125,9 @@ func (w world) state() State {
 		}
 		if !m.healthy {
 			mm.UnhealthySince = at(m.since)
+		}
+		if m.alarm != "" {
+			mm.Alarms = []string{m.alarm}
 		}
 		s.Members = append(s.Members, mm)
 	}
@@ -114,6 +152,23 @@ func (w *world) member(id uint64) *wMember {
 	return nil
 }
 
+// admits reports whether a caller that enforces d's preconditions (see
+// Expectation) would carry d out in w, which may have changed since d was
+// planned; s is w.state().
+func (w world) admits(d Decision, s State) bool {
+	switch d.Kind {
+	case AddHook, RemoveHook, DeleteMachine, AddLearner:
+		if w.machine(d.Machine) == nil {
+			return false
+		}
+	case Promote, RemoveMember:
+		if w.member(d.MemberID) == nil {
+			return false
+		}
+	}
+	return d.Verify(s) == nil
+}
+
 // apply carries out d. Steps that take time (provisioning, starting,
 // catching up, finishing a deletion) happen in progress, when QCP waits.
 func (w world) apply(d Decision) world {
@@ -125,7 +180,7 @@ func (w world) apply(d Decision) world {
 	case AddLearner:
 		mc := w.machine(d.Machine)
 		w.nextMember++
-		mc.memberID = w.nextMember
+		mc.joinStarted, mc.memberID = true, w.nextMember
 		w.members = append(w.members, wMember{id: w.nextMember, host: mc.id, learner: true, since: w.epoch})
 	case Promote:
 		w.member(d.MemberID).learner = false
@@ -156,6 +211,7 @@ func (w *world) progress() {
 		mc := w.machine(machineName(m.host))
 		switch {
 		case mc == nil:
+		case mc.slow:
 		case !m.started && !mc.broken && !mc.deleting:
 			m.started, m.healthy = true, true
 		case m.started && m.healthy && !m.caughtUp:
@@ -177,8 +233,14 @@ func (w *world) progress() {
 	}
 	for i := range w.machines {
 		mc := &w.machines[i]
-		if !mc.failed && !mc.deleting {
-			mc.addr = true
+		switch {
+		case mc.slow:
+			mc.slow = false
+		case !mc.addr && !mc.failed && !mc.deleting && !mc.noInfra:
+			mc.addr, mc.readyAt = true, w.epoch
+		case !mc.addr && !mc.deleting && !mc.failed && !mc.remediate && w.epoch-mc.born >= 2:
+			// QCP's MachineHealthCheck: the node-startup timeout.
+			mc.remediate = true
 		}
 	}
 	if len(w.members) == 0 {
@@ -193,7 +255,7 @@ func (w *world) bootstrap() {
 		return
 	}
 	mc := &w.machines[0]
-	if mc.addr && !mc.broken && !mc.deleting && !mc.failed && mc.memberID == 0 {
+	if mc.addr && !mc.broken && !mc.deleting && !mc.failed && !mc.slow && mc.memberID == 0 {
 		w.nextMember++
 		mc.memberID = w.nextMember
 		w.members = append(w.members, wMember{id: w.nextMember, host: mc.id, started: true, healthy: true, caughtUp: true, leader: true})
@@ -230,6 +292,21 @@ func (w *world) elect() {
 	}
 }
 
+// margin is how many more voters may fail before quorum is lost; negative
+// once it is lost.
+func (w world) margin() int {
+	voters, healthy := 0, 0
+	for _, m := range w.members {
+		if !m.learner {
+			voters++
+			if m.healthy {
+				healthy++
+			}
+		}
+	}
+	return healthy - (voters/2 + 1)
+}
+
 // converged is the desired state: desired machines, all up to date, each
 // hosting a healthy voter under the hook, and nothing else.
 func (w world) converged() bool {
@@ -238,7 +315,7 @@ func (w world) converged() bool {
 	}
 	for _, mc := range w.machines {
 		m := w.memberOn(mc.id)
-		if mc.deleting || mc.failed || !mc.upToDate || !mc.hook || m == nil || m.learner || !m.healthy || !m.caughtUp {
+		if mc.deleting || mc.failed || mc.remediate || !mc.upToDate || !mc.hook || m == nil || m.learner || !m.healthy || !m.caughtUp || m.alarm != "" {
 			return false
 		}
 		if len(w.domains) > 0 && !slices.Contains(w.domains, mc.fd) {
@@ -258,9 +335,9 @@ func (w world) memberOn(machine int) *wMember {
 }
 
 // key identifies a world up to what the planner can observe: machines and
-// members renumbered by age, epochs reduced to "expired or not".
+// members renumbered by age, epochs reduced to what timeouts can tell.
 func (w world) key() string {
-	var b strings.Builder
+	b := make([]byte, 0, 256)
 	rank := map[int]int{}
 	for i, mc := range w.machines {
 		rank[mc.id] = i
@@ -269,7 +346,9 @@ func (w world) key() string {
 	for i, m := range w.members {
 		mrank[m.id] = i
 	}
-	fmt.Fprintf(&b, "d%d|", w.desired)
+	b = strconv.AppendInt(b, int64(w.desired), 10)
+	b = append(b, strings.Join(w.domains, ",")...)
+	b = append(b, '|')
 	for _, mc := range w.machines {
 		mid, ok := mrank[mc.memberID]
 		if !ok && mc.memberID != 0 {
@@ -277,16 +356,27 @@ func (w world) key() string {
 		} else if mc.memberID == 0 {
 			mid = -2
 		}
-		fmt.Fprintf(&b, "%s,%v,%t%t%t%t%t%t%t%t,%d;", mc.fd, w.epoch > mc.born, mc.addr, mc.upToDate, mc.deleting,
-			mc.annotated, mc.hook, mc.failed, mc.broken, mc.memberID != 0, mid)
+		b = append(b, mc.fd...)
+		b = append(b, ',')
+		b = strconv.AppendInt(b, int64(min(w.epoch-mc.born, 3)), 10)
+		b = append(b, ',')
+		b = append(b, bits(w.epoch > mc.readyAt, mc.addr, mc.upToDate, mc.deleting, mc.annotated, mc.hook, mc.failed, mc.broken,
+			mc.noInfra, mc.slow, mc.remediate, mc.joinStarted, mc.memberID != 0)...)
+		b = append(b, ',')
+		b = strconv.AppendInt(b, int64(mid), 10)
+		b = append(b, ';')
 	}
-	b.WriteString("|")
+	b = append(b, '|')
 	for _, m := range w.members {
 		host, ok := rank[m.host]
 		if !ok {
 			host = -1
 		}
-		fmt.Fprintf(&b, "%d,%t%t%t%t%t,%t;", host, m.learner, m.started, m.healthy, m.caughtUp, m.leader, w.epoch > m.since)
+		b = strconv.AppendInt(b, int64(host), 10)
+		b = append(b, ',')
+		b = append(b, bits(m.learner, m.started, m.healthy, m.caughtUp, m.leader, w.epoch > m.since)...)
+		b = append(b, m.alarm...)
+		b = append(b, ';')
 	}
-	return b.String()
+	return string(b)
 }

@@ -1,0 +1,204 @@
+package quorum
+
+import "slices"
+
+// fault is something the world or a user does to the cluster on its own.
+type fault struct {
+	name  string
+	apply func(world) []world
+}
+
+// faults are the world's faults. Those marked deep only run with -deep: they
+// multiply the state space without reaching states the others do not.
+func faults() []fault {
+	return []fault{
+		{"member crashes", eachMember(func(m *wMember, w *world) bool {
+			if !m.started || !m.healthy {
+				return false
+			}
+			m.healthy, m.leader, m.since = false, false, w.epoch
+			w.elect()
+			return true
+		})},
+		{"member recovers", eachMember(func(m *wMember, w *world) bool {
+			mc := w.machine(machineName(m.host))
+			if !m.started || m.healthy || mc == nil {
+				return false
+			}
+			m.healthy, m.caughtUp = true, true
+			w.elect()
+			return true
+		})},
+		{"leader changes without a crash", eachMember(func(m *wMember, w *world) bool {
+			if m.learner || !m.started || !m.healthy || m.leader || !w.hasLeader() {
+				return false
+			}
+			for i := range w.members {
+				w.members[i].leader = false
+			}
+			m.leader = true
+			return true
+		})},
+		{"learner never starts", eachMachine(func(mc *wMachine, w *world) bool {
+			if mc.broken || mc.deleting || (w.memberOn(mc.id) != nil && w.memberOn(mc.id).started) {
+				return false
+			}
+			mc.broken = true
+			return true
+		})},
+		{"machine is slow (provisioning, learner start or catch-up)", eachMachine(func(mc *wMachine, w *world) bool {
+			if mc.slow || mc.deleting {
+				return false
+			}
+			m := w.memberOn(mc.id)
+			if mc.addr && (m == nil || m.caughtUp) {
+				return false // nothing in progress to slow down
+			}
+			mc.slow = true
+			return true
+		})},
+		{"infrastructure never becomes ready", eachMachine(func(mc *wMachine, _ *world) bool {
+			if mc.addr || mc.noInfra || mc.failed || mc.deleting {
+				return false
+			}
+			mc.noInfra = true
+			return true
+		})},
+		{"machine creation fails", eachMachine(func(mc *wMachine, _ *world) bool {
+			if mc.addr || mc.failed || mc.deleting {
+				return false
+			}
+			mc.failed = true
+			return true
+		})},
+		{"user deletes a machine", eachMachine(func(mc *wMachine, _ *world) bool {
+			if mc.deleting {
+				return false
+			}
+			mc.deleting = true
+			return true
+		})},
+		{"user removes a hook", eachMachine(func(mc *wMachine, _ *world) bool {
+			if !mc.hook {
+				return false
+			}
+			mc.hook = false
+			return true
+		})},
+		{"health check marks a machine", eachMachine(func(mc *wMachine, _ *world) bool {
+			if mc.remediate || mc.deleting {
+				return false
+			}
+			mc.remediate = true
+			return true
+		})},
+		{"member raises NOSPACE", eachMember(func(m *wMember, _ *world) bool {
+			if !m.started || m.alarm != "" {
+				return false
+			}
+			m.alarm = "NOSPACE"
+			return true
+		})},
+		{"member raises CORRUPT", eachMember(func(m *wMember, _ *world) bool {
+			if !m.started || m.alarm != "" {
+				return false
+			}
+			m.alarm = "CORRUPT"
+			return true
+		})},
+		{"user changes desired replicas", func(w world) []world {
+			var out []world
+			for _, d := range []int{w.desired - 2, w.desired + 2} {
+				if d >= 1 && d <= 5 {
+					c := w.clone()
+					c.desired = d
+					out = append(out, c)
+				}
+			}
+			return out
+		}},
+		{"failure domains change", func(w world) []world {
+			var out []world
+			for _, ds := range [][]string{{"fd-a", "fd-b"}, {"fd-a", "fd-b", "fd-c", "fd-d"}} {
+				if !slices.Equal(ds, w.domains) {
+					c := w.clone()
+					c.domains = ds
+					out = append(out, c)
+				}
+			}
+			return out
+		}},
+		{"manager restarts and loses its in-memory records", func(w world) []world {
+			c := w.clone()
+			changed := false
+			for i := range c.members {
+				m := &c.members[i]
+				if m.since != c.epoch {
+					m.since, changed = c.epoch, true // recorded anew as "now"
+				}
+				if mc := c.machine(machineName(m.host)); mc != nil && m.learner && !m.started && mc.memberID != 0 {
+					mc.memberID, changed = 0, true // crashed between MemberAdd and recording the ID
+				}
+			}
+			if !changed {
+				return nil
+			}
+			return []world{c}
+		}},
+	}
+}
+
+func (w world) hasLeader() bool {
+	return slices.ContainsFunc(w.members, func(m wMember) bool { return m.leader })
+}
+
+func eachMember(f func(*wMember, *world) bool) func(world) []world {
+	return func(w world) []world {
+		var out []world
+		for i := range w.members {
+			c := w.clone()
+			if f(&c.members[i], &c) {
+				out = append(out, c)
+			}
+		}
+		return out
+	}
+}
+
+func eachMachine(f func(*wMachine, *world) bool) func(world) []world {
+	return func(w world) []world {
+		var out []world
+		for i := range w.machines {
+			c := w.clone()
+			if f(&c.machines[i], &c) {
+				out = append(out, c)
+			}
+		}
+		return out
+	}
+}
+
+// observationFaults are wrong views of a right world: what a reconciler may
+// read when etcd is unreachable, a member answers with a stale list, or a
+// cache lags. QCP plans on them; the caller acts on the real world, subject
+// to the decision's preconditions.
+func observationFaults(s State, prev []Member) []namedState {
+	out := []namedState{
+		{"member list unreadable", edit(s, func(s *State) { s.MembersUnknown = true })},
+		{"member list empty", edit(s, func(s *State) { s.Members = nil })},
+	}
+	for i := range s.Members {
+		out = append(out, namedState{"member list lacks " + idString(s.Members[i].ID), edit(s, func(s *State) {
+			s.Members = slices.Delete(s.Members, i, i+1)
+		})})
+	}
+	if prev != nil {
+		out = append(out, namedState{"stale member list", edit(s, func(s *State) { s.Members = slices.Clone(prev) })})
+	}
+	return out
+}
+
+type namedState struct {
+	name string
+	s    State
+}
