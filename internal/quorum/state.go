@@ -34,6 +34,53 @@
 // replaced; a learner that never starts is handled the same way. A deleting
 // machine whose hook an operator removed by hand is let go: its member is
 // then removed when that is quorum-safe, or the planner reports Degraded.
+//
+// # Policy where it is not obvious
+//
+//   - Unknown membership. An unreadable or empty member list is not "no
+//     members". Once any machine has recorded a member (MemberID or
+//     JoinStarted), the planner takes no step until it can see the list;
+//     bootstrap happens only when none ever has.
+//   - Hooks. Deleting a voter's machine without the hook is an I5 (and I1)
+//     violation in Check: the drain would take the voter before its member
+//     is removed.
+//   - Fault tolerance. A healthy voter leaves only while every other voter
+//     is healthy, or when the count drops from even to odd; otherwise the
+//     planner waits for the unhealthy one to recover or be remediated. A
+//     voter whose machine an operator let go (deleting, hook removed)
+//     counts as unhealthy for this, since it is about to drop out.
+//   - Stale observations. Every step carries an Expectation: the desired
+//     count, failure domains, deleting and hooked machines, member IDs and
+//     roles, healthy members, leader, and the target machine's
+//     resourceVersion. The caller re-observes and calls Decision.Verify
+//     right before acting, and makes its writes conditional on the
+//     resourceVersion; on a mismatch it plans again.
+//   - Alarms. An alarm is not ill health (observers must read alarms from
+//     the alarm list, not from Status errors). While one is raised, only
+//     removals QCP would make anyway go ahead, when quorum-safe: stray
+//     learners, and leaving voters, the alarmed ones first and without
+//     waiting for a replacement. Everything else is Degraded, naming the
+//     alarm even if quorum is lost too.
+//   - Health-check marks. A marked machine that hosts no voter yet is
+//     deleted, not joined. A marked unhealthy voter is removed first. A
+//     marked healthy voter is outdated: it is replaced like a rollout, its
+//     replacement joining before its member leaves.
+//   - Timeouts. The bootstrap timeout counts from InfraReadyAt, a learner's
+//     from AddedAt; an unknown time counts as now (the caller persists it).
+//     Provisioning itself has no timeout here: it is the MachineHealthCheck's
+//     node-startup timeout, which marks the machine.
+//   - Records. A machine whose join started (JoinStarted) and that hosts no
+//     member is spent and replaced, never joined a second time with a stale
+//     data directory. A down voter with an unknown UnhealthySince is waited
+//     for by name, never reported as "nothing to do".
+//   - Lowering desired. A machine that does not vote yet is cancelled when
+//     more machines are kept than desired (plus one surge machine while an
+//     outdated voter remains), instead of being joined only to shrink etcd
+//     again.
+//   - Failure domains. A new machine goes to the domain with the fewest
+//     machines that will remain (every kept machine except the one a
+//     rollout replaces), ties broken alphabetically; scale-down takes the
+//     oldest machine of the fullest domain within its priority class.
 package quorum
 
 import "time"

@@ -121,7 +121,7 @@ func (m *Monitor) SampleNow(ctx context.Context) { m.sample(ctx) }
 func (m *Monitor) sample(ctx context.Context) {
 	m.sampling.Lock()
 	defer m.sampling.Unlock()
-	members, err := Observe(ctx, m.client)
+	members, err := m.client.ObserveMembers(ctx)
 	at := time.Now()
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -155,41 +155,6 @@ func (m *Monitor) sample(ctx context.Context) {
 		}
 	}
 	m.prev = members
-}
-
-// Observe reads the member list and each member's status and returns them
-// as the planner sees members. A voter is healthy when it answers a status
-// request without errors; a learner likewise (learners fail /health by
-// design). Alarms are read once for the cluster.
-func Observe(ctx context.Context, client *etcd.Client) ([]quorum.Member, error) {
-	lctx, cancel := context.WithTimeout(ctx, time.Second)
-	defer cancel()
-	list, err := client.Members(lctx)
-	if err != nil {
-		return nil, err
-	}
-	statuses, _ := client.Statuses(ctx, list)
-	alarms := map[uint64][]string{}
-	if as, err := client.Alarms(lctx); err == nil {
-		for _, a := range as {
-			alarms[a.MemberID] = append(alarms[a.MemberID], a.Type)
-		}
-	}
-	out := make([]quorum.Member, 0, len(list))
-	for _, mb := range list {
-		qm := quorum.Member{ID: mb.ID, Name: mb.Name, Learner: mb.IsLearner, Alarms: alarms[mb.ID]}
-		if len(mb.PeerURLs) > 0 {
-			qm.PeerURL = mb.PeerURLs[0]
-		}
-		if s, ok := statuses[mb.ID]; ok {
-			qm.Healthy = len(s.Errors) == 0
-			qm.AppliedIndex = s.AppliedIndex
-			qm.Revision = s.Revision
-			qm.Leader = s.Leader == s.ID
-		}
-		out = append(out, qm)
-	}
-	return out, nil
 }
 
 func describe(ms []quorum.Member) string {

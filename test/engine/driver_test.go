@@ -166,7 +166,7 @@ func (d *driver) observe(ctx context.Context) (quorum.State, error) {
 	now := time.Now()
 	s := quorum.State{Desired: d.desired, Topology: quorum.External, FailureDomains: d.opts.failureDomains, Now: now, Tunables: d.opts.tunables}
 	if d.cli != nil {
-		members, err := testkit.Observe(ctx, d.cli)
+		members, err := d.cli.ObserveMembers(ctx)
 		if err != nil {
 			return s, err
 		}

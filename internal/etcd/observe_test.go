@@ -1,0 +1,103 @@
+package etcd_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/qcp-dev/qcp/internal/quorum"
+	"github.com/qcp-dev/qcp/internal/testkit"
+)
+
+// TestAlarmIsObservedApartFromHealth raises a NOSPACE alarm on one member
+// of a real 3-member cluster. etcd then reports it in every member's status
+// errors, but ObserveMembers must attribute it to the raising member only
+// and keep every member healthy, so that the planner names the alarm
+// instead of declaring lost quorum. Disarming clears it.
+func TestAlarmIsObservedApartFromHealth(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	cl := testkit.NewEtcdCluster(t, "alarms")
+	ps, err := cl.Bootstrap(ctx, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cli := cl.NewClient(ps...)
+	list, err := cli.Members(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	raiser := list[1].ID
+	alarm := &etcdserverpb.AlarmRequest{Action: etcdserverpb.AlarmRequest_ACTIVATE, MemberID: raiser, Alarm: etcdserverpb.AlarmType_NOSPACE}
+	if _, err := etcdserverpb.NewMaintenanceClient(cli.Raw().ActiveConnection()).Alarm(ctx, alarm); err != nil {
+		t.Fatalf("raising NOSPACE on %x: %v", raiser, err)
+	}
+
+	// The trap: the raw status of a member that did not raise it lists it.
+	other, err := cli.Status(ctx, list[0].ClientURLs[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.ContainsFunc(other.Errors, func(e string) bool { return strings.Contains(e, "NOSPACE") }) {
+		t.Fatalf("status errors of %x = %v; expected etcd to repeat the cluster-wide NOSPACE there", list[0].ID, other.Errors)
+	}
+
+	var members []quorum.Member
+	if err := testkit.Eventually(ctx, 200*time.Millisecond, "every member observed healthy with the alarm", func(ctx context.Context) (err error) {
+		members, err = cli.ObserveMembers(ctx)
+		if err != nil {
+			return err
+		}
+		for _, m := range members {
+			if !m.Healthy {
+				return fmt.Errorf("member %x observed unhealthy", m.ID)
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range members {
+		want := []string(nil)
+		if m.ID == raiser {
+			want = []string{"NOSPACE"}
+		}
+		if !slices.Equal(m.Alarms, want) {
+			t.Errorf("member %x alarms = %v, want %v", m.ID, m.Alarms, want)
+		}
+	}
+	s := quorum.State{Desired: 3, Topology: quorum.External, Members: members, Now: time.Now()}
+	for _, m := range members {
+		s.Machines = append(s.Machines, quorum.Machine{Name: m.Name, PeerURL: m.PeerURL, UpToDate: true, HasHook: true,
+			NodeReady: true, ComponentsHealthy: true, MemberID: m.ID, CreatedAt: s.Now})
+	}
+	s.Machines = s.Machines[:2] // a machine to replace, so that the alarm blocks a step
+	if d := quorum.Plan(s); d.Kind != quorum.Degraded || !strings.Contains(d.Reason, "alarms [NOSPACE]") {
+		t.Fatalf("Plan with a NOSPACE alarm = %s, want Degraded naming NOSPACE", d)
+	}
+
+	if _, err := cli.Raw().AlarmDisarm(ctx, &clientv3.AlarmMember{MemberID: raiser, Alarm: etcdserverpb.AlarmType_NOSPACE}); err != nil {
+		t.Fatalf("disarming: %v", err)
+	}
+	if err := testkit.Eventually(ctx, 200*time.Millisecond, "the alarm cleared", func(ctx context.Context) error {
+		members, err := cli.ObserveMembers(ctx)
+		if err != nil {
+			return err
+		}
+		for _, m := range members {
+			if len(m.Alarms) > 0 {
+				return fmt.Errorf("member %x still has alarms %v", m.ID, m.Alarms)
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+}
