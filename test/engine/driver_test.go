@@ -6,8 +6,10 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -29,6 +31,11 @@ type machine struct {
 	hasHook   bool
 	remediate bool
 	memberID  uint64
+	// joinStarted is recorded before MemberAddAsLearner (quorum.AddLearner).
+	joinStarted bool
+	// version stands in for the Machine's resourceVersion: every change
+	// bumps it, and a step planned on an older version is dropped.
+	version int
 }
 
 // driverOptions change how the driver carries out decisions.
@@ -63,6 +70,12 @@ type driver struct {
 	// start, as a machine whose etcd never comes up.
 	suppressStarts int
 	steps          []string
+	// degraded are the Degraded reasons the planner gave, in order; a
+	// scenario that breaks quorum on purpose asserts on them.
+	degraded []string
+	// dropped counts steps whose preconditions failed on the fresh
+	// observation made right before acting.
+	dropped int
 	// afterStep runs after every step, for the monitor to sample each
 	// intermediate membership.
 	afterStep func(context.Context)
@@ -85,22 +98,22 @@ func (d *driver) converge(ctx context.Context, desired int, timeout time.Duratio
 	defer cancel()
 	lastWait := ""
 	for {
-		before, err := d.observe(ctx)
-		if err != nil {
-			lastWait = "an observation of etcd: " + err.Error()
-		} else {
-			dec := quorum.Plan(before)
-			switch {
-			case dec.Kind == quorum.Degraded:
-				d.t.Fatalf("%s: planner degraded: %s\nsteps:\n%s", d.name, dec.Reason, strings.Join(d.steps, "\n"))
-			case dec.Kind == quorum.Wait && d.steady(before):
-				return
-			case dec.Kind == quorum.Wait:
-				lastWait = dec.Reason
-			default:
-				d.step(ctx, before, dec)
-				continue
+		before := d.observe(ctx)
+		dec := quorum.Plan(before)
+		switch {
+		case dec.Kind == quorum.Degraded:
+			if len(d.degraded) == 0 || d.degraded[len(d.degraded)-1] != dec.Reason {
+				d.degraded = append(d.degraded, dec.Reason)
+				d.steps = append(d.steps, time.Now().Format("15:04:05.000")+" "+dec.String())
 			}
+			lastWait = dec.Reason
+		case dec.Kind == quorum.Wait && d.steady(before):
+			return
+		case dec.Kind == quorum.Wait:
+			lastWait = dec.Reason
+		default:
+			d.step(ctx, before, dec)
+			continue
 		}
 		if err := d.releaseDrainedMachines(); err != nil {
 			d.t.Fatal(err)
@@ -118,6 +131,13 @@ func (d *driver) converge(ctx context.Context, desired int, timeout time.Duratio
 func (d *driver) step(ctx context.Context, before quorum.State, dec quorum.Decision) {
 	d.t.Helper()
 	start := time.Now()
+	// The world may have changed since the plan: act only if the decision's
+	// preconditions still hold, as a reconciler must.
+	if err := dec.Verify(d.observe(ctx)); err != nil {
+		d.dropped++
+		d.steps = append(d.steps, fmt.Sprintf("%s dropped %s: %v", start.Format("15:04:05.000"), dec.Kind, err))
+		return
+	}
 	if err := d.act(ctx, dec); err != nil {
 		d.t.Fatalf("%s: carrying out %s: %v\nsteps:\n%s", d.name, dec, err, strings.Join(d.steps, "\n"))
 	}
@@ -129,9 +149,11 @@ func (d *driver) step(ctx context.Context, before quorum.State, dec quorum.Decis
 		d.afterStep(ctx)
 	}
 	var after quorum.State
-	err := testkit.Eventually(ctx, 100*time.Millisecond, "an observation after "+string(dec.Kind), func(ctx context.Context) (err error) {
-		after, err = d.observe(ctx)
-		return err
+	err := testkit.Eventually(ctx, 100*time.Millisecond, "an observation after "+string(dec.Kind), func(ctx context.Context) error {
+		if after = d.observe(ctx); after.MembersUnknown && d.cli != nil {
+			return errors.New("the member list could not be read")
+		}
+		return nil
 	})
 	if err != nil {
 		d.t.Fatalf("%s: %v", d.name, err)
@@ -161,39 +183,48 @@ func (d *driver) steady(s quorum.State) bool {
 }
 
 // observe builds the planner's State from the member list, per-member
-// status and process liveness.
-func (d *driver) observe(ctx context.Context) (quorum.State, error) {
+// status and process liveness. A member list that cannot be read is
+// reported as unknown, never as empty.
+func (d *driver) observe(ctx context.Context) quorum.State {
 	now := time.Now()
 	s := quorum.State{Desired: d.desired, Topology: quorum.External, FailureDomains: d.opts.failureDomains, Now: now, Tunables: d.opts.tunables}
 	if d.cli != nil {
 		members, err := d.cli.ObserveMembers(ctx)
-		if err != nil {
-			return s, err
+		s.MembersUnknown = err != nil
+		if err == nil {
+			d.recordMembers(members, now)
+			s.Members = members
 		}
-		for i := range members {
-			m := &members[i]
-			if m.Healthy {
-				delete(d.unhealthySince, m.ID)
-			} else if _, ok := d.unhealthySince[m.ID]; !ok {
-				d.unhealthySince[m.ID] = now
-			}
-			m.UnhealthySince = d.unhealthySince[m.ID]
-			m.AddedAt = d.addedAt[m.ID]
-			d.recordBootstrapMember(*m)
-		}
-		d.overrideLeader(members)
-		s.Members = members
-		d.refreshEndpoints(members)
 	}
 	for _, mc := range d.machines {
 		running := mc.proc.Running()
 		s.Machines = append(s.Machines, quorum.Machine{
 			Name: mc.name, FailureDomain: mc.fd, PeerURL: mc.proc.PeerURL(), UpToDate: mc.upToDate,
-			CreatedAt: mc.createdAt, Deleting: mc.deleting, HasHook: mc.hasHook, NodeReady: true,
-			ComponentsHealthy: running, MemberID: mc.memberID, Remediate: mc.remediate,
+			CreatedAt: mc.createdAt, InfraReadyAt: mc.createdAt, Deleting: mc.deleting, HasHook: mc.hasHook, NodeReady: true,
+			ComponentsHealthy: running, MemberID: mc.memberID, JoinStarted: mc.joinStarted, Remediate: mc.remediate,
+			ResourceVersion: strconv.Itoa(mc.version),
 		})
 	}
-	return s, nil
+	return s
+}
+
+// recordMembers keeps the caller's records a reconciler would persist: when
+// each member was first seen unhealthy, when it was added, and the member a
+// machine bootstrapped.
+func (d *driver) recordMembers(members []quorum.Member, now time.Time) {
+	for i := range members {
+		m := &members[i]
+		if m.Healthy {
+			delete(d.unhealthySince, m.ID)
+		} else if _, ok := d.unhealthySince[m.ID]; !ok {
+			d.unhealthySince[m.ID] = now
+		}
+		m.UnhealthySince = d.unhealthySince[m.ID]
+		m.AddedAt = d.addedAt[m.ID]
+		d.recordBootstrapMember(*m)
+	}
+	d.overrideLeader(members)
+	d.refreshEndpoints(members)
 }
 
 // overrideLeader applies the noLeaderTransfer fiction: once the planner
@@ -224,6 +255,7 @@ func (d *driver) recordBootstrapMember(m quorum.Member) {
 	for _, mc := range d.machines {
 		if mc.memberID == 0 && m.Name == mc.name {
 			mc.memberID = m.ID
+			mc.version++
 		}
 	}
 }
@@ -330,6 +362,7 @@ func (d *driver) act(ctx context.Context, dec quorum.Decision) error {
 		default:
 			mc.deleting = true
 		}
+		mc.version++
 		return nil
 	}
 	return fmt.Errorf("unknown decision kind %q", dec.Kind)
@@ -365,6 +398,8 @@ func (d *driver) addLearner(ctx context.Context, dec quorum.Decision) error {
 	if mc == nil {
 		return fmt.Errorf("no machine %s", dec.Machine)
 	}
+	mc.joinStarted = true
+	mc.version++
 	var added etcd.Member
 	var list []etcd.Member
 	err := retry(ctx, 30*time.Second, func(ctx context.Context) (err error) {
@@ -375,6 +410,7 @@ func (d *driver) addLearner(ctx context.Context, dec quorum.Decision) error {
 		return err
 	}
 	mc.memberID = added.ID
+	mc.version++
 	d.addedAt[added.ID] = time.Now()
 	if d.suppressStarts > 0 {
 		d.suppressStarts--

@@ -20,6 +20,8 @@ type traffic struct {
 	w   *testkit.Writer
 	mon *testkit.Monitor
 	cli *etcd.Client
+	// monitored is the monitor's report, once stop has run.
+	monitored testkit.MonitorReport
 }
 
 func startTraffic(t testing.TB, d *driver) *traffic {
@@ -50,6 +52,7 @@ func (tr *traffic) stop(t testing.TB, ctx context.Context) testkit.WriterReport 
 	r := tr.w.Stop(ctx)
 	tr.mon.SampleNow(ctx)
 	mr := tr.mon.Stop()
+	tr.monitored = mr
 	_ = tr.cli.Close()
 	t.Logf("writer: %s", r)
 	t.Logf("monitor: %d samples (%d unobserved), max %d voters, max %d learners, %d violations",
@@ -145,7 +148,7 @@ func TestLearnerThatNeverStartsIsRemoved(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	d := newDriver(t, "stuck", driverOptions{})
-	d.opts.tunables.LearnerStartTimeout = 8 * time.Second
+	d.opts.tunables.LearnerStartTimeout = 20 * time.Second // long enough for a slow start on a loaded machine
 	d.converge(ctx, 1, phaseTimeout)
 	tr := startTraffic(t, d)
 	tr.mon.SetDesired(3)

@@ -1,0 +1,154 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/qcp-dev/qcp/internal/quorum"
+	"github.com/qcp-dev/qcp/internal/testkit"
+)
+
+// TestLoseTwoOfFive kills two of five members. Five voters tolerate two
+// failures, so the planner must not call for a human: it removes each dead
+// member first, then replaces its machine, back to five healthy voters.
+func TestLoseTwoOfFive(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	d := newDriver(t, "twooffive", driverOptions{tunables: quorum.Tunables{UnhealthyTimeout: 3 * time.Second}})
+	d.converge(ctx, 1, phaseTimeout)
+	tr := startTraffic(t, d)
+	tr.mon.SetDesired(5)
+	d.converge(ctx, 5, 2*phaseTimeout)
+	dead := d.nonLeaders(2)
+	for _, mc := range dead {
+		if err := mc.proc.Kill(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	from := len(d.steps)
+	d.converge(ctx, 5, 2*phaseTimeout)
+	tr.stop(t, ctx)
+	logSteps(t, d)
+	if len(d.degraded) > 0 {
+		t.Errorf("the planner called for a human although 5 voters tolerate 2 failures: %v", d.degraded)
+	}
+	firstAdd := stepIndex(d, from, "AddLearner(")
+	for _, mc := range dead {
+		removed := stepIndex(d, from, "RemoveMember(", fmt.Sprintf("%x", mc.memberID))
+		if removed < 0 || firstAdd < 0 || removed > firstAdd {
+			t.Errorf("dead member %x removed at step %d, first replacement added at step %d; want every dead member removed first", mc.memberID, removed, firstAdd)
+		}
+	}
+}
+
+// TestUserDeletesVoterMachine deletes a voter's machine by hand: its hook
+// holds it until the replacement is a promoted voter, and there are never
+// more than four voters.
+func TestUserDeletesVoterMachine(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	d := newDriver(t, "userdelete", driverOptions{})
+	d.converge(ctx, 3, phaseTimeout)
+	tr := startTraffic(t, d)
+	victim := d.nonLeaders(1)[0]
+	victim.deleting = true
+	victim.version++
+	from := len(d.steps)
+	d.converge(ctx, 3, phaseTimeout)
+	tr.stop(t, ctx)
+	r := tr.monitored
+	logSteps(t, d)
+	promoted := stepIndex(d, from, "Promote(")
+	removed := stepIndex(d, from, "RemoveMember(", fmt.Sprintf("%x", victim.memberID))
+	if promoted < 0 || removed < 0 || promoted > removed {
+		t.Errorf("replacement promoted at step %d, deleted machine's member removed at step %d; want the replacement first", promoted, removed)
+	}
+	if r.MaxVoters > 4 {
+		t.Errorf("%d voters at once, want at most 4", r.MaxVoters)
+	}
+}
+
+// TestHookRemovedByHand is the escape hatch: an operator deletes a voter's
+// machine and removes its hook, so it drains at once. QCP never puts the
+// hook back, removes the dead member and heals back to three voters.
+func TestHookRemovedByHand(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	d := newDriver(t, "hatch", driverOptions{})
+	d.converge(ctx, 3, phaseTimeout)
+	tr := startTraffic(t, d)
+	victim := d.nonLeaders(1)[0]
+	victim.deleting, victim.hasHook = true, false
+	victim.version++
+	from := len(d.steps)
+	d.converge(ctx, 3, phaseTimeout)
+	tr.stop(t, ctx)
+	logSteps(t, d)
+	if i := stepIndex(d, from, "AddHook("+victim.name+")"); i >= 0 {
+		t.Errorf("the hook was put back on %s at step %d", victim.name, i)
+	}
+	if stepIndex(d, from, "RemoveMember(", fmt.Sprintf("%x", victim.memberID)) < 0 {
+		t.Errorf("member %x of the released machine was never removed", victim.memberID)
+	}
+}
+
+// TestRecoversFromDegraded kills two of three members: quorum is lost, and
+// the planner must say so and take no step. Once the two come back, the
+// cluster is whole again with the same three members and nothing removed.
+func TestRecoversFromDegraded(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*phaseTimeout)
+	defer cancel()
+	d := newDriver(t, "degraded", driverOptions{})
+	d.converge(ctx, 3, phaseTimeout)
+	tr := startTraffic(t, d)
+	dead := d.nonLeaders(2)
+	for _, mc := range dead {
+		if err := mc.proc.Kill(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var dec quorum.Decision
+	if err := testkit.Eventually(ctx, 200*time.Millisecond, "the planner to report Degraded", func(ctx context.Context) error {
+		if dec = quorum.Plan(d.observe(ctx)); dec.Kind != quorum.Degraded {
+			return fmt.Errorf("planner decided %s", dec)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(dec.Reason, "lost quorum") && !strings.Contains(dec.Reason, "cannot be read") {
+		t.Errorf("Degraded for the wrong reason: %s", dec.Reason)
+	}
+	for _, mc := range dead {
+		if err := mc.proc.Restart(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	from := len(d.steps)
+	d.converge(ctx, 3, phaseTimeout)
+	tr.stop(t, ctx)
+	logSteps(t, d)
+	for _, kind := range []string{"RemoveMember(", "DeleteMachine(", "CreateMachine("} {
+		if i := stepIndex(d, from, kind); i >= 0 {
+			t.Errorf("recovery took a %s step (%s); the members only had to come back", kind, d.steps[i])
+		}
+	}
+}
+
+// nonLeaders returns n machines whose members do not lead, newest first.
+func (d *driver) nonLeaders(n int) []*machine {
+	var out []*machine
+	for i := len(d.machines) - 1; i >= 0 && len(out) < n; i-- {
+		if mc := d.machines[i]; mc.memberID != d.leader {
+			out = append(out, mc)
+		}
+	}
+	if len(out) < n {
+		d.t.Fatalf("only %d machines without the leader, want %d", len(out), n)
+	}
+	return out
+}
