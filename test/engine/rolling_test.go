@@ -19,6 +19,7 @@ type rollingFigures struct {
 	AckedWrites    int     `json:"acknowledged_writes"`
 	RolloutSeconds float64 `json:"rollout_seconds"`
 	MoveLeaders    int     `json:"move_leader_steps"`
+	LeaderRemovals int     `json:"leader_removals"`
 }
 
 func (f rollingFigures) json() string {
@@ -33,11 +34,30 @@ func modeName(noTransfer bool) string {
 	return "with-leader-transfer"
 }
 
+// rolloutScope runs the cleanups registered during one rollout when the
+// rollout ends, so that a benchmark's rollouts do not keep each other's
+// etcd members running and skew the later ones.
+type rolloutScope struct {
+	testing.TB
+	cleanups []func()
+}
+
+func (s *rolloutScope) Cleanup(f func()) { s.cleanups = append(s.cleanups, f) }
+
+func (s *rolloutScope) close() {
+	for i := len(s.cleanups) - 1; i >= 0; i-- {
+		s.cleanups[i]()
+	}
+}
+
 // rollingReplacement bootstraps three members, then marks every machine
 // outdated and lets the planner replace them one by one while the writer
-// runs. With noTransfer the driver skips MoveLeader (see driverOptions), so
-// the leader's member is removed while it leads.
-func rollingReplacement(t testing.TB, noTransfer bool) rollingFigures {
+// runs. With noTransfer the planner skips MoveLeader (see driverOptions),
+// so the leader's member is removed while it leads. Everything the rollout
+// started is stopped when it returns.
+func rollingReplacement(tb testing.TB, noTransfer bool) rollingFigures {
+	t := &rolloutScope{TB: tb}
+	defer t.close()
 	ctx := context.Background()
 	d := newDriver(t, "roll", driverOptions{noLeaderTransfer: noTransfer})
 	d.converge(ctx, 3, phaseTimeout)
@@ -68,13 +88,17 @@ func rollingReplacement(t testing.TB, noTransfer bool) rollingFigures {
 			moves++
 		}
 	}
-	if moves == 0 {
-		t.Error("no MoveLeader step in a rolling replacement of every member; the leader was removed without transfer")
+	switch {
+	case !noTransfer && (moves == 0 || d.leaderRemovals > 0):
+		t.Errorf("with leader transfer: %d MoveLeader steps and %d members removed while leading; want at least one move and no such removal", moves, d.leaderRemovals)
+	case noTransfer && (moves > 0 || d.leaderRemovals == 0):
+		t.Errorf("without leader transfer: %d MoveLeader steps and %d members removed while leading; want no move and at least one such removal", moves, d.leaderRemovals)
 	}
 	return rollingFigures{
 		Scenario: "rolling-replacement-3", LeaderTransfer: !noTransfer,
 		MaxWriteGapMs: float64(r.MaxWriteGap.Microseconds()) / 1000, FailedWrites: r.FailedAttempts,
 		UnknownWrites: r.UnknownWrites, AckedWrites: r.Writes, RolloutSeconds: rollout.Seconds(), MoveLeaders: moves,
+		LeaderRemovals: d.leaderRemovals,
 	}
 }
 
