@@ -37,12 +37,28 @@ type node struct {
 	// observation; at most one per path keeps the space within budget.
 	stale int
 	prev  []Member // the member list one step earlier, for stale observations
-	path  []string
+	// members is w's member list, filled in when the node is expanded.
+	members []Member
+	path    *pathStep
+}
+
+// pathStep is one step of the path to a node, linked to the one before: a
+// node shares its parent's path instead of copying it.
+type pathStep struct {
+	prev *pathStep
+	step string
+}
+
+func (p *pathStep) lines() []string {
+	if p == nil {
+		return nil
+	}
+	return append(p.prev.lines(), p.step)
 }
 
 // explore runs a breadth-first search and records every violation.
 func (e *explorer) explore(start world, name string) {
-	queue := []node{{w: start, path: []string{name}}}
+	queue := []node{{w: start, path: &pathStep{step: name}}}
 	for len(queue) > 0 && len(e.errs) < e.maxErrs {
 		n := queue[0]
 		queue = queue[1:]
@@ -53,6 +69,7 @@ func (e *explorer) explore(start world, name string) {
 		e.seen[k] = true
 		e.states++
 		s := n.w.state()
+		n.members = s.Members
 		d := e.plan(s)
 		e.kinds[d.Kind]++
 		if !n.w.admits(d, s) {
@@ -103,7 +120,7 @@ func (e *explorer) explore(start world, name string) {
 // budget; a stale one (between plan and act, or in the observation) also
 // uses up the path's one stale fault.
 func (e *explorer) successor(n node, w world, fault, stale int, step string) node {
-	return node{w: w, faults: n.faults + fault, stale: n.stale + stale, prev: n.w.state().Members, path: appendPath(n.path, step)}
+	return node{w: w, faults: n.faults + fault, stale: n.stale + stale, prev: n.members, path: &pathStep{prev: n.path, step: step}}
 }
 
 // act carries out d in w, as a caller that enforces d's preconditions
@@ -258,11 +275,5 @@ func recoverAll(w world) world {
 
 func (e *explorer) fail(n node, format string, args ...any) {
 	e.errs = append(e.errs, fmt.Sprintf(format, args...)+"\n  state: "+n.w.state().describe()+
-		"\n  path:\n    "+strings.Join(n.path, "\n    "))
-}
-
-func appendPath(p []string, s string) []string {
-	out := make([]string, len(p), len(p)+1)
-	copy(out, p)
-	return append(out, s)
+		"\n  path:\n    "+strings.Join(n.path.lines(), "\n    "))
 }
