@@ -12,6 +12,9 @@ package bootstrap
 const (
 	APIVersion = "bootstrap.qcp.dev/v1alpha1"
 	Kind       = "MachineBootstrap"
+	// Format is what a bootstrap data Secret's "format" key says, next to
+	// the document under "value" (CAPI's bootstrap data contract).
+	Format = "qcp"
 )
 
 // Component names a process the agent can run.

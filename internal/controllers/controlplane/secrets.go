@@ -1,0 +1,128 @@
+// Package controlplane is the QuorumControlPlane provider. This file holds
+// the Secrets a control plane owns: its certificate authorities, the
+// kubeconfig CAPI core reaches the workload cluster through, and each
+// machine's bootstrap data.
+package controlplane
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/clientcmd"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/kubeconfig"
+	"sigs.k8s.io/cluster-api/util/secret"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/qcp-dev/qcp/internal/bootstrap"
+	"github.com/qcp-dev/qcp/internal/certs"
+)
+
+// EnsureCertificateAuthorities looks up the cluster's authorities
+// (<cluster>-ca, -etcd, -proxy and the service-account key <cluster>-sa)
+// and creates those that are missing, owned by owner. CAPI's util/secret
+// does both, with CAPI's names, type and cluster-name label, as KCP uses
+// it; an authority that exists is never replaced.
+func EnsureCertificateAuthorities(ctx context.Context, c client.Client, cluster client.ObjectKey, owner metav1.OwnerReference) (*certs.ClusterCAs, error) {
+	cs := secret.NewCertificatesForInitialControlPlane(nil)
+	if err := cs.LookupOrGenerate(ctx, c, cluster, owner); err != nil {
+		return nil, fmt.Errorf("ensuring the certificate authorities of cluster %s: %w", cluster, err)
+	}
+	byName := map[string]*corev1.Secret{}
+	for _, crt := range cs {
+		if crt.Secret != nil {
+			byName[crt.Secret.Name] = crt.Secret
+		}
+	}
+	cas, err := certs.ClusterCAsFromSecrets(cluster.Name, byName)
+	if err != nil {
+		return nil, fmt.Errorf("reading the certificate authorities of cluster %s: %w", cluster, err)
+	}
+	return cas, nil
+}
+
+// EnsureKubeconfig keeps <cluster>-kubeconfig, an administrator kubeconfig
+// for endpoint, current: it creates it if it is missing, and issues it
+// again when its client certificate has less than half of lifetime left,
+// was not signed by ca, or points elsewhere. It returns when the kubeconfig
+// next needs issuing, for the caller to requeue at.
+func EnsureKubeconfig(ctx context.Context, c client.Client, cluster client.ObjectKey, endpoint string, ca *certs.KeyPair,
+	owner metav1.OwnerReference, lifetime time.Duration, now time.Time) (time.Time, error) {
+	issue := func() ([]byte, time.Time, error) {
+		data, err := certs.AdminKubeconfigValidFor(cluster.Name, endpoint, ca, now, lifetime)
+		return data, now.Add(lifetime / 2), err
+	}
+	var existing corev1.Secret
+	err := c.Get(ctx, client.ObjectKey{Namespace: cluster.Namespace, Name: secret.Name(cluster.Name, secret.Kubeconfig)}, &existing)
+	if apierrors.IsNotFound(err) {
+		data, renewAt, err := issue()
+		if err != nil {
+			return time.Time{}, err
+		}
+		if err := c.Create(ctx, kubeconfig.GenerateSecretWithOwner(cluster, data, owner)); err != nil {
+			return time.Time{}, fmt.Errorf("creating the kubeconfig of cluster %s: %w", cluster, err)
+		}
+		return renewAt, nil
+	}
+	if err != nil {
+		return time.Time{}, fmt.Errorf("reading the kubeconfig of cluster %s: %w", cluster, err)
+	}
+	if renewAt, ok := kubeconfigCurrent(existing.Data[secret.KubeconfigDataName], cluster.Name, endpoint, ca, lifetime, now); ok {
+		return renewAt, nil
+	}
+	data, renewAt, err := issue()
+	if err != nil {
+		return time.Time{}, err
+	}
+	existing.Data = map[string][]byte{secret.KubeconfigDataName: data}
+	if err := c.Update(ctx, &existing); err != nil {
+		return time.Time{}, fmt.Errorf("issuing the kubeconfig of cluster %s again: %w", cluster, err)
+	}
+	return renewAt, nil
+}
+
+// kubeconfigCurrent reports whether data points at endpoint with a client
+// certificate from ca that has at least half of lifetime left, and when it
+// will not.
+func kubeconfigCurrent(data []byte, clusterName, endpoint string, ca *certs.KeyPair, lifetime time.Duration, now time.Time) (time.Time, bool) {
+	cfg, err := clientcmd.Load(data)
+	if err != nil || cfg.Clusters[clusterName] == nil || cfg.Clusters[clusterName].Server != endpoint {
+		return time.Time{}, false
+	}
+	for _, user := range cfg.AuthInfos {
+		crt, err := certs.ParseCert(user.ClientCertificateData)
+		if err != nil || crt.CheckSignatureFrom(ca.Cert) != nil {
+			return time.Time{}, false
+		}
+		renewAt := crt.NotAfter.Add(-lifetime / 2)
+		return renewAt, now.Before(renewAt)
+	}
+	return time.Time{}, false
+}
+
+// BootstrapDataSecret returns the bootstrap data Secret of machine: doc in
+// the agent's format under CAPI's "value" key, owned by the Machine, named
+// after it. The caller names it in the Machine's
+// spec.bootstrap.dataSecretName.
+func BootstrapDataSecret(machine *clusterv1.Machine, doc *bootstrap.Document) (*corev1.Secret, error) {
+	data, err := bootstrap.Marshal(doc)
+	if err != nil {
+		return nil, fmt.Errorf("bootstrap data of machine %s: %w", machine.Name, err)
+	}
+	return &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{
+			Name: BootstrapDataSecretName(machine.Name), Namespace: machine.Namespace,
+			Labels: map[string]string{clusterv1.ClusterNameLabel: machine.Spec.ClusterName},
+			OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(machine, clusterv1.GroupVersion.WithKind("Machine"))},
+		},
+		Type: clusterv1.ClusterSecretType,
+		Data: map[string][]byte{"value": data, "format": []byte(bootstrap.Format)},
+	}, nil
+}
+
+// BootstrapDataSecretName is the name of machine's bootstrap data Secret.
+func BootstrapDataSecretName(machine string) string { return machine + "-bootstrap" }

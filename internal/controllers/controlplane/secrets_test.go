@@ -1,0 +1,202 @@
+package controlplane
+
+import (
+	"context"
+	"crypto/x509"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/clientcmd"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/secret"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/qcp-dev/qcp/internal/bootstrap"
+	"github.com/qcp-dev/qcp/internal/certs"
+	"github.com/qcp-dev/qcp/internal/localenv"
+)
+
+// secretsWorld is a real API server and an owner object for the Secrets.
+type secretsWorld struct {
+	c       client.Client
+	cluster client.ObjectKey
+	owner   metav1.OwnerReference
+}
+
+func newSecretsWorld(t *testing.T, env *localenv.Env, name string) secretsWorld {
+	t.Helper()
+	owner := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: name + "-owner", Namespace: "default"}}
+	if err := env.Client.Create(context.Background(), owner); err != nil {
+		t.Fatal(err)
+	}
+	return secretsWorld{c: env.Client, cluster: client.ObjectKey{Namespace: "default", Name: name},
+		owner: *metav1.NewControllerRef(owner, corev1.SchemeGroupVersion.WithKind("ConfigMap"))}
+}
+
+func (w secretsWorld) secret(t *testing.T, purpose secret.Purpose) *corev1.Secret {
+	t.Helper()
+	var s corev1.Secret
+	if err := w.c.Get(context.Background(), client.ObjectKey{Namespace: w.cluster.Namespace, Name: secret.Name(w.cluster.Name, purpose)}, &s); err != nil {
+		t.Fatalf("reading the %s secret: %v", purpose, err)
+	}
+	return &s
+}
+
+func TestSecrets(t *testing.T) {
+	env := localenv.StartForTest(t, localenv.Options{WithoutCAPI: true})
+	t.Run("certificate authorities", func(t *testing.T) { testCertificateAuthorities(t, newSecretsWorld(t, env, "cas")) })
+	t.Run("kubeconfig rotation", func(t *testing.T) { testKubeconfigRotation(t, newSecretsWorld(t, env, "kcfg")) })
+}
+
+// testCertificateAuthorities: the four Secrets are created once, with
+// CAPI's names, type, label and the owner; a second call changes nothing;
+// a deleted one is created again and the others are kept.
+func testCertificateAuthorities(t *testing.T, w secretsWorld) {
+	ctx := context.Background()
+	cas, err := EnsureCertificateAuthorities(ctx, w.c, w.cluster, w.owner)
+	if err != nil {
+		t.Fatal(err)
+	}
+	purposes := []secret.Purpose{secret.ClusterCA, secret.EtcdCA, secret.FrontProxyCA, secret.ServiceAccount}
+	versions := map[secret.Purpose]string{}
+	for _, p := range purposes {
+		s := w.secret(t, p)
+		if s.Type != clusterv1.ClusterSecretType || s.Labels[clusterv1.ClusterNameLabel] != w.cluster.Name {
+			t.Errorf("%s: type %q, labels %v; want CAPI's type and the cluster-name label", s.Name, s.Type, s.Labels)
+		}
+		if len(s.OwnerReferences) != 1 || s.OwnerReferences[0].UID != w.owner.UID || s.OwnerReferences[0].Controller == nil || !*s.OwnerReferences[0].Controller {
+			t.Errorf("%s: owner references %v, want the control plane as controller", s.Name, s.OwnerReferences)
+		}
+		versions[p] = s.ResourceVersion
+	}
+	for name, ca := range map[string]*certs.KeyPair{"cluster": cas.Cluster, "etcd": cas.Etcd, "front-proxy": cas.FrontProxy} {
+		if !ca.Cert.IsCA || ca.Cert.KeyUsage&x509.KeyUsageCertSign == 0 {
+			t.Errorf("the %s authority is not a CA that can sign", name)
+		}
+	}
+	if len(cas.ServiceAccountKey) == 0 || len(cas.ServiceAccountPub) == 0 {
+		t.Error("no service-account key pair")
+	}
+
+	again, err := EnsureCertificateAuthorities(ctx, w.c, w.cluster, w.owner)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !again.Cluster.Cert.Equal(cas.Cluster.Cert) || !again.Etcd.Cert.Equal(cas.Etcd.Cert) {
+		t.Error("a second call replaced an existing authority")
+	}
+	if err := w.c.Delete(ctx, w.secret(t, secret.FrontProxyCA)); err != nil {
+		t.Fatal(err)
+	}
+	third, err := EnsureCertificateAuthorities(ctx, w.c, w.cluster, w.owner)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if third.FrontProxy.Cert.Equal(cas.FrontProxy.Cert) {
+		t.Error("the deleted front-proxy authority was not generated again")
+	}
+	for _, p := range []secret.Purpose{secret.ClusterCA, secret.EtcdCA, secret.ServiceAccount} {
+		if v := w.secret(t, p).ResourceVersion; v != versions[p] {
+			t.Errorf("%s changed (resourceVersion %s → %s) although it existed", p, versions[p], v)
+		}
+	}
+}
+
+// testKubeconfigRotation: the kubeconfig is created with a client
+// certificate of the given lifetime, kept until half of it is gone, then
+// issued again; a new endpoint or a new CA also issues it again.
+func testKubeconfigRotation(t *testing.T, w secretsWorld) {
+	ctx := context.Background()
+	cas, err := EnsureCertificateAuthorities(ctx, w.c, w.cluster, w.owner)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const lifetime = time.Hour
+	t0 := time.Now().Truncate(time.Second)
+	endpoint := "https://127.0.9.1:6443"
+	ensure := func(at time.Time, endpoint string, ca *certs.KeyPair) (*corev1.Secret, time.Time) {
+		t.Helper()
+		renewAt, err := EnsureKubeconfig(ctx, w.c, w.cluster, endpoint, ca, w.owner, lifetime, at)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return w.secret(t, secret.Kubeconfig), renewAt
+	}
+	check := func(s *corev1.Secret, endpoint string, ca *certs.KeyPair, issuedAt time.Time) {
+		t.Helper()
+		cfg, err := clientcmd.Load(s.Data[secret.KubeconfigDataName])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := cfg.Clusters[w.cluster.Name].Server; got != endpoint {
+			t.Errorf("kubeconfig server %s, want %s", got, endpoint)
+		}
+		crt, err := certs.ParseCert(cfg.AuthInfos["kubernetes-admin"].ClientCertificateData)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pool := x509.NewCertPool()
+		pool.AddCert(ca.Cert)
+		if _, err := crt.Verify(x509.VerifyOptions{Roots: pool, CurrentTime: issuedAt, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err != nil {
+			t.Errorf("client certificate does not verify as a client of the cluster CA: %v", err)
+		}
+		if !crt.NotAfter.Equal(issuedAt.Add(lifetime)) {
+			t.Errorf("client certificate expires %s, want %s (issued %s, lifetime %s)", crt.NotAfter, issuedAt.Add(lifetime), issuedAt, lifetime)
+		}
+	}
+
+	first, renewAt := ensure(t0, endpoint, cas.Cluster)
+	check(first, endpoint, cas.Cluster, t0)
+	if !renewAt.Equal(t0.Add(lifetime / 2)) {
+		t.Errorf("renew at %s, want half-life %s", renewAt, t0.Add(lifetime/2))
+	}
+	if s, _ := ensure(t0.Add(29*time.Minute), endpoint, cas.Cluster); s.ResourceVersion != first.ResourceVersion {
+		t.Error("issued again before half of its lifetime was gone")
+	}
+	t1 := t0.Add(31 * time.Minute)
+	second, _ := ensure(t1, endpoint, cas.Cluster)
+	if second.ResourceVersion == first.ResourceVersion {
+		t.Fatal("not issued again after half of its lifetime")
+	}
+	check(second, endpoint, cas.Cluster, t1)
+
+	moved := "https://127.0.9.2:6443"
+	third, _ := ensure(t1, moved, cas.Cluster)
+	check(third, moved, cas.Cluster, t1)
+	otherCA, err := certs.NewCA("kubernetes", t1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fourth, _ := ensure(t1, moved, otherCA)
+	check(fourth, moved, otherCA, t1)
+}
+
+func TestBootstrapDataSecret(t *testing.T) {
+	cas, err := certs.NewClusterCAs(time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := bootstrap.NewStacked("demo", cas, "127.0.9.1:6443", bootstrap.NewMember())
+	doc.Versions = bootstrap.Versions{Kubernetes: "v1.36.3", Etcd: "v3.6.16"}
+	m := &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Name: "demo-cp-1", Namespace: "default", UID: "u1"},
+		Spec: clusterv1.MachineSpec{ClusterName: "demo"}}
+	s, err := BootstrapDataSecret(m, doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Name != "demo-cp-1-bootstrap" || s.Type != clusterv1.ClusterSecretType || s.Labels[clusterv1.ClusterNameLabel] != "demo" {
+		t.Errorf("secret %s of type %s with labels %v", s.Name, s.Type, s.Labels)
+	}
+	if len(s.OwnerReferences) != 1 || s.OwnerReferences[0].UID != "u1" || s.OwnerReferences[0].Kind != "Machine" {
+		t.Errorf("owner references %v, want the Machine", s.OwnerReferences)
+	}
+	back, err := bootstrap.Parse(s.Data["value"])
+	if err != nil {
+		t.Fatalf("the agent cannot read the bootstrap data: %v", err)
+	}
+	if back.ClusterName != "demo" || string(s.Data["format"]) != bootstrap.Format {
+		t.Errorf("bootstrap data for cluster %q, format %q", back.ClusterName, s.Data["format"])
+	}
+}
