@@ -20,7 +20,7 @@ func healthyWorld(desired, n int) world {
 		w.machines = append(w.machines, wMachine{id: i, fd: threeDomains[(i-1)%3], addr: true, upToDate: true, hook: true, memberID: uint64(i)})
 		w.members = append(w.members, wMember{id: uint64(i), host: i, started: true, healthy: true, caughtUp: true, leader: i == 1})
 	}
-	w.nextMachine, w.nextMember = n, uint64(n)
+	w.nextMachine, w.nextMember, w.bootstrapped = n, uint64(n), n > 0
 	return w
 }
 

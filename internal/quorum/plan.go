@@ -120,15 +120,19 @@ func (p planner) refuseUnknownMembership() (Decision, bool) {
 		return Decision{}, false
 	}
 	recorded := filter(p.machines, func(mc Machine) bool { return mc.MemberID != 0 || mc.JoinStarted })
-	if len(recorded) == 0 {
+	if len(recorded) == 0 && !p.Bootstrapped {
 		return Decision{}, false // etcd never had a member: the bootstrap rule decides
 	}
 	what := "no etcd member is listed"
 	if p.MembersUnknown {
 		what = "the etcd member list cannot be read (no member answered, or the members disagree)"
 	}
-	return degradedf("%s, but machines %s have hosted etcd members; QCP takes no step until it can see the membership: bring a member back, or restore etcd from a backup",
-		what, names(recorded, func(m Machine) string { return m.Name })), true
+	who := "etcd was bootstrapped before"
+	if len(recorded) > 0 {
+		who = "machines " + names(recorded, func(m Machine) string { return m.Name }) + " have hosted etcd members"
+	}
+	return degradedf("%s, but %s; QCP takes no step until it can see the membership, and never bootstraps a second cluster over the first: bring a member back, or restore etcd from a backup",
+		what, who), true
 }
 
 // bootstrap handles the cluster before it has any etcd member: the first

@@ -42,6 +42,10 @@ func TestUnknownMembershipIsNotEmpty(t *testing.T) {
 		})
 		expectDecision(t, s, Degraded, "", "machines m-03 have hosted")
 	})
+	t.Run("no second cluster once every machine is gone", func(t *testing.T) {
+		s := edit(three, func(s *State) { s.Machines, s.Members, s.MembersUnknown = nil, nil, true })
+		expectDecision(t, s, Degraded, "", "etcd was bootstrapped before")
+	})
 	t.Run("a fresh cluster still bootstraps while etcd is unreachable", func(t *testing.T) {
 		s := edit(cluster(3, 0, threeDomains...), func(s *State) { s.MembersUnknown = true })
 		expectDecision(t, s, CreateMachine, "fd-a", "bootstraps a new etcd cluster")

@@ -38,9 +38,10 @@
 // # Policy where it is not obvious
 //
 //   - Unknown membership. An unreadable or empty member list is not "no
-//     members". Once any machine has recorded a member (MemberID or
-//     JoinStarted), the planner takes no step until it can see the list;
-//     bootstrap happens only when none ever has.
+//     members". Once etcd has been bootstrapped (State.Bootstrapped) or any
+//     machine has recorded a member (MemberID or JoinStarted), the planner
+//     takes no step until it can see the list; bootstrap happens only when
+//     neither holds.
 //   - Hooks. Deleting a voter's machine without the hook is an I5 (and I1)
 //     violation in Check: the drain would take the voter before its member
 //     is removed.
@@ -124,6 +125,11 @@ type State struct {
 	// machine has recorded a member, the planner takes no step until the
 	// list can be read again.
 	MembersUnknown bool
+	// Bootstrapped is true once etcd has ever had a member. The caller
+	// persists it on the control plane object, which outlives every machine:
+	// with all machines gone, no machine is left to remember that etcd held
+	// data, and a new cluster must never be bootstrapped over it.
+	Bootstrapped bool
 	// Now is the caller's clock; the planner never reads the system clock.
 	Now time.Time
 	// Tunables are the configurable thresholds; zero values get defaults.

@@ -20,6 +20,8 @@ type world struct {
 	epoch       int
 	nextMachine int
 	nextMember  uint64
+	// bootstrapped is set once etcd has had a member (State.Bootstrapped).
+	bootstrapped bool
 }
 
 type wMachine struct {
@@ -96,7 +98,7 @@ func (w world) clone() world {
 func (w world) state() State {
 	now := t0.Add(time.Duration(w.epoch)*epochLen + 2*time.Minute)
 	at := func(epoch int) time.Time { return t0.Add(time.Duration(epoch) * epochLen) }
-	s := State{Desired: w.desired, Topology: Stacked, FailureDomains: w.domains, Now: now}
+	s := State{Desired: w.desired, Topology: Stacked, FailureDomains: w.domains, Now: now, Bootstrapped: w.bootstrapped}
 	for _, m := range w.machines {
 		mc := Machine{
 			Name: machineName(m.id), FailureDomain: m.fd, UpToDate: m.upToDate,
@@ -257,7 +259,7 @@ func (w *world) bootstrap() {
 	mc := &w.machines[0]
 	if mc.addr && !mc.broken && !mc.deleting && !mc.failed && !mc.slow && mc.memberID == 0 {
 		w.nextMember++
-		mc.memberID = w.nextMember
+		mc.memberID, w.bootstrapped = w.nextMember, true
 		w.members = append(w.members, wMember{id: w.nextMember, host: mc.id, started: true, healthy: true, caughtUp: true, leader: true})
 	}
 }
@@ -347,6 +349,7 @@ func (w world) key() string {
 		mrank[m.id] = i
 	}
 	b = strconv.AppendInt(b, int64(w.desired), 10)
+	b = strconv.AppendBool(b, w.bootstrapped)
 	b = append(b, strings.Join(w.domains, ",")...)
 	b = append(b, '|')
 	for _, mc := range w.machines {

@@ -198,7 +198,8 @@ func (d *driver) steady(s quorum.State) bool {
 // reported as unknown, never as empty.
 func (d *driver) observe(ctx context.Context) quorum.State {
 	now := time.Now()
-	s := quorum.State{Desired: d.desired, Topology: quorum.External, FailureDomains: d.opts.failureDomains, Now: now, Tunables: d.opts.tunables}
+	s := quorum.State{Desired: d.desired, Topology: quorum.External, FailureDomains: d.opts.failureDomains, Now: now, Tunables: d.opts.tunables,
+		Bootstrapped: d.cli != nil}
 	if d.cli != nil {
 		members, err := d.cli.ObserveMembers(ctx)
 		s.MembersUnknown = err != nil
