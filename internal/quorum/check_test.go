@@ -108,6 +108,8 @@ func FuzzPlan(f *testing.F) {
 	f.Add([]byte{3, 3, 0, 0, 0})
 	f.Add([]byte{5, 4, 1, 2, 3, 4, 5, 6, 7, 8, 9})
 	f.Add([]byte{1, 2, 255, 17, 33, 65, 129})
+	f.Add([]byte{195, 3, 10, 26, 90})
+	f.Add([]byte{67, 0})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		s := stateFromBytes(data)
 		d := Plan(s)
@@ -116,6 +118,9 @@ func FuzzPlan(f *testing.F) {
 		}
 		if err := checkAlone(s, d); err != nil {
 			t.Fatalf("Plan(%s) = %s: %v", s.describe(), d, err)
+		}
+		if err := d.Verify(s); err != nil {
+			t.Fatalf("Plan(%s) = %s, whose preconditions fail on the state it was planned on: %v", s.describe(), d, err)
 		}
 	})
 }
@@ -131,16 +136,19 @@ func stateFromBytes(data []byte) State {
 		data = data[1:]
 		return b
 	}
-	desired := int(next()%7) + 1
+	head := next()
+	desired := int(head%7) + 1
 	n := int(next() % 8)
 	s := cluster(desired, 0, "fd-a", "fd-b")
+	s.MembersUnknown, s.Bootstrapped = head&64 != 0, head&128 != 0
 	leader := false
 	for i := 1; i <= n; i++ {
 		f := next()
 		name := machineName(i)
 		mc := Machine{Name: name, FailureDomain: []string{"fd-a", "fd-b", "fd-z"}[int(f>>6)%3], PeerURL: peerURL(i),
 			UpToDate: f&1 == 0, CreatedAt: s.Now.Add(-time.Duration(n-i) * time.Hour), Deleting: f&2 != 0,
-			HasHook: f&4 != 0, DeleteAnnotated: f&8 != 0, NodeReady: true, ComponentsHealthy: f&16 == 0, MemberID: uint64(i)}
+			HasHook: f&4 != 0, DeleteAnnotated: f&8 != 0, NodeReady: true, ComponentsHealthy: f&16 == 0, MemberID: uint64(i),
+			Remediate: f&16 != 0 && f&8 != 0, JoinStarted: f&32 != 0, InfraReadyAt: s.Now.Add(-time.Duration(f) * time.Minute)}
 		s.Machines = append(s.Machines, mc)
 		if f&32 != 0 && i > 1 {
 			continue // no member
@@ -154,6 +162,9 @@ func stateFromBytes(data []byte) State {
 		}
 		if !m.Healthy {
 			m.UnhealthySince = s.Now.Add(-time.Duration(f) * time.Minute)
+		}
+		if f&(8|2) == 8|2 {
+			m.Alarms = []string{[]string{"NOSPACE", "CORRUPT"}[i%2]}
 		}
 		if !leader && m.Healthy && !m.Learner {
 			m.Leader, leader = true, true
