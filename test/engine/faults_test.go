@@ -44,23 +44,31 @@ func TestLoseTwoOfFive(t *testing.T) {
 	}
 }
 
+// userDeletion converges three members, has a user delete a non-leading
+// voter's machine (and with removeHook remove its hook by hand), converges
+// again and returns the driver, the victim, the first step after the
+// deletion and the monitor's report.
+func userDeletion(t *testing.T, name string, removeHook bool) (*driver, *machine, int, testkit.MonitorReport) {
+	t.Helper()
+	ctx := context.Background()
+	d := newDriver(t, name, driverOptions{})
+	d.converge(ctx, 3, phaseTimeout)
+	tr := startTraffic(t, d)
+	victim := d.nonLeaders(1)[0]
+	victim.userDeletes(removeHook)
+	from := len(d.steps)
+	d.converge(ctx, 3, phaseTimeout)
+	tr.stop(t, ctx)
+	logSteps(t, d)
+	return d, victim, from, tr.monitored
+}
+
 // TestUserDeletesVoterMachine deletes a voter's machine by hand: its hook
 // holds it until the replacement is a promoted voter, and there are never
 // more than four voters.
 func TestUserDeletesVoterMachine(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	d := newDriver(t, "userdelete", driverOptions{})
-	d.converge(ctx, 3, phaseTimeout)
-	tr := startTraffic(t, d)
-	victim := d.nonLeaders(1)[0]
-	victim.deleting = true
-	victim.version++
-	from := len(d.steps)
-	d.converge(ctx, 3, phaseTimeout)
-	tr.stop(t, ctx)
-	r := tr.monitored
-	logSteps(t, d)
+	d, victim, from, r := userDeletion(t, "userdelete", false)
 	promoted := stepIndex(d, from, "Promote(")
 	removed := stepIndex(d, from, "RemoveMember(", fmt.Sprintf("%x", victim.memberID))
 	if promoted < 0 || removed < 0 || promoted > removed {
@@ -76,17 +84,7 @@ func TestUserDeletesVoterMachine(t *testing.T) {
 // hook back, removes the dead member and heals back to three voters.
 func TestHookRemovedByHand(t *testing.T) {
 	t.Parallel()
-	ctx := context.Background()
-	d := newDriver(t, "hatch", driverOptions{})
-	d.converge(ctx, 3, phaseTimeout)
-	tr := startTraffic(t, d)
-	victim := d.nonLeaders(1)[0]
-	victim.deleting, victim.hasHook = true, false
-	victim.version++
-	from := len(d.steps)
-	d.converge(ctx, 3, phaseTimeout)
-	tr.stop(t, ctx)
-	logSteps(t, d)
+	d, victim, from, _ := userDeletion(t, "hatch", true)
 	if i := stepIndex(d, from, "AddHook("+victim.name+")"); i >= 0 {
 		t.Errorf("the hook was put back on %s at step %d", victim.name, i)
 	}
@@ -137,6 +135,14 @@ func TestRecoversFromDegraded(t *testing.T) {
 			t.Errorf("recovery took a %s step (%s); the members only had to come back", kind, d.steps[i])
 		}
 	}
+}
+
+// userDeletes is a user deleting the machine, and with removeHook also
+// removing its pre-drain hook by hand (the escape hatch).
+func (mc *machine) userDeletes(removeHook bool) {
+	mc.deleting = true
+	mc.hasHook = mc.hasHook && !removeHook
+	mc.version++
 }
 
 // nonLeaders returns n machines whose members do not lead, newest first.
