@@ -73,6 +73,18 @@ func TestAdmissionThroughAPIServer(t *testing.T) {
 		}
 	})
 
+	t.Run("two etcd modes at once refused by the schema", func(t *testing.T) {
+		obj := qcp(external("https://10.0.0.1:2379"), func(q *controlplanev1.QuorumControlPlane) {
+			q.Spec.Etcd.Stacked.Version = "v3.6.16"
+		})
+		obj.Name = "two-modes"
+		err := c.Create(ctx, obj)
+		if !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "spec.etcd") ||
+			!strings.Contains(err.Error(), "set at most one of stacked, external and clusterRef; remove the others") {
+			t.Errorf("want an Invalid error on spec.etcd that says to set one mode, got %v", err)
+		}
+	})
+
 	t.Run("scale subresource", func(t *testing.T) {
 		stacked := createOld(ctx, t, c, "scale-stacked", qcp())
 		err := scaleTo(ctx, c, stacked, 4)
