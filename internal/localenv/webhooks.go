@@ -19,6 +19,7 @@ import (
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
 	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
 	"github.com/qcp-dev/qcp/config"
@@ -60,85 +61,66 @@ func (e *Env) allocateQCPWebhookPort() error {
 // installQCPWebhooks creates or updates QCP's webhook configurations and
 // waits until the API server calls them.
 func (e *Env) installQCPWebhooks(ctx context.Context) error {
-	objs, err := e.qcpWebhookConfigurations()
-	if err != nil {
+	serving := e.env.WebhookInstallOptions
+	opts := envtest.WebhookInstallOptions{
+		LocalServingHost:   e.webhookHost,
+		LocalServingPort:   e.QCPWebhookPort,
+		LocalServingCAData: serving.LocalServingCAData,
+	}
+	var err error
+	if opts.MutatingWebhooks, opts.ValidatingWebhooks, err = e.qcpWebhookConfigurations(); err != nil {
 		return err
 	}
-	for _, obj := range objs {
-		if err := createOrReplace(ctx, e.Client, obj); err != nil {
-			return fmt.Errorf("installing webhook configuration %s: %w", obj.GetName(), err)
-		}
+	// With the CA given, Install neither makes a new certificate nor
+	// rewrites the client configs; ModifyWebhookDefinitions points them at
+	// qcp-manager.
+	if err := opts.ModifyWebhookDefinitions(); err != nil {
+		return fmt.Errorf("pointing QCP's webhook configurations at qcp-manager: %w", err)
+	}
+	if err := opts.Install(e.Config); err != nil {
+		return fmt.Errorf("installing QCP's webhook configurations: %w", err)
 	}
 	return e.waitForQCPAdmission(ctx)
 }
 
-// qcpWebhookConfigurations reads config/webhook/manifests.yaml and points
-// every webhook at qcp-manager.
-func (e *Env) qcpWebhookConfigurations() ([]client.Object, error) {
+// qcpWebhookConfigurations reads config/webhook/manifests.yaml.
+func (e *Env) qcpWebhookConfigurations() (
+	mutating []*admissionregistrationv1.MutatingWebhookConfiguration,
+	validating []*admissionregistrationv1.ValidatingWebhookConfiguration,
+	err error,
+) {
 	data, err := config.Manifests.ReadFile("webhook/manifests.yaml")
 	if err != nil {
-		return nil, fmt.Errorf("reading QCP's webhook manifests: %w", err)
+		return nil, nil, fmt.Errorf("reading QCP's webhook manifests: %w", err)
 	}
 	decoder := serializer.NewCodecFactory(e.Scheme).UniversalDeserializer()
-	opts := e.env.WebhookInstallOptions
-	hostPort := net.JoinHostPort(e.webhookHost, strconv.Itoa(e.QCPWebhookPort))
-	var objs []client.Object
 	reader := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
 	for {
 		doc, err := reader.Read()
 		if errors.Is(err, io.EOF) {
-			return objs, nil
+			return mutating, validating, nil
 		}
 		if err != nil {
-			return nil, fmt.Errorf("splitting QCP's webhook manifests: %w", err)
+			return nil, nil, fmt.Errorf("splitting QCP's webhook manifests: %w", err)
 		}
 		if len(bytes.TrimSpace(doc)) == 0 {
 			continue
 		}
 		obj, _, err := decoder.Decode(doc, nil, nil)
 		if err != nil {
-			return nil, fmt.Errorf("decoding QCP's webhook manifests: %w", err)
+			return nil, nil, fmt.Errorf("decoding QCP's webhook manifests: %w", err)
 		}
 		switch cfg := obj.(type) {
 		case *admissionregistrationv1.MutatingWebhookConfiguration:
-			for i := range cfg.Webhooks {
-				pointAt(&cfg.Webhooks[i].ClientConfig, hostPort, opts.LocalServingCAData)
-			}
-			objs = append(objs, cfg)
+			cfg.Name = qcpWebhookNamePrefix + cfg.Name
+			mutating = append(mutating, cfg)
 		case *admissionregistrationv1.ValidatingWebhookConfiguration:
-			for i := range cfg.Webhooks {
-				pointAt(&cfg.Webhooks[i].ClientConfig, hostPort, opts.LocalServingCAData)
-			}
-			objs = append(objs, cfg)
+			cfg.Name = qcpWebhookNamePrefix + cfg.Name
+			validating = append(validating, cfg)
 		default:
-			return nil, fmt.Errorf("QCP's webhook manifests hold an unexpected %T", obj)
+			return nil, nil, fmt.Errorf("QCP's webhook manifests hold an unexpected %T", obj)
 		}
-		objs[len(objs)-1].SetName(qcpWebhookNamePrefix + objs[len(objs)-1].GetName())
 	}
-}
-
-// pointAt replaces the in-cluster Service a generated manifest names with
-// qcp-manager's address on this host.
-func pointAt(cc *admissionregistrationv1.WebhookClientConfig, hostPort string, caBundle []byte) {
-	path := ""
-	if cc.Service != nil && cc.Service.Path != nil {
-		path = *cc.Service.Path
-	}
-	url := "https://" + hostPort + path
-	cc.Service, cc.URL, cc.CABundle = nil, &url, caBundle
-}
-
-func createOrReplace(ctx context.Context, c client.Client, obj client.Object) error {
-	err := c.Create(ctx, obj)
-	if !apierrors.IsAlreadyExists(err) {
-		return err
-	}
-	existing := obj.DeepCopyObject().(client.Object)
-	if err := c.Get(ctx, client.ObjectKeyFromObject(obj), existing); err != nil {
-		return err
-	}
-	obj.SetResourceVersion(existing.GetResourceVersion())
-	return c.Update(ctx, obj)
 }
 
 // waitForQCPAdmission waits until the API server both defaults and validates
