@@ -105,9 +105,13 @@ func validateVersionChange(old, qcp *controlplanev1.QuorumControlPlane) field.Er
 		base, baseName = running, old.Status.Version
 	}
 	if to.Major() != base.Major() || to.Minor() > base.Minor()+1 {
+		what := "skips a minor version"
+		if to.Major() != base.Major() {
+			what = "changes the major version"
+		}
 		return field.ErrorList{field.Invalid(path, qcp.Spec.Version, fmt.Sprintf(
-			"skips a minor version: the control plane is at %s and upgrades go one minor version at a time; set a v%d.%d.x version first",
-			baseName, base.Major(), base.Minor()+1))}
+			"%s: the control plane is at %s and upgrades go one minor version at a time; set a v%d.%d.x version first",
+			what, baseName, base.Major(), base.Minor()+1))}
 	}
 	return nil
 }
