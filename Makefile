@@ -46,7 +46,7 @@ qcp-binaries:
 ## generate: deepcopy, CRDs, RBAC and webhook manifests from the API types and markers.
 generate: $(CONTROLLER_GEN)
 	$(CONTROLLER_GEN) object:headerFile=hack/boilerplate.go.txt paths=./api/...
-	$(CONTROLLER_GEN) crd rbac:roleName=qcp-manager webhook paths=./api/... paths=./internal/controllers/... \
+	$(CONTROLLER_GEN) crd rbac:roleName=qcp-manager webhook paths=./api/... paths=./internal/controllers/... paths=./internal/webhooks/... \
 		output:crd:artifacts:config=config/crd/bases output:rbac:artifacts:config=config/rbac \
 		output:webhook:artifacts:config=config/webhook
 	@# CAPI core's CRDs and webhook manifests, copied from the pinned module so

@@ -13,11 +13,13 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
+	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	"github.com/qcp-dev/qcp/internal/binaries"
 	"github.com/qcp-dev/qcp/internal/controllers/process"
 	"github.com/qcp-dev/qcp/internal/scheme"
 	"github.com/qcp-dev/qcp/internal/version"
+	"github.com/qcp-dev/qcp/internal/webhooks"
 )
 
 func main() {
@@ -25,10 +27,14 @@ func main() {
 		metricsAddr, healthAddr string
 		leaderElect, showVer    bool
 		processOpts             process.Options
+		webhookOpts             webhook.Options
 	)
 	flag.StringVar(&metricsAddr, "metrics-bind-address", "127.0.0.1:8080", "where Prometheus metrics are served; 0 turns them off")
 	flag.StringVar(&healthAddr, "health-probe-bind-address", "127.0.0.1:8081", "where /healthz and /readyz are served")
 	flag.BoolVar(&leaderElect, "leader-elect", false, "use leader election, for running more than one replica")
+	flag.IntVar(&webhookOpts.Port, "webhook-port", webhook.DefaultPort, "port the admission webhooks are served on; 0 turns them off")
+	flag.StringVar(&webhookOpts.Host, "webhook-host", "", "address the admission webhooks are served on (default: every interface)")
+	flag.StringVar(&webhookOpts.CertDir, "webhook-cert-dir", "", "directory holding the webhooks' serving certificate tls.crt and key tls.key (default: controller-runtime's, under the temporary directory)")
 	flag.BoolVar(&showVer, "version", false, "print the version and exit")
 	flag.StringVar(&processOpts.MachineRoot, "machine-root", "", "directory holding the process machines' directories (required)")
 	flag.StringVar(&processOpts.BinDir, "bin-dir", "", "directory of the pinned binaries (default: $QCP_BIN_DIR or the repository's bin/)")
@@ -50,13 +56,13 @@ func main() {
 	}
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&opts)))
 	klog.SetLogger(ctrl.Log)
-	if err := run(metricsAddr, healthAddr, leaderElect, processOpts); err != nil {
+	if err := run(metricsAddr, healthAddr, leaderElect, processOpts, webhookOpts); err != nil {
 		ctrl.Log.Error(err, "qcp-manager failed")
 		os.Exit(1)
 	}
 }
 
-func run(metricsAddr, healthAddr string, leaderElect bool, processOpts process.Options) error {
+func run(metricsAddr, healthAddr string, leaderElect bool, processOpts process.Options, webhookOpts webhook.Options) error {
 	if processOpts.MachineRoot == "" {
 		return fmt.Errorf("--machine-root is required: name the directory that holds the process machines")
 	}
@@ -80,6 +86,7 @@ func run(metricsAddr, healthAddr string, leaderElect bool, processOpts process.O
 	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                 scheme.New(),
+		WebhookServer:          webhook.NewServer(webhookOpts),
 		Metrics:                metricsserver.Options{BindAddress: metricsAddr},
 		HealthProbeBindAddress: healthAddr,
 		LeaderElection:         leaderElect,
@@ -96,6 +103,16 @@ func run(metricsAddr, healthAddr string, leaderElect bool, processOpts process.O
 	}
 	if err := mgr.AddReadyzCheck("ping", healthz.Ping); err != nil {
 		return err
+	}
+	if webhookOpts.Port != 0 {
+		if err := webhooks.Setup(mgr); err != nil {
+			return err
+		}
+		// Ready means admitting too: the local environment installs the
+		// webhook configurations once this answers.
+		if err := mgr.AddReadyzCheck("webhooks", mgr.GetWebhookServer().StartedChecker()); err != nil {
+			return err
+		}
 	}
 	ctrl.Log.Info("starting qcp-manager", "version", version.Get())
 	return mgr.Start(ctrl.SetupSignalHandler())

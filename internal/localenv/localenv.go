@@ -1,7 +1,8 @@
 // Package localenv runs a local management cluster: etcd and kube-apiserver
 // (controller-runtime's envtest, pointed at the pinned binaries), CAPI core's
-// and QCP's CRDs, and the CAPI core manager as a child process. Tests and
-// `qcpctl up` share it.
+// and QCP's CRDs, and the CAPI core manager and qcp-manager as child
+// processes, each serving its own admission webhooks. Tests and `qcpctl up`
+// share it.
 package localenv
 
 import (
@@ -51,11 +52,15 @@ type Env struct {
 	// WebhookPort and WebhookCertDir are where CAPI core serves webhooks.
 	WebhookPort    int
 	WebhookCertDir string
+	// QCPWebhookPort is where qcp-manager serves QCP's webhooks, with the
+	// same serving certificate as CAPI core.
+	QCPWebhookPort int
 
-	env      *envtest.Environment
-	capi     *Process
-	managers []*Process
-	ownsDir  bool
+	env         *envtest.Environment
+	webhookHost string
+	capi        *Process
+	managers    []*Process
+	ownsDir     bool
 }
 
 // Start starts the management cluster and, unless told not to, CAPI core,
@@ -147,6 +152,9 @@ func (e *Env) startAPIServer(opts Options) error {
 	e.Config = cfg
 	e.WebhookPort = e.env.WebhookInstallOptions.LocalServingPort
 	e.WebhookCertDir = e.env.WebhookInstallOptions.LocalServingCertDir
+	if err := e.allocateQCPWebhookPort(); err != nil {
+		return err
+	}
 	e.Kubeconfig = filepath.Join(e.Dir, "kubeconfig")
 	if err := os.WriteFile(e.Kubeconfig, e.env.KubeConfig, 0o600); err != nil {
 		return fmt.Errorf("writing the management kubeconfig: %w", err)

@@ -22,9 +22,13 @@ type ManagerOptions struct {
 	ExtraArgs []string
 }
 
-// StartManager starts qcp-manager against this management cluster and
-// waits until it is ready. The caller stops it with Stop; a test can stop and
-// start it again to check that machines outlive the manager.
+// StartManager starts qcp-manager against this management cluster, waits
+// until it is ready, and then installs QCP's admission webhooks, served by
+// it, and waits until the API server calls them. From then on every write of
+// a QuorumControlPlane needs a running qcp-manager, as in a real deployment.
+// The caller stops it with Stop; a test can stop and start it again to check
+// that machines outlive the manager. One qcp-manager runs at a time: each
+// serves the webhooks on the same port.
 func (e *Env) StartManager(ctx context.Context, opts ManagerOptions) (*Process, error) {
 	binDir, err := binaries.Dir()
 	if err != nil {
@@ -49,16 +53,20 @@ func (e *Env) StartManager(ctx context.Context, opts ManagerOptions) (*Process, 
 		"--bin-dir=" + binDir,
 		"--metrics-bind-address=" + opts.MetricsAddr,
 		"--health-probe-bind-address=" + addrs[1],
-	}, opts.ExtraArgs...)
+	}, e.qcpWebhookArgs()...)
+	args = append(args, opts.ExtraArgs...)
 	p, err := StartProcess("qcp-manager", opts.Path, args, []string{"KUBE_FEATURE_WatchListClient=false"}, e.Dir)
 	if err != nil {
 		return nil, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
+	e.managers = append(e.managers, p) // Stop ends it even if it never gets ready
 	if err := p.WaitHTTP(ctx, "http://"+addrs[1]+"/readyz"); err != nil {
 		return nil, fmt.Errorf("qcp-manager did not become ready (log: %s/qcp-manager.log): %w", e.Dir, err)
 	}
-	e.managers = append(e.managers, p)
+	if err := e.installQCPWebhooks(ctx); err != nil {
+		return nil, err
+	}
 	return p, nil
 }

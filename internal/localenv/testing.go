@@ -2,6 +2,9 @@ package localenv
 
 import (
 	"context"
+	"os/exec"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 )
@@ -25,4 +28,26 @@ func StartForTest(t testing.TB, opts Options) *Env {
 		}
 	})
 	return env
+}
+
+// BuildForTest builds the named commands of this module (e.g. "qcp-manager")
+// into a temporary directory and returns it, so that a test runs the code it
+// was compiled with rather than whatever bin/ holds.
+func BuildForTest(t testing.TB, cmds ...string) string {
+	t.Helper()
+	gomod, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		t.Fatalf("finding the module root: %v", err)
+	}
+	dir := t.TempDir()
+	args := []string{"build", "-o", dir + "/"}
+	for _, cmd := range cmds {
+		args = append(args, "./cmd/"+cmd)
+	}
+	build := exec.Command("go", args...)
+	build.Dir = filepath.Dir(strings.TrimSpace(string(gomod)))
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("building %v: %v\n%s", cmds, err, out)
+	}
+	return dir
 }

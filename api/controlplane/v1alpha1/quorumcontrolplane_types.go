@@ -20,30 +20,49 @@ const (
 	OnDelete RolloutStrategyType = "OnDelete"
 )
 
+// MaxReplicas bounds a control plane: every extra etcd voter slows each
+// write, and seven already tolerates three failures.
+const MaxReplicas = 7
+
+// Rules that need the old object or a message naming the fix (odd replicas
+// with stacked etcd, version skew, etcd mode changes) live in the admission
+// webhook (internal/webhooks); the schema keeps only structural bounds.
+
 // QuorumControlPlaneSpec defines the desired state of a QuorumControlPlane.
-// +kubebuilder:validation:XValidation:rule="!has(self.etcd) || !has(self.etcd.external) || !has(self.etcd.clusterRef)",message="spec.etcd: set at most one of external and clusterRef"
 type QuorumControlPlaneSpec struct {
-	// replicas is the desired number of control plane machines. Stacked etcd
-	// needs an odd number; external etcd takes any number of at least 1.
+	// replicas is the desired number of control plane machines, 1 to 7. Stacked
+	// etcd needs an odd number; external etcd takes any number. Defaults to 1.
 	// +optional
-	// +kubebuilder:validation:Minimum=1
-	// +kubebuilder:validation:Maximum=7
 	Replicas *int32 `json:"replicas,omitempty"`
 
-	// version is the Kubernetes version of the control plane, e.g. v1.36.3.
+	// version is the Kubernetes version of the control plane, e.g. v1.36.3;
+	// machines run the binary bin/kube-<version>. A missing leading "v" is
+	// added. Upgrades go one minor version at a time; downgrades are refused.
 	// +required
-	// +kubebuilder:validation:MinLength=2
+	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=256
-	// +kubebuilder:validation:Pattern=`^v\d+\.\d+\.\d+([-+].*)?$`
 	Version string `json:"version"`
 
 	// machineTemplate shapes the control plane machines.
 	// +required
 	MachineTemplate QuorumControlPlaneMachineTemplate `json:"machineTemplate"`
 
-	// etcd chooses stacked etcd (the default, empty) or external etcd.
+	// etcd chooses stacked etcd (the default: a member on every control plane
+	// machine) or external etcd. The choice is fixed at creation.
 	// +optional
 	Etcd EtcdSpec `json:"etcd,omitempty,omitzero"`
+
+	// apiServer configures kube-apiserver on every machine.
+	// +optional
+	APIServer APIServerSpec `json:"apiServer,omitempty,omitzero"`
+
+	// controllerManager configures kube-controller-manager on every machine.
+	// +optional
+	ControllerManager ComponentSpec `json:"controllerManager,omitempty,omitzero"`
+
+	// scheduler configures kube-scheduler on every machine.
+	// +optional
+	Scheduler ComponentSpec `json:"scheduler,omitempty,omitzero"`
 
 	// rollout controls when and how machines are replaced.
 	// +optional
@@ -56,7 +75,8 @@ type QuorumControlPlaneSpec struct {
 
 // QuorumControlPlaneMachineTemplate is how control plane machines are shaped.
 type QuorumControlPlaneMachineTemplate struct {
-	// metadata is propagated to machines without a rollout.
+	// metadata (labels and annotations) is propagated to the machines in
+	// place, never by a rollout.
 	// +optional
 	ObjectMeta clusterv1.ObjectMeta `json:"metadata,omitempty,omitzero"`
 	// spec of the control plane machines.
@@ -66,10 +86,12 @@ type QuorumControlPlaneMachineTemplate struct {
 
 // QuorumControlPlaneMachineTemplateSpec is the CAPI contract's machine spec.
 type QuorumControlPlaneMachineTemplateSpec struct {
-	// infrastructureRef names the infrastructure machine template to clone.
+	// infrastructureRef names the infrastructure machine template to clone,
+	// e.g. a ProcessMachineTemplate.
 	// +required
 	InfrastructureRef clusterv1.ContractVersionedObjectReference `json:"infrastructureRef"`
-	// deletion configures node drain and deletion timeouts.
+	// deletion configures node drain and deletion timeouts; changes are
+	// propagated to the machines in place.
 	// +optional
 	Deletion QuorumControlPlaneMachineTemplateDeletionSpec `json:"deletion,omitempty,omitzero"`
 }
@@ -81,14 +103,25 @@ type QuorumControlPlaneMachineTemplateDeletionSpec struct {
 	// +optional
 	// +kubebuilder:validation:Minimum=0
 	NodeDrainTimeoutSeconds *int32 `json:"nodeDrainTimeoutSeconds,omitempty"`
-	// nodeDeletionTimeoutSeconds bounds node deletion.
+	// nodeVolumeDetachTimeoutSeconds bounds the wait for volumes to detach;
+	// 0 means no limit.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	NodeVolumeDetachTimeoutSeconds *int32 `json:"nodeVolumeDetachTimeoutSeconds,omitempty"`
+	// nodeDeletionTimeoutSeconds bounds node deletion; 0 retries forever.
 	// +optional
 	// +kubebuilder:validation:Minimum=0
 	NodeDeletionTimeoutSeconds *int32 `json:"nodeDeletionTimeoutSeconds,omitempty"`
 }
 
-// EtcdSpec chooses where the control plane's etcd runs.
+// EtcdSpec chooses where the control plane's etcd runs: stacked (neither
+// external nor clusterRef set, optionally tuned by stacked), external
+// endpoints, or an EtcdCluster.
+// +kubebuilder:validation:XValidation:rule="[has(self.stacked), has(self.external), has(self.clusterRef)].filter(x, x).size() <= 1",message="set at most one of stacked, external and clusterRef; remove the others"
 type EtcdSpec struct {
+	// stacked tunes the etcd member QCP runs on every control plane machine.
+	// +optional
+	Stacked StackedEtcd `json:"stacked,omitempty,omitzero"`
 	// external points the API servers at an etcd cluster QCP does not run.
 	// +optional
 	External *ExternalEtcd `json:"external,omitempty"`
@@ -96,6 +129,76 @@ type EtcdSpec struct {
 	// plane waits until it is ready and uses its endpoints and Secrets.
 	// +optional
 	ClusterRef *LocalObjectReference `json:"clusterRef,omitempty"`
+}
+
+// IsStacked reports whether QCP runs etcd on the control plane machines.
+func (e EtcdSpec) IsStacked() bool { return e.External == nil && e.ClusterRef == nil }
+
+// StackedEtcd tunes stacked etcd members.
+// +kubebuilder:validation:MinProperties=1
+type StackedEtcd struct {
+	// version of etcd, e.g. v3.6.16; machines run bin/etcd-<version>. Empty
+	// means the version this QCP release pins.
+	// +optional
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=256
+	Version string `json:"version,omitempty"`
+	// extraArgs are added to every etcd member's command line.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=100
+	ExtraArgs []Arg `json:"extraArgs,omitempty"`
+}
+
+// APIServerSpec configures kube-apiserver.
+// +kubebuilder:validation:MinProperties=1
+type APIServerSpec struct {
+	// extraArgs are added to kube-apiserver's command line.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=100
+	ExtraArgs []Arg `json:"extraArgs,omitempty"`
+	// certSANs are extra DNS names and IP addresses for the API server's
+	// serving certificate, besides the control plane endpoint and the
+	// machine's own address.
+	// +optional
+	// +listType=set
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=64
+	// +kubebuilder:validation:items:MinLength=1
+	// +kubebuilder:validation:items:MaxLength=253
+	CertSANs []string `json:"certSANs,omitempty"`
+}
+
+// ComponentSpec configures a control plane component that takes only flags.
+// +kubebuilder:validation:MinProperties=1
+type ComponentSpec struct {
+	// extraArgs are added to the component's command line.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=100
+	ExtraArgs []Arg `json:"extraArgs,omitempty"`
+}
+
+// Arg is one command-line flag, passed as --name=value.
+type Arg struct {
+	// name of the flag, without leading dashes, e.g. audit-log-path.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=256
+	// +kubebuilder:validation:XValidation:rule="self.matches('^[a-z0-9][a-z0-9.-]*$')",message="name the flag without leading dashes, in lower case, e.g. audit-log-path"
+	Name string `json:"name"`
+	// value of the flag; may be empty.
+	// +required
+	// +kubebuilder:validation:MinLength=0
+	// +kubebuilder:validation:MaxLength=1024
+	Value string `json:"value"`
 }
 
 // ExternalEtcd is an etcd cluster given by endpoints.
@@ -167,74 +270,23 @@ type RemediationSpec struct {
 	RetryPeriodSeconds *int32 `json:"retryPeriodSeconds,omitempty"`
 }
 
-// QuorumControlPlaneInitializationStatus reports initialization per the CAPI
-// control plane contract.
-// +kubebuilder:validation:MinProperties=1
-type QuorumControlPlaneInitializationStatus struct {
-	// controlPlaneInitialized is true once the first machine's API server
-	// serves.
-	// +optional
-	ControlPlaneInitialized *bool `json:"controlPlaneInitialized,omitempty"`
-}
-
-// QuorumControlPlaneStatus defines the observed state of a QuorumControlPlane.
-type QuorumControlPlaneStatus struct {
-	// conditions follow the CAPI v1beta2 conventions.
-	// +optional
-	// +listType=map
-	// +listMapKey=type
-	// +kubebuilder:validation:MaxItems=32
-	Conditions []metav1.Condition `json:"conditions,omitempty"`
-
-	// initialization reports when the control plane is initialized.
-	// +optional
-	Initialization QuorumControlPlaneInitializationStatus `json:"initialization,omitempty,omitzero"`
-
-	// selector selects the control plane machines, for the scale subresource.
-	// +optional
-	Selector string `json:"selector,omitempty"`
-
-	// replicas is the number of machines of this control plane.
-	// +optional
-	Replicas *int32 `json:"replicas,omitempty"`
-	// readyReplicas counts machines whose Ready condition is true.
-	// +optional
-	ReadyReplicas *int32 `json:"readyReplicas,omitempty"`
-	// availableReplicas counts machines whose Available condition is true.
-	// +optional
-	AvailableReplicas *int32 `json:"availableReplicas,omitempty"`
-	// upToDateReplicas counts machines whose UpToDate condition is true.
-	// +optional
-	UpToDateReplicas *int32 `json:"upToDateReplicas,omitempty"`
-
-	// version is the lowest Kubernetes version among the machines.
-	// +optional
-	Version string `json:"version,omitempty"`
-
-	// lastDecision is the quorum engine's latest step and why.
-	// +optional
-	// +kubebuilder:validation:MaxLength=1024
-	LastDecision string `json:"lastDecision,omitempty"`
-
-	// observedGeneration is the generation last reconciled.
-	// +optional
-	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
-}
-
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
 // +kubebuilder:subresource:scale:specpath=.spec.replicas,statuspath=.status.replicas,selectorpath=.status.selector
 // +kubebuilder:resource:path=quorumcontrolplanes,shortName=qcp,scope=Namespaced,categories=cluster-api
 // +kubebuilder:metadata:labels="cluster.x-k8s.io/v1beta2=v1alpha1"
-// +kubebuilder:printcolumn:name="Cluster",type="string",JSONPath=".metadata.labels['cluster\\.x-k8s\\.io/cluster-name']"
-// +kubebuilder:printcolumn:name="Available",type="string",JSONPath=`.status.conditions[?(@.type=="Available")].status`
-// +kubebuilder:printcolumn:name="Desired",type="integer",JSONPath=".spec.replicas"
-// +kubebuilder:printcolumn:name="Current",type="integer",JSONPath=".status.replicas"
-// +kubebuilder:printcolumn:name="Ready",type="integer",JSONPath=".status.readyReplicas"
-// +kubebuilder:printcolumn:name="Up-to-date",type="integer",JSONPath=".status.upToDateReplicas"
-// +kubebuilder:printcolumn:name="Initialized",type="boolean",JSONPath=".status.initialization.controlPlaneInitialized"
-// +kubebuilder:printcolumn:name="Age",type="date",JSONPath=".metadata.creationTimestamp"
-// +kubebuilder:printcolumn:name="Version",type="string",JSONPath=".spec.version"
+// +kubebuilder:printcolumn:name="Cluster",type="string",JSONPath=".metadata.labels['cluster\\.x-k8s\\.io/cluster-name']",description="The Cluster this control plane belongs to"
+// +kubebuilder:printcolumn:name="Available",type="string",JSONPath=`.status.conditions[?(@.type=="Available")].status`,description="Whether the control plane serves with etcd quorum"
+// +kubebuilder:printcolumn:name="Desired",type="integer",JSONPath=".spec.replicas",description="The desired number of machines"
+// +kubebuilder:printcolumn:name="Current",type="integer",JSONPath=".status.replicas",description="The number of machines"
+// +kubebuilder:printcolumn:name="Ready",type="integer",JSONPath=".status.readyReplicas",description="Machines whose Ready condition is true"
+// +kubebuilder:printcolumn:name="Up-to-date",type="integer",JSONPath=".status.upToDateReplicas",description="Machines whose UpToDate condition is true"
+// +kubebuilder:printcolumn:name="Initialized",type="boolean",JSONPath=".status.initialization.controlPlaneInitialized",description="Whether the first API server has answered"
+// +kubebuilder:printcolumn:name="Paused",type="string",JSONPath=`.status.conditions[?(@.type=="Paused")].status`,description="Whether reconciliation is paused",priority=10
+// +kubebuilder:printcolumn:name="Operation",type="string",JSONPath=".status.lastOperation.kind",description="The quorum engine's latest step",priority=10
+// +kubebuilder:printcolumn:name="Target",type="string",JSONPath=".status.lastOperation.target",description="What the latest step acts on",priority=10
+// +kubebuilder:printcolumn:name="Age",type="date",JSONPath=".metadata.creationTimestamp",description="Time since creation"
+// +kubebuilder:printcolumn:name="Version",type="string",JSONPath=".spec.version",description="The desired Kubernetes version"
 
 // QuorumControlPlane runs a Kubernetes control plane's machines and its etcd
 // cluster as one unit, without ever losing etcd quorum.

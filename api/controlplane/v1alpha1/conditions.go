@@ -1,0 +1,111 @@
+package v1alpha1
+
+import clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+
+// Condition types and reasons of a QuorumControlPlane. They follow CAPI's
+// v1beta2 conventions and reuse CAPI's names where CAPI has one, so that
+// tooling that knows KubeadmControlPlane reads QCP the same way. Messages are
+// sentences that name what is waited on.
+
+// Available: the control plane serves, and etcd has quorum. CAPI core mirrors
+// it into the Cluster's ControlPlaneAvailable condition.
+const (
+	AvailableCondition           = clusterv1.AvailableCondition
+	AvailableReason              = clusterv1.AvailableReason
+	NotAvailableReason           = clusterv1.NotAvailableReason
+	AvailableInternalErrorReason = clusterv1.InternalErrorReason
+)
+
+// Initialized: the first API server has answered; the contract's
+// status.initialization.controlPlaneInitialized says the same.
+const (
+	InitializedCondition                 = "Initialized"
+	InitializedReason                    = "Initialized"
+	NotInitializedReason                 = "NotInitialized"
+	WaitingForControlPlaneEndpointReason = "WaitingForControlPlaneEndpoint"
+)
+
+// CertificatesAvailable: the cluster's CAs, service-account key and
+// kubeconfig Secrets exist.
+const (
+	CertificatesAvailableCondition  = "CertificatesAvailable"
+	CertificatesAvailableReason     = clusterv1.AvailableReason
+	CertificatesNotAvailableReason  = clusterv1.NotAvailableReason
+	CertificatesInternalErrorReason = clusterv1.InternalErrorReason
+)
+
+// EtcdClusterHealthy: every member is healthy, every member reports the same
+// member list, and there are no alarms.
+const (
+	EtcdClusterHealthyCondition       = "EtcdClusterHealthy"
+	EtcdClusterHealthyReason          = "Healthy"
+	EtcdClusterNotHealthyReason       = "NotHealthy"
+	EtcdClusterHealthUnknownReason    = "HealthUnknown"
+	EtcdClusterInspectionFailedReason = clusterv1.InspectionFailedReason
+	// EtcdClusterExternalReason: QCP does not run this etcd; an EtcdCluster
+	// or whoever runs the endpoints reports its health.
+	EtcdClusterExternalReason = "External"
+)
+
+// ControlPlaneComponentsHealthy: kube-apiserver, kube-controller-manager,
+// kube-scheduler and (stacked) etcd are healthy on every machine. A failing
+// check names the machine and the component.
+const (
+	ControlPlaneComponentsHealthyCondition       = "ControlPlaneComponentsHealthy"
+	ControlPlaneComponentsHealthyReason          = "Healthy"
+	ControlPlaneComponentsNotHealthyReason       = "NotHealthy"
+	ControlPlaneComponentsHealthUnknownReason    = "HealthUnknown"
+	ControlPlaneComponentsConnectionDownReason   = clusterv1.ConnectionDownReason
+	ControlPlaneComponentsInspectionFailedReason = clusterv1.InspectionFailedReason
+)
+
+// MachinesReady aggregates the machines' Ready conditions.
+const (
+	MachinesReadyCondition        = clusterv1.MachinesReadyCondition
+	MachinesReadyReason           = clusterv1.ReadyReason
+	MachinesNotReadyReason        = clusterv1.NotReadyReason
+	MachinesReadyUnknownReason    = clusterv1.ReadyUnknownReason
+	MachinesReadyNoReplicasReason = clusterv1.NoReplicasReason
+)
+
+// MachinesUpToDate aggregates the machines' UpToDate conditions.
+const (
+	MachinesUpToDateCondition        = clusterv1.MachinesUpToDateCondition
+	MachinesUpToDateReason           = clusterv1.UpToDateReason
+	MachinesNotUpToDateReason        = clusterv1.NotUpToDateReason
+	MachinesUpToDateUnknownReason    = clusterv1.UpToDateUnknownReason
+	MachinesUpToDateNoReplicasReason = clusterv1.NoReplicasReason
+)
+
+// ScalingUp and ScalingDown are true while there are fewer (more) machines
+// than desired; a preflight check or the quorum engine holding the step back
+// shows in the message and in PreflightChecksFailedReason.
+const (
+	ScalingUpCondition          = clusterv1.ScalingUpCondition
+	ScalingUpReason             = clusterv1.ScalingUpReason
+	NotScalingUpReason          = clusterv1.NotScalingUpReason
+	ScalingDownCondition        = clusterv1.ScalingDownCondition
+	ScalingDownReason           = clusterv1.ScalingDownReason
+	NotScalingDownReason        = clusterv1.NotScalingDownReason
+	WaitingForReplicasSetReason = clusterv1.WaitingForReplicasSetReason
+	PreflightChecksFailedReason = "PreflightChecksFailed"
+)
+
+// Deleting: the control plane is being deleted; it first waits for the
+// cluster's worker machines, then deletes its own.
+const (
+	DeletingCondition                = clusterv1.DeletingCondition
+	NotDeletingReason                = clusterv1.NotDeletingReason
+	DeletingWaitingForWorkersReason  = "WaitingForWorkersDeletion"
+	DeletingWaitingForMachinesReason = "WaitingForMachineDeletion"
+	DeletionCompletedReason          = clusterv1.DeletionCompletedReason
+	DeletingInternalErrorReason      = clusterv1.InternalErrorReason
+)
+
+// Paused: Cluster.spec.paused or the cluster.x-k8s.io/paused annotation
+// stops every action.
+const (
+	PausedCondition = clusterv1.PausedCondition
+	PausedReason    = clusterv1.PausedReason
+	NotPausedReason = clusterv1.NotPausedReason
+)

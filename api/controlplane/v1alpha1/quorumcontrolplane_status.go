@@ -1,0 +1,163 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// QuorumControlPlaneStatus defines the observed state of a QuorumControlPlane.
+type QuorumControlPlaneStatus struct {
+	// conditions follow the CAPI v1beta2 conventions; the types and reasons
+	// are the constants in this package.
+	// +optional
+	// +listType=map
+	// +listMapKey=type
+	// +kubebuilder:validation:MaxItems=32
+	Conditions []metav1.Condition `json:"conditions,omitempty"`
+
+	// initialization reports when the control plane is initialized.
+	// +optional
+	Initialization QuorumControlPlaneInitializationStatus `json:"initialization,omitempty,omitzero"`
+
+	// selector selects the control plane machines, for the scale subresource.
+	// +optional
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=4096
+	Selector string `json:"selector,omitempty"`
+
+	// replicas is the number of machines of this control plane.
+	// +optional
+	Replicas *int32 `json:"replicas,omitempty"`
+	// readyReplicas counts machines whose Ready condition is true.
+	// +optional
+	ReadyReplicas *int32 `json:"readyReplicas,omitempty"`
+	// availableReplicas counts machines whose Available condition is true.
+	// +optional
+	AvailableReplicas *int32 `json:"availableReplicas,omitempty"`
+	// upToDateReplicas counts machines whose UpToDate condition is true.
+	// +optional
+	UpToDateReplicas *int32 `json:"upToDateReplicas,omitempty"`
+
+	// version is the lowest Kubernetes version among the machines.
+	// +optional
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=256
+	Version string `json:"version,omitempty"`
+
+	// etcd reports the stacked etcd cluster as QCP last observed it.
+	// +optional
+	Etcd EtcdStatus `json:"etcd,omitempty,omitzero"`
+
+	// lastOperation is the quorum engine's latest step: what, on what, why,
+	// and when it started and finished.
+	// +optional
+	LastOperation LastOperation `json:"lastOperation,omitempty,omitzero"`
+
+	// observedGeneration is the generation last reconciled.
+	// +optional
+	ObservedGeneration int64 `json:"observedGeneration,omitempty"`
+}
+
+// QuorumControlPlaneInitializationStatus reports initialization per the CAPI
+// control plane contract.
+// +kubebuilder:validation:MinProperties=1
+type QuorumControlPlaneInitializationStatus struct {
+	// controlPlaneInitialized is true once the first machine's API server
+	// answers. CAPI core starts watching the workload cluster's Nodes then.
+	// +optional
+	ControlPlaneInitialized *bool `json:"controlPlaneInitialized,omitempty"`
+}
+
+// EtcdStatus reports the etcd cluster's membership.
+type EtcdStatus struct {
+	// members are the etcd members, as the cluster reports them.
+	// +optional
+	// +listType=map
+	// +listMapKey=id
+	// +kubebuilder:validation:MaxItems=16
+	Members []EtcdMemberStatus `json:"members,omitempty"`
+}
+
+// EtcdMemberRole is a member's part in raft.
+// +kubebuilder:validation:Enum=Leader;Voter;Learner
+type EtcdMemberRole string
+
+// The member roles. A leader is also a voter; a learner gets the log but does
+// not vote until it is promoted.
+const (
+	EtcdMemberRoleLeader  EtcdMemberRole = "Leader"
+	EtcdMemberRoleVoter   EtcdMemberRole = "Voter"
+	EtcdMemberRoleLearner EtcdMemberRole = "Learner"
+)
+
+// EtcdMemberStatus is one etcd member.
+type EtcdMemberStatus struct {
+	// id is the member ID in hexadecimal, as etcdctl prints it. A string,
+	// because member IDs use all 64 bits and JSON numbers do not.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=16
+	// +kubebuilder:validation:Pattern=`^[0-9a-f]+$`
+	ID string `json:"id"`
+	// name is the member's name; empty until an added member first starts.
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	Name string `json:"name,omitempty"`
+	// machine is the Machine hosting the member; empty if none is known.
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	Machine string `json:"machine,omitempty"`
+	// role is Leader, Voter or Learner.
+	// +required
+	Role EtcdMemberRole `json:"role"`
+	// healthy is true when the member answered its last health check.
+	// +required
+	Healthy bool `json:"healthy"`
+	// revision is the member's latest key-value store revision; a learner is
+	// promoted only once it is close to the leader's.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	Revision int64 `json:"revision,omitempty"`
+}
+
+// OperationKind is a step of the quorum engine. The values are the kinds of
+// internal/quorum's Decision.
+// +kubebuilder:validation:Enum=CreateMachine;AddLearner;Promote;MoveLeader;RemoveMember;AddHook;RemoveHook;DeleteMachine;Wait;Degraded
+type OperationKind string
+
+// The quorum engine's steps; see internal/quorum for what each one does.
+const (
+	OperationCreateMachine OperationKind = "CreateMachine"
+	OperationAddLearner    OperationKind = "AddLearner"
+	OperationPromote       OperationKind = "Promote"
+	OperationMoveLeader    OperationKind = "MoveLeader"
+	OperationRemoveMember  OperationKind = "RemoveMember"
+	OperationAddHook       OperationKind = "AddHook"
+	OperationRemoveHook    OperationKind = "RemoveHook"
+	OperationDeleteMachine OperationKind = "DeleteMachine"
+	OperationWait          OperationKind = "Wait"
+	OperationDegraded      OperationKind = "Degraded"
+)
+
+// LastOperation records the quorum engine's latest decision.
+type LastOperation struct {
+	// kind is the step, e.g. AddLearner.
+	// +required
+	Kind OperationKind `json:"kind"`
+	// target is what the step acts on: a machine, a member ("8e9e05c52164694d
+	// on c1-abcde") or, for CreateMachine, a failure domain. Empty for Wait
+	// and Degraded.
+	// +optional
+	// +kubebuilder:validation:MaxLength=512
+	Target string `json:"target,omitempty"`
+	// reason is a sentence for humans: why this step, or what is waited for.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=4096
+	Reason string `json:"reason"`
+	// startTime is when the step was decided and started.
+	// +required
+	StartTime metav1.Time `json:"startTime"`
+	// finishTime is when the step completed; unset while it is in flight.
+	// +optional
+	FinishTime metav1.Time `json:"finishTime,omitempty,omitzero"`
+}

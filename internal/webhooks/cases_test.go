@@ -1,0 +1,144 @@
+package webhooks_test
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+
+	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
+)
+
+// admissionCase is one request: a create (old is nil) or an update of old to
+// new. field and fix are empty when the request must be accepted; otherwise
+// the rejection must name field and contain fix.
+type admissionCase struct {
+	name     string
+	old, new *controlplanev1.QuorumControlPlane
+	field    string
+	fix      string
+	// pureOnly cases cannot reach the webhook through the API server: it
+	// refuses them first, or they need a status that is the controller's to
+	// write.
+	pureOnly bool
+}
+
+// qcp is a valid QuorumControlPlane with stacked etcd, changed by edits.
+func qcp(edits ...func(*controlplanev1.QuorumControlPlane)) *controlplanev1.QuorumControlPlane {
+	q := &controlplanev1.QuorumControlPlane{
+		ObjectMeta: metav1.ObjectMeta{Namespace: metav1.NamespaceDefault},
+		Spec: controlplanev1.QuorumControlPlaneSpec{
+			Replicas: ptr.To[int32](3),
+			Version:  "v1.36.3",
+			MachineTemplate: controlplanev1.QuorumControlPlaneMachineTemplate{
+				Spec: controlplanev1.QuorumControlPlaneMachineTemplateSpec{
+					InfrastructureRef: clusterv1.ContractVersionedObjectReference{
+						APIGroup: "infrastructure.cluster.x-k8s.io", Kind: "ProcessMachineTemplate", Name: "cp",
+					},
+				},
+			},
+		},
+	}
+	for _, edit := range edits {
+		edit(q)
+	}
+	return q
+}
+
+func replicas(n int32) func(*controlplanev1.QuorumControlPlane) {
+	return func(q *controlplanev1.QuorumControlPlane) { q.Spec.Replicas = ptr.To(n) }
+}
+
+func version(v string) func(*controlplanev1.QuorumControlPlane) {
+	return func(q *controlplanev1.QuorumControlPlane) { q.Spec.Version = v }
+}
+
+func external(endpoints ...string) func(*controlplanev1.QuorumControlPlane) {
+	return func(q *controlplanev1.QuorumControlPlane) {
+		q.Spec.Etcd = controlplanev1.EtcdSpec{External: &controlplanev1.ExternalEtcd{Endpoints: endpoints}}
+	}
+}
+
+func clusterRef(name string) func(*controlplanev1.QuorumControlPlane) {
+	return func(q *controlplanev1.QuorumControlPlane) {
+		q.Spec.Etcd = controlplanev1.EtcdSpec{ClusterRef: &controlplanev1.LocalObjectReference{Name: name}}
+	}
+}
+
+func admissionCases() []admissionCase {
+	return []admissionCase{
+		// Rejected creates.
+		{name: "even replicas with stacked etcd", new: qcp(replicas(4)),
+			field: "spec.replicas", fix: "stacked etcd needs an odd number of replicas (1, 3, 5 or 7) to keep quorum; use 3 or 5"},
+		{name: "two replicas with stacked etcd", new: qcp(replicas(2)), field: "spec.replicas", fix: "use 1 or 3"},
+		{name: "zero replicas", new: qcp(replicas(0)), field: "spec.replicas", fix: "needs at least 1 machine; use 1, 3 or 5"},
+		// The API server refuses a negative scale spec path itself, before
+		// validating webhooks run; TestAdmissionThroughAPIServer checks that.
+		{name: "negative replicas", new: qcp(replicas(-1)), field: "spec.replicas", fix: "needs at least 1 machine; use 1, 3 or 5", pureOnly: true},
+		{name: "zero replicas with external etcd", new: qcp(external("https://10.0.0.1:2379"), replicas(0)),
+			field: "spec.replicas", fix: "use 1, 3 or 5"},
+		{name: "more than seven replicas", new: qcp(replicas(9)), field: "spec.replicas", fix: "use 7 or fewer"},
+		{name: "version without patch", new: qcp(version("v1.36")),
+			field: "spec.version", fix: "must be a version such as v1.36.3; write v, then MAJOR.MINOR.PATCH"},
+		{name: "version that is a word", new: qcp(version("latest")), field: "spec.version", fix: "write v, then MAJOR.MINOR.PATCH"},
+		{name: "version with a space", new: qcp(version("v1.36.3 ")), field: "spec.version", fix: "write v, then MAJOR.MINOR.PATCH"},
+		{name: "malformed stacked etcd version", new: qcp(func(q *controlplanev1.QuorumControlPlane) {
+			q.Spec.Etcd.Stacked.Version = "3.6"
+		}), field: "spec.etcd.stacked.version", fix: "must be a version such as v3.6.16"},
+		{name: "cert SAN that is neither a name nor an address", new: qcp(func(q *controlplanev1.QuorumControlPlane) {
+			q.Spec.APIServer.CertSANs = []string{"api.example.com", "not a name!"}
+		}), field: "spec.apiServer.certSANs[1]", fix: "must be a DNS name or an IP address"},
+		{name: "maxSurge 0 with one replica", new: qcp(replicas(1), func(q *controlplanev1.QuorumControlPlane) {
+			q.Spec.Rollout.Strategy.RollingUpdate.MaxSurge = ptr.To[int32](0)
+		}), field: "spec.rollout.strategy.rollingUpdate.maxSurge", fix: "use maxSurge 1, or 3 or more replicas"},
+
+		// Rejected updates.
+		{name: "downgrade", old: qcp(), new: qcp(version("v1.35.4")),
+			field: "spec.version", fix: "cannot downgrade from v1.36.3, because Kubernetes and etcd do not support downgrades; use v1.36.3 or later"},
+		{name: "patch downgrade", old: qcp(), new: qcp(version("v1.36.2")), field: "spec.version", fix: "use v1.36.3 or later"},
+		{name: "skipped minor version", old: qcp(version("v1.35.4")), new: qcp(version("v1.37.0")),
+			field: "spec.version", fix: "the control plane is at v1.35.4 and upgrades go one minor version at a time; set a v1.36.x version first"},
+		{name: "major version jump", old: qcp(), new: qcp(version("v2.0.0")), field: "spec.version", fix: "set a v1.37.x version first"},
+		{name: "second upgrade before the machines finished the first", pureOnly: true,
+			old: qcp(func(q *controlplanev1.QuorumControlPlane) { q.Status.Version = "v1.35.4" }),
+			new: qcp(version("v1.37.0")), field: "spec.version", fix: "the control plane is at v1.35.4"},
+		{name: "stacked to external etcd", old: qcp(), new: qcp(external("https://10.0.0.1:2379")),
+			field: "spec.etcd", fix: "cannot switch from stacked etcd to external etcd endpoints after creation, because the cluster's data lives in the etcd it started with; remove spec.etcd.external and spec.etcd.clusterRef"},
+		{name: "stacked to EtcdCluster", old: qcp(), new: qcp(clusterRef("etcd-a")),
+			field: "spec.etcd", fix: "remove spec.etcd.external and spec.etcd.clusterRef"},
+		{name: "external to stacked etcd", old: qcp(external("https://10.0.0.1:2379")), new: qcp(),
+			field: "spec.etcd", fix: "cannot switch from external etcd endpoints to stacked etcd after creation"},
+		{name: "external endpoints to EtcdCluster", old: qcp(external("https://10.0.0.1:2379")), new: qcp(clusterRef("etcd-a")),
+			field: "spec.etcd", fix: "set spec.etcd.external back"},
+		{name: "EtcdCluster to external endpoints", old: qcp(clusterRef("etcd-a")), new: qcp(external("https://10.0.0.1:2379")),
+			field: "spec.etcd", fix: `set spec.etcd.clusterRef back to "etcd-a"`},
+		{name: "EtcdCluster to another EtcdCluster", old: qcp(clusterRef("etcd-a")), new: qcp(clusterRef("etcd-b")),
+			field: "spec.etcd.clusterRef.name", fix: `set spec.etcd.clusterRef back to "etcd-a"`},
+		{name: "valid upgrade together with even replicas", old: qcp(), new: qcp(version("v1.37.0"), replicas(4)),
+			field: "spec.replicas", fix: "use 3 or 5"},
+
+		// Accepted.
+		{name: "one replica by default", new: qcp(func(q *controlplanev1.QuorumControlPlane) { q.Spec.Replicas = nil })},
+		{name: "version without its v", new: qcp(version("1.36.3"))},
+		{name: "five replicas", new: qcp(replicas(5))},
+		{name: "even replicas with external etcd", new: qcp(external("https://10.0.0.1:2379"), replicas(2))},
+		{name: "even replicas with an EtcdCluster", new: qcp(clusterRef("etcd-a"), replicas(4))},
+		{name: "tuned stacked etcd and components", new: qcp(func(q *controlplanev1.QuorumControlPlane) {
+			q.Spec.Etcd.Stacked = controlplanev1.StackedEtcd{Version: "v3.6.16",
+				ExtraArgs: []controlplanev1.Arg{{Name: "quota-backend-bytes", Value: "8589934592"}}}
+			q.Spec.APIServer = controlplanev1.APIServerSpec{CertSANs: []string{"api.example.com", "*.example.com", "10.0.0.1"},
+				ExtraArgs: []controlplanev1.Arg{{Name: "audit-log-path", Value: "-"}}}
+			q.Spec.Scheduler.ExtraArgs = []controlplanev1.Arg{{Name: "v", Value: "2"}}
+		})},
+		{name: "maxSurge 0 with three replicas", new: qcp(func(q *controlplanev1.QuorumControlPlane) {
+			q.Spec.Rollout.Strategy.RollingUpdate.MaxSurge = ptr.To[int32](0)
+		})},
+		{name: "one minor upgrade", old: qcp(version("v1.35.4")), new: qcp(version("v1.36.3"))},
+		{name: "patch upgrade", old: qcp(version("v1.36.2")), new: qcp(version("v1.36.3"))},
+		{name: "scale up", old: qcp(), new: qcp(replicas(5))},
+		{name: "new external endpoints", old: qcp(external("https://10.0.0.1:2379")),
+			new: qcp(external("https://10.0.0.1:2379", "https://10.0.0.2:2379"))},
+		{name: "labels only", old: qcp(), new: qcp(func(q *controlplanev1.QuorumControlPlane) {
+			q.Labels = map[string]string{"team": "a"}
+		})},
+	}
+}

@@ -1,0 +1,173 @@
+package webhooks
+
+import (
+	"fmt"
+	"net"
+	"strings"
+	"unicode"
+
+	"k8s.io/apimachinery/pkg/api/equality"
+	"k8s.io/apimachinery/pkg/util/validation"
+	"k8s.io/apimachinery/pkg/util/validation/field"
+	utilversion "k8s.io/apimachinery/pkg/util/version"
+
+	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
+)
+
+var specPath = field.NewPath("spec")
+
+// Validate returns every rule qcp breaks, given the stored object old (nil on
+// create). Each error names its field and says how to fix it.
+func Validate(old, qcp *controlplanev1.QuorumControlPlane) field.ErrorList {
+	if old != nil && equality.Semantic.DeepEqual(old.Spec, qcp.Spec) {
+		// Metadata-only updates (owner references and labels from CAPI core,
+		// finalizers) must go through even if a later release tightened a
+		// rule that the stored spec breaks; otherwise deletion could hang.
+		return nil
+	}
+	spec := &qcp.Spec
+	stacked := spec.Etcd.IsStacked()
+	errs := validateReplicas(specPath.Child("replicas"), replicasOf(spec), stacked)
+	errs = append(errs, validateVersion(specPath.Child("version"), spec.Version, "v1.36.3")...)
+	if v := spec.Etcd.Stacked.Version; v != "" {
+		errs = append(errs, validateVersion(specPath.Child("etcd", "stacked", "version"), v, "v3.6.16")...)
+	}
+	errs = append(errs, validateCertSANs(specPath.Child("apiServer", "certSANs"), spec.APIServer.CertSANs)...)
+	errs = append(errs, validateRollout(spec)...)
+	if old != nil {
+		errs = append(errs, validateVersionChange(old, qcp)...)
+		errs = append(errs, validateEtcdChange(old.Spec.Etcd, spec.Etcd)...)
+	}
+	return errs
+}
+
+// replicasOf is the desired replica count; unset means the default, 1.
+func replicasOf(spec *controlplanev1.QuorumControlPlaneSpec) int32 {
+	if spec.Replicas == nil {
+		return 1
+	}
+	return *spec.Replicas
+}
+
+// validateReplicas checks a replica count. The scale subresource shares it.
+func validateReplicas(path *field.Path, replicas int32, stacked bool) field.ErrorList {
+	switch {
+	case replicas < 1:
+		return field.ErrorList{field.Invalid(path, replicas,
+			"a control plane needs at least 1 machine; use 1, 3 or 5")}
+	case replicas > controlplanev1.MaxReplicas:
+		return field.ErrorList{field.Invalid(path, replicas, fmt.Sprintf(
+			"QCP runs at most %d control plane machines, because every etcd voter slows each write; use %d or fewer",
+			controlplanev1.MaxReplicas, controlplanev1.MaxReplicas))}
+	case stacked && replicas%2 == 0:
+		return field.ErrorList{field.Invalid(path, replicas, fmt.Sprintf(
+			"stacked etcd needs an odd number of replicas (1, 3, 5 or 7) to keep quorum; use %d or %d",
+			replicas-1, replicas+1))}
+	}
+	return nil
+}
+
+// parseVersion accepts exactly what names a binary: "v", then a semantic
+// version, with nothing around it.
+func parseVersion(v string) (*utilversion.Version, error) {
+	if !strings.HasPrefix(v, "v") || strings.ContainsFunc(v, unicode.IsSpace) {
+		return nil, fmt.Errorf("version %q does not start with v", v)
+	}
+	return utilversion.ParseSemantic(v)
+}
+
+func validateVersion(path *field.Path, v, example string) field.ErrorList {
+	if _, err := parseVersion(v); err != nil {
+		return field.ErrorList{field.Invalid(path, v, fmt.Sprintf(
+			"must be a version such as %s; write v, then MAJOR.MINOR.PATCH", example))}
+	}
+	return nil
+}
+
+// validateVersionChange refuses downgrades and skipped minor versions, which
+// neither the API server nor etcd's storage format supports.
+func validateVersionChange(old, qcp *controlplanev1.QuorumControlPlane) field.ErrorList {
+	path := specPath.Child("version")
+	from, errFrom := parseVersion(old.Spec.Version)
+	to, errTo := parseVersion(qcp.Spec.Version)
+	if errFrom != nil || errTo != nil {
+		return nil // a malformed new version is reported already; a malformed old one is no baseline
+	}
+	if to.LessThan(from) {
+		return field.ErrorList{field.Invalid(path, qcp.Spec.Version, fmt.Sprintf(
+			"cannot downgrade from %s, because Kubernetes and etcd do not support downgrades; use %s or later",
+			old.Spec.Version, old.Spec.Version))}
+	}
+	// Machines still on an older version bound the step too: a second
+	// upgrade before the first finished would make them skip a minor.
+	base, baseName := from, old.Spec.Version
+	if running, err := parseVersion(old.Status.Version); err == nil && running.LessThan(base) {
+		base, baseName = running, old.Status.Version
+	}
+	if to.Major() != base.Major() || to.Minor() > base.Minor()+1 {
+		what := "skips a minor version"
+		if to.Major() != base.Major() {
+			what = "changes the major version"
+		}
+		return field.ErrorList{field.Invalid(path, qcp.Spec.Version, fmt.Sprintf(
+			"%s: the control plane is at %s and upgrades go one minor version at a time; set a v%d.%d.x version first",
+			what, baseName, base.Major(), base.Minor()+1))}
+	}
+	return nil
+}
+
+// etcdMode is how a control plane reaches etcd, with the way back to it.
+type etcdMode struct{ name, restore string }
+
+func modeOf(e controlplanev1.EtcdSpec) etcdMode {
+	switch {
+	case e.External != nil:
+		return etcdMode{"external etcd endpoints", "set spec.etcd.external back"}
+	case e.ClusterRef != nil:
+		return etcdMode{"an EtcdCluster", fmt.Sprintf("set spec.etcd.clusterRef back to %q", e.ClusterRef.Name)}
+	default:
+		return etcdMode{"stacked etcd", "remove spec.etcd.external and spec.etcd.clusterRef"}
+	}
+}
+
+// validateEtcdChange keeps the etcd a control plane was created with: the
+// cluster's data lives there, and pointing the API servers elsewhere would
+// silently swap it.
+func validateEtcdChange(old, etcd controlplanev1.EtcdSpec) field.ErrorList {
+	from, to := modeOf(old), modeOf(etcd)
+	if from.name != to.name {
+		return field.ErrorList{field.Forbidden(specPath.Child("etcd"), fmt.Sprintf(
+			"cannot switch from %s to %s after creation, because the cluster's data lives in the etcd it started with; %s, or create a new QuorumControlPlane for the other etcd",
+			from.name, to.name, from.restore))}
+	}
+	if old.ClusterRef != nil && etcd.ClusterRef != nil && old.ClusterRef.Name != etcd.ClusterRef.Name {
+		return field.ErrorList{field.Forbidden(specPath.Child("etcd", "clusterRef", "name"), fmt.Sprintf(
+			"cannot point at another EtcdCluster after creation, because the cluster's data lives in %q; %s",
+			old.ClusterRef.Name, from.restore))}
+	}
+	return nil
+}
+
+func validateCertSANs(path *field.Path, sans []string) field.ErrorList {
+	var errs field.ErrorList
+	for i, san := range sans {
+		if net.ParseIP(san) != nil || len(validation.IsDNS1123Subdomain(strings.TrimPrefix(san, "*."))) == 0 {
+			continue
+		}
+		errs = append(errs, field.Invalid(path.Index(i), san,
+			"must be a DNS name or an IP address, e.g. api.example.com or 10.0.0.1"))
+	}
+	return errs
+}
+
+// validateRollout: removing before replacing leaves 2 of 3 voters at worst;
+// with fewer machines it would leave none.
+func validateRollout(spec *controlplanev1.QuorumControlPlaneSpec) field.ErrorList {
+	strategy := spec.Rollout.Strategy
+	surge := strategy.RollingUpdate.MaxSurge
+	if strategy.Type == controlplanev1.OnDelete || surge == nil || *surge != 0 || replicasOf(spec) >= 3 {
+		return nil
+	}
+	return field.ErrorList{field.Invalid(specPath.Child("rollout", "strategy", "rollingUpdate", "maxSurge"), *surge,
+		"maxSurge 0 removes a machine before its replacement exists, which needs at least 3 replicas; use maxSurge 1, or 3 or more replicas")}
+}
