@@ -16,6 +16,7 @@ const convergeSteps = 80
 type explorer struct {
 	plan      func(State) Decision
 	maxFaults int
+	maxStale  int // how many of a path's faults may be stale ones
 	seen      map[string]bool
 	outcome   map[string]string // fault-free run from a key: "" converged, else why not
 	states    int
@@ -27,14 +28,14 @@ type explorer struct {
 }
 
 func newExplorer(plan func(State) Decision, maxFaults int) *explorer {
-	return &explorer{plan: plan, maxFaults: maxFaults, seen: map[string]bool{}, outcome: map[string]string{}, kinds: map[Kind]int{}, maxErrs: 5}
+	return &explorer{plan: plan, maxFaults: maxFaults, maxStale: 1, seen: map[string]bool{}, outcome: map[string]string{}, kinds: map[Kind]int{}, maxErrs: 5}
 }
 
 type node struct {
 	w      world
 	faults int
 	// stale counts the faults that struck between plan and act or in the
-	// observation; at most one per path keeps the space within budget.
+	// observation; the explorer's maxStale bounds them per path.
 	stale int
 	prev  []Member // the member list one step earlier, for stale observations
 	// members is w's member list, filled in when the node is expanded.
@@ -88,7 +89,7 @@ func (e *explorer) explore(start world, name string) {
 		if n.faults == e.maxFaults {
 			continue
 		}
-		stale := n.stale == 0 && d.Kind != Wait && d.Kind != Degraded
+		stale := n.stale < e.maxStale && d.Kind != Wait && d.Kind != Degraded
 		for _, f := range faults() {
 			for _, w := range f.apply(n.w) {
 				queue = append(queue, e.successor(n, w, 1, 0, "FAULT "+f.name))
@@ -100,7 +101,7 @@ func (e *explorer) explore(start world, name string) {
 				}
 			}
 		}
-		if n.stale > 0 {
+		if n.stale >= e.maxStale {
 			continue
 		}
 		for _, o := range observationFaults(s, n.prev) {
