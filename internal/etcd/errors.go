@@ -76,6 +76,22 @@ func IsRetryable(err error) bool {
 	return strings.Contains(desc, descProposalDropped)
 }
 
+// refusedDescs are refusals the server makes before it proposes anything:
+// after one of them, the request has certainly not taken effect.
+var refusedDescs = map[string]bool{
+	descUnhealthy:        true,
+	descTooManyLearners:  true,
+	descNotEnoughStarted: true,
+}
+
+// IsRefused reports whether err is a refusal after which the request has
+// certainly not taken effect, unlike a timeout, whose outcome is unknown.
+// A caller that recorded its intent before the request may then drop the
+// record.
+func IsRefused(err error) bool {
+	return err != nil && refusedDescs[errorDesc(err)]
+}
+
 // IsMemberNotLearner reports whether a promotion was refused because the
 // member already is a voter, which a caller retrying a promotion whose first
 // reply it lost should treat as success.

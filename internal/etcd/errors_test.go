@@ -18,17 +18,18 @@ func TestErrorClassification(t *testing.T) {
 		err                    error
 		retryable, notLearner  bool
 		notFound, peerURLExist bool
+		refused                bool // certainly not applied
 	}{
 		{name: "nil", err: nil},
-		{name: "unhealthy cluster (client form)", err: rpctypes.ErrUnhealthy, retryable: true},
-		{name: "unhealthy cluster (gRPC form, wrapped)", err: wrap(rpctypes.ErrGRPCUnhealthy), retryable: true},
+		{name: "unhealthy cluster (client form)", err: rpctypes.ErrUnhealthy, retryable: true, refused: true},
+		{name: "unhealthy cluster (gRPC form, wrapped)", err: wrap(rpctypes.ErrGRPCUnhealthy), retryable: true, refused: true},
 		{name: "learner not in sync", err: wrap(rpctypes.ErrMemberLearnerNotReady), retryable: true},
-		{name: "too many learners", err: rpctypes.ErrTooManyLearners, retryable: true},
+		{name: "too many learners", err: rpctypes.ErrTooManyLearners, retryable: true, refused: true},
 		{name: "not leader", err: wrap(rpctypes.ErrNotLeader), retryable: true},
 		{name: "leader changed", err: rpctypes.ErrLeaderChanged, retryable: true},
 		{name: "no leader", err: rpctypes.ErrGRPCNoLeader, retryable: true},
 		{name: "request timed out", err: rpctypes.ErrTimeout, retryable: true},
-		{name: "not enough started members", err: rpctypes.ErrMemberNotEnoughStarted, retryable: true},
+		{name: "not enough started members", err: rpctypes.ErrMemberNotEnoughStarted, retryable: true, refused: true},
 		{name: "raft proposal dropped", err: wrap(status.Error(codes.Unknown, "raft proposal dropped")), retryable: true},
 		{name: "member shutting down: raft stopped", err: wrap(status.Error(codes.Unknown, "raft: stopped")), retryable: true},
 		{name: "member shutting down: server stopped", err: wrap(rpctypes.ErrGRPCStopped), retryable: true},
@@ -58,6 +59,9 @@ func TestErrorClassification(t *testing.T) {
 			}
 			if got := IsPeerURLExists(c.err); got != c.peerURLExist {
 				t.Errorf("IsPeerURLExists(%v) = %v, want %v", c.err, got, c.peerURLExist)
+			}
+			if got := IsRefused(c.err); got != c.refused {
+				t.Errorf("IsRefused(%v) = %v, want %v", c.err, got, c.refused)
 			}
 		})
 	}

@@ -116,7 +116,7 @@ func BootstrapDataSecret(machine *clusterv1.Machine, doc *bootstrap.Document) (*
 	return &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{
 			Name: BootstrapDataSecretName(machine.Name), Namespace: machine.Namespace,
-			Labels: map[string]string{clusterv1.ClusterNameLabel: machine.Spec.ClusterName},
+			Labels:          map[string]string{clusterv1.ClusterNameLabel: machine.Spec.ClusterName},
 			OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(machine, clusterv1.GroupVersion.WithKind("Machine"))},
 		},
 		Type: clusterv1.ClusterSecretType,

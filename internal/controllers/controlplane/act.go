@@ -1,0 +1,109 @@
+package controlplane
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	"github.com/qcp-dev/qcp/internal/etcd"
+	"github.com/qcp-dev/qcp/internal/quorum"
+)
+
+// errNotHere is returned for the steps the executor does not take itself:
+// CreateMachine needs the control plane's spec and templates, and Wait and
+// Degraded are not steps.
+var errNotHere = errors.New("not a step the executor takes")
+
+// executor carries out one planner decision on the management cluster
+// (Machines) and on etcd. The reconciler has already observed again and
+// checked the decision with quorum.Decision.Verify; the executor closes the
+// rest of the gap: every write to a Machine is conditional on the
+// resourceVersion the plan saw, so a machine that changed since (a user
+// started deleting it, say) refuses the step instead of taking it.
+type executor struct {
+	client client.Client
+	etcd   *etcd.Client
+	now    func() time.Time
+}
+
+// execute takes decision d. machine is the Machine d names, as observed (nil
+// for steps that name none).
+func (x executor) execute(ctx context.Context, d quorum.Decision, machine *clusterv1.Machine) error {
+	switch d.Kind {
+	case quorum.AddHook, quorum.RemoveHook, quorum.DeleteMachine, quorum.AddLearner:
+		if machine == nil || machine.Name != d.Machine {
+			return fmt.Errorf("%s: machine %s was not observed", d.Kind, d.Machine)
+		}
+		if v := d.Expect.MachineResourceVersion; v != "" && machine.ResourceVersion != v {
+			return fmt.Errorf("%s: machine %s changed since the plan (resourceVersion %s, planned with %s)", d.Kind, d.Machine, machine.ResourceVersion, v)
+		}
+	}
+	switch d.Kind {
+	case quorum.AddHook:
+		return x.annotate(ctx, machine, func(a map[string]string) { a[quorum.HookAnnotation] = "" })
+	case quorum.RemoveHook:
+		return x.annotate(ctx, machine, func(a map[string]string) { delete(a, quorum.HookAnnotation) })
+	case quorum.DeleteMachine:
+		rv, uid := machine.ResourceVersion, machine.UID
+		if err := x.client.Delete(ctx, machine, client.Preconditions{ResourceVersion: &rv, UID: &uid}); err != nil {
+			return fmt.Errorf("deleting machine %s: %w", machine.Name, err)
+		}
+		return nil
+	case quorum.AddLearner:
+		return x.addLearner(ctx, d, machine)
+	case quorum.Promote:
+		return x.etcd.Promote(ctx, d.MemberID)
+	case quorum.MoveLeader:
+		return x.etcd.MoveLeader(ctx, d.MemberID)
+	case quorum.RemoveMember:
+		return x.etcd.Remove(ctx, d.MemberID)
+	}
+	return fmt.Errorf("%s: %w", d.Kind, errNotHere)
+}
+
+// addLearner records that the join started, adds the learner, then records
+// its member ID and when it was added. The first record comes first so that
+// a crash right after the add leaves a machine the planner never joins
+// again; the learner itself is then found by its peer URL. A refusal that
+// certainly added nothing takes the first record back.
+func (x executor) addLearner(ctx context.Context, d quorum.Decision, machine *clusterv1.Machine) error {
+	if err := x.annotate(ctx, machine, func(a map[string]string) { a[JoinStartedAnnotation] = formatTime(x.now()) }); err != nil {
+		return err
+	}
+	added, _, err := x.etcd.AddLearner(ctx, d.PeerURL)
+	if etcd.IsRefused(err) {
+		// Certainly not added ("unhealthy cluster" for a few seconds after
+		// every membership change): the join has not started after all.
+		// Keeping the record would make the planner replace a good machine.
+		if rerr := x.annotate(ctx, machine, func(a map[string]string) { delete(a, JoinStartedAnnotation) }); rerr != nil {
+			return fmt.Errorf("adding machine %s to etcd: %w (and taking its join record back: %v)", machine.Name, err, rerr)
+		}
+		return fmt.Errorf("adding machine %s to etcd: %w", machine.Name, err)
+	}
+	if err != nil {
+		return fmt.Errorf("adding machine %s to etcd: %w", machine.Name, err)
+	}
+	return x.annotate(ctx, machine, func(a map[string]string) {
+		a[MemberIDAnnotation] = formatMemberID(added.ID)
+		a[LearnerAddedAnnotation] = formatTime(x.now())
+	})
+}
+
+// annotate changes machine's annotations with a patch that fails if the
+// machine changed since it was read, and leaves machine as written.
+func (x executor) annotate(ctx context.Context, machine *clusterv1.Machine, change func(map[string]string)) error {
+	before := machine.DeepCopy()
+	if machine.Annotations == nil {
+		machine.Annotations = map[string]string{}
+	}
+	change(machine.Annotations)
+	patch := client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})
+	if err := x.client.Patch(ctx, machine, patch); err != nil {
+		return fmt.Errorf("annotating machine %s: %w", machine.Name, err)
+	}
+	return nil
+}
