@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"runtime"
+	"slices"
 	"sync"
 	"time"
 
@@ -244,7 +245,8 @@ func (n *nodeAgent) updateStatus(ctx context.Context) error {
 				ready.LastTransitionTime = c.LastTransitionTime
 			}
 		}
-		node.Status.Conditions = []corev1.NodeCondition{ready}
+		conditions := slices.DeleteFunc(slices.Clone(node.Status.Conditions), func(c corev1.NodeCondition) bool { return c.Type == corev1.NodeReady })
+		node.Status.Conditions = componentConditions(append(conditions, ready), n.a.doc.Components, n.a.sup.Snapshot(), n.a.prober.snapshot(), now)
 		node.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: m.Address}, {Type: corev1.NodeHostName, Address: m.Name}}
 		node.Status.NodeInfo.KubeletVersion = n.a.doc.Versions.Kubernetes
 		node.Status.NodeInfo.OperatingSystem = runtime.GOOS

@@ -4,9 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -158,10 +160,32 @@ func (c *testCluster) waitNodeReady(name string, want corev1.ConditionStatus, ti
 		if (want == corev1.ConditionTrue) != (got == corev1.ConditionTrue) {
 			return fmt.Errorf("Ready=%q", got)
 		}
+		if want == corev1.ConditionTrue {
+			if err := componentsHealthy(n); err != nil {
+				return err
+			}
+		}
 		node = n
 		return nil
 	})
 	return node
+}
+
+// componentsHealthy checks the agent's per-component conditions on a Ready
+// node: every machine here runs kube-apiserver, and each condition the
+// agent set must be True.
+func componentsHealthy(n *corev1.Node) error {
+	seen := map[corev1.NodeConditionType]bool{}
+	for _, cond := range n.Status.Conditions {
+		seen[cond.Type] = true
+		if slices.Contains(slices.Collect(maps.Values(agent.ComponentConditionTypes)), cond.Type) && cond.Status != corev1.ConditionTrue {
+			return fmt.Errorf("%s=%s: %s", cond.Type, cond.Status, cond.Message)
+		}
+	}
+	if !seen[agent.ComponentConditionTypes[bootstrap.KubeAPIServer]] {
+		return fmt.Errorf("no %s condition", agent.ComponentConditionTypes[bootstrap.KubeAPIServer])
+	}
+	return nil
 }
 
 // etcdClient is a client of the machines' etcd through internal/etcd, the

@@ -1,0 +1,73 @@
+package agent
+
+import (
+	"slices"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/qcp-dev/qcp/internal/bootstrap"
+)
+
+// ComponentConditionTypes are the Node conditions the agent sets, one per
+// component it runs, so that a control plane provider reads each machine's
+// component health through the workload API, as its preflight checks need,
+// without reaching into the machine.
+var ComponentConditionTypes = map[bootstrap.Component]corev1.NodeConditionType{
+	bootstrap.Etcd:                  "EtcdHealthy",
+	bootstrap.KubeAPIServer:         "APIServerHealthy",
+	bootstrap.KubeControllerManager: "ControllerManagerHealthy",
+	bootstrap.KubeScheduler:         "SchedulerHealthy",
+}
+
+// Reasons of the component conditions.
+const (
+	ReasonProbeSucceeded = "ProbeSucceeded"
+	ReasonProbeFailed    = "ProbeFailed"
+	ReasonNotRunning     = "NotRunning"
+)
+
+// componentConditions returns the Node's conditions with one condition per
+// component in components, from the supervisor's and the prober's view.
+// A condition keeps its last transition time while its status holds; every
+// other condition (Ready, and any not the agent's) is kept as it is.
+func componentConditions(existing []corev1.NodeCondition, components []bootstrap.Component,
+	states map[bootstrap.Component]ComponentState, probes map[bootstrap.Component]Probe, now metav1.Time) []corev1.NodeCondition {
+	out := slices.Clone(existing)
+	for _, c := range components {
+		t, ok := ComponentConditionTypes[c]
+		if !ok {
+			continue
+		}
+		cond := corev1.NodeCondition{Type: t, Status: corev1.ConditionTrue, Reason: ReasonProbeSucceeded,
+			Message: string(c) + " is running and answers its health check", LastHeartbeatTime: now, LastTransitionTime: now}
+		switch st, probe := states[c], probes[c]; {
+		case !st.Running:
+			cond.Status, cond.Reason = corev1.ConditionFalse, ReasonNotRunning
+			cond.Message = string(c) + " is not running" + suffix(st.Waiting, st.LastError)
+		case !probe.OK:
+			cond.Status, cond.Reason = corev1.ConditionFalse, ReasonProbeFailed
+			cond.Message = string(c) + " does not answer its health check" + suffix("", probe.Error)
+		}
+		i := slices.IndexFunc(out, func(e corev1.NodeCondition) bool { return e.Type == t })
+		if i < 0 {
+			out = append(out, cond)
+			continue
+		}
+		if out[i].Status == cond.Status {
+			cond.LastTransitionTime = out[i].LastTransitionTime
+		}
+		out[i] = cond
+	}
+	return out
+}
+
+func suffix(waiting, lastErr string) string {
+	switch {
+	case waiting != "":
+		return ": " + waiting
+	case lastErr != "":
+		return ": " + lastErr
+	}
+	return ""
+}
