@@ -1,0 +1,92 @@
+package controlplane
+
+import (
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+
+	"github.com/qcp-dev/qcp/internal/quorum"
+)
+
+func observedMachine(name string) *clusterv1.Machine {
+	return &clusterv1.Machine{
+		ObjectMeta: metav1.ObjectMeta{Name: name, ResourceVersion: "7", CreationTimestamp: metav1.NewTime(time.Date(2026, 11, 23, 0, 0, 0, 0, time.UTC)),
+			Annotations: map[string]string{quorum.HookAnnotation: "", MemberIDAnnotation: "a1"}},
+		Spec: clusterv1.MachineSpec{FailureDomain: "fd-b"},
+		Status: clusterv1.MachineStatus{Addresses: clusterv1.MachineAddresses{
+			{Type: clusterv1.MachineHostName, Address: name}, {Type: clusterv1.MachineInternalIP, Address: "127.20.0.7"}}},
+	}
+}
+
+func healthyNode(conds ...corev1.NodeCondition) *corev1.Node {
+	all := []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue},
+		{Type: "EtcdHealthy", Status: corev1.ConditionTrue}, {Type: "APIServerHealthy", Status: corev1.ConditionTrue}}
+	return &corev1.Node{Status: corev1.NodeStatus{Conditions: append(all, conds...)}}
+}
+
+func TestPlannerMachine(t *testing.T) {
+	m := plannerMachine(observedMachine("cp-1"), healthyNode(), true)
+	want := quorum.Machine{Name: "cp-1", FailureDomain: "fd-b", PeerURL: "https://127.20.0.7:2380", UpToDate: true,
+		CreatedAt: time.Date(2026, 11, 23, 0, 0, 0, 0, time.UTC), ResourceVersion: "7", HasHook: true, NodeReady: true,
+		ComponentsHealthy: true, MemberID: 0xa1}
+	if m != want {
+		t.Fatalf("plannerMachine = %+v\nwant %+v", m, want)
+	}
+
+	t.Run("no address yet is provisioning", func(t *testing.T) {
+		mc := observedMachine("cp-1")
+		mc.Status.Addresses = mc.Status.Addresses[:1]
+		if m := plannerMachine(mc, nil, true); m.PeerURL != "" || m.NodeReady || m.ComponentsHealthy {
+			t.Errorf("%+v: want no peer URL and nothing healthy", m)
+		}
+	})
+	t.Run("a failing component", func(t *testing.T) {
+		node := healthyNode(corev1.NodeCondition{Type: "SchedulerHealthy", Status: corev1.ConditionFalse})
+		if m := plannerMachine(observedMachine("cp-1"), node, true); !m.NodeReady || m.ComponentsHealthy {
+			t.Errorf("%+v: want the node Ready and its components unhealthy", m)
+		}
+	})
+	t.Run("a node the agent has not reported on", func(t *testing.T) {
+		node := &corev1.Node{Status: corev1.NodeStatus{Conditions: []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue}}}}
+		if m := plannerMachine(observedMachine("cp-1"), node, true); m.ComponentsHealthy {
+			t.Error("components counted healthy with no component condition")
+		}
+	})
+	t.Run("deleting, delete-annotated and marked by a health check", func(t *testing.T) {
+		mc := observedMachine("cp-1")
+		now := metav1.Now()
+		mc.DeletionTimestamp = &now
+		mc.Annotations[quorum.DeleteAnnotation] = ""
+		mc.Status.Conditions = []metav1.Condition{{Type: clusterv1.MachineOwnerRemediatedCondition, Status: metav1.ConditionFalse}}
+		if m := plannerMachine(mc, healthyNode(), false); !m.Deleting || !m.DeleteAnnotated || !m.Remediate || m.UpToDate {
+			t.Errorf("%+v", m)
+		}
+	})
+}
+
+func TestPlannerMembersCarryRecords(t *testing.T) {
+	added := time.Date(2026, 11, 23, 0, 1, 0, 0, time.UTC)
+	down := added.Add(time.Minute)
+	byID := observedMachine("cp-1")
+	setRecord(byID, LearnerAddedAnnotation, formatTime(added))
+	byName := observedMachine("cp-2")
+	delete(byName.Annotations, MemberIDAnnotation)
+	setRecord(byName, UnhealthySinceAnnotation, formatTime(down))
+	got := plannerMembers([]quorum.Member{
+		{ID: 0xa1, Name: "cp-1", Learner: true, Healthy: true},
+		{ID: 0xb2, Name: "cp-2"},
+		{ID: 0xc3, Name: "elsewhere"},
+	}, []*clusterv1.Machine{byID, byName})
+	if !got[0].AddedAt.Equal(added) || !got[0].UnhealthySince.IsZero() {
+		t.Errorf("learner found by member ID: %+v", got[0])
+	}
+	if !got[1].UnhealthySince.Equal(down) {
+		t.Errorf("unhealthy member found by name: %+v", got[1])
+	}
+	if !got[2].AddedAt.IsZero() || !got[2].UnhealthySince.IsZero() {
+		t.Errorf("member on no machine got records: %+v", got[2])
+	}
+}
