@@ -66,6 +66,7 @@ type Balancer struct {
 	client *http.Client
 
 	mu       sync.Mutex
+	addr     string          // where Run listens, once it does
 	backends []string        // as listed in backends.json
 	ready    map[string]bool // by backend
 	conns    map[string]map[net.Conn]struct{}
@@ -132,7 +133,10 @@ func (b *Balancer) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("load balancer listening on %s: %w", cfg.Listen, err)
 	}
-	b.log.Info("load balancer listening", "address", cfg.Listen)
+	b.mu.Lock()
+	b.addr = ln.Addr().String()
+	b.mu.Unlock()
+	b.log.Info("load balancer listening", "address", b.Addr())
 	go func() {
 		<-ctx.Done()
 		ln.Close()
@@ -151,6 +155,14 @@ func (b *Balancer) Run(ctx context.Context) error {
 		}
 		go b.forward(conn)
 	}
+}
+
+// Addr returns the address Run listens on, or "" before it listens. With
+// port 0 in lb.json it names the port the system chose.
+func (b *Balancer) Addr() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.addr
 }
 
 // Ready returns the backends that passed their last probe.
