@@ -31,8 +31,10 @@ type backend struct {
 	name   string
 	ready  atomic.Bool
 	frozen atomic.Bool
-	probes atomic.Int64
-	srv    *httptest.Server
+	// hangNext makes the next probe hang, as a busy API server's might.
+	hangNext atomic.Bool
+	probes   atomic.Int64
+	srv      *httptest.Server
 }
 
 func newBackend(t *testing.T, ca *certs.KeyPair, name string) *backend {
@@ -49,7 +51,7 @@ func newBackend(t *testing.T, ca *certs.KeyPair, name string) *backend {
 		switch {
 		case r.URL.Path == "/readyz":
 			b.probes.Add(1)
-			if b.frozen.Load() {
+			if b.frozen.Load() || b.hangNext.CompareAndSwap(true, false) {
 				<-r.Context().Done()
 				return
 			}
@@ -267,30 +269,14 @@ func TestBalancerClosesConnectionsToAnUnreadyBackend(t *testing.T) {
 	c := client(t, ca)
 	only(t, c, addr, "a")
 
-	pool, _ := certs.CertPool(ca.CertPEM)
-	conn, err := tls.Dial("tcp", addr, tlsConfig(pool))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	if _, err := fmt.Fprint(conn, "GET /watch HTTP/1.1\r\nHost: a\r\n\r\n"); err != nil {
-		t.Fatal(err)
-	}
-	r := bufio.NewReader(conn)
-	resp, err := http.ReadResponse(r, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if line, err := bufio.NewReader(resp.Body).ReadString('\n'); err != nil || line != "a\n" {
-		t.Fatalf("watch started with %q, %v", line, err)
-	}
+	conn, body := openWatch(t, ca, addr)
 	a.frozen.Store(true)
 	// The watch never ends by itself: the read returns only when the
 	// balancer closes the connection (or the deadline, a failure).
 	if err := conn.SetReadDeadline(time.Now().Add(time.Minute)); err != nil {
 		t.Fatal(err)
 	}
-	_, err = io.Copy(io.Discard, resp.Body)
+	_, err = io.Copy(io.Discard, body)
 	var ne net.Error
 	if errors.As(err, &ne) && ne.Timeout() {
 		t.Fatal("the watch on a frozen backend was still open after a minute")
@@ -356,4 +342,63 @@ func TestBalancerWithoutAReadyBackendClosesConnections(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// openWatch starts a request through the balancer that the backend holds
+// open, as a Kubernetes watch, and returns its connection and body.
+func openWatch(t *testing.T, ca *certs.KeyPair, addr string) (net.Conn, io.Reader) {
+	t.Helper()
+	pool, err := certs.CertPool(ca.CertPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := tls.Dial("tcp", addr, tlsConfig(pool))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	if _, err := fmt.Fprint(conn, "GET /watch HTTP/1.1\r\nHost: a\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := bufio.NewReader(resp.Body)
+	if line, err := body.ReadString('\n'); err != nil || line != "a\n" {
+		t.Fatalf("watch started with %q, %v", line, err)
+	}
+	return conn, body
+}
+
+// TestBalancerKeepsABackendThatMissesOneProbe lets one probe of a busy
+// backend time out: its connections must stay open, since cutting them
+// would fail every client of an API server that is merely slow.
+func TestBalancerKeepsABackendThatMissesOneProbe(t *testing.T) {
+	ca, err := certs.NewCA("kubernetes", time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := newBackend(t, ca, "a")
+	a.ready.Store(true)
+	_, addr := start(t, lbDir(t, ca, a))
+	only(t, client(t, ca), addr, "a")
+	conn, body := openWatch(t, ca, addr)
+
+	before := a.probes.Load()
+	a.hangNext.Store(true)
+	// The hung probe and two answered ones after it.
+	wait(t, "three probes after the slow one began", func() error {
+		if n := a.probes.Load() - before; n < 3 {
+			return fmt.Errorf("%d probes so far", n)
+		}
+		return nil
+	})
+	if err := conn.SetReadDeadline(time.Now().Add(100 * time.Millisecond)); err != nil {
+		t.Fatal(err)
+	}
+	_, err = body.Read(make([]byte, 1))
+	if ne := net.Error(nil); !errors.As(err, &ne) || !ne.Timeout() {
+		t.Fatalf("the watch ended (%v) after a single missed probe", err)
+	}
 }
