@@ -11,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/qcp-dev/qcp/internal/bootstrap"
+	"github.com/qcp-dev/qcp/internal/testkit"
 )
 
 // TestProcessMachines walks one cluster through its life: a single stacked
@@ -19,10 +20,10 @@ import (
 // machine the load balancer routes around, and clean stops. The phases
 // share one cluster because each machine costs ~600 MB and tens of seconds.
 func TestProcessMachines(t *testing.T) {
-	requireBinaries(t)
 	if testing.Short() {
 		t.Skip("starts real etcd and Kubernetes components")
 	}
+	testkit.RequireBinaries(t, "etcd", "kube")
 	h := newHost(t)
 	c := newTestCluster(t, h, "ns1", "c1", "127.0.201.1:6443")
 	m1 := c.spec("m1", "127.0.201.11", "fd-a")
