@@ -8,8 +8,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/qcp-dev/qcp/internal/bootstrap"
-	"github.com/qcp-dev/qcp/internal/testkit"
 	"github.com/qcp-dev/qcp/internal/certs"
+	"github.com/qcp-dev/qcp/internal/testkit"
 )
 
 // TestExternalEtcdMachine runs an etcd-only machine (as an EtcdCluster
