@@ -3,9 +3,9 @@ package localenv_test
 import (
 	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -18,6 +18,7 @@ import (
 	infrav1 "github.com/qcp-dev/qcp/api/infrastructure/v1alpha1"
 	"github.com/qcp-dev/qcp/internal/binaries"
 	"github.com/qcp-dev/qcp/internal/localenv"
+	"github.com/qcp-dev/qcp/internal/machinehost"
 )
 
 // TestCAPICoreReconcilesClusterOfQCPObjects proves CAPI core runs against
@@ -101,32 +102,94 @@ func TestCAPICoreReconcilesClusterOfQCPObjects(t *testing.T) {
 }
 
 // TestStopLeavesNoProcess checks that stopping the environment ends every
-// process it started.
+// process it started: envtest's etcd and kube-apiserver, the CAPI core
+// manager and a qcp-manager, and anything they started in turn.
 func TestStopLeavesNoProcess(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a management cluster; not run with -short")
 	}
+	manager := buildManager(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	env, err := localenv.Start(ctx, localenv.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	capiPID := env.CAPI().PID()
+	if _, err := env.StartManager(ctx, localenv.ManagerOptions{Path: manager}); err != nil {
+		_ = env.Stop()
+		t.Fatal(err)
+	}
+	started := descendants(t, os.Getpid())
+	for _, want := range []string{"etcd", "kube-apiserver", "capi-manager", "qcp-manager"} {
+		found := false
+		for _, p := range started {
+			found = found || strings.HasPrefix(p.Comm, want)
+		}
+		if !found {
+			t.Errorf("no %s among the processes the environment started: %v", want, started)
+		}
+	}
 	if err := env.Stop(); err != nil {
 		t.Fatal(err)
 	}
-	if alive(capiPID) {
-		t.Errorf("CAPI core manager (pid %d) still running after Stop", capiPID)
+	live := liveByPID(t)
+	for _, p := range started {
+		if q, ok := live[p.PID]; ok && q.Comm == p.Comm {
+			t.Errorf("%s (pid %d) still running after Stop", p.Comm, p.PID)
+		}
 	}
 	if err := env.Stop(); err != nil {
 		t.Errorf("second Stop: %v", err)
 	}
 }
 
-func alive(pid int) bool {
-	err := syscall.Kill(pid, 0)
-	return err == nil
+// buildManager builds qcp-manager from this tree, so the test never runs a
+// stale binary from bin/.
+func buildManager(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	build := exec.Command("go", "build", "-o", dir+"/", "./cmd/qcp-manager")
+	build.Dir = "../.."
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("building qcp-manager: %v\n%s", err, out)
+	}
+	return filepath.Join(dir, "qcp-manager")
+}
+
+// descendants lists the live processes below pid: its children, theirs, and
+// so on.
+func descendants(t *testing.T, pid int) []machinehost.Proc {
+	t.Helper()
+	live := liveByPID(t)
+	children := map[int][]machinehost.Proc{}
+	for _, p := range live {
+		children[p.PPID] = append(children[p.PPID], p)
+	}
+	var out []machinehost.Proc
+	queue := []int{pid}
+	for len(queue) > 0 {
+		next := queue[0]
+		queue = queue[1:]
+		for _, c := range children[next] {
+			out = append(out, c)
+			queue = append(queue, c.PID)
+		}
+	}
+	return out
+}
+
+// liveByPID indexes every live process on the host by PID.
+func liveByPID(t *testing.T) map[int]machinehost.Proc {
+	t.Helper()
+	procs, err := machinehost.ProcessesMatching("")
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[int]machinehost.Proc{}
+	for _, p := range procs {
+		out[p.PID] = p
+	}
+	return out
 }
 
 func ownedByCluster(obj client.Object, cluster *clusterv1.Cluster) bool {
