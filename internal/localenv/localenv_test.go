@@ -119,7 +119,10 @@ func TestStopLeavesNoProcess(t *testing.T) {
 		_ = env.Stop()
 		t.Fatal(err)
 	}
-	started := descendants(t, os.Getpid())
+	started, err := machinehost.Descendants(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, want := range []string{"etcd", "kube-apiserver", "capi-manager", "qcp-manager"} {
 		found := false
 		for _, p := range started {
@@ -132,11 +135,12 @@ func TestStopLeavesNoProcess(t *testing.T) {
 	if err := env.Stop(); err != nil {
 		t.Fatal(err)
 	}
-	live := liveByPID(t)
-	for _, p := range started {
-		if q, ok := live[p.PID]; ok && q.Comm == p.Comm {
-			t.Errorf("%s (pid %d) still running after Stop", p.Comm, p.PID)
-		}
+	left, err := machinehost.StillRunning(started)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range left {
+		t.Errorf("%s (pid %d) still running after Stop", p.Comm, p.PID)
 	}
 	if err := env.Stop(); err != nil {
 		t.Errorf("second Stop: %v", err)
@@ -154,42 +158,6 @@ func buildManager(t *testing.T) string {
 		t.Fatalf("building qcp-manager: %v\n%s", err, out)
 	}
 	return filepath.Join(dir, "qcp-manager")
-}
-
-// descendants lists the live processes below pid: its children, theirs, and
-// so on.
-func descendants(t *testing.T, pid int) []machinehost.Proc {
-	t.Helper()
-	live := liveByPID(t)
-	children := map[int][]machinehost.Proc{}
-	for _, p := range live {
-		children[p.PPID] = append(children[p.PPID], p)
-	}
-	var out []machinehost.Proc
-	queue := []int{pid}
-	for len(queue) > 0 {
-		next := queue[0]
-		queue = queue[1:]
-		for _, c := range children[next] {
-			out = append(out, c)
-			queue = append(queue, c.PID)
-		}
-	}
-	return out
-}
-
-// liveByPID indexes every live process on the host by PID.
-func liveByPID(t *testing.T) map[int]machinehost.Proc {
-	t.Helper()
-	procs, err := machinehost.ProcessesMatching("")
-	if err != nil {
-		t.Fatal(err)
-	}
-	out := map[int]machinehost.Proc{}
-	for _, p := range procs {
-		out[p.PID] = p
-	}
-	return out
 }
 
 func ownedByCluster(obj client.Object, cluster *clusterv1.Cluster) bool {
