@@ -50,6 +50,9 @@ type world struct {
 	cluster  string
 	cas      *certs.ClusterCAs
 	endpoint string // host:port of the load balancer
+	// leaks remembers every key it has seen, so that a deleted machine's
+	// keys are still looked for at the end.
+	leaks *testkit.KeyLeakCheck
 }
 
 func buildQCP(t *testing.T) string {
@@ -70,6 +73,7 @@ func buildQCP(t *testing.T) string {
 func newWorld(t *testing.T) *world {
 	env := localenv.StartForTest(t, localenv.Options{})
 	w := &world{t: t, env: env, c: env.Client, binDir: buildQCP(t), cluster: "c1"}
+	w.leaks = &testkit.KeyLeakCheck{Client: env.Client, Dirs: []string{env.Dir}, MachineDirs: []string{env.MachineRoot()}}
 	w.startManager()
 	t.Cleanup(w.dumpOnFailure)
 	return w
