@@ -75,7 +75,10 @@ func TestProcessMachines(t *testing.T) {
 			t.Errorf("after re-attach: machine %+v (was %d), lb %+v (was %d)", st, before["m1"], lbAfter, lbBefore.PID)
 		}
 		agents := 0
-		procs, _ := fresh.Processes("ns1", "m1")
+		procs, err := fresh.Processes("ns1", "m1")
+		if err != nil {
+			t.Fatal(err)
+		}
 		for _, p := range procs {
 			if p.Comm == "qcp-agent" {
 				agents++
@@ -146,8 +149,8 @@ func TestProcessMachines(t *testing.T) {
 			t.Fatal(err)
 		}
 		c.eventually("m1's processes to die", 10*time.Second, func() error {
-			if procs, _ := h.Processes("ns1", "m1"); len(procs) > 0 {
-				return fmt.Errorf("%v", procs)
+			if procs, err := h.Processes("ns1", "m1"); err != nil || len(procs) > 0 {
+				return fmt.Errorf("processes %v (%v)", procs, err)
 			}
 			return nil
 		})
@@ -166,15 +169,16 @@ func TestProcessMachines(t *testing.T) {
 	t.Run("stop leaves nothing behind", func(t *testing.T) {
 		c.checkNoRaces()
 		for _, name := range []string{"m1", "m2", "m3"} {
-			pid, _ := readPID(h.Dir("ns1", name))
+			// m1 was killed, but its pid file stays to check against.
+			pid, err := readPID(h.Dir("ns1", name))
+			if err != nil || pid <= 0 {
+				t.Fatalf("pid of %s read as %d (%v): nothing to check its processes against", name, pid, err)
+			}
 			if err := h.Stop("ns1", name); err != nil {
 				t.Fatal(err)
 			}
-			if pid == 0 {
-				continue
-			}
-			if procs, _ := GroupProcesses(pid); len(procs) > 0 {
-				t.Errorf("stray processes of %s: %v", name, procs)
+			if procs, err := GroupProcesses(pid); err != nil || len(procs) > 0 {
+				t.Errorf("stray processes of %s: %v (%v)", name, procs, err)
 			}
 			if _, err := os.Stat(h.Dir("ns1", name)); !os.IsNotExist(err) {
 				t.Errorf("directory of %s remains", name)
