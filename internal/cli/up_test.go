@@ -17,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/qcp-dev/qcp/internal/binaries"
+	"github.com/qcp-dev/qcp/internal/localenv"
 	"github.com/qcp-dev/qcp/internal/machinehost"
 	"github.com/qcp-dev/qcp/internal/scheme"
 )
@@ -155,14 +156,8 @@ func checkUp(t *testing.T, kubeconfig, bin string, started []machinehost.Proc) {
 	if err := c.List(ctx, &clusterv1.ClusterList{}); err != nil {
 		t.Fatalf("listing CAPI Clusters through the printed kubeconfig: %v", err)
 	}
-	for _, want := range []string{"etcd", "kube-apiserver", "capi-manager", "qcp-manager"} {
-		found := false
-		for _, p := range started {
-			found = found || strings.HasPrefix(p.Comm, want)
-		}
-		if !found {
-			t.Errorf("qcpctl up runs no %s: %v", want, started)
-		}
+	if missing := localenv.MissingProcesses(started); len(missing) > 0 {
+		t.Errorf("qcpctl up runs no %v: %v", missing, started)
 	}
 	for _, p := range started {
 		if p.Comm != "qcp-manager" {

@@ -259,16 +259,7 @@ func TestBalancerWaitsForTheClusterCA(t *testing.T) {
 // the client's connection, so the client reconnects to a live API server
 // instead of waiting on a frozen one forever.
 func TestBalancerClosesConnectionsToAnUnreadyBackend(t *testing.T) {
-	ca, err := certs.NewCA("kubernetes", time.Now())
-	if err != nil {
-		t.Fatal(err)
-	}
-	a := newBackend(t, ca, "a")
-	a.ready.Store(true)
-	_, addr := start(t, lbDir(t, ca, a))
-	c := client(t, ca)
-	only(t, c, addr, "a")
-
+	ca, a, addr := startWithOneBackend(t)
 	conn, body := openWatch(t, ca, addr)
 	a.frozen.Store(true)
 	// The watch never ends by itself: the read returns only when the
@@ -276,7 +267,7 @@ func TestBalancerClosesConnectionsToAnUnreadyBackend(t *testing.T) {
 	if err := conn.SetReadDeadline(time.Now().Add(time.Minute)); err != nil {
 		t.Fatal(err)
 	}
-	_, err = io.Copy(io.Discard, body)
+	_, err := io.Copy(io.Discard, body)
 	var ne net.Error
 	if errors.As(err, &ne) && ne.Timeout() {
 		t.Fatal("the watch on a frozen backend was still open after a minute")
@@ -321,15 +312,8 @@ func TestBalancerKeepsBackendsWhenTheFileIsCorrupt(t *testing.T) {
 // TestBalancerWithoutAReadyBackendClosesConnections checks that a client
 // is turned away at once when no backend is ready, rather than left hanging.
 func TestBalancerWithoutAReadyBackendClosesConnections(t *testing.T) {
-	ca, err := certs.NewCA("kubernetes", time.Now())
-	if err != nil {
-		t.Fatal(err)
-	}
-	a := newBackend(t, ca, "a")
-	a.ready.Store(true)
-	_, addr := start(t, lbDir(t, ca, a))
+	ca, a, addr := startWithOneBackend(t)
 	c := client(t, ca)
-	only(t, c, addr, "a")
 	a.ready.Store(false)
 	wait(t, "requests refused with no ready backend", func() error {
 		got, err := get(c, addr)
@@ -375,14 +359,7 @@ func openWatch(t *testing.T, ca *certs.KeyPair, addr string) (net.Conn, io.Reade
 // backend time out: its connections must stay open, since cutting them
 // would fail every client of an API server that is merely slow.
 func TestBalancerKeepsABackendThatMissesOneProbe(t *testing.T) {
-	ca, err := certs.NewCA("kubernetes", time.Now())
-	if err != nil {
-		t.Fatal(err)
-	}
-	a := newBackend(t, ca, "a")
-	a.ready.Store(true)
-	_, addr := start(t, lbDir(t, ca, a))
-	only(t, client(t, ca), addr, "a")
+	ca, a, addr := startWithOneBackend(t)
 	conn, body := openWatch(t, ca, addr)
 
 	before := a.probes.Load()
@@ -397,8 +374,23 @@ func TestBalancerKeepsABackendThatMissesOneProbe(t *testing.T) {
 	if err := conn.SetReadDeadline(time.Now().Add(100 * time.Millisecond)); err != nil {
 		t.Fatal(err)
 	}
-	_, err = body.Read(make([]byte, 1))
+	_, err := body.Read(make([]byte, 1))
 	if ne := net.Error(nil); !errors.As(err, &ne) || !ne.Timeout() {
 		t.Fatalf("the watch ended (%v) after a single missed probe", err)
 	}
+}
+
+// startWithOneBackend runs a balancer with one ready backend, a, and
+// returns once a answers through it.
+func startWithOneBackend(t *testing.T) (*certs.KeyPair, *backend, string) {
+	t.Helper()
+	ca, err := certs.NewCA("kubernetes", time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := newBackend(t, ca, "a")
+	a.ready.Store(true)
+	_, addr := start(t, lbDir(t, ca, a))
+	only(t, client(t, ca), addr, "a")
+	return ca, a, addr
 }

@@ -123,14 +123,8 @@ func TestStopLeavesNoProcess(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"etcd", "kube-apiserver", "capi-manager", "qcp-manager"} {
-		found := false
-		for _, p := range started {
-			found = found || strings.HasPrefix(p.Comm, want)
-		}
-		if !found {
-			t.Errorf("no %s among the processes the environment started: %v", want, started)
-		}
+	if missing := localenv.MissingProcesses(started); len(missing) > 0 {
+		t.Errorf("no %v among the processes the environment started: %v", missing, started)
 	}
 	if err := env.Stop(); err != nil {
 		t.Fatal(err)

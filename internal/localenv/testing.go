@@ -2,8 +2,12 @@ package localenv
 
 import (
 	"context"
+	"slices"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/qcp-dev/qcp/internal/machinehost"
 )
 
 // StartForTest starts a local management cluster for t and stops it when t
@@ -25,4 +29,22 @@ func StartForTest(t testing.TB, opts Options) *Env {
 		}
 	})
 	return env
+}
+
+// processNames are the command names of the processes a running
+// environment with a qcp-manager has, as /proc shows them (cut to 15
+// characters).
+var processNames = []string{"etcd", "kube-apiserver", "capi-manager", "qcp-manager"}
+
+// MissingProcesses names the environment's processes (etcd, kube-apiserver,
+// CAPI core, qcp-manager) that procs lack, so a test that checks what Stop
+// or `qcpctl down` ended can first check it saw them start.
+func MissingProcesses(procs []machinehost.Proc) []string {
+	var missing []string
+	for _, name := range processNames {
+		if !slices.ContainsFunc(procs, func(p machinehost.Proc) bool { return strings.HasPrefix(p.Comm, name) }) {
+			missing = append(missing, name)
+		}
+	}
+	return missing
 }
