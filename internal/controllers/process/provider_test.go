@@ -83,19 +83,14 @@ func (w *world) startManager() {
 	w.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	metrics, err := localenv.FreeAddr()
-	if err != nil {
-		w.t.Fatal(err)
-	}
 	p, err := w.env.StartManager(ctx, localenv.ManagerOptions{
-		Path:        filepath.Join(w.binDir, "qcp-manager"),
-		MetricsAddr: metrics,
-		ExtraArgs:   []string{"--address-range=" + addressRange},
+		Path:      filepath.Join(w.binDir, "qcp-manager"),
+		ExtraArgs: []string{"--address-range=" + addressRange},
 	})
 	if err != nil {
 		w.t.Fatal(err)
 	}
-	w.manager, w.metrics = p, metrics
+	w.manager, w.metrics = p, p.MetricsAddr
 }
 
 // metric returns the value of the sample whose name and labels start with
