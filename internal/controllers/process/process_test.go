@@ -253,6 +253,42 @@ func TestProcessProvider(t *testing.T) {
 		})
 	})
 
+	t.Run("a fixed bootstrap Secret is picked up without any other change", func(t *testing.T) {
+		// bad-data failed for a reason only a human fixes. Nothing watches
+		// its Secret: the provider's periodic recheck must find the fix. An
+		// etcd-only document keeps the fixed machine out of this cluster's
+		// etcd and API servers.
+		doc, err := bootstrap.Marshal(bootstrap.NewEtcdOnly(w.cluster+"-fixed", w.cas.Etcd, bootstrap.NewMember()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		secret := &corev1.Secret{}
+		if err := w.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "bad-data-bootstrap"}, secret); err != nil {
+			t.Fatal(err)
+		}
+		secret.Data["value"] = doc
+		if err := w.c.Update(ctx, secret); err != nil {
+			t.Fatal(err)
+		}
+		// The recheck runs every 30 s; three minutes leave room for a slow start.
+		fixCtx, cancel := context.WithTimeout(ctx, 3*time.Minute)
+		defer cancel()
+		w.eventually(fixCtx, "bad-data running after its Secret was fixed", func(ctx context.Context) error {
+			pm := &infrav1.ProcessMachine{}
+			if err := w.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "bad-data"}, pm); err != nil {
+				return err
+			}
+			c := conditions.Get(pm, process.ProcessRunningCondition)
+			if c == nil || c.Status != metav1.ConditionTrue {
+				return fmt.Errorf("condition %+v", c)
+			}
+			return nil
+		})
+		if st, err := host.Status(ns, "bad-data"); err != nil || !st.Running {
+			t.Errorf("host reports bad-data %+v (%v), want running", st, err)
+		}
+	})
+
 	t.Run("private keys are only in 0600 machine files: never in logs, events or status", func(t *testing.T) {
 		w.leaks.Run(ctx, t)
 	})
