@@ -62,12 +62,22 @@ verify-generate: generate
 	@test -z "$$(git status --porcelain -- api config)" || { git status --porcelain -- api config; echo "untracked generated files: run 'make generate' and commit"; exit 1; }
 
 ## test: everything CI runs: generated files up to date, vet, all tests, no stray process.
+# QCP_REQUIRE_BINARIES turns a test's skip for a missing pinned binary into a
+# failure. QCP_TEST_RUN marks every process the tests start (children inherit
+# it), so the stray check finds them wherever their binary was built; it runs,
+# and reports, whether the tests passed or not. The report ends with the
+# skipped tests, which plain `go test` does not show.
 test: binaries verify-generate
 	go vet ./...
-	go test -count=1 -p $(TEST_PARALLEL) -timeout $(TEST_TIMEOUT) $(TEST_FLAGS) ./... 2>&1 | tee $(BIN)/test.log
-	hack/check-strays.sh $(BIN)
+	@go build -o $(BIN)/testreport ./hack/testreport
+	@run=qcp-test-$$$$-$$(date +%s); status=0; \
+	QCP_REQUIRE_BINARIES=1 QCP_TEST_RUN=$$run go test -json -count=1 -p $(TEST_PARALLEL) -timeout $(TEST_TIMEOUT) $(TEST_FLAGS) ./... 2>&1 \
+		| tee $(BIN)/test.json | $(BIN)/testreport | tee $(BIN)/test.log || status=1; \
+	hack/check-strays.sh $(BIN) $$run || status=1; \
+	exit $$status
 
-## unit: the fast tests only (no processes).
+## unit: the fast tests only (-short): they start no etcd, API server, CAPI
+## core, machine or load balancer, and need no pinned binary.
 unit:
 	go test -short ./...
 
@@ -82,7 +92,7 @@ lint:
 check-strays:
 	hack/check-strays.sh $(BIN)
 
-## up: a local management cluster (etcd, kube-apiserver, CAPI core, qcp-manager) with a sample cluster.
+## up: a local management cluster (etcd, kube-apiserver, CAPI core, qcp-manager); no workload cluster yet.
 up: binaries
 	$(BIN)/qcpctl up
 

@@ -1,9 +1,15 @@
 #!/usr/bin/env bash
-# Fails if any process a test started is still running: a binary from the
-# given bin directory (etcd, kube, CAPI core, qcp-*) or a qcp-agent machine or
-# load balancer, wherever the agent was built.
+# Fails if any process a test started is still running. Usage:
+#   check-strays.sh BIN_DIR [RUN_ID]
+# A stray is a process running a binary from BIN_DIR (etcd, kube, CAPI core,
+# qcp-*), or, given the RUN_ID `make test` put in QCP_TEST_RUN, any process
+# whose environment carries it: every process the tests started inherits it,
+# wherever its binary was built (a qcp-manager built into a temporary
+# directory, envtest's etcd). Without a RUN_ID, qcp-agent machines and load
+# balancers count too, wherever the agent was built.
 set -euo pipefail
 bin=$(realpath "$1")
+run=${2:-}
 strays=()
 for dir in /proc/[0-9]*; do
   pid=${dir#/proc/}
@@ -13,6 +19,12 @@ for dir in /proc/[0-9]*; do
   case $target in
     "$bin"/*) strays+=("$pid $cmd"); continue ;;
   esac
+  if [ -n "$run" ]; then
+    if tr '\0' '\n' < "$dir/environ" 2>/dev/null | grep -qx "QCP_TEST_RUN=$run"; then
+      strays+=("$pid $cmd")
+    fi
+    continue
+  fi
   case $cmd in
     *qcp-agent\ run\ --dir*|*qcp-agent\ lb\ --dir*) strays+=("$pid $cmd") ;;
   esac

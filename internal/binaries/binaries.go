@@ -15,6 +15,9 @@ const (
 	CAPIVersion = "v1.14.2"
 )
 
+// makeVariables name the Makefile variable that picks each pinned binary's version.
+var makeVariables = map[string]string{"etcd": "ETCD_VERSION", "kube": "KUBE_VERSION", "capi-manager": "CAPI_VERSION"}
+
 // DirEnv overrides where the binaries are looked up.
 const DirEnv = "QCP_BIN_DIR"
 
@@ -47,7 +50,10 @@ func Path(name, version string) (string, error) {
 	}
 	p := filepath.Join(dir, name+"-"+version)
 	if _, err := os.Stat(p); err != nil {
-		return "", fmt.Errorf("binary %s %s not found at %s: run `make binaries` (for another version, e.g. `make binaries KUBE_VERSION=%s`)", name, version, p, version)
+		if v, ok := makeVariables[name]; ok {
+			return "", fmt.Errorf("binary %s %s not found at %s: run `make binaries` (for another version, `make binaries %s=%s`)", name, version, p, v, version)
+		}
+		return "", fmt.Errorf("binary %s %s not found at %s: run `make binaries`", name, version, p)
 	}
 	return p, nil
 }

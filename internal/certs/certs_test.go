@@ -1,9 +1,11 @@
 package certs
 
 import (
+	"bytes"
 	"crypto/tls"
 	"crypto/x509"
 	"net"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -35,11 +37,141 @@ func TestIssuedCertificatesVerifyAgainstTheirCA(t *testing.T) {
 	if err := member.Server.Cert.VerifyHostname("127.0.10.1"); err != nil {
 		t.Errorf("server cert lacks the member's IP: %v", err)
 	}
-	// A certificate from another CA must not verify: the etcd CA trusts
-	// only its own leaves.
-	if _, err := cas.Cluster.Cert.Verify(x509.VerifyOptions{Roots: pool}); err == nil {
-		t.Error("cluster CA verified against the etcd CA pool")
+	// A leaf of the cluster CA must not verify against the etcd CA: etcd
+	// trusts only client certificates its own CA issued.
+	apiserverClient, err := IssueEtcdClient(cas.Cluster, "kube-apiserver-etcd-client", now)
+	if err != nil {
+		t.Fatal(err)
 	}
+	if _, err := apiserverClient.Cert.Verify(x509.VerifyOptions{Roots: pool, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}); err == nil {
+		t.Error("a client certificate of the cluster CA verified against the etcd CA")
+	}
+}
+
+// TestLeafCertificates checks what every issued leaf carries: a validity
+// back-dated for clock skew and ending after LeafValidity, signing-only key
+// usage, exactly the requested extended usages and SANs, and no CA rights.
+func TestLeafCertificates(t *testing.T) {
+	now := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
+	ca, err := NewCA("kubernetes", now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ip := net.ParseIP("127.0.10.1")
+	member, err := IssueEtcdMember(ca, "m-1", ip, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client, err := IssueEtcdClient(ca, "qcp-client", now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	serving, err := IssueAPIServerServing(ca, ip, "cp.example", net.ParseIP("10.96.0.1"), now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name   string
+		kp     *KeyPair
+		usages []x509.ExtKeyUsage
+		dns    []string
+		ips    []string
+	}{
+		{"etcd server", member.Server, PeerUsage, []string{"m-1", "localhost"}, []string{"127.0.10.1", "127.0.0.1"}},
+		{"etcd peer", member.Peer, PeerUsage, []string{"m-1", "localhost"}, []string{"127.0.10.1", "127.0.0.1"}},
+		{"etcd client", client, ClientUsage, nil, nil},
+		{"kube-apiserver serving", serving, ServerUsage,
+			[]string{"kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local", "localhost", "cp.example"},
+			[]string{"127.0.10.1", "127.0.0.1", "10.96.0.1"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			c := tc.kp.Cert
+			if !c.NotBefore.Equal(now.Add(-clockSkew)) || !c.NotAfter.Equal(now.Add(LeafValidity)) {
+				t.Errorf("valid %s to %s, want %s to %s", c.NotBefore, c.NotAfter, now.Add(-clockSkew), now.Add(LeafValidity))
+			}
+			if _, err := c.Verify(x509.VerifyOptions{Roots: mustPool(t, ca), CurrentTime: now.Add(LeafValidity + time.Minute), KeyUsages: tc.usages}); err == nil {
+				t.Error("verifies after its validity ended")
+			}
+			if c.IsCA {
+				t.Errorf("a leaf with CA rights: IsCA %v", c.IsCA)
+			}
+			if c.KeyUsage&x509.KeyUsageCertSign != 0 || c.KeyUsage&x509.KeyUsageCRLSign != 0 {
+				t.Errorf("a leaf may sign certificates or CRLs: key usage %b", c.KeyUsage)
+			}
+			if c.KeyUsage&x509.KeyUsageDigitalSignature == 0 {
+				t.Errorf("key usage %b lacks digital signature, which TLS with ECDSA needs", c.KeyUsage)
+			}
+			if !slices.Equal(c.ExtKeyUsage, tc.usages) {
+				t.Errorf("extended key usages %v, want %v", c.ExtKeyUsage, tc.usages)
+			}
+			if !slices.Equal(c.DNSNames, tc.dns) {
+				t.Errorf("DNS SANs %v, want %v", c.DNSNames, tc.dns)
+			}
+			var ips []string
+			for _, ip := range c.IPAddresses {
+				ips = append(ips, ip.String())
+			}
+			if !slices.Equal(ips, tc.ips) {
+				t.Errorf("IP SANs %v, want %v", ips, tc.ips)
+			}
+			if !bytes.Equal(c.AuthorityKeyId, ca.Cert.SubjectKeyId) || c.CheckSignatureFrom(ca.Cert) != nil {
+				t.Error("not signed by the CA that issued it")
+			}
+			if _, err := ParseKeyPair(tc.kp.CertPEM, tc.kp.KeyPEM); err != nil {
+				t.Errorf("certificate and key do not belong together: %v", err)
+			}
+		})
+	}
+	// A leaf must not be able to act as a CA: a certificate it signs does
+	// not verify, even though the signature itself is valid.
+	forged, err := client.Issue(Request{CommonName: "forged", Usages: ClientUsage}, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	inter := x509.NewCertPool()
+	inter.AddCert(client.Cert)
+	if _, err := forged.Cert.Verify(x509.VerifyOptions{Roots: mustPool(t, ca), Intermediates: inter, CurrentTime: now, KeyUsages: ClientUsage}); err == nil {
+		t.Error("a certificate signed by a leaf verified: leaves can act as CAs")
+	}
+}
+
+// TestCAConstraints checks a CA: self-signed, allowed to sign certificates,
+// valid for CAValidity, and back-dated like its leaves.
+func TestCAConstraints(t *testing.T) {
+	now := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
+	cas, err := NewClusterCAs(now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, ca := range map[string]*KeyPair{"cluster": cas.Cluster, "etcd": cas.Etcd, "front-proxy": cas.FrontProxy} {
+		c := ca.Cert
+		if !c.IsCA || !c.BasicConstraintsValid {
+			t.Errorf("%s CA: IsCA %v, basic constraints valid %v", name, c.IsCA, c.BasicConstraintsValid)
+		}
+		if c.KeyUsage&x509.KeyUsageCertSign == 0 {
+			t.Errorf("%s CA: key usage %b lacks certificate signing", name, c.KeyUsage)
+		}
+		if !c.NotBefore.Equal(now.Add(-clockSkew)) || !c.NotAfter.Equal(now.Add(CAValidity)) {
+			t.Errorf("%s CA valid %s to %s", name, c.NotBefore, c.NotAfter)
+		}
+		if err := c.CheckSignatureFrom(c); err != nil || c.Issuer.String() != c.Subject.String() {
+			t.Errorf("%s CA is not self-signed: %v", name, err)
+		}
+	}
+	if cas.Cluster.Cert.Subject.CommonName != "kubernetes" || cas.Etcd.Cert.Subject.CommonName != "etcd-ca" {
+		t.Errorf("CA names %q and %q, want kubernetes and etcd-ca as kubeadm names them",
+			cas.Cluster.Cert.Subject.CommonName, cas.Etcd.Cert.Subject.CommonName)
+	}
+}
+
+func mustPool(t *testing.T, ca *KeyPair) *x509.CertPool {
+	t.Helper()
+	pool, err := CertPool(ca.CertPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pool
 }
 
 func TestParseKeyPairRoundTripsAndRejectsMismatch(t *testing.T) {

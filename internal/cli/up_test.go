@@ -3,6 +3,7 @@ package cli_test
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,36 +16,91 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	"github.com/qcp-dev/qcp/internal/binaries"
+	"github.com/qcp-dev/qcp/internal/localenv"
 	"github.com/qcp-dev/qcp/internal/machinehost"
 	"github.com/qcp-dev/qcp/internal/scheme"
 )
 
 // TestUpAndDown runs `qcpctl up` as a newcomer would, checks the printed
-// kubeconfig reaches a management cluster that serves CAPI's API, then
-// `qcpctl down` ends it and everything it started.
+// kubeconfig reaches a management cluster that serves CAPI's API and runs
+// the qcp-manager built from this tree, then ends it the two ways the README
+// names: `qcpctl down` from another terminal, and Ctrl-C. Either way every
+// process up started must end.
 func TestUpAndDown(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a management cluster; not run with -short")
 	}
+	bin := binDir(t)
+	t.Run("qcpctl down", func(t *testing.T) {
+		state := t.TempDir()
+		up := startUp(t, bin, state)
+		down := exec.Command(filepath.Join(bin, "qcpctl"), "down", "--dir", state)
+		if out, err := down.CombinedOutput(); err != nil {
+			t.Fatalf("qcpctl down: %v\n%s", err, out)
+		}
+		up.waitEnded(t)
+	})
+	t.Run("Ctrl-C", func(t *testing.T) {
+		state := t.TempDir()
+		up := startUp(t, bin, state)
+		// A terminal sends SIGINT to the foreground process group.
+		if err := syscall.Kill(-up.cmd.Process.Pid, syscall.SIGINT); err != nil {
+			t.Fatal(err)
+		}
+		up.waitEnded(t)
+		if _, err := os.Stat(filepath.Join(state, "qcpctl.pid")); !os.IsNotExist(err) {
+			t.Errorf("pid file left after Ctrl-C (%v): the next up would think one runs", err)
+		}
+	})
+}
+
+// binDir builds qcpctl, qcp-manager and qcp-agent from this tree into a
+// directory that also links the pinned binaries, so that qcpctl, which runs
+// $QCP_BIN_DIR/qcp-manager, never runs a stale one from bin/.
+func binDir(t *testing.T) string {
+	t.Helper()
 	bin := t.TempDir()
 	build := exec.Command("go", "build", "-o", bin+"/", "./cmd/qcpctl", "./cmd/qcp-manager", "./cmd/qcp-agent")
 	build.Dir = "../.."
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("building: %v\n%s", err, out)
 	}
-	state := t.TempDir()
-	up := exec.Command(filepath.Join(bin, "qcpctl"), "up", "--dir", state)
-	up.Env = os.Environ()
-	stdout, err := up.StdoutPipe()
+	for _, b := range [][2]string{{"etcd", binaries.EtcdVersion}, {"kube", binaries.KubeVersion}, {"capi-manager", binaries.CAPIVersion}} {
+		path, err := binaries.Path(b[0], b[1])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink(path, filepath.Join(bin, filepath.Base(path))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return bin
+}
+
+// upProcess is a running `qcpctl up` and what it started.
+type upProcess struct {
+	cmd     *exec.Cmd
+	exited  chan error
+	started []machinehost.Proc
+}
+
+// startUp runs `qcpctl up` in its own process group, waits for the
+// kubeconfig it prints, checks the cluster through it, and records every
+// process up started. Whatever survives the test is killed.
+func startUp(t *testing.T, bin, state string) *upProcess {
+	t.Helper()
+	up := &upProcess{cmd: exec.Command(filepath.Join(bin, "qcpctl"), "up", "--dir", state), exited: make(chan error, 1)}
+	up.cmd.Env = append(os.Environ(), binaries.DirEnv+"="+bin)
+	stdout, err := up.cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
 	}
-	up.Stderr = os.Stderr
-	up.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := up.Start(); err != nil {
+	up.cmd.Stderr = os.Stderr
+	up.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	if err := up.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	exited := make(chan error, 1)
 	lines := make(chan string, 100)
 	go func() {
 		sc := bufio.NewScanner(stdout)
@@ -52,9 +108,9 @@ func TestUpAndDown(t *testing.T) {
 			lines <- sc.Text()
 		}
 		close(lines)
-		exited <- up.Wait()
+		up.exited <- up.cmd.Wait()
 	}()
-	t.Cleanup(func() { _ = up.Process.Kill() })
+	t.Cleanup(up.killAll)
 
 	var kubeconfig string
 	timeout := time.After(3 * time.Minute)
@@ -62,7 +118,7 @@ func TestUpAndDown(t *testing.T) {
 		select {
 		case line, ok := <-lines:
 			if !ok {
-				t.Fatalf("qcpctl up exited before it was up: %v", <-exited)
+				t.Fatalf("qcpctl up exited before it was up: %v", <-up.exited)
 			}
 			if k, found := strings.CutPrefix(strings.TrimSpace(line), "kubeconfig:"); found {
 				kubeconfig = strings.TrimSpace(k)
@@ -75,7 +131,18 @@ func TestUpAndDown(t *testing.T) {
 		for range lines { //nolint:revive // drain so qcpctl never blocks on stdout
 		}
 	}()
+	if up.started, err = machinehost.Descendants(up.cmd.Process.Pid); err != nil {
+		t.Fatal(err)
+	}
+	checkUp(t, kubeconfig, bin, up.started)
+	return up
+}
 
+// checkUp lists CAPI Clusters through the printed kubeconfig and checks
+// that up runs the qcp-manager of bin, next to etcd, kube-apiserver and CAPI
+// core.
+func checkUp(t *testing.T, kubeconfig, bin string, started []machinehost.Proc) {
+	t.Helper()
 	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
 	if err != nil {
 		t.Fatal(err)
@@ -89,32 +156,47 @@ func TestUpAndDown(t *testing.T) {
 	if err := c.List(ctx, &clusterv1.ClusterList{}); err != nil {
 		t.Fatalf("listing CAPI Clusters through the printed kubeconfig: %v", err)
 	}
-	managerPID := pidOf(t, "qcp-manager --kubeconfig="+kubeconfig)
-
-	down := exec.Command(filepath.Join(bin, "qcpctl"), "down", "--dir", state)
-	if out, err := down.CombinedOutput(); err != nil {
-		t.Fatalf("qcpctl down: %v\n%s", err, out)
+	if missing := localenv.MissingProcesses(started); len(missing) > 0 {
+		t.Errorf("qcpctl up runs no %v: %v", missing, started)
 	}
-	select {
-	case err := <-exited:
-		if err != nil {
-			t.Errorf("qcpctl up exited with %v after down", err)
+	for _, p := range started {
+		if p.Comm != "qcp-manager" {
+			continue
 		}
-	case <-time.After(time.Minute):
-		t.Fatal("qcpctl up still runs after qcpctl down")
-	}
-	if managerPID != 0 && syscall.Kill(managerPID, 0) == nil {
-		t.Errorf("qcp-manager (pid %d) still runs after down", managerPID)
+		if exe, err := os.Readlink(fmt.Sprintf("/proc/%d/exe", p.PID)); err != nil || exe != filepath.Join(bin, "qcp-manager") {
+			t.Errorf("qcp-manager runs from %q (%v), want the one built from this tree in %s", exe, err, bin)
+		}
 	}
 }
 
-// pidOf returns the PID of the process whose command line contains s.
-func pidOf(t *testing.T, s string) int {
+// waitEnded waits for up to exit cleanly and checks that nothing it started
+// still runs.
+func (up *upProcess) waitEnded(t *testing.T) {
 	t.Helper()
-	procs, err := machinehost.ProcessesMatching(s)
-	if err != nil || len(procs) == 0 {
-		t.Errorf("no process runs %q (%v)", s, err)
-		return 0
+	select {
+	case err := <-up.exited:
+		up.exited <- err
+		if err != nil {
+			t.Errorf("qcpctl up exited with %v", err)
+		}
+	case <-time.After(2 * time.Minute):
+		t.Fatal("qcpctl up still runs")
 	}
-	return procs[0].PID
+	left, err := machinehost.StillRunning(up.started)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range left {
+		t.Errorf("%s (pid %d) still runs after qcpctl up ended", p.Comm, p.PID)
+	}
+}
+
+// killAll kills qcpctl up and whatever it started that still runs, so that
+// a failed test leaves no process behind.
+func (up *upProcess) killAll() {
+	_ = syscall.Kill(-up.cmd.Process.Pid, syscall.SIGKILL)
+	left, _ := machinehost.StillRunning(up.started)
+	for _, p := range left {
+		_ = syscall.Kill(p.PID, syscall.SIGKILL)
+	}
 }

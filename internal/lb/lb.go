@@ -1,7 +1,7 @@
 // Package lb is the control plane load balancer of a process cluster: a
 // TCP forwarder on a stable address that sends connections only to the API
 // servers whose /readyz passes, so traffic moves off a killed or frozen
-// machine within a probe period or two.
+// machine within a few seconds.
 package lb
 
 import (
@@ -29,12 +29,16 @@ const (
 	CAFile       = "ca.crt"
 )
 
-// Timings. Probes are frequent and short so a frozen API server (which
-// accepts connections into its backlog but never answers) drops out fast.
+// Timings. Probes are frequent so a frozen API server (which accepts
+// connections into its backlog but never answers) drops out fast. One slow
+// answer is not enough: a busy API server on a loaded host may miss a probe,
+// and marking it unready would cut every connection it serves.
 const (
 	probeEvery   = time.Second
-	probeTimeout = time.Second
+	probeTimeout = 2 * time.Second
 	dialTimeout  = 2 * time.Second
+	// failuresToUnready consecutive failed probes make a backend unready.
+	failuresToUnready = 2
 )
 
 // Config is lb.json.
@@ -66,8 +70,10 @@ type Balancer struct {
 	client *http.Client
 
 	mu       sync.Mutex
+	addr     string          // where Run listens, once it does
 	backends []string        // as listed in backends.json
 	ready    map[string]bool // by backend
+	failures map[string]int  // consecutive failed probes, by backend
 	conns    map[string]map[net.Conn]struct{}
 	next     int
 	modTime  time.Time
@@ -85,7 +91,7 @@ func New(dir string, log *slog.Logger) (*Balancer, error) {
 	}
 	b := &Balancer{
 		dir: dir, log: log,
-		ready: map[string]bool{},
+		ready: map[string]bool{}, failures: map[string]int{},
 		conns: map[string]map[net.Conn]struct{}{},
 	}
 	b.reloadCA()
@@ -132,7 +138,10 @@ func (b *Balancer) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("load balancer listening on %s: %w", cfg.Listen, err)
 	}
-	b.log.Info("load balancer listening", "address", cfg.Listen)
+	b.mu.Lock()
+	b.addr = ln.Addr().String()
+	b.mu.Unlock()
+	b.log.Info("load balancer listening", "address", b.Addr())
 	go func() {
 		<-ctx.Done()
 		ln.Close()
@@ -151,6 +160,14 @@ func (b *Balancer) Run(ctx context.Context) error {
 		}
 		go b.forward(conn)
 	}
+}
+
+// Addr returns the address Run listens on, or "" before it listens. With
+// port 0 in lb.json it names the port the system chose.
+func (b *Balancer) Addr() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.addr
 }
 
 // Ready returns the backends that passed their last probe.
@@ -272,10 +289,17 @@ func probe(ctx context.Context, client *http.Client, backend string) bool {
 	return resp.StatusCode == http.StatusOK
 }
 
+// setReady records a probe result. A backend turns ready on its first
+// passed probe and unready after failuresToUnready failed ones in a row.
 func (b *Balancer) setReady(be string, ok bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	if b.ready[be] == ok {
+	if ok {
+		b.failures[be] = 0
+	} else {
+		b.failures[be]++
+	}
+	if b.ready[be] == ok || (!ok && b.failures[be] < failuresToUnready) {
 		return
 	}
 	b.ready[be] = ok
@@ -324,6 +348,7 @@ func (b *Balancer) reloadBackends() {
 	for be := range b.ready {
 		if !keep[be] {
 			delete(b.ready, be)
+			delete(b.failures, be)
 			for c := range b.conns[be] {
 				c.Close()
 			}

@@ -19,30 +19,25 @@ func (e *Env) startCAPI(ctx context.Context, opts Options) error {
 	if err != nil {
 		return err
 	}
-	addrs, err := freeAddrs(2)
-	if err != nil {
-		return err
-	}
-	health, diagnostics := addrs[0], addrs[1]
-	args := []string{
-		"--kubeconfig=" + e.Kubeconfig,
-		"--leader-elect=false",
-		"--webhook-port=" + strconv.Itoa(e.WebhookPort),
-		"--webhook-cert-dir=" + e.WebhookCertDir,
-		"--health-addr=" + health,
-		"--diagnostics-address=" + diagnostics,
-		"--insecure-diagnostics=true",
-		"--feature-gates=" + capiFeatureGates,
-	}
-	// The watch-list client costs seconds at start-up against a fresh
-	// apiserver and buys nothing at this size.
-	env := []string{"KUBE_FEATURE_WatchListClient=false"}
-	if e.capi, err = StartProcess("capi-manager", path, args, env, e.Dir); err != nil {
-		return err
+	start := func(addrs []string) (*Process, error) {
+		health, diagnostics := addrs[0], addrs[1]
+		args := []string{
+			"--kubeconfig=" + e.Kubeconfig,
+			"--leader-elect=false",
+			"--webhook-port=" + strconv.Itoa(e.WebhookPort),
+			"--webhook-cert-dir=" + e.WebhookCertDir,
+			"--health-addr=" + health,
+			"--diagnostics-address=" + diagnostics,
+			"--insecure-diagnostics=true",
+			"--feature-gates=" + capiFeatureGates,
+		}
+		// The watch-list client costs seconds at start-up against a fresh
+		// apiserver and buys nothing at this size.
+		return StartProcess("capi-manager", path, args, []string{"KUBE_FEATURE_WatchListClient=false"}, e.Dir)
 	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
-	if err := e.capi.WaitHTTP(ctx, "http://"+health+"/readyz"); err != nil {
+	if e.capi, _, err = e.startOnFreePorts(ctx, "capi-manager", 2, start, func(addrs []string) string { return "http://" + addrs[0] + "/readyz" }); err != nil {
 		return fmt.Errorf("CAPI core manager did not become ready (log: %s/capi-manager.log): %w", e.Dir, err)
 	}
 	return nil

@@ -3,9 +3,9 @@ package localenv_test
 import (
 	"context"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -18,6 +18,7 @@ import (
 	infrav1 "github.com/qcp-dev/qcp/api/infrastructure/v1alpha1"
 	"github.com/qcp-dev/qcp/internal/binaries"
 	"github.com/qcp-dev/qcp/internal/localenv"
+	"github.com/qcp-dev/qcp/internal/machinehost"
 )
 
 // TestCAPICoreReconcilesClusterOfQCPObjects proves CAPI core runs against
@@ -101,32 +102,56 @@ func TestCAPICoreReconcilesClusterOfQCPObjects(t *testing.T) {
 }
 
 // TestStopLeavesNoProcess checks that stopping the environment ends every
-// process it started.
+// process it started: envtest's etcd and kube-apiserver, the CAPI core
+// manager and a qcp-manager, and anything they started in turn.
 func TestStopLeavesNoProcess(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts a management cluster; not run with -short")
 	}
+	manager := buildManager(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	env, err := localenv.Start(ctx, localenv.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	capiPID := env.CAPI().PID()
+	if _, err := env.StartManager(ctx, localenv.ManagerOptions{Path: manager}); err != nil {
+		_ = env.Stop()
+		t.Fatal(err)
+	}
+	started, err := machinehost.Descendants(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if missing := localenv.MissingProcesses(started); len(missing) > 0 {
+		t.Errorf("no %v among the processes the environment started: %v", missing, started)
+	}
 	if err := env.Stop(); err != nil {
 		t.Fatal(err)
 	}
-	if alive(capiPID) {
-		t.Errorf("CAPI core manager (pid %d) still running after Stop", capiPID)
+	left, err := machinehost.StillRunning(started)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range left {
+		t.Errorf("%s (pid %d) still running after Stop", p.Comm, p.PID)
 	}
 	if err := env.Stop(); err != nil {
 		t.Errorf("second Stop: %v", err)
 	}
 }
 
-func alive(pid int) bool {
-	err := syscall.Kill(pid, 0)
-	return err == nil
+// buildManager builds qcp-manager from this tree, so the test never runs a
+// stale binary from bin/.
+func buildManager(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	build := exec.Command("go", "build", "-o", dir+"/", "./cmd/qcp-manager")
+	build.Dir = "../.."
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("building qcp-manager: %v\n%s", err, out)
+	}
+	return filepath.Join(dir, "qcp-manager")
 }
 
 func ownedByCluster(obj client.Object, cluster *clusterv1.Cluster) bool {

@@ -16,7 +16,7 @@ type ManagerOptions struct {
 	// MachineRoot holds the process machines; default <Dir>/machines.
 	MachineRoot string
 	// MetricsAddr is where the manager serves Prometheus metrics; default a
-	// free loopback port.
+	// free loopback port, which the returned Process names.
 	MetricsAddr string
 	// ExtraArgs are appended to the command line.
 	ExtraArgs []string
@@ -40,31 +40,29 @@ func (e *Env) StartManager(ctx context.Context, opts ManagerOptions) (*Process, 
 	if opts.MachineRoot == "" {
 		opts.MachineRoot = e.MachineRoot()
 	}
-	addrs, err := freeAddrs(2)
-	if err != nil {
-		return nil, err
-	}
-	if opts.MetricsAddr == "" {
-		opts.MetricsAddr = addrs[0]
-	}
-	args := append([]string{
-		"--kubeconfig=" + e.Kubeconfig,
-		"--machine-root=" + opts.MachineRoot,
-		"--bin-dir=" + binDir,
-		"--metrics-bind-address=" + opts.MetricsAddr,
-		"--health-probe-bind-address=" + addrs[1],
-	}, e.qcpWebhookArgs()...)
-	args = append(args, opts.ExtraArgs...)
-	p, err := StartProcess("qcp-manager", opts.Path, args, []string{"KUBE_FEATURE_WatchListClient=false"}, e.Dir)
-	if err != nil {
-		return nil, err
+	// The metrics address is the caller's if given, else the first port.
+	metricsAddr := opts.MetricsAddr
+	start := func(addrs []string) (*Process, error) {
+		if opts.MetricsAddr == "" {
+			metricsAddr = addrs[0]
+		}
+		args := append([]string{
+			"--kubeconfig=" + e.Kubeconfig,
+			"--machine-root=" + opts.MachineRoot,
+			"--bin-dir=" + binDir,
+			"--metrics-bind-address=" + metricsAddr,
+			"--health-probe-bind-address=" + addrs[1],
+		}, e.qcpWebhookArgs()...)
+		return StartProcess("qcp-manager", opts.Path, append(args, opts.ExtraArgs...), []string{"KUBE_FEATURE_WatchListClient=false"}, e.Dir)
 	}
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	e.managers = append(e.managers, p) // Stop ends it even if it never gets ready
-	if err := p.WaitHTTP(ctx, "http://"+addrs[1]+"/readyz"); err != nil {
+	p, _, err := e.startOnFreePorts(ctx, "qcp-manager", 2, start, func(addrs []string) string { return "http://" + addrs[1] + "/readyz" })
+	if err != nil {
 		return nil, fmt.Errorf("qcp-manager did not become ready (log: %s/qcp-manager.log): %w", e.Dir, err)
 	}
+	p.MetricsAddr = metricsAddr
+	e.managers = append(e.managers, p)
 	if err := e.installQCPWebhooks(ctx); err != nil {
 		return nil, err
 	}

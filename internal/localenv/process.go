@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -17,9 +18,11 @@ import (
 // manager or qcp-manager. It dies with its parent.
 type Process struct {
 	Name string
-	cmd  *exec.Cmd
-	done chan struct{}
-	err  error
+	// MetricsAddr is where a qcp-manager serves its metrics.
+	MetricsAddr string
+	cmd         *exec.Cmd
+	done        chan struct{}
+	err         error
 }
 
 // StartProcess starts path with args, logging to <logDir>/<name>.log.
@@ -112,6 +115,37 @@ func FreeAddr() (string, error) {
 	}
 	defer l.Close()
 	return l.Addr().String(), nil
+}
+
+// startOnFreePorts starts a child that listens on n ports found free, and
+// waits until it answers readyURL(addrs). Another process (tests run
+// packages in parallel) may take a port between the check and the child's
+// bind; a child that then exits saying so is started again on new ports.
+func (e *Env) startOnFreePorts(ctx context.Context, name string, n int, start func(addrs []string) (*Process, error), readyURL func(addrs []string) string) (*Process, []string, error) {
+	for attempt := 1; ; attempt++ {
+		addrs, err := freeAddrs(n)
+		if err != nil {
+			return nil, nil, err
+		}
+		p, err := start(addrs)
+		if err != nil {
+			return nil, nil, err
+		}
+		err = p.WaitHTTP(ctx, readyURL(addrs))
+		if err == nil {
+			return p, addrs, nil
+		}
+		if attempt == 3 || !p.Exited() || !e.logSays(name, "address already in use") {
+			_ = p.Stop()
+			return nil, nil, err
+		}
+	}
+}
+
+// logSays reports whether the log of child name contains s.
+func (e *Env) logSays(name, s string) bool {
+	data, err := os.ReadFile(filepath.Join(e.Dir, name+".log"))
+	return err == nil && strings.Contains(string(data), s)
 }
 
 // freeAddrs returns n distinct free loopback addresses.

@@ -4,9 +4,12 @@ import (
 	"context"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/qcp-dev/qcp/internal/machinehost"
 )
 
 // StartForTest starts a local management cluster for t and stops it when t
@@ -50,4 +53,22 @@ func BuildForTest(t testing.TB, cmds ...string) string {
 		t.Fatalf("building %v: %v\n%s", cmds, err, out)
 	}
 	return dir
+}
+
+// processNames are the command names of the processes a running
+// environment with a qcp-manager has, as /proc shows them (cut to 15
+// characters).
+var processNames = []string{"etcd", "kube-apiserver", "capi-manager", "qcp-manager"}
+
+// MissingProcesses names the environment's processes (etcd, kube-apiserver,
+// CAPI core, qcp-manager) that procs lack, so a test that checks what Stop
+// or `qcpctl down` ended can first check it saw them start.
+func MissingProcesses(procs []machinehost.Proc) []string {
+	var missing []string
+	for _, name := range processNames {
+		if !slices.ContainsFunc(procs, func(p machinehost.Proc) bool { return strings.HasPrefix(p.Comm, name) }) {
+			missing = append(missing, name)
+		}
+	}
+	return missing
 }

@@ -9,16 +9,17 @@ import (
 
 	"github.com/qcp-dev/qcp/internal/bootstrap"
 	"github.com/qcp-dev/qcp/internal/certs"
+	"github.com/qcp-dev/qcp/internal/testkit"
 )
 
 // TestExternalEtcdMachine runs an etcd-only machine (as an EtcdCluster
 // will) and a control plane machine whose API server uses it as external
 // etcd, and checks the control plane machine's Node becomes Ready.
 func TestExternalEtcdMachine(t *testing.T) {
-	requireBinaries(t)
 	if testing.Short() {
 		t.Skip("starts real etcd and Kubernetes components")
 	}
+	testkit.RequireBinaries(t, "etcd", "kube")
 	h := newHost(t)
 	c := newTestCluster(t, h, "ns2", "c2", "127.0.204.1:6443")
 	etcdSpec := c.spec("e1", "127.0.204.21", "fd-a")

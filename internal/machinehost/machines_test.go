@@ -11,6 +11,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/qcp-dev/qcp/internal/bootstrap"
+	"github.com/qcp-dev/qcp/internal/testkit"
 )
 
 // TestProcessMachines walks one cluster through its life: a single stacked
@@ -19,10 +20,10 @@ import (
 // machine the load balancer routes around, and clean stops. The phases
 // share one cluster because each machine costs ~600 MB and tens of seconds.
 func TestProcessMachines(t *testing.T) {
-	requireBinaries(t)
 	if testing.Short() {
 		t.Skip("starts real etcd and Kubernetes components")
 	}
+	testkit.RequireBinaries(t, "etcd", "kube")
 	h := newHost(t)
 	c := newTestCluster(t, h, "ns1", "c1", "127.0.201.1:6443")
 	m1 := c.spec("m1", "127.0.201.11", "fd-a")
@@ -74,7 +75,10 @@ func TestProcessMachines(t *testing.T) {
 			t.Errorf("after re-attach: machine %+v (was %d), lb %+v (was %d)", st, before["m1"], lbAfter, lbBefore.PID)
 		}
 		agents := 0
-		procs, _ := fresh.Processes("ns1", "m1")
+		procs, err := fresh.Processes("ns1", "m1")
+		if err != nil {
+			t.Fatal(err)
+		}
 		for _, p := range procs {
 			if p.Comm == "qcp-agent" {
 				agents++
@@ -145,8 +149,8 @@ func TestProcessMachines(t *testing.T) {
 			t.Fatal(err)
 		}
 		c.eventually("m1's processes to die", 10*time.Second, func() error {
-			if procs, _ := h.Processes("ns1", "m1"); len(procs) > 0 {
-				return fmt.Errorf("%v", procs)
+			if procs, err := h.Processes("ns1", "m1"); err != nil || len(procs) > 0 {
+				return fmt.Errorf("processes %v (%v)", procs, err)
 			}
 			return nil
 		})
@@ -165,15 +169,16 @@ func TestProcessMachines(t *testing.T) {
 	t.Run("stop leaves nothing behind", func(t *testing.T) {
 		c.checkNoRaces()
 		for _, name := range []string{"m1", "m2", "m3"} {
-			pid, _ := readPID(h.Dir("ns1", name))
+			// m1 was killed, but its pid file stays to check against.
+			pid, err := readPID(h.Dir("ns1", name))
+			if err != nil || pid <= 0 {
+				t.Fatalf("pid of %s read as %d (%v): nothing to check its processes against", name, pid, err)
+			}
 			if err := h.Stop("ns1", name); err != nil {
 				t.Fatal(err)
 			}
-			if pid == 0 {
-				continue
-			}
-			if procs, _ := GroupProcesses(pid); len(procs) > 0 {
-				t.Errorf("stray processes of %s: %v", name, procs)
+			if procs, err := GroupProcesses(pid); err != nil || len(procs) > 0 {
+				t.Errorf("stray processes of %s: %v (%v)", name, procs, err)
 			}
 			if _, err := os.Stat(h.Dir("ns1", name)); !os.IsNotExist(err) {
 				t.Errorf("directory of %s remains", name)

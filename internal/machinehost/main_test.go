@@ -67,13 +67,3 @@ func newHost(t testing.TB) *Host {
 	t.Cleanup(func() { os.RemoveAll(root) })
 	return &Host{Root: root, BinDir: binDir, AgentPath: agentPath}
 }
-
-// requireBinaries skips heavy tests when the pinned binaries are not built.
-func requireBinaries(t testing.TB) {
-	t.Helper()
-	for _, b := range [][2]string{{"etcd", binaries.EtcdVersion}, {"kube", binaries.KubeVersion}} {
-		if _, err := binaries.Path(b[0], b[1]); err != nil {
-			t.Skip(err)
-		}
-	}
-}

@@ -10,6 +10,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/qcp-dev/qcp/internal/bootstrap"
+	"github.com/qcp-dev/qcp/internal/testkit"
 )
 
 // BenchmarkMachineRSS measures the resident memory of one stacked control
@@ -21,7 +22,7 @@ import (
 // It reports rss-mb (the last sample of a 30-second window) and
 // peak-rss-mb, and logs a per-component breakdown.
 func BenchmarkMachineRSS(b *testing.B) {
-	requireBinaries(b)
+	testkit.RequireBinaries(b, "etcd", "kube")
 	h := newHost(b)
 	c := newTestCluster(b, h, "ns-measure", "cm", "127.0.202.1:6443")
 	spec := c.spec("m1", "127.0.202.11", "fd-a")

@@ -3,7 +3,9 @@ package machinehost
 import (
 	"bufio"
 	"bytes"
+	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -123,4 +125,44 @@ func rssKB(pid int) (int64, error) {
 		}
 	}
 	return 0, sc.Err()
+}
+
+// Descendants lists the live processes below pid: its children, theirs,
+// and so on, including those that left its process group.
+func Descendants(pid int) ([]Proc, error) {
+	live, err := liveProcesses(func(Proc) bool { return true })
+	if err != nil {
+		return nil, err
+	}
+	children := map[int][]Proc{}
+	for _, p := range live {
+		children[p.PPID] = append(children[p.PPID], p)
+	}
+	var out []Proc
+	for queue := []int{pid}; len(queue) > 0; queue = queue[1:] {
+		for _, c := range children[queue[0]] {
+			out = append(out, c)
+			queue = append(queue, c.PID)
+		}
+	}
+	return out, nil
+}
+
+// StillRunning returns those of procs that are still alive. A PID that now
+// names a process with another command name was reused and does not count.
+func StillRunning(procs []Proc) ([]Proc, error) {
+	var out []Proc
+	for _, p := range procs {
+		now, err := readProc(p.PID)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("reading process %d: %w", p.PID, err)
+		}
+		if now.State != "Z" && now.Comm == p.Comm {
+			out = append(out, p)
+		}
+	}
+	return out, nil
 }

@@ -9,12 +9,21 @@ import (
 	"testing"
 	"time"
 
+	"github.com/qcp-dev/qcp/internal/binaries"
 	"github.com/qcp-dev/qcp/internal/bootstrap"
 	"github.com/qcp-dev/qcp/internal/certs"
 )
 
 func TestStartRejectsBeforeCreatingAnything(t *testing.T) {
 	h := newHost(t)
+	// Only the pinned versions are "installed", so the case that asks for
+	// another one fails on it whether or not bin/ is built.
+	h.BinDir = t.TempDir()
+	for _, name := range []string{"etcd-" + binaries.EtcdVersion, "kube-" + binaries.KubeVersion} {
+		if err := os.WriteFile(filepath.Join(h.BinDir, name), nil, 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
 	cas, err := certs.NewClusterCAs(time.Now())
 	if err != nil {
 		t.Fatal(err)
@@ -64,6 +73,9 @@ func TestStartRejectsBeforeCreatingAnything(t *testing.T) {
 // machine directory (as after a manager wrote it and the data was later
 // corrupted): it must exit non-zero, say why, and start nothing.
 func TestAgentExitsOnCorruptData(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs qcp-agent; not run with -short")
+	}
 	h := newHost(t)
 	dir := h.Dir("ns", "corrupt")
 	if err := os.MkdirAll(dir, 0o700); err != nil {
@@ -92,6 +104,9 @@ func TestAgentExitsOnCorruptData(t *testing.T) {
 // process that then exits, as a manager restart would: the balancer keeps
 // running, and a fresh Host re-attaches to the same PID without a duplicate.
 func TestLoadBalancerOutlivesItsStarter(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs qcp-agent; not run with -short")
+	}
 	h := newHost(t)
 	ca, err := certs.NewCA("kubernetes", time.Now())
 	if err != nil {

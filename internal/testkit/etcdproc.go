@@ -35,9 +35,13 @@ type EtcdCluster struct {
 	members []*EtcdProcess
 }
 
-// NewEtcdCluster prepares a cluster named name; it starts nothing.
+// NewEtcdCluster prepares a cluster named name; it starts nothing. Tests
+// that use it are skipped with -short (`make unit`).
 func NewEtcdCluster(t testing.TB, name string) *EtcdCluster {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("starts real etcd; not run with -short")
+	}
 	bin, err := binaries.Path("etcd", binaries.EtcdVersion)
 	if err != nil {
 		t.Fatal(err)

@@ -2,6 +2,8 @@ package testkit
 
 import (
 	"context"
+	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -114,5 +116,34 @@ func waitAcks(ctx context.Context, t *testing.T, w *Writer, n int) {
 		return nil
 	}); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// TestLostWritesAreFlagged feeds the lost-write check a history made for
+// the purpose: a key whose final value is older than its last acknowledged
+// write is lost; one holding a later write of unknown outcome is not.
+func TestLostWritesAreFlagged(t *testing.T) {
+	w := &Writer{opts: WriterOptions{Keys: 3}.withDefaults(), lastAck: map[string]ackedWrite{}, afterAck: map[string][]string{}}
+	key := func(i int) string { return fmt.Sprintf("%sk%d", w.opts.Prefix, i) }
+	w.lastAck[key(0)] = ackedWrite{value: "w0-5"}
+	w.lastAck[key(1)] = ackedWrite{value: "w1-5"}
+	w.afterAck[key(1)] = []string{"w1-6"}
+	w.lastAck[key(2)] = ackedWrite{value: "w2-5"}
+	finals := map[string]finalRead{
+		key(0): {value: "w0-4"}, // the acknowledged w0-5 was lost
+		key(1): {value: "w1-6"}, // a write of unknown outcome landed
+		key(2): {value: "w2-5"},
+	}
+	lost := w.lostWrites(finals)
+	if len(lost) != 1 || !strings.Contains(lost[0], key(0)) {
+		t.Fatalf("lost writes %v, want only %s", lost, key(0))
+	}
+	r := WriterReport{Linearizable: porcupine.Ok, Writes: 3, LostWrites: lost}
+	if err := r.Err(); err == nil || !strings.Contains(err.Error(), "lost") {
+		t.Errorf("report error %v does not flag the lost write", err)
+	}
+	delete(finals, key(2))
+	if lost := w.lostWrites(finals); len(lost) != 2 {
+		t.Errorf("a key whose final value could not be read was not flagged: %v", lost)
 	}
 }

@@ -50,6 +50,9 @@ type world struct {
 	cluster  string
 	cas      *certs.ClusterCAs
 	endpoint string // host:port of the load balancer
+	// leaks remembers every key it has seen, so that a deleted machine's
+	// keys are still looked for at the end.
+	leaks *testkit.KeyLeakCheck
 }
 
 func buildQCP(t *testing.T) string {
@@ -70,6 +73,7 @@ func buildQCP(t *testing.T) string {
 func newWorld(t *testing.T) *world {
 	env := localenv.StartForTest(t, localenv.Options{})
 	w := &world{t: t, env: env, c: env.Client, binDir: buildQCP(t), cluster: "c1"}
+	w.leaks = &testkit.KeyLeakCheck{Client: env.Client, Dirs: []string{env.Dir}, MachineDirs: []string{env.MachineRoot()}}
 	w.startManager()
 	t.Cleanup(w.dumpOnFailure)
 	return w
@@ -79,19 +83,14 @@ func (w *world) startManager() {
 	w.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	metrics, err := localenv.FreeAddr()
-	if err != nil {
-		w.t.Fatal(err)
-	}
 	p, err := w.env.StartManager(ctx, localenv.ManagerOptions{
-		Path:        filepath.Join(w.binDir, "qcp-manager"),
-		MetricsAddr: metrics,
-		ExtraArgs:   []string{"--address-range=" + addressRange},
+		Path:      filepath.Join(w.binDir, "qcp-manager"),
+		ExtraArgs: []string{"--address-range=" + addressRange},
 	})
 	if err != nil {
 		w.t.Fatal(err)
 	}
-	w.manager, w.metrics = p, metrics
+	w.manager, w.metrics = p, p.MetricsAddr
 }
 
 // metric returns the value of the sample whose name and labels start with

@@ -1,0 +1,199 @@
+package etcd_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/qcp-dev/qcp/internal/etcd"
+	"github.com/qcp-dev/qcp/internal/testkit"
+)
+
+// TestMembershipEdgesAgainstRealEtcd covers what the planner relies on when
+// members misbehave: leadership cannot move to a learner, a dead member
+// neither stalls Statuses nor hides the live ones, and member-list agreement
+// fails while a member cannot answer.
+func TestMembershipEdgesAgainstRealEtcd(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cl := testkit.NewEtcdCluster(t, "edges")
+	ps, err := cl.Bootstrap(ctx, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cli := cl.NewClient(ps...)
+
+	t.Run("members agree on the member list", func(t *testing.T) {
+		var a etcd.Agreement
+		if err := testkit.Eventually(ctx, 200*time.Millisecond, "every member to answer the same list", func(ctx context.Context) error {
+			var err error
+			if a, err = cli.MemberListAgreement(ctx); err != nil {
+				return err
+			}
+			if !a.Agree() || len(a.Views) != 3 {
+				return fmt.Errorf("views %v, errors %v", a.Views, a.Errors)
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		for id, view := range a.Views {
+			if len(view) != 3 {
+				t.Errorf("member %x lists %v, want 3 voters", id, view)
+			}
+		}
+	})
+
+	newcomer, err := cl.NewMember("edges-learner")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var learner etcd.Member
+	if err := retry(ctx, "learner added", func(ctx context.Context) (err error) {
+		learner, _, err = cli.AddLearner(ctx, newcomer.PeerURL())
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := newcomer.Start(testkit.InitialCluster(append(ps, newcomer)...), "existing"); err != nil {
+		t.Fatal(err)
+	}
+	if err := testkit.Eventually(ctx, 200*time.Millisecond, "the learner to answer", func(ctx context.Context) error {
+		s, err := cli.Status(ctx, newcomer.ClientURL())
+		if err == nil && !s.IsLearner {
+			t.Fatalf("member %s reports itself a voter", newcomer.Name)
+		}
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+
+	t.Run("leadership does not move to a learner", func(t *testing.T) {
+		before, err := cli.Leader(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cli.MoveLeader(ctx, learner.ID); err == nil {
+			t.Fatal("leadership moved to a learner")
+		}
+		after, err := cli.Leader(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if after.ID != before.ID {
+			t.Errorf("leader changed from %x to %x on a refused transfer", before.ID, after.ID)
+		}
+	})
+
+	t.Run("a dead member is reported, not waited for", func(t *testing.T) {
+		members, err := cli.Members(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dead := ps[2]
+		if err := dead.Kill(); err != nil {
+			t.Fatal(err)
+		}
+		var deadID uint64
+		for _, m := range members {
+			if m.Name == dead.Name {
+				deadID = m.ID
+			}
+		}
+		start := time.Now()
+		ok, failed := cli.Statuses(ctx, members)
+		// Each probe is bounded by StatusTimeout and they run in parallel;
+		// the margin is for a loaded machine, far below a stalled client's
+		// minutes of retries.
+		if took := time.Since(start); took > 10*etcd.StatusTimeout {
+			t.Errorf("Statuses took %s with one member dead", took)
+		}
+		if _, found := failed[deadID]; !found || len(failed) != 1 {
+			t.Errorf("failed = %v, want only the dead member %x", failed, deadID)
+		}
+		if len(ok) != 3 {
+			t.Errorf("statuses of %d members, want the 3 live ones: %v", len(ok), ok)
+		}
+		// MemberListAgreement asks members one by one without a bound of its
+		// own, so the dead member holds it until the context ends.
+		actx, acancel := context.WithTimeout(ctx, 10*time.Second)
+		defer acancel()
+		a, err := cli.MemberListAgreement(actx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if a.Agree() || a.Errors[deadID] == nil {
+			t.Errorf("agreement with a dead member: agree %v, errors %v", a.Agree(), a.Errors)
+		}
+	})
+}
+
+// TestAgreementNeedsTheSameListAndRoles checks Agree on member lists that
+// differ the ways a lagging member's can: one member missing, or a member
+// that is still a learner in one view and a voter in another.
+func TestAgreementNeedsTheSameListAndRoles(t *testing.T) {
+	view := func(ids ...string) []string { return ids }
+	cases := []struct {
+		name  string
+		views map[uint64][]string
+		want  bool
+	}{
+		{"same", map[uint64][]string{1: view("1", "2", "3L"), 2: view("1", "2", "3L")}, true},
+		{"a member missing", map[uint64][]string{1: view("1", "2", "3L"), 2: view("1", "2")}, false},
+		{"a learner promoted in one view", map[uint64][]string{1: view("1", "2", "3L"), 2: view("1", "2", "3")}, false},
+	}
+	for _, tc := range cases {
+		if got := (etcd.Agreement{Views: tc.views}).Agree(); got != tc.want {
+			t.Errorf("%s: Agree() = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+	errs := etcd.Agreement{Views: map[uint64][]string{1: view("1")}, Errors: map[uint64]error{2: errors.New("unreachable")}}
+	if errs.Agree() {
+		t.Error("agreement while a member could not answer")
+	}
+}
+
+// TestPoolForgetClosesTheClient checks that Forget closes the cached client
+// and that the next Get builds a working one from the new configuration.
+func TestPoolForgetClosesTheClient(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cl := testkit.NewEtcdCluster(t, "forget")
+	ps, err := cl.Bootstrap(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool := etcd.NewPool()
+	defer func() { _ = pool.Close() }()
+	old, err := pool.Get("c1", cl.Config(ps[0].ClientURL()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := old.Raw().Put(ctx, "k", "v"); err != nil {
+		t.Fatal(err)
+	}
+	if err := pool.Forget("c1"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := old.Raw().Get(ctx, "k"); err == nil {
+		t.Error("the forgotten client still serves requests: it was not closed")
+	}
+	fresh, err := pool.Get("c1", cl.Config(ps[0].ClientURL()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fresh == old {
+		t.Fatal("Get after Forget returned the forgotten client")
+	}
+	resp, err := fresh.Raw().Get(ctx, "k")
+	if err != nil || len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != "v" {
+		t.Errorf("the new client reads %v, %v", resp, err)
+	}
+	if err := pool.Forget("never-added"); err != nil {
+		t.Errorf("forgetting an unknown cluster: %v", err)
+	}
+}

@@ -1,0 +1,85 @@
+package testkit
+
+import (
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"encoding/pem"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+
+	"github.com/qcp-dev/qcp/internal/certs"
+)
+
+// TestLeakFinderFindsEveryForm plants one client key, from a kubeconfig,
+// in every form a leak takes, and checks that each is found and named, and
+// that certificates and keys QCP did not create are not mistaken for it.
+func TestLeakFinderFindsEveryForm(t *testing.T) {
+	now := time.Now()
+	ca, err := certs.NewCA("kubernetes", now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kp, err := ca.Issue(certs.Request{CommonName: "admin", Usages: certs.ClientUsage}, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kubeconfig, err := certs.Kubeconfig("c1", "https://127.0.0.1:6443", ca.CertPEM, "admin", kp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	k := &KeyLeakCheck{keys: map[string]*leakKey{}}
+	if n := k.addKeys("kubeconfig", kubeconfig); n != 1 {
+		t.Fatalf("found %d keys in a kubeconfig, want its client key", n)
+	}
+	if n := k.addKeys("certificate", append(ca.CertPEM, kp.CertPEM...)); n != 0 {
+		t.Fatalf("found %d keys in certificates", n)
+	}
+	finder := newLeakFinder(k.keys)
+	block, _ := pem.Decode(kp.KeyPEM)
+	der := block.Bytes
+	marshal := func(v any) string {
+		data, err := json.Marshal(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(data)
+	}
+	cases := []struct {
+		name, data, form string
+	}{
+		{"PEM in a log", "level=info msg=writing key=" + string(kp.KeyPEM), base64Forms[0]},
+		{"PEM in a JSON log", marshal(map[string]string{"key": string(kp.KeyPEM)}), base64Forms[0]},
+		{"a []byte in a JSON log", marshal(map[string][]byte{"key": der}), base64Forms[0]},
+		{"a kubeconfig", string(kubeconfig), base64Forms[1]},
+		{"a Secret's data", marshal(corev1.Secret{Data: map[string][]byte{"tls.key": kp.KeyPEM}}), base64Forms[1]},
+		{"base64 at another alignment", base64.StdEncoding.EncodeToString([]byte("ab" + string(kp.KeyPEM))), base64Forms[1]},
+		{"a kubeconfig in a Secret's data", marshal(corev1.Secret{Data: map[string][]byte{"value": kubeconfig}}), base64Forms[2]},
+		{"DER in hex", "key " + hex.EncodeToString(der), "DER-hex"},
+		{"DER in upper-case hex", fmt.Sprintf("key %X", der), "DER-hex"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			hits := finder.find([]byte(tc.data))
+			if len(hits) != 1 || hits[0].key.origin != "kubeconfig" || hits[0].form != tc.form {
+				t.Errorf("hits %v, want the kubeconfig's key in %s form", hits, tc.form)
+			}
+		})
+	}
+
+	other, err := certs.NewCA("other", now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	innocent := strings.Join([]string{
+		string(ca.CertPEM), string(kp.CertPEM), string(other.KeyPEM),
+		hex.EncodeToString(kp.Cert.Raw), base64.StdEncoding.EncodeToString(kp.CertPEM),
+	}, "\n")
+	if hits := finder.find([]byte(innocent)); len(hits) != 0 {
+		t.Errorf("certificates and an unknown key were taken for a leak: %v", hits)
+	}
+}
