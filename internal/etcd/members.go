@@ -253,41 +253,66 @@ func (a Agreement) Agree() bool {
 	return true
 }
 
-// MemberListAgreement reads the member list from every started member
+// MemberListAgreement reads the member list from every started voter
 // without going through the leader (serializable), so that a member with a
-// stale view shows up as disagreeing.
+// stale view shows up as disagreeing. Learners are not asked: etcd serves
+// them no member list ("rpc not supported for learner"), and it is the
+// voters' views that must agree. The voters are asked in parallel, each
+// within StatusTimeout, so one dead member does not hold up the others.
 func (c *Client) MemberListAgreement(ctx context.Context) (Agreement, error) {
 	members, err := c.Members(ctx)
 	if err != nil {
 		return Agreement{}, err
 	}
 	a := Agreement{Views: map[uint64][]string{}, Errors: map[uint64]error{}}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
 	for _, m := range members {
-		if len(m.ClientURLs) == 0 {
-			a.Errors[m.ID] = fmt.Errorf("member %s has not started", m)
+		if m.IsLearner {
 			continue
 		}
-		p, err := c.pin(m.ClientURLs[0])
-		if err != nil {
-			a.Errors[m.ID] = err
-			continue
-		}
-		resp, err := p.MemberList(ctx, clientv3.WithSerializable())
-		if err != nil {
-			a.Errors[m.ID] = fmt.Errorf("member list from %s: %w", m, err)
-			continue
-		}
-		var view []string
-		for _, v := range fromPB(resp.Members) {
-			id := fmt.Sprintf("%x", v.ID)
-			if v.IsLearner {
-				id += "L"
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			view, err := c.memberListFrom(ctx, m)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				a.Errors[m.ID] = err
+				return
 			}
-			view = append(view, id)
-		}
-		a.Views[m.ID] = view
+			a.Views[m.ID] = view
+		}()
 	}
+	wg.Wait()
 	return a, nil
+}
+
+// memberListFrom is m's own view of the member list: sorted IDs, learners
+// suffixed "L".
+func (c *Client) memberListFrom(ctx context.Context, m Member) ([]string, error) {
+	if len(m.ClientURLs) == 0 {
+		return nil, fmt.Errorf("member %s has not started", m)
+	}
+	p, err := c.pin(m.ClientURLs[0])
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, StatusTimeout)
+	defer cancel()
+	resp, err := p.MemberList(ctx, clientv3.WithSerializable())
+	if err != nil {
+		return nil, fmt.Errorf("member list from %s: %w", m, err)
+	}
+	var view []string
+	for _, v := range fromPB(resp.Members) {
+		id := fmt.Sprintf("%x", v.ID)
+		if v.IsLearner {
+			id += "L"
+		}
+		view = append(view, id)
+	}
+	return view, nil
 }
 
 // ForgetEndpoint drops cached connections to an endpoint whose member was
