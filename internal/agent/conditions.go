@@ -20,6 +20,17 @@ var ComponentConditionTypes = map[bootstrap.Component]corev1.NodeConditionType{
 	bootstrap.KubeScheduler:         "SchedulerHealthy",
 }
 
+// IsComponentCondition reports whether t is one of the agent's component
+// conditions, for readers that check them all.
+func IsComponentCondition(t corev1.NodeConditionType) bool {
+	for _, c := range ComponentConditionTypes {
+		if c == t {
+			return true
+		}
+	}
+	return false
+}
+
 // Reasons of the component conditions.
 const (
 	ReasonProbeSucceeded = "ProbeSucceeded"

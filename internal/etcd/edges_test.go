@@ -20,12 +20,7 @@ func TestMembershipEdgesAgainstRealEtcd(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	cl := testkit.NewEtcdCluster(t, "edges")
-	ps, err := cl.Bootstrap(ctx, 3)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cli := cl.NewClient(ps...)
+	cl, ps, cli := testkit.StartEtcdCluster(ctx, t, "edges", 3)
 
 	t.Run("members agree on the member list", func(t *testing.T) {
 		var a etcd.Agreement

@@ -35,12 +35,7 @@ func TestMembershipLifecycleAgainstRealEtcd(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	cl := testkit.NewEtcdCluster(t, "members")
-	ps, err := cl.Bootstrap(ctx, 2)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cli := cl.NewClient(ps...)
+	cl, ps, cli := testkit.StartEtcdCluster(ctx, t, "members", 2)
 
 	// A learner is added (retrying "unhealthy cluster" right after start),
 	// starts with --initial-cluster-state existing and is promoted.

@@ -24,12 +24,7 @@ func TestAlarmIsObservedApartFromHealth(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
-	cl := testkit.NewEtcdCluster(t, "alarms")
-	ps, err := cl.Bootstrap(ctx, 3)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cli := cl.NewClient(ps...)
+	_, _, cli := testkit.StartEtcdCluster(ctx, t, "alarms", 3)
 	list, err := cli.Members(ctx)
 	if err != nil {
 		t.Fatal(err)

@@ -4,11 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -178,7 +176,7 @@ func componentsHealthy(n *corev1.Node) error {
 	seen := map[corev1.NodeConditionType]bool{}
 	for _, cond := range n.Status.Conditions {
 		seen[cond.Type] = true
-		if slices.Contains(slices.Collect(maps.Values(agent.ComponentConditionTypes)), cond.Type) && cond.Status != corev1.ConditionTrue {
+		if agent.IsComponentCondition(cond.Type) && cond.Status != corev1.ConditionTrue {
 			return fmt.Errorf("%s=%s: %s", cond.Type, cond.Status, cond.Message)
 		}
 	}

@@ -3,7 +3,6 @@ package quorum
 import (
 	"errors"
 	"fmt"
-	"slices"
 )
 
 // Check reports every invariant (I1–I7) that taking decision d in state
@@ -94,8 +93,7 @@ func checkQuorum(b view, d Decision, _ view) error {
 	}
 	// A voter whose machine an operator let go (deleting, hook removed) is
 	// about to drop out: removing it first lowers nothing.
-	atRisk := b.atRiskVoters()
-	if i := slices.IndexFunc(atRisk, func(v Member) bool { return v.ID == m.ID }); i >= 0 && !keepsTolerance(atRisk, atRisk[i]) {
+	if !keepsTolerance(b.atRiskVoters(), m.ID) {
 		return fmt.Errorf("I1 quorum: removing healthy voter %s while another voter is down leaves etcd unable to survive one more failure", b.memberName(m))
 	}
 	return nil

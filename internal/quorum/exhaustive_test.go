@@ -109,23 +109,14 @@ func exploreAll(plan func(State) Decision, n, maxErrs int, first ...string) *exp
 	e := newExplorer(plan, faults)
 	e.maxErrs, e.maxStale = maxErrs, stale
 	worlds := initialWorlds(n)
-	names := slices.Sorted(maps.Keys(worlds))
-	slices.SortStableFunc(names, func(a, b string) int {
-		return boolRank(slices.Contains(first, b)) - boolRank(slices.Contains(first, a))
-	})
+	rest := slices.DeleteFunc(slices.Sorted(maps.Keys(worlds)), func(n string) bool { return slices.Contains(first, n) })
+	names := append(slices.Clone(first), rest...)
 	for _, name := range names {
 		if len(e.errs) < maxErrs {
 			e.explore(worlds[name], name)
 		}
 	}
 	return e
-}
-
-func boolRank(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
 }
 
 // TestExhaustive explores, for 1, 3 and 5 replicas, every state reachable

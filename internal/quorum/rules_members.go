@@ -1,9 +1,6 @@
 package quorum
 
-import (
-	"fmt"
-	"slices"
-)
+import "fmt"
 
 // removeStrayLearners removes learners that will never become voters: those
 // whose machine is gone or deleting, and those that did not start (or stay
@@ -118,8 +115,7 @@ func (p planner) removalSafe(m Member) bool {
 		return true
 	}
 	voters := p.atRiskVoters()
-	i := slices.IndexFunc(voters, func(v Member) bool { return v.ID == m.ID })
-	return i >= 0 && quorumAfterRemoval(voters, m.ID) && (p.opts.removeHealthyWithOtherDown || keepsTolerance(voters, voters[i]))
+	return quorumAfterRemoval(voters, m.ID) && (p.opts.removeHealthyWithOtherDown || keepsTolerance(voters, m.ID))
 }
 
 // membershipBusy is I4 for voter removals: an unstarted learner is a

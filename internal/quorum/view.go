@@ -298,18 +298,23 @@ func quorumAfterRemoval(voters []Member, gone uint64) bool {
 	return remaining > 0 && 2*healthy > remaining
 }
 
-// keepsTolerance reports whether removing voter m leaves etcd surviving as
+// keepsTolerance reports whether removing voter id leaves etcd surviving as
 // many further failures as before, judged the way an operator would: a
 // healthy voter may go only while every other voter is healthy, or when the
 // count drops from even to odd (4 → 3 tolerates one failure either way).
 // Removing a healthy one of 5 voters while another is down takes the cluster
 // from surviving one more failure to surviving none.
-func keepsTolerance(voters []Member, m Member) bool {
-	if !m.Healthy || len(voters)%2 == 0 {
+func keepsTolerance(voters []Member, id uint64) bool {
+	if len(voters)%2 == 0 {
 		return true
 	}
+	for _, m := range voters {
+		if m.ID == id && !m.Healthy {
+			return true
+		}
+	}
 	for _, o := range voters {
-		if o.ID != m.ID && !o.Healthy {
+		if o.ID != id && !o.Healthy {
 			return false
 		}
 	}

@@ -285,6 +285,19 @@ func (c *EtcdCluster) Bootstrap(ctx context.Context, n int) ([]*EtcdProcess, err
 	return ps, nil
 }
 
+// StartEtcdCluster is NewEtcdCluster, Bootstrap and NewClient in one, for
+// tests that want n running members and a client of them; it fails t if
+// the members do not start.
+func StartEtcdCluster(ctx context.Context, t testing.TB, name string, n int) (*EtcdCluster, []*EtcdProcess, *etcd.Client) {
+	t.Helper()
+	cl := NewEtcdCluster(t, name)
+	ps, err := cl.Bootstrap(ctx, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cl, ps, cl.NewClient(ps...)
+}
+
 // WaitHealthy waits until member p serves linearizable reads.
 func WaitHealthy(ctx context.Context, cli *etcd.Client, p *EtcdProcess) error {
 	return Eventually(ctx, 100*time.Millisecond, "etcd member "+p.Name+" healthy (log: "+p.LogPath+")", func(ctx context.Context) error {

@@ -33,12 +33,7 @@ func newActWorld(t *testing.T) *actWorld {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	env := localenv.StartForTest(t, localenv.Options{})
-	cl := testkit.NewEtcdCluster(t, "act")
-	ps, err := cl.Bootstrap(ctx, 3)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cli := cl.NewClient(ps...)
+	cl, ps, cli := testkit.StartEtcdCluster(ctx, t, "act", 3)
 	return &actWorld{t: t, c: env.Client, cl: cl, ps: ps, cli: cli, x: executor{client: env.Client, etcd: cli, now: time.Now}}
 }
 

@@ -62,11 +62,9 @@ func nodeHealth(node *corev1.Node) (ready, components bool) {
 			ready = c.Status == corev1.ConditionTrue
 			continue
 		}
-		for _, t := range agent.ComponentConditionTypes {
-			if c.Type == t {
-				seen++
-				components = components && c.Status == corev1.ConditionTrue
-			}
+		if agent.IsComponentCondition(c.Type) {
+			seen++
+			components = components && c.Status == corev1.ConditionTrue
 		}
 	}
 	return ready, components && seen > 0
