@@ -102,9 +102,9 @@ type Expectation struct {
 	// voters it leaves, a promotion on the learner, a leadership move on its
 	// target being the best one.
 	Healthy []uint64
-	// Leader is the member that led when the plan was made, for steps that
-	// depend on who leads: moving leadership away from it, and removing or
-	// deleting a voter that was not the leader (I6). It must still lead.
+	// Leader is the member that led when the plan was made; it must still
+	// lead. Moving leadership away from it, and removing or deleting a voter
+	// that was not the leader (I6), depend on it.
 	Leader uint64
 }
 
