@@ -2,25 +2,37 @@
 package main
 
 import (
+	"context"
 	"flag"
 	"fmt"
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
+	"strings"
+	"time"
 
 	"k8s.io/klog/v2"
+	"sigs.k8s.io/cluster-api/controllers/clustercache"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	"github.com/qcp-dev/qcp/internal/binaries"
+	"github.com/qcp-dev/qcp/internal/controllers/controlplane"
 	"github.com/qcp-dev/qcp/internal/controllers/process"
+	"github.com/qcp-dev/qcp/internal/etcd"
+	"github.com/qcp-dev/qcp/internal/quorum"
 	"github.com/qcp-dev/qcp/internal/scheme"
 	"github.com/qcp-dev/qcp/internal/version"
 	"github.com/qcp-dev/qcp/internal/webhooks"
 )
+
+// controllerNames are the controllers --controllers may pick from.
+var controllerNames = []string{"process", "controlplane"}
 
 func main() {
 	var (
@@ -28,6 +40,7 @@ func main() {
 		leaderElect, showVer    bool
 		processOpts             process.Options
 		webhookOpts             webhook.Options
+		cpOpts                  controlPlaneOptions
 	)
 	flag.StringVar(&metricsAddr, "metrics-bind-address", "127.0.0.1:8080", "where Prometheus metrics are served; 0 turns them off")
 	flag.StringVar(&healthAddr, "health-probe-bind-address", "127.0.0.1:8081", "where /healthz and /readyz are served")
@@ -47,6 +60,20 @@ func main() {
 		processOpts.AddressRange = p
 		return nil
 	})
+	flag.Func("controllers", "comma-separated controllers to run, of "+strings.Join(controllerNames, ", ")+" (default: all)", func(v string) error {
+		cpOpts.controllers = map[string]bool{}
+		for _, name := range strings.Split(v, ",") {
+			if !slices.Contains(controllerNames, name) {
+				return fmt.Errorf("unknown controller %q; choose from %s", name, strings.Join(controllerNames, ", "))
+			}
+			cpOpts.controllers[name] = true
+		}
+		return nil
+	})
+	flag.DurationVar(&cpOpts.kubeconfigLifetime, "kubeconfig-lifetime", controlplane.DefaultKubeconfigLifetime,
+		"validity of the client certificate in each <cluster>-kubeconfig Secret; it is issued again at half-life")
+	flag.DurationVar(&cpOpts.tunables.LearnerStartTimeout, "learner-start-timeout", 0, "how long an added etcd learner may stay unstarted before its machine is replaced (default 5m)")
+	flag.DurationVar(&cpOpts.tunables.UnhealthyTimeout, "unhealthy-member-timeout", 0, "how long an etcd voter may stay unhealthy before it is replaced (default 5m)")
 	opts := zap.Options{}
 	opts.BindFlags(flag.CommandLine)
 	flag.Parse()
@@ -56,13 +83,22 @@ func main() {
 	}
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&opts)))
 	klog.SetLogger(ctrl.Log)
-	if err := run(metricsAddr, healthAddr, leaderElect, processOpts, webhookOpts); err != nil {
+	if err := run(metricsAddr, healthAddr, leaderElect, processOpts, webhookOpts, cpOpts); err != nil {
 		ctrl.Log.Error(err, "qcp-manager failed")
 		os.Exit(1)
 	}
 }
 
-func run(metricsAddr, healthAddr string, leaderElect bool, processOpts process.Options, webhookOpts webhook.Options) error {
+// controlPlaneOptions configure the QuorumControlPlane controller.
+type controlPlaneOptions struct {
+	controllers        map[string]bool
+	kubeconfigLifetime time.Duration
+	tunables           quorum.Tunables
+}
+
+func (o controlPlaneOptions) runs(name string) bool { return o.controllers == nil || o.controllers[name] }
+
+func run(metricsAddr, healthAddr string, leaderElect bool, processOpts process.Options, webhookOpts webhook.Options, cpOpts controlPlaneOptions) error {
 	if processOpts.MachineRoot == "" {
 		return fmt.Errorf("--machine-root is required: name the directory that holds the process machines")
 	}
@@ -95,8 +131,16 @@ func run(metricsAddr, healthAddr string, leaderElect bool, processOpts process.O
 	if err != nil {
 		return fmt.Errorf("creating the manager: %w", err)
 	}
-	if err := process.Setup(mgr, processOpts); err != nil {
-		return err
+	ctx := ctrl.SetupSignalHandler()
+	if cpOpts.runs("process") {
+		if err := process.Setup(mgr, processOpts); err != nil {
+			return err
+		}
+	}
+	if cpOpts.runs("controlplane") {
+		if err := setupControlPlane(ctx, mgr, cpOpts); err != nil {
+			return err
+		}
 	}
 	if err := mgr.AddHealthzCheck("ping", healthz.Ping); err != nil {
 		return err
@@ -115,5 +159,27 @@ func run(metricsAddr, healthAddr string, leaderElect bool, processOpts process.O
 		}
 	}
 	ctrl.Log.Info("starting qcp-manager", "version", version.Get())
-	return mgr.Start(ctrl.SetupSignalHandler())
+	return mgr.Start(ctx)
+}
+
+// setupControlPlane registers the QuorumControlPlane controller, with the
+// ClusterCache it reaches workload clusters through and the etcd client pool.
+func setupControlPlane(ctx context.Context, mgr ctrl.Manager, o controlPlaneOptions) error {
+	cache, err := clustercache.SetupWithManager(ctx, mgr, clustercache.Options{
+		SecretClient: mgr.GetClient(),
+		Client:       clustercache.ClientOptions{UserAgent: "qcp-manager", Cache: clustercache.ClientCacheOptions{}},
+	}, controller.Options{MaxConcurrentReconciles: 2})
+	if err != nil {
+		return fmt.Errorf("setting up the cluster cache: %w", err)
+	}
+	failpoints := controlplane.FailpointsFromEnv()
+	if len(failpoints) > 0 {
+		ctrl.Log.Info("Failpoints armed: qcp-manager kills itself on reaching one", "failpoints", os.Getenv(controlplane.FailpointsEnv))
+	}
+	r := &controlplane.Reconciler{
+		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), ClusterCache: cache, Etcd: etcd.NewPool(),
+		Recorder:           mgr.GetEventRecorderFor("quorumcontrolplane-controller"),
+		KubeconfigLifetime: o.kubeconfigLifetime, Tunables: o.tunables, Failpoints: failpoints,
+	}
+	return r.SetupWithManager(ctx, mgr)
 }

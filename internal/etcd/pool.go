@@ -72,6 +72,22 @@ func (p *Pool) Get(cluster string, cfg Config) (*Client, error) {
 	return c, nil
 }
 
+// GetFunc is Get for callers whose Config is costly to build (it issues a
+// client certificate): cfg is called only when cluster has no client yet.
+func (p *Pool) GetFunc(cluster string, cfg func() (Config, error)) (*Client, error) {
+	p.mu.Lock()
+	c, ok := p.clients[cluster]
+	p.mu.Unlock()
+	if ok {
+		return c, nil
+	}
+	built, err := cfg()
+	if err != nil {
+		return nil, fmt.Errorf("etcd client for cluster %s: %w", cluster, err)
+	}
+	return p.Get(cluster, built)
+}
+
 // Forget closes and drops the client for cluster.
 func (p *Pool) Forget(cluster string) error {
 	p.mu.Lock()

@@ -20,6 +20,8 @@ type ManagerOptions struct {
 	MetricsAddr string
 	// ExtraArgs are appended to the command line.
 	ExtraArgs []string
+	// Env is added to the manager's environment, e.g. QCP_FAILPOINTS.
+	Env []string
 }
 
 // StartManager starts qcp-manager against this management cluster, waits
@@ -53,7 +55,7 @@ func (e *Env) StartManager(ctx context.Context, opts ManagerOptions) (*Process, 
 			"--metrics-bind-address=" + metricsAddr,
 			"--health-probe-bind-address=" + addrs[1],
 		}, e.qcpWebhookArgs()...)
-		return StartProcess("qcp-manager", opts.Path, append(args, opts.ExtraArgs...), []string{"KUBE_FEATURE_WatchListClient=false"}, e.Dir)
+		return StartProcess("qcp-manager", opts.Path, append(args, opts.ExtraArgs...), append([]string{"KUBE_FEATURE_WatchListClient=false"}, opts.Env...), e.Dir)
 	}
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()

@@ -25,9 +25,10 @@ var errNotHere = errors.New("not a step the executor takes")
 // resourceVersion the plan saw, so a machine that changed since (a user
 // started deleting it, say) refuses the step instead of taking it.
 type executor struct {
-	client client.Client
-	etcd   *etcd.Client
-	now    func() time.Time
+	client     client.Client
+	etcd       *etcd.Client
+	now        func() time.Time
+	failpoints Failpoints
 }
 
 // execute takes decision d. machine is the Machine d names, as observed (nil
@@ -44,6 +45,7 @@ func (x executor) execute(ctx context.Context, d quorum.Decision, machine *clust
 	}
 	switch d.Kind {
 	case quorum.AddHook:
+		defer x.failpoints.Hit(FailpointAfterHook)
 		return x.annotate(ctx, machine, func(a map[string]string) { a[quorum.HookAnnotation] = "" })
 	case quorum.RemoveHook:
 		return x.annotate(ctx, machine, func(a map[string]string) { delete(a, quorum.HookAnnotation) })
@@ -56,6 +58,7 @@ func (x executor) execute(ctx context.Context, d quorum.Decision, machine *clust
 	case quorum.AddLearner:
 		return x.addLearner(ctx, d, machine)
 	case quorum.Promote:
+		defer x.failpoints.Hit(FailpointAfterPromote)
 		return x.etcd.Promote(ctx, d.MemberID)
 	case quorum.MoveLeader:
 		return x.etcd.MoveLeader(ctx, d.MemberID)
@@ -74,7 +77,9 @@ func (x executor) addLearner(ctx context.Context, d quorum.Decision, machine *cl
 	if err := x.annotate(ctx, machine, func(a map[string]string) { a[JoinStartedAnnotation] = formatTime(x.now()) }); err != nil {
 		return err
 	}
+	x.failpoints.Hit(FailpointBeforeMemberAdd)
 	added, _, err := x.etcd.AddLearner(ctx, d.PeerURL)
+	x.failpoints.Hit(FailpointAfterMemberAdd)
 	if etcd.IsRefused(err) {
 		// Certainly not added ("unhealthy cluster" for a few seconds after
 		// every membership change): the join has not started after all.

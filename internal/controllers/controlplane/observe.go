@@ -1,13 +1,25 @@
 package controlplane
 
 import (
+	"context"
+	"errors"
+	"fmt"
 	"net"
+	"slices"
+	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/collections"
 	"sigs.k8s.io/cluster-api/util/conditions"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
 	"github.com/qcp-dev/qcp/internal/agent"
+	"github.com/qcp-dev/qcp/internal/certs"
+	"github.com/qcp-dev/qcp/internal/etcd"
 	"github.com/qcp-dev/qcp/internal/quorum"
 )
 
@@ -89,4 +101,214 @@ func plannerMembers(members []quorum.Member, machines []*clusterv1.Machine) []qu
 		}
 	}
 	return out
+}
+
+// observation is one look at a control plane: the objects it was built
+// from, and the planner's State built from them.
+type observation struct {
+	// machines are the control plane's Machines, read live (never from the
+	// cache), sorted by name.
+	machines []*clusterv1.Machine
+	// nodes are the workload Nodes by name; nil while the workload cluster
+	// cannot be reached (nodesErr says why).
+	nodes    map[string]*corev1.Node
+	nodesErr error
+	// etcd is the client the members were read through; nil with no
+	// machine address to dial.
+	etcd *etcd.Client
+	// members as observed, with the caller's records; membersErr is why
+	// they are unknown.
+	members    []quorum.Member
+	membersErr error
+	// initialized is whether the first API server has answered.
+	initialized bool
+	state       quorum.State
+}
+
+// observe reads everything the planner needs: the Machines (live), the
+// workload Nodes (through the ClusterCache, once initialized) and the etcd
+// members (through the pool, over TLS with the manager's client
+// certificate).
+func (r *Reconciler) observe(ctx context.Context, cluster *clusterv1.Cluster, cp *controlplanev1.QuorumControlPlane, secrets *clusterSecrets) (*observation, error) {
+	machines, err := collections.GetFilteredMachinesForCluster(ctx, r.APIReader, cluster,
+		collections.ControlPlaneMachines(cluster.Name), collections.OwnedMachines(cp, controlplanev1.GroupVersion.WithKind("QuorumControlPlane").GroupKind()))
+	if err != nil {
+		return nil, fmt.Errorf("listing the control plane machines of cluster %s: %w", klogRef(cluster), err)
+	}
+	obs := &observation{
+		machines:    sortedByName(machines.UnsortedList()),
+		initialized: ptr.Deref(cp.Status.Initialization.ControlPlaneInitialized, false),
+	}
+	if obs.initialized {
+		obs.nodes, obs.nodesErr = r.workloadNodes(ctx, cluster)
+	}
+	obs.etcd, obs.members, obs.membersErr = r.observeEtcd(ctx, cluster, secrets, obs.machines)
+	obs.build(cp, cluster, r.Now(), r.Tunables)
+	return obs, nil
+}
+
+// workloadNodes lists the workload cluster's Nodes from the ClusterCache.
+func (r *Reconciler) workloadNodes(ctx context.Context, cluster *clusterv1.Cluster) (map[string]*corev1.Node, error) {
+	reader, err := r.ClusterCache.GetReader(ctx, client.ObjectKeyFromObject(cluster))
+	if err != nil {
+		return nil, fmt.Errorf("the workload cluster is not reachable yet: %w", err)
+	}
+	var list corev1.NodeList
+	if err := reader.List(ctx, &list); err != nil {
+		return nil, fmt.Errorf("listing the workload cluster's Nodes: %w", err)
+	}
+	nodes := make(map[string]*corev1.Node, len(list.Items))
+	for i := range list.Items {
+		nodes[list.Items[i].Name] = &list.Items[i]
+	}
+	return nodes, nil
+}
+
+// observeEtcd reads the member list through the machines' client URLs,
+// each member's status, the alarms, and whether every voter reports the
+// same member list. An error means the membership is unknown.
+func (r *Reconciler) observeEtcd(ctx context.Context, cluster *clusterv1.Cluster, secrets *clusterSecrets, machines []*clusterv1.Machine) (*etcd.Client, []quorum.Member, error) {
+	var endpoints []string
+	for _, m := range machines {
+		if u := clientURL(m); u != "" {
+			endpoints = append(endpoints, u)
+		}
+	}
+	if len(endpoints) == 0 {
+		return nil, nil, errors.New("no machine has an address yet, so no etcd member can be asked")
+	}
+	cli, err := r.Etcd.GetFunc(klogRef(cluster), func() (etcd.Config, error) {
+		pair, err := certs.IssueEtcdClient(secrets.cas.Etcd, "qcp-manager", r.Now())
+		if err != nil {
+			return etcd.Config{}, err
+		}
+		return etcd.Config{Endpoints: endpoints, CAPEM: secrets.cas.Etcd.CertPEM, CertPEM: pair.CertPEM, KeyPEM: pair.KeyPEM}, nil
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	if !slices.Equal(cli.Endpoints(), endpoints) {
+		cli.SetEndpoints(endpoints...)
+	}
+	members, err := cli.ObserveMembers(ctx)
+	if err != nil {
+		return cli, nil, fmt.Errorf("reading the etcd member list: %w", err)
+	}
+	agreement, err := cli.MemberListAgreement(ctx)
+	if err != nil {
+		return cli, nil, fmt.Errorf("comparing the voters' member lists: %w", err)
+	}
+	if !agreement.Agree() {
+		return cli, nil, fmt.Errorf("the voters report different member lists: %v", agreement)
+	}
+	return cli, plannerMembers(members, machines), nil
+}
+
+// build turns the observation into the planner's State.
+func (o *observation) build(cp *controlplanev1.QuorumControlPlane, cluster *clusterv1.Cluster, now time.Time, tun quorum.Tunables) {
+	s := quorum.State{
+		Desired:        int(ptr.Deref(cp.Spec.Replicas, 1)),
+		Topology:       quorum.Stacked,
+		FailureDomains: controlPlaneFailureDomains(cluster),
+		Members:        o.members,
+		MembersUnknown: o.membersErr != nil,
+		Bootstrapped:   o.initialized || len(o.members) > 0,
+		Now:            now,
+		Tunables:       tun,
+	}
+	for _, m := range o.machines {
+		s.Machines = append(s.Machines, plannerMachine(m, o.node(m), upToDate(cp, m)))
+	}
+	o.state = s
+}
+
+// rebuild builds the State again after the caller wrote some machines.
+func (o *observation) rebuild(cp *controlplanev1.QuorumControlPlane, cluster *clusterv1.Cluster) {
+	o.build(cp, cluster, o.state.Now, o.state.Tunables)
+}
+
+// node is machine's Node: the one CAPI core linked, else the one named
+// after the machine (the agent registers under the machine's name).
+func (o *observation) node(m *clusterv1.Machine) *corev1.Node {
+	if m.Status.NodeRef.IsDefined() {
+		if n, ok := o.nodes[m.Status.NodeRef.Name]; ok {
+			return n
+		}
+	}
+	return o.nodes[m.Name]
+}
+
+// machine returns the observed Machine named name, or nil.
+func (o *observation) machine(name string) *clusterv1.Machine {
+	for _, m := range o.machines {
+		if m.Name == name {
+			return m
+		}
+	}
+	return nil
+}
+
+// memberOn returns the member hosted on machine m: by recorded ID, then by
+// name, then by peer URL (a learner added just before a crash has neither
+// a record nor a name yet).
+func (o *observation) memberOn(m *clusterv1.Machine) (quorum.Member, bool) {
+	id, url := readRecords(m).memberID, peerURL(m)
+	for _, pass := range []func(quorum.Member) bool{
+		func(mb quorum.Member) bool { return id != 0 && mb.ID == id },
+		func(mb quorum.Member) bool { return mb.Name != "" && mb.Name == m.Name },
+		func(mb quorum.Member) bool { return url != "" && mb.PeerURL == url },
+	} {
+		for _, mb := range o.members {
+			if pass(mb) {
+				return mb, true
+			}
+		}
+	}
+	return quorum.Member{}, false
+}
+
+// inFlight reports whether something only etcd can tell is under way: a
+// learner, a member that is down, a machine that hosts no member yet, a
+// machine being deleted, or a membership that cannot be read. The
+// reconciler then polls instead of waiting for a watch.
+func (o *observation) inFlight() bool {
+	if o.membersErr != nil {
+		return true
+	}
+	for _, mb := range o.members {
+		if mb.Learner || !mb.Healthy {
+			return true
+		}
+	}
+	for _, m := range o.machines {
+		if _, ok := o.memberOn(m); !ok || !m.DeletionTimestamp.IsZero() {
+			return true
+		}
+	}
+	return false
+}
+
+// controlPlaneFailureDomains are the Cluster's failure domains flagged for
+// the control plane, as the infrastructure provider reports them.
+func controlPlaneFailureDomains(cluster *clusterv1.Cluster) []string {
+	var fds []string
+	for _, fd := range cluster.Status.FailureDomains {
+		if ptr.Deref(fd.ControlPlane, false) {
+			fds = append(fds, fd.Name)
+		}
+	}
+	return fds
+}
+
+// clientURL is machine's etcd client URL, or "" without an address.
+func clientURL(machine *clusterv1.Machine) string {
+	if u := peerURL(machine); u != "" {
+		return strings.TrimSuffix(u, ":2380") + ":2379"
+	}
+	return ""
+}
+
+func sortedByName(ms []*clusterv1.Machine) []*clusterv1.Machine {
+	slices.SortFunc(ms, func(a, b *clusterv1.Machine) int { return strings.Compare(a.Name, b.Name) })
+	return ms
 }

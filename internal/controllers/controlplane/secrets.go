@@ -7,6 +7,8 @@ package controlplane
 import (
 	"context"
 	"fmt"
+	"net"
+	"strconv"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -14,10 +16,12 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/clientcmd"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/conditions"
 	"sigs.k8s.io/cluster-api/util/kubeconfig"
 	"sigs.k8s.io/cluster-api/util/secret"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
 	"github.com/qcp-dev/qcp/internal/bootstrap"
 	"github.com/qcp-dev/qcp/internal/certs"
 )
@@ -126,3 +130,34 @@ func BootstrapDataSecret(machine *clusterv1.Machine, doc *bootstrap.Document) (*
 
 // BootstrapDataSecretName is the name of machine's bootstrap data Secret.
 func BootstrapDataSecretName(machine string) string { return machine + "-bootstrap" }
+
+// clusterSecrets is what reconciling the control plane's Secrets yields.
+type clusterSecrets struct {
+	cas *certs.ClusterCAs
+	// renewAt is when the kubeconfig next needs issuing.
+	renewAt time.Time
+}
+
+// ensureSecrets keeps the authorities and the kubeconfig, owned by cp, and
+// reports them in CertificatesAvailable.
+func (r *Reconciler) ensureSecrets(ctx context.Context, cluster *clusterv1.Cluster, cp *controlplanev1.QuorumControlPlane) (*clusterSecrets, error) {
+	key, owner := client.ObjectKeyFromObject(cluster), controlPlaneOwnerRef(cp)
+	fail := func(err error) (*clusterSecrets, error) {
+		conditions.Set(cp, metav1.Condition{Type: controlplanev1.CertificatesAvailableCondition, Status: metav1.ConditionFalse,
+			Reason: controlplanev1.CertificatesInternalErrorReason, Message: "Please check controller logs for errors"})
+		return nil, err
+	}
+	cas, err := EnsureCertificateAuthorities(ctx, r.Client, key, owner)
+	if err != nil {
+		return fail(err)
+	}
+	endpoint := cluster.Spec.ControlPlaneEndpoint
+	renewAt, err := EnsureKubeconfig(ctx, r.Client, key, "https://"+net.JoinHostPort(endpoint.Host, strconv.Itoa(int(endpoint.Port))),
+		cas.Cluster, owner, r.KubeconfigLifetime, r.Now())
+	if err != nil {
+		return fail(err)
+	}
+	conditions.Set(cp, metav1.Condition{Type: controlplanev1.CertificatesAvailableCondition, Status: metav1.ConditionTrue,
+		Reason: controlplanev1.CertificatesAvailableReason})
+	return &clusterSecrets{cas: cas, renewAt: renewAt}, nil
+}

@@ -85,7 +85,8 @@ func (w *world) startManager() {
 	defer cancel()
 	p, err := w.env.StartManager(ctx, localenv.ManagerOptions{
 		Path:      filepath.Join(w.binDir, "qcp-manager"),
-		ExtraArgs: []string{"--address-range=" + addressRange},
+		// The test plays the control plane provider itself.
+		ExtraArgs: []string{"--address-range=" + addressRange, "--controllers=process"},
 	})
 	if err != nil {
 		w.t.Fatal(err)

@@ -1,0 +1,276 @@
+package controlplane
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/record"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/controllers/clustercache"
+	"sigs.k8s.io/cluster-api/util"
+	"sigs.k8s.io/cluster-api/util/patch"
+	"sigs.k8s.io/cluster-api/util/paused"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
+	infrav1 "github.com/qcp-dev/qcp/api/infrastructure/v1alpha1"
+	"github.com/qcp-dev/qcp/internal/etcd"
+	"github.com/qcp-dev/qcp/internal/quorum"
+)
+
+// Intervals for the waits no watch can end. etcd membership changes have
+// no watch, so while one is in flight (or a member is down) the reconciler
+// looks again quickly; otherwise Machines, infrastructure machines, the
+// Cluster and workload Nodes wake it.
+const (
+	membershipPoll = 500 * time.Millisecond
+	// initializationPoll is how often the first API server is probed
+	// before it answers; nothing in the management cluster changes when it
+	// does.
+	initializationPoll = time.Second
+)
+
+// DefaultKubeconfigLifetime is how long the client certificate in
+// <cluster>-kubeconfig is valid; it is issued again at half-life.
+const DefaultKubeconfigLifetime = 365 * 24 * time.Hour
+
+// Reconciler reconciles QuorumControlPlanes: it observes the control plane,
+// asks the quorum planner for one step, checks the step against a fresh
+// observation, and takes it.
+type Reconciler struct {
+	// Client reads through the manager's cache and writes.
+	Client client.Client
+	// APIReader reads the API server directly. Machines are always read
+	// through it: the reconciler must never plan on a cache that has not
+	// yet seen its own last write (a duplicate Machine, a second join).
+	APIReader    client.Reader
+	ClusterCache clustercache.ClusterCache
+	Etcd         *etcd.Pool
+	Recorder     record.EventRecorder
+	// KubeconfigLifetime bounds the kubeconfig's client certificate;
+	// DefaultKubeconfigLifetime if zero.
+	KubeconfigLifetime time.Duration
+	// Tunables are the planner's thresholds.
+	Tunables quorum.Tunables
+	// Failpoints, when set, stop the process at named points (crash tests).
+	Failpoints Failpoints
+	// Now is the clock; time.Now if nil.
+	Now func() time.Time
+
+	metrics    *metrics
+	controller controller.Controller
+}
+
+// +kubebuilder:rbac:groups=controlplane.cluster.x-k8s.io,resources=quorumcontrolplanes;quorumcontrolplanes/status;quorumcontrolplanes/finalizers,verbs=get;list;watch;update;patch
+// +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=clusters;clusters/status,verbs=get;list;watch
+// +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=machines,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=machines/status,verbs=get;update;patch
+// +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=processmachines,verbs=get;list;watch;create;delete
+// +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=processmachinetemplates,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
+
+// SetupWithManager registers the controller. Machines and process machines
+// wake the control plane that owns them, the Cluster its control plane, and
+// the ClusterCache reports the workload cluster connecting.
+func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) error {
+	if r.Now == nil {
+		r.Now = time.Now
+	}
+	if r.KubeconfigLifetime == 0 {
+		r.KubeconfigLifetime = DefaultKubeconfigLifetime
+	}
+	r.metrics = newMetrics().register()
+	c, err := ctrl.NewControllerManagedBy(mgr).
+		For(&controlplanev1.QuorumControlPlane{}).
+		Watches(&clusterv1.Machine{}, handler.EnqueueRequestsFromMapFunc(r.machineToControlPlane)).
+		Watches(&infrav1.ProcessMachine{}, handler.EnqueueRequestsFromMapFunc(r.processMachineToControlPlane)).
+		Watches(&clusterv1.Cluster{}, handler.EnqueueRequestsFromMapFunc(r.clusterToControlPlane)).
+		WatchesRawSource(r.ClusterCache.GetClusterSource("quorumcontrolplane", r.clusterToControlPlane)).
+		Build(r)
+	if err != nil {
+		return fmt.Errorf("setting up the QuorumControlPlane controller: %w", err)
+	}
+	r.controller = c
+	return nil
+}
+
+// Reconcile takes at most one step toward cp's desired state, and reports
+// what it saw and did in cp's status.
+func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.Result, reterr error) {
+	start := r.Now()
+	defer func() { r.metrics.observeReconcile(req.Namespace, req.Name, reterr, r.Now().Sub(start)) }()
+
+	cp := &controlplanev1.QuorumControlPlane{}
+	if err := r.Client.Get(ctx, req.NamespacedName, cp); err != nil {
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	cluster, err := util.GetOwnerCluster(ctx, r.Client, cp.ObjectMeta)
+	if err != nil {
+		return ctrl.Result{}, fmt.Errorf("reading the Cluster that owns QuorumControlPlane %s: %w", req, err)
+	}
+	if cluster == nil {
+		log.FromContext(ctx).Info("Waiting for CAPI core to make a Cluster own this control plane")
+		return ctrl.Result{}, nil
+	}
+	ctx = log.IntoContext(ctx, log.FromContext(ctx).WithValues("Cluster", klogRef(cluster)))
+
+	if isPaused, requeue, err := paused.EnsurePausedCondition(ctx, r.Client, cluster, cp); err != nil || isPaused || requeue {
+		return ctrl.Result{}, err
+	}
+	helper, err := patch.NewHelper(cp, r.Client)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	defer func() {
+		if err := helper.Patch(ctx, cp, patch.WithOwnedConditions{Conditions: ownedConditions}); err != nil {
+			reterr = errors.Join(reterr, fmt.Errorf("writing the status of QuorumControlPlane %s: %w", req, err))
+		}
+	}()
+
+	if !cp.DeletionTimestamp.IsZero() {
+		return r.reconcileDelete(ctx, cluster, cp)
+	}
+	if controllerutil.AddFinalizer(cp, controlplanev1.QuorumControlPlaneFinalizer) {
+		// Written by the deferred patch; the patch wakes the next round.
+		return ctrl.Result{}, nil
+	}
+	return r.reconcileNormal(ctx, cluster, cp)
+}
+
+// reconcileNormal is one round of observe → plan → verify → act.
+func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Cluster, cp *controlplanev1.QuorumControlPlane) (ctrl.Result, error) {
+	setStatusBasics(cp)
+	if !cluster.Spec.ControlPlaneEndpoint.IsValid() {
+		setWaitingForEndpoint(cp, cluster)
+		return ctrl.Result{}, nil
+	}
+	secrets, err := r.ensureSecrets(ctx, cluster, cp)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	// With nothing in flight, the next wake-up no watch brings is the
+	// kubeconfig's renewal.
+	renew := ctrl.Result{RequeueAfter: max(secrets.renewAt.Sub(r.Now()), time.Second)}
+
+	obs, err := r.observe(ctx, cluster, cp, secrets)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	if err := r.tendMachines(ctx, cluster, cp, obs); err != nil {
+		return ctrl.Result{}, err
+	}
+	r.initialize(ctx, cluster, cp, obs)
+	r.watchNodes(ctx, cluster, cp, obs)
+
+	d := quorum.Plan(obs.state)
+	acted, err := r.act(ctx, cluster, cp, secrets, obs, d)
+	setStatus(cp, obs, d, acted, r.Now())
+	r.metrics.observeState(cp, obs)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	if acted || obs.inFlight() {
+		return ctrl.Result{RequeueAfter: membershipPoll}, nil
+	}
+	if !obs.initialized {
+		return ctrl.Result{RequeueAfter: initializationPoll}, nil
+	}
+	return renew, nil
+}
+
+// act verifies d against a fresh observation and takes it. It reports
+// whether a step was taken.
+func (r *Reconciler) act(ctx context.Context, cluster *clusterv1.Cluster, cp *controlplanev1.QuorumControlPlane, secrets *clusterSecrets,
+	obs *observation, d quorum.Decision) (bool, error) {
+	logger := log.FromContext(ctx).WithValues("decision", d.Kind, "machine", d.Machine)
+	if d.Kind == quorum.Wait || d.Kind == quorum.Degraded {
+		logger.V(1).Info(d.Reason)
+		return false, nil
+	}
+	fresh, err := r.observe(ctx, cluster, cp, secrets)
+	if err != nil {
+		return false, err
+	}
+	if err := d.Verify(fresh.state); err != nil {
+		logger.Info("Not taking the planned step: the control plane changed since the plan; planning again", "why", err.Error())
+		return false, nil
+	}
+	trigger := fresh.triggerTime(cp)
+	startedAt := r.Now()
+	setLastOperation(cp, d, startedAt)
+	logger.Info("Taking step", "reason", d.Reason)
+	if d.Kind == quorum.CreateMachine {
+		err = r.createMachine(ctx, cluster, cp, secrets, fresh, d)
+	} else {
+		err = executor{client: r.Client, etcd: fresh.etcd, now: r.Now, failpoints: r.Failpoints}.execute(ctx, d, fresh.machine(d.Machine))
+	}
+	var learnerAdded time.Time
+	if m := fresh.machine(d.Machine); m != nil {
+		learnerAdded = readRecords(m).learnerAdded
+	}
+	r.metrics.observeDecision(cp, d, err, trigger, startedAt, r.Now(), learnerAdded)
+	if err != nil {
+		r.Recorder.Eventf(cp, corev1.EventTypeWarning, "StepFailed", "%s: %v", d, err)
+		return false, fmt.Errorf("taking step %s: %w", d, err)
+	}
+	cp.Status.LastOperation.FinishTime = metav1.NewTime(r.Now())
+	r.Recorder.Event(cp, corev1.EventTypeNormal, string(d.Kind), d.String())
+	return true, nil
+}
+
+// clusterToControlPlane maps a Cluster to the QuorumControlPlane it names.
+func (r *Reconciler) clusterToControlPlane(_ context.Context, o client.Object) []ctrl.Request {
+	c, ok := o.(*clusterv1.Cluster)
+	if !ok || c.Spec.ControlPlaneRef.Kind != "QuorumControlPlane" || c.Spec.ControlPlaneRef.APIGroup != controlplanev1.GroupVersion.Group {
+		return nil
+	}
+	return []ctrl.Request{{NamespacedName: client.ObjectKey{Namespace: c.Namespace, Name: c.Spec.ControlPlaneRef.Name}}}
+}
+
+// machineToControlPlane maps any Machine of a cluster to the cluster's
+// control plane: its own machines change its plan, and worker machines
+// going away end its deletion's wait.
+func (r *Reconciler) machineToControlPlane(ctx context.Context, o client.Object) []ctrl.Request {
+	if owner := metav1.GetControllerOf(o); owner != nil && owner.Kind == "QuorumControlPlane" {
+		return []ctrl.Request{{NamespacedName: client.ObjectKey{Namespace: o.GetNamespace(), Name: owner.Name}}}
+	}
+	name, ok := o.GetLabels()[clusterv1.ClusterNameLabel]
+	if !ok {
+		return nil
+	}
+	cluster := &clusterv1.Cluster{}
+	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: o.GetNamespace(), Name: name}, cluster); err != nil {
+		return nil
+	}
+	return r.clusterToControlPlane(ctx, cluster)
+}
+
+// processMachineToControlPlane maps a ProcessMachine to the control plane
+// that owns its Machine, through the Machine's owner reference.
+func (r *Reconciler) processMachineToControlPlane(ctx context.Context, o client.Object) []ctrl.Request {
+	owner := metav1.GetControllerOf(o)
+	if owner == nil || owner.Kind != "Machine" {
+		return nil
+	}
+	m := &clusterv1.Machine{}
+	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: o.GetNamespace(), Name: owner.Name}, m); err != nil {
+		return nil
+	}
+	cpOwner := metav1.GetControllerOf(m)
+	if cpOwner == nil || cpOwner.Kind != "QuorumControlPlane" {
+		return nil
+	}
+	return []ctrl.Request{{NamespacedName: client.ObjectKey{Namespace: o.GetNamespace(), Name: cpOwner.Name}}}
+}
+
+func klogRef(o client.Object) string { return o.GetNamespace() + "/" + o.GetName() }

@@ -1,0 +1,85 @@
+package controlplane
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/collections"
+	"sigs.k8s.io/cluster-api/util/conditions"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+
+	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
+	"github.com/qcp-dev/qcp/internal/quorum"
+)
+
+// reconcileDelete deletes the control plane: first it waits until the
+// cluster's worker machines are gone (they need the API server to drain),
+// then it releases its machines' hooks and deletes them, and only when
+// they are gone does it let the QuorumControlPlane go.
+func (r *Reconciler) reconcileDelete(ctx context.Context, cluster *clusterv1.Cluster, cp *controlplanev1.QuorumControlPlane) (ctrl.Result, error) {
+	all, err := collections.GetFilteredMachinesForCluster(ctx, r.APIReader, cluster)
+	if err != nil {
+		return ctrl.Result{}, fmt.Errorf("listing the machines of cluster %s: %w", klogRef(cluster), err)
+	}
+	if workers := all.Filter(collections.Not(collections.ControlPlaneMachines(cluster.Name))); workers.Len() > 0 {
+		setDeleting(cp, controlplanev1.DeletingWaitingForWorkersReason,
+			fmt.Sprintf("Waiting for worker machines to be deleted: %s", strings.Join(sortedNames(workers), ", ")))
+		return ctrl.Result{}, nil
+	}
+	mine := all.Filter(collections.ControlPlaneMachines(cluster.Name), collections.OwnedMachines(cp, controlplanev1.GroupVersion.WithKind("QuorumControlPlane").GroupKind()))
+	for _, m := range mine.UnsortedList() {
+		if err := r.releaseAndDelete(ctx, m); err != nil {
+			return ctrl.Result{}, err
+		}
+	}
+	if mine.Len() > 0 {
+		setDeleting(cp, controlplanev1.DeletingWaitingForMachinesReason,
+			fmt.Sprintf("Waiting for control plane machines to be deleted: %s", strings.Join(sortedNames(mine), ", ")))
+		return ctrl.Result{}, nil
+	}
+	if err := r.Etcd.Forget(klogRef(cluster)); err != nil {
+		return ctrl.Result{}, err
+	}
+	setDeleting(cp, controlplanev1.DeletionCompletedReason, "")
+	controllerutil.RemoveFinalizer(cp, controlplanev1.QuorumControlPlaneFinalizer)
+	r.Recorder.Event(cp, corev1.EventTypeNormal, "Deleted", "Every control plane machine is gone")
+	return ctrl.Result{}, nil
+}
+
+// releaseAndDelete removes the quorum hook from m (the whole etcd cluster
+// goes, so no member needs protecting) and deletes it.
+func (r *Reconciler) releaseAndDelete(ctx context.Context, m *clusterv1.Machine) error {
+	if _, ok := m.Annotations[quorum.HookAnnotation]; ok {
+		before := m.DeepCopy()
+		delete(m.Annotations, quorum.HookAnnotation)
+		if err := r.Client.Patch(ctx, m, client.MergeFrom(before)); err != nil {
+			return fmt.Errorf("releasing the hook of machine %s: %w", m.Name, err)
+		}
+	}
+	if !m.DeletionTimestamp.IsZero() {
+		return nil
+	}
+	if err := r.Client.Delete(ctx, m); client.IgnoreNotFound(err) != nil {
+		return fmt.Errorf("deleting machine %s: %w", m.Name, err)
+	}
+	r.Recorder.Eventf(m, corev1.EventTypeNormal, "DeletingMachine", "Deleting control plane machine %s with its control plane", m.Name)
+	return nil
+}
+
+func setDeleting(cp *controlplanev1.QuorumControlPlane, reason, msg string) {
+	conditions.Set(cp, metav1.Condition{Type: controlplanev1.DeletingCondition, Status: metav1.ConditionTrue, Reason: reason, Message: msg})
+}
+
+func sortedNames(ms collections.Machines) []string {
+	out := []string{}
+	for _, m := range sortedByName(ms.UnsortedList()) {
+		out = append(out, m.Name)
+	}
+	return out
+}

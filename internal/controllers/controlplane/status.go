@@ -1,0 +1,324 @@
+package controlplane
+
+import (
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/collections"
+	"sigs.k8s.io/cluster-api/util/conditions"
+
+	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
+	"github.com/qcp-dev/qcp/internal/agent"
+	"github.com/qcp-dev/qcp/internal/bootstrap"
+	"github.com/qcp-dev/qcp/internal/quorum"
+)
+
+// ownedConditions are the conditions this controller writes; the patch
+// helper lets them win over a concurrent writer.
+var ownedConditions = []string{
+	controlplanev1.AvailableCondition, controlplanev1.InitializedCondition, controlplanev1.CertificatesAvailableCondition,
+	controlplanev1.EtcdClusterHealthyCondition, controlplanev1.ControlPlaneComponentsHealthyCondition,
+	controlplanev1.MachinesReadyCondition, controlplanev1.MachinesUpToDateCondition,
+	controlplanev1.ScalingUpCondition, controlplanev1.ScalingDownCondition, controlplanev1.DeletingCondition,
+}
+
+// setStatusBasics sets what needs no observation: the generation seen and
+// the scale subresource's selector.
+func setStatusBasics(cp *controlplanev1.QuorumControlPlane) {
+	cp.Status.ObservedGeneration = cp.Generation
+	cp.Status.Selector = fmt.Sprintf("%s,%s=%s", clusterv1.MachineControlPlaneLabel, clusterv1.MachineControlPlaneNameLabel, cp.Name)
+}
+
+// setWaitingForEndpoint reports that nothing can start before the
+// infrastructure provider publishes the control plane endpoint.
+func setWaitingForEndpoint(cp *controlplanev1.QuorumControlPlane, cluster *clusterv1.Cluster) {
+	conditions.Set(cp, metav1.Condition{Type: controlplanev1.InitializedCondition, Status: metav1.ConditionFalse,
+		Reason: controlplanev1.WaitingForControlPlaneEndpointReason,
+		Message: fmt.Sprintf("Waiting for Cluster %s's spec.controlPlaneEndpoint, which its infrastructure provider's load balancer sets", cluster.Name)})
+	conditions.Set(cp, metav1.Condition{Type: controlplanev1.AvailableCondition, Status: metav1.ConditionFalse,
+		Reason: controlplanev1.NotAvailableReason, Message: "Control plane not initialized: no control plane endpoint yet"})
+}
+
+// setStatus reports an observation and the planner's decision on it.
+func setStatus(cp *controlplanev1.QuorumControlPlane, obs *observation, d quorum.Decision, acted bool, now time.Time) {
+	setReplicas(cp, obs)
+	cp.Status.Etcd.Members = memberStatuses(obs)
+	if !acted {
+		recordDecision(cp, d, now)
+	}
+	setInitialized(cp, obs)
+	setAvailable(cp, obs)
+	setEtcdHealthy(cp, obs)
+	setComponentsHealthy(cp, obs)
+	machines := collections.FromMachines(obs.machines...).UnsortedList()
+	setAggregate(cp, machines, clusterv1.ReadyCondition, controlplanev1.MachinesReadyCondition, controlplanev1.MachinesReadyNoReplicasReason)
+	setAggregate(cp, machines, clusterv1.MachineUpToDateCondition, controlplanev1.MachinesUpToDateCondition, controlplanev1.MachinesUpToDateNoReplicasReason)
+	setScaling(cp, obs, d)
+	conditions.Set(cp, metav1.Condition{Type: controlplanev1.DeletingCondition, Status: metav1.ConditionFalse, Reason: controlplanev1.NotDeletingReason})
+}
+
+func setReplicas(cp *controlplanev1.QuorumControlPlane, obs *observation) {
+	var ready, available, upToDate int32
+	versions := collections.FromMachines(obs.machines...)
+	for _, m := range obs.machines {
+		if conditions.IsTrue(m, clusterv1.ReadyCondition) {
+			ready++
+		}
+		if conditions.IsTrue(m, clusterv1.AvailableCondition) {
+			available++
+		}
+		if conditions.IsTrue(m, clusterv1.MachineUpToDateCondition) {
+			upToDate++
+		}
+	}
+	cp.Status.Replicas = ptr.To(int32(len(obs.machines)))
+	cp.Status.ReadyReplicas, cp.Status.AvailableReplicas, cp.Status.UpToDateReplicas = &ready, &available, &upToDate
+	cp.Status.Version = versions.LowestVersion()
+}
+
+// memberStatuses lists the members by ID, each with its machine and role.
+func memberStatuses(obs *observation) []controlplanev1.EtcdMemberStatus {
+	if obs.membersErr != nil {
+		return nil
+	}
+	var out []controlplanev1.EtcdMemberStatus
+	for _, mb := range obs.members {
+		s := controlplanev1.EtcdMemberStatus{ID: formatMemberID(mb.ID), Name: mb.Name, Role: controlplanev1.EtcdMemberRoleVoter,
+			Healthy: mb.Healthy, Revision: mb.Revision}
+		switch {
+		case mb.Learner:
+			s.Role = controlplanev1.EtcdMemberRoleLearner
+		case mb.Leader:
+			s.Role = controlplanev1.EtcdMemberRoleLeader
+		}
+		for _, m := range obs.machines {
+			if on, ok := obs.memberOn(m); ok && on.ID == mb.ID {
+				s.Machine = m.Name
+			}
+		}
+		out = append(out, s)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out
+}
+
+// recordDecision keeps status.lastOperation on the latest decision: a Wait
+// or Degraded that repeats keeps its start time, so that it says since
+// when the control plane has been waiting.
+func recordDecision(cp *controlplanev1.QuorumControlPlane, d quorum.Decision, now time.Time) {
+	last := cp.Status.LastOperation
+	if string(last.Kind) == string(d.Kind) && last.Reason == d.Reason {
+		return
+	}
+	setLastOperation(cp, d, now)
+	if d.Kind == quorum.Wait || d.Kind == quorum.Degraded {
+		cp.Status.LastOperation.FinishTime = metav1.Time{}
+	}
+}
+
+// setLastOperation records that step d started at now.
+func setLastOperation(cp *controlplanev1.QuorumControlPlane, d quorum.Decision, now time.Time) {
+	cp.Status.LastOperation = controlplanev1.LastOperation{Kind: controlplanev1.OperationKind(d.Kind), Target: target(d),
+		Reason: d.Reason, StartTime: metav1.NewTime(now)}
+}
+
+func target(d quorum.Decision) string {
+	switch d.Kind {
+	case quorum.CreateMachine:
+		return "failure domain " + quoteFD(d.FailureDomain)
+	case quorum.Promote, quorum.MoveLeader, quorum.RemoveMember:
+		if d.Machine == "" {
+			return formatMemberID(d.MemberID)
+		}
+		return formatMemberID(d.MemberID) + " on " + d.Machine
+	case quorum.Wait, quorum.Degraded:
+		return ""
+	}
+	return d.Machine
+}
+
+func quoteFD(fd string) string {
+	if fd == "" {
+		return `""`
+	}
+	return fd
+}
+
+func setInitialized(cp *controlplanev1.QuorumControlPlane, obs *observation) {
+	if obs.initialized {
+		conditions.Set(cp, metav1.Condition{Type: controlplanev1.InitializedCondition, Status: metav1.ConditionTrue, Reason: controlplanev1.InitializedReason})
+		return
+	}
+	conditions.Set(cp, metav1.Condition{Type: controlplanev1.InitializedCondition, Status: metav1.ConditionFalse,
+		Reason: controlplanev1.NotInitializedReason, Message: "Waiting for the first machine's API server to answer through the control plane endpoint"})
+}
+
+// setAvailable: the control plane serves when it is initialized and etcd
+// has quorum.
+func setAvailable(cp *controlplanev1.QuorumControlPlane, obs *observation) {
+	voters, healthy := 0, 0
+	for _, mb := range obs.members {
+		if mb.Voter() {
+			voters++
+			if mb.Healthy {
+				healthy++
+			}
+		}
+	}
+	msg := ""
+	switch {
+	case !obs.initialized:
+		msg = "Control plane not initialized yet"
+	case obs.membersErr != nil:
+		msg = "etcd membership cannot be read: " + obs.membersErr.Error()
+	case healthy*2 <= voters:
+		msg = fmt.Sprintf("etcd has no quorum: %d of %d voters healthy", healthy, voters)
+	}
+	if msg != "" {
+		conditions.Set(cp, metav1.Condition{Type: controlplanev1.AvailableCondition, Status: metav1.ConditionFalse, Reason: controlplanev1.NotAvailableReason, Message: msg})
+		return
+	}
+	conditions.Set(cp, metav1.Condition{Type: controlplanev1.AvailableCondition, Status: metav1.ConditionTrue, Reason: controlplanev1.AvailableReason})
+}
+
+// setEtcdHealthy: every member healthy and started, the voters agree on
+// the list, no alarm.
+func setEtcdHealthy(cp *controlplanev1.QuorumControlPlane, obs *observation) {
+	if obs.membersErr != nil {
+		reason := controlplanev1.EtcdClusterInspectionFailedReason
+		if len(obs.machines) == 0 {
+			reason = controlplanev1.EtcdClusterHealthUnknownReason
+		}
+		conditions.Set(cp, metav1.Condition{Type: controlplanev1.EtcdClusterHealthyCondition, Status: metav1.ConditionUnknown,
+			Reason: reason, Message: "Cannot observe etcd: " + obs.membersErr.Error()})
+		return
+	}
+	var problems []string
+	for _, mb := range obs.members {
+		name := memberName(obs, mb)
+		switch {
+		case !mb.Started():
+			problems = append(problems, fmt.Sprintf("* Member %s: added, not started yet", name))
+		case !mb.Healthy:
+			problems = append(problems, fmt.Sprintf("* Member %s: not healthy", name))
+		}
+		for _, a := range mb.Alarms {
+			problems = append(problems, fmt.Sprintf("* Member %s: alarm %s raised", name, a))
+		}
+	}
+	if len(obs.members) == 0 {
+		problems = append(problems, "* No etcd member yet")
+	}
+	if len(problems) > 0 {
+		conditions.Set(cp, metav1.Condition{Type: controlplanev1.EtcdClusterHealthyCondition, Status: metav1.ConditionFalse,
+			Reason: controlplanev1.EtcdClusterNotHealthyReason, Message: strings.Join(problems, "\n")})
+		return
+	}
+	conditions.Set(cp, metav1.Condition{Type: controlplanev1.EtcdClusterHealthyCondition, Status: metav1.ConditionTrue, Reason: controlplanev1.EtcdClusterHealthyReason})
+}
+
+func memberName(obs *observation, mb quorum.Member) string {
+	for _, m := range obs.machines {
+		if on, ok := obs.memberOn(m); ok && on.ID == mb.ID {
+			return fmt.Sprintf("%s (machine %s)", formatMemberID(mb.ID), m.Name)
+		}
+	}
+	return formatMemberID(mb.ID)
+}
+
+// setComponentsHealthy reads each machine's component conditions, which the
+// agent sets on its Node, and names every machine and component that is
+// not healthy.
+func setComponentsHealthy(cp *controlplanev1.QuorumControlPlane, obs *observation) {
+	if obs.nodes == nil {
+		reason, msg := controlplanev1.ControlPlaneComponentsHealthUnknownReason, "Waiting for the control plane to be initialized"
+		if obs.nodesErr != nil {
+			reason, msg = controlplanev1.ControlPlaneComponentsConnectionDownReason, obs.nodesErr.Error()
+		}
+		conditions.Set(cp, metav1.Condition{Type: controlplanev1.ControlPlaneComponentsHealthyCondition, Status: metav1.ConditionUnknown, Reason: reason, Message: msg})
+		return
+	}
+	components := []bootstrap.Component{bootstrap.Etcd, bootstrap.KubeAPIServer, bootstrap.KubeControllerManager, bootstrap.KubeScheduler}
+	var problems []string
+	for _, m := range obs.machines {
+		if !m.DeletionTimestamp.IsZero() {
+			continue
+		}
+		node := obs.node(m)
+		if node == nil {
+			problems = append(problems, fmt.Sprintf("* Machine %s: no Node yet", m.Name))
+			continue
+		}
+		for _, c := range components {
+			cond := nodeCondition(node, agent.ComponentConditionTypes[c])
+			switch {
+			case cond == nil:
+				problems = append(problems, fmt.Sprintf("* Machine %s: %s not reported yet", m.Name, c))
+			case cond.Status != corev1.ConditionTrue:
+				problems = append(problems, fmt.Sprintf("* Machine %s: %s: %s", m.Name, c, cond.Message))
+			}
+		}
+	}
+	if len(problems) > 0 {
+		conditions.Set(cp, metav1.Condition{Type: controlplanev1.ControlPlaneComponentsHealthyCondition, Status: metav1.ConditionFalse,
+			Reason: controlplanev1.ControlPlaneComponentsNotHealthyReason, Message: strings.Join(problems, "\n")})
+		return
+	}
+	conditions.Set(cp, metav1.Condition{Type: controlplanev1.ControlPlaneComponentsHealthyCondition, Status: metav1.ConditionTrue,
+		Reason: controlplanev1.ControlPlaneComponentsHealthyReason})
+}
+
+func nodeCondition(node *corev1.Node, t corev1.NodeConditionType) *corev1.NodeCondition {
+	i := slices.IndexFunc(node.Status.Conditions, func(c corev1.NodeCondition) bool { return c.Type == t })
+	if i < 0 {
+		return nil
+	}
+	return &node.Status.Conditions[i]
+}
+
+// setAggregate sets target from the machines' source conditions, with CAPI's
+// aggregation (the merge strategy KCP uses for MachinesReady).
+func setAggregate(cp *controlplanev1.QuorumControlPlane, machines []*clusterv1.Machine, source, target, noReplicas string) {
+	if len(machines) == 0 {
+		conditions.Set(cp, metav1.Condition{Type: target, Status: metav1.ConditionTrue, Reason: noReplicas})
+		return
+	}
+	if err := conditions.SetAggregateCondition(machines, cp, source, conditions.TargetConditionType(target)); err != nil {
+		conditions.Set(cp, metav1.Condition{Type: target, Status: metav1.ConditionUnknown, Reason: clusterv1.InternalErrorReason,
+			Message: "Please check controller logs for errors"})
+	}
+}
+
+// setScaling reports ScalingUp and ScalingDown; while one is under way and
+// the planner waits, its message says for what.
+func setScaling(cp *controlplanev1.QuorumControlPlane, obs *observation, d quorum.Decision) {
+	desired, current := int(ptr.Deref(cp.Spec.Replicas, 1)), 0
+	for _, m := range obs.machines {
+		if m.DeletionTimestamp.IsZero() {
+			current++
+		}
+	}
+	detail := ""
+	if d.Kind == quorum.Wait || d.Kind == quorum.Degraded {
+		detail = "; " + d.Reason
+	}
+	up := metav1.Condition{Type: controlplanev1.ScalingUpCondition, Status: metav1.ConditionFalse, Reason: controlplanev1.NotScalingUpReason}
+	down := metav1.Condition{Type: controlplanev1.ScalingDownCondition, Status: metav1.ConditionFalse, Reason: controlplanev1.NotScalingDownReason}
+	switch {
+	case current < desired:
+		up.Status, up.Reason = metav1.ConditionTrue, controlplanev1.ScalingUpReason
+		up.Message = fmt.Sprintf("Scaling up from %d to %d replicas%s", current, desired, detail)
+	case current > desired:
+		down.Status, down.Reason = metav1.ConditionTrue, controlplanev1.ScalingDownReason
+		down.Message = fmt.Sprintf("Scaling down from %d to %d replicas%s", current, desired, detail)
+	}
+	conditions.Set(cp, up)
+	conditions.Set(cp, down)
+}

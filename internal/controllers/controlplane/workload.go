@@ -1,0 +1,116 @@
+package controlplane
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/controllers/clustercache"
+	"sigs.k8s.io/cluster-api/controllers/remote"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/event"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/controller-runtime/pkg/predicate"
+
+	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
+)
+
+// initializeProbeTimeout bounds one probe of the first API server.
+const initializeProbeTimeout = 2 * time.Second
+
+// initialize reports the control plane initialized as soon as an API server
+// answers /readyz through the control plane endpoint. CAPI core connects to
+// the workload cluster (and watches its Nodes) only after that, so this
+// probe uses the kubeconfig directly rather than the ClusterCache.
+func (r *Reconciler) initialize(ctx context.Context, cluster *clusterv1.Cluster, cp *controlplanev1.QuorumControlPlane, obs *observation) {
+	if obs.initialized || len(obs.members) == 0 {
+		return
+	}
+	cfg, err := remote.RESTConfig(ctx, "qcp-manager", r.Client, client.ObjectKeyFromObject(cluster))
+	if err != nil {
+		log.FromContext(ctx).V(1).Info("Not probing the API server yet", "why", err.Error())
+		return
+	}
+	cfg.Timeout = initializeProbeTimeout
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return
+	}
+	if err := cs.Discovery().RESTClient().Get().AbsPath("/readyz").Do(ctx).Error(); err != nil {
+		log.FromContext(ctx).V(1).Info("Waiting for the first API server to answer", "why", err.Error())
+		return
+	}
+	cp.Status.Initialization.ControlPlaneInitialized = ptr.To(true)
+	obs.initialized, obs.state.Bootstrapped = true, true
+	r.Recorder.Event(cp, corev1.EventTypeNormal, "Initialized", "The first API server answers through the control plane endpoint")
+}
+
+// watchNodes makes workload Node changes wake this control plane. The
+// ClusterCache keeps one watch per name, so calling it every round is
+// cheap; before it connects, its cluster source wakes the controller.
+func (r *Reconciler) watchNodes(ctx context.Context, cluster *clusterv1.Cluster, cp *controlplanev1.QuorumControlPlane, obs *observation) {
+	if !obs.initialized || r.controller == nil {
+		return
+	}
+	req := ctrl.Request{NamespacedName: client.ObjectKeyFromObject(cp)}
+	err := r.ClusterCache.Watch(ctx, client.ObjectKeyFromObject(cluster), clustercache.NewWatcher(clustercache.WatcherOptions{
+		Name:    "quorumcontrolplane-watch-nodes",
+		Watcher: r.controller,
+		Kind:    &corev1.Node{},
+		EventHandler: handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []ctrl.Request {
+			return []ctrl.Request{req}
+		}),
+		Predicates: []predicate.Predicate{nodeConditionsChanged{}},
+	}))
+	if err != nil && !errors.Is(err, clustercache.ErrClusterNotConnected) {
+		log.FromContext(ctx).Error(err, "Watching the workload cluster's Nodes")
+	}
+}
+
+// nodeConditionsChanged passes Node events that change a condition's status
+// (or add or remove a Node), not the agent's heartbeats.
+type nodeConditionsChanged struct{ predicate.Funcs }
+
+func (nodeConditionsChanged) Update(e event.UpdateEvent) bool {
+	old, okOld := e.ObjectOld.(*corev1.Node)
+	now, okNew := e.ObjectNew.(*corev1.Node)
+	if !okOld || !okNew || len(old.Status.Conditions) != len(now.Status.Conditions) {
+		return true
+	}
+	for i := range now.Status.Conditions {
+		if old.Status.Conditions[i].Type != now.Status.Conditions[i].Type || old.Status.Conditions[i].Status != now.Status.Conditions[i].Status {
+			return true
+		}
+	}
+	return false
+}
+
+// triggerTime is when the latest change the controller can see became
+// observable: a condition of a machine or of its Node turning, or the end
+// of the controller's own previous step. The reaction latency of the next
+// step counts from it.
+func (o *observation) triggerTime(cp *controlplanev1.QuorumControlPlane) time.Time {
+	latest := cp.Status.LastOperation.FinishTime.Time
+	later := func(t time.Time) {
+		if t.After(latest) {
+			latest = t
+		}
+	}
+	for _, m := range o.machines {
+		for _, c := range m.Status.Conditions {
+			later(c.LastTransitionTime.Time)
+		}
+		if n := o.node(m); n != nil {
+			for _, c := range n.Status.Conditions {
+				later(c.LastTransitionTime.Time)
+			}
+		}
+	}
+	return latest
+}
