@@ -37,7 +37,7 @@ func TestCommandLinesEndWithExtraArgs(t *testing.T) {
 	doc.ExtraArgs = map[bootstrap.Component][]bootstrap.Arg{
 		bootstrap.Etcd:                  {{Name: "log-level", Value: "debug"}, {Name: "quota-backend-bytes", Value: "8589934592"}},
 		bootstrap.KubeAPIServer:         {{Name: "feature-gates", Value: "A=true"}, {Name: "audit-log-path", Value: "-"}},
-		bootstrap.KubeControllerManager: {{Name: "controllers", Value: "*"}},
+		bootstrap.KubeControllerManager: {{Name: "controllers", Value: "-ttl"}},
 		bootstrap.KubeScheduler:         {{Name: "v", Value: "2"}},
 	}
 	if err := doc.Validate(); err != nil {
@@ -50,8 +50,9 @@ func TestCommandLinesEndWithExtraArgs(t *testing.T) {
 		own := without[i].Args
 		extra := doc.ExtraFlags(p.Name)
 		// The agent's arguments are unchanged and first, the extra ones
-		// follow in the document's order, so the user's --log-level and
-		// --controllers come after the agent's and win.
+		// follow in the document's order: the user's --log-level comes
+		// after the agent's and replaces it, the user's --controllers
+		// adds to the agent's list.
 		if !reflect.DeepEqual(p.Args[:len(own)], own) || !reflect.DeepEqual(p.Args[len(own):], extra) {
 			t.Errorf("%s: args = %q, want the agent's %q then %q", p.Name, p.Args, own, extra)
 		}

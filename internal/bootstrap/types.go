@@ -58,9 +58,10 @@ type Document struct {
 	Tunables             Tunables    `json:"tunables,omitempty"`
 	// ExtraArgs are command-line flags per component, appended after the
 	// agent's own so that a flag given here wins where the binary takes
-	// the last value. Lists rather than a map of names keep the order and
-	// let a flag be repeated. Flags the agent must own are rejected; see
-	// ownedFlags.
+	// the last value (a repeated list flag of a Kubernetes component adds
+	// to the agent's list instead). Lists rather than a map of names keep
+	// the order and let a flag be repeated. Flags the agent must own are
+	// rejected; see ownedFlags.
 	ExtraArgs map[Component][]Arg `json:"extraArgs,omitempty"`
 	// CertSANs are extra Subject Alternative Names (IP addresses or DNS
 	// names) of the kube-apiserver serving certificate, added to those the
