@@ -15,6 +15,14 @@ type Process struct {
 	Args []string
 }
 
+// process is c's command line: the agent's own arguments, then the
+// document's extraArgs for c. They go last so that a user's flag wins where
+// the binary takes the last value; the flags the agent cannot give up are
+// rejected when the document is parsed.
+func (a *machineCtx) process(c bootstrap.Component, path string, own []string) Process {
+	return Process{Name: c, Path: path, Args: append(own, a.doc.ExtraFlags(c)...)}
+}
+
 func (a *machineCtx) url(scheme string, port int) string {
 	return fmt.Sprintf("%s://%s:%d", scheme, a.machine.Address, port)
 }
@@ -24,7 +32,7 @@ func (a *machineCtx) url(scheme string, port int) string {
 func (a *machineCtx) etcdProcess(initialCluster, state string) Process {
 	peer := a.url("https", EtcdPeerPort)
 	client := a.url("https", EtcdClientPort)
-	return Process{Name: bootstrap.Etcd, Path: a.bins["etcd"], Args: []string{
+	return a.process(bootstrap.Etcd, a.bins["etcd"], []string{
 		"--name=" + a.machine.Name,
 		"--data-dir=" + filepath.Join(a.dir, "etcd"),
 		"--listen-client-urls=" + client,
@@ -48,7 +56,7 @@ func (a *machineCtx) etcdProcess(initialCluster, state string) Process {
 		"--snapshot-count=10000",
 		"--logger=zap",
 		"--log-level=warn",
-	}}
+	})
 }
 
 func (a *machineCtx) etcdServers() string {
@@ -61,7 +69,7 @@ func (a *machineCtx) etcdServers() string {
 
 func (a *machineCtx) apiserverProcess() Process {
 	f := a.pki.File
-	return Process{Name: bootstrap.KubeAPIServer, Path: a.bins["kube"], Args: []string{
+	return a.process(bootstrap.KubeAPIServer, a.bins["kube"], []string{
 		"kube-apiserver",
 		"--advertise-address=" + a.machine.Address,
 		"--bind-address=" + a.machine.Address,
@@ -92,13 +100,13 @@ func (a *machineCtx) apiserverProcess() Process {
 		"--service-account-signing-key-file=" + f("sa.key"),
 		"--service-cluster-ip-range=" + a.doc.ServiceClusterIPRange(),
 		"--profiling=false",
-	}}
+	})
 }
 
 func (a *machineCtx) controllerManagerProcess() Process {
 	f := a.pki.File
 	kc := f("controller-manager.conf")
-	return Process{Name: bootstrap.KubeControllerManager, Path: a.bins["kube"], Args: []string{
+	return a.process(bootstrap.KubeControllerManager, a.bins["kube"], []string{
 		"kube-controller-manager",
 		"--kubeconfig=" + kc,
 		"--authentication-kubeconfig=" + kc,
@@ -121,13 +129,13 @@ func (a *machineCtx) controllerManagerProcess() Process {
 		// to do anything; bootstrap-token controllers as kubeadm enables.
 		"--controllers=*,bootstrapsigner,tokencleaner,-nodeipam,-cloud-node-lifecycle,-service-lb-controller,-node-route-controller,-persistentvolume-attach-detach-controller",
 		"--profiling=false",
-	}}
+	})
 }
 
 func (a *machineCtx) schedulerProcess() Process {
 	f := a.pki.File
 	kc := f("scheduler.conf")
-	return Process{Name: bootstrap.KubeScheduler, Path: a.bins["kube"], Args: []string{
+	return a.process(bootstrap.KubeScheduler, a.bins["kube"], []string{
 		"kube-scheduler",
 		"--kubeconfig=" + kc,
 		"--authentication-kubeconfig=" + kc,
@@ -140,5 +148,5 @@ func (a *machineCtx) schedulerProcess() Process {
 		"--requestheader-client-ca-file=" + f("front-proxy-ca.crt"),
 		"--leader-elect=true",
 		"--profiling=false",
-	}}
+	})
 }

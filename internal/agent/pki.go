@@ -133,7 +133,7 @@ func (p *PKI) issueKubernetes(w *pkiWriter, m Machine, doc *bootstrap.Document, 
 		if err != nil {
 			return fmt.Errorf("tunables.serviceClusterIPRange: %w", err)
 		}
-		serving, err := certs.IssueAPIServerServing(ca, ip, endpointHost, svcIP, now)
+		serving, err := certs.IssueAPIServerServing(ca, ip, endpointHost, svcIP, doc.CertSANs, now)
 		if err != nil {
 			return err
 		}

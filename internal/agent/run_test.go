@@ -93,6 +93,7 @@ func TestReadMachineRejectsUnknownFieldsAndBadAddress(t *testing.T) {
 func TestIssuePKIWritesKeysPrivately(t *testing.T) {
 	cas, _ := certs.NewClusterCAs(time.Now())
 	doc := bootstrap.NewStacked("c1", cas, "127.0.208.100:6443", bootstrap.NewMember())
+	doc.CertSANs = []string{"api.example.com", "192.0.2.10"}
 	m := Machine{Name: "m1", Namespace: "ns", Cluster: "c1", Address: "127.0.208.1", ProviderID: "p"}
 	dir := t.TempDir()
 	p, err := IssuePKI(dir, m, doc, time.Now())
@@ -120,7 +121,7 @@ func TestIssuePKIWritesKeysPrivately(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, host := range []string{"127.0.208.1", "127.0.208.100", "10.96.0.1", "kubernetes.default.svc"} {
+	for _, host := range []string{"127.0.208.1", "127.0.208.100", "10.96.0.1", "kubernetes.default.svc", "api.example.com", "192.0.2.10"} {
 		if err := serving.VerifyHostname(host); err != nil {
 			t.Errorf("apiserver cert: %v", err)
 		}

@@ -26,6 +26,9 @@ func walkUnknown(v any, t reflect.Type, path string) string {
 	}
 	switch val := v.(type) {
 	case map[string]any:
+		if t.Kind() == reflect.Map {
+			return walkMap(val, t.Elem(), path)
+		}
 		if t.Kind() != reflect.Struct {
 			return ""
 		}
@@ -66,4 +69,20 @@ func join(path, k string) string {
 		return k
 	}
 	return path + "." + k
+}
+
+// walkMap looks inside the values of a map field such as extraArgs, whose
+// keys are data rather than field names.
+func walkMap(m map[string]any, elem reflect.Type, path string) string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		if p := walkUnknown(m[k], elem, join(path, k)); p != "" {
+			return p
+		}
+	}
+	return ""
 }

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -114,6 +115,8 @@ func (d *Document) Validate() error {
 	errs = append(errs, d.validateComponents()...)
 	errs = append(errs, d.validateEtcd()...)
 	errs = append(errs, d.validateCAs()...)
+	errs = append(errs, d.validateExtraArgs()...)
+	errs = append(errs, d.validateCertSANs()...)
 	if d.Tunables.NodeMonitorGracePeriod != "" {
 		if p, err := time.ParseDuration(d.Tunables.NodeMonitorGracePeriod); err != nil || p <= 0 {
 			add("tunables.nodeMonitorGracePeriod", fmt.Sprintf("%q is not a positive duration", d.Tunables.NodeMonitorGracePeriod), "use a Go duration such as 20s or remove the field")
@@ -140,12 +143,8 @@ func (d *Document) validateComponents() []FieldError {
 	seen := map[Component]bool{}
 	for i, c := range d.Components {
 		field := fmt.Sprintf("components[%d]", i)
-		known := false
-		for _, k := range allComponents {
-			known = known || c == k
-		}
 		switch {
-		case !known:
+		case !slices.Contains(allComponents, c):
 			errs = append(errs, FieldError{field, fmt.Sprintf("unknown component %q", c), "use one of etcd, kube-apiserver, kube-controller-manager, kube-scheduler"})
 		case seen[c]:
 			errs = append(errs, FieldError{field, fmt.Sprintf("component %q listed twice", c), "list each component once"})

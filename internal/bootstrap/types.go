@@ -56,7 +56,30 @@ type Document struct {
 	Etcd                 EtcdConfig  `json:"etcd"`
 	Certificates         CAMaterial  `json:"certificates"`
 	Tunables             Tunables    `json:"tunables,omitempty"`
+	// ExtraArgs are command-line flags per component, appended after the
+	// agent's own so that a flag given here wins where the binary takes
+	// the last value (a repeated list flag of a Kubernetes component adds
+	// to the agent's list instead). Lists rather than a map of names keep
+	// the order and let a flag be repeated. Flags the agent must own are
+	// rejected; see ownedFlags.
+	ExtraArgs map[Component][]Arg `json:"extraArgs,omitempty"`
+	// CertSANs are extra Subject Alternative Names (IP addresses or DNS
+	// names) of the kube-apiserver serving certificate, added to those the
+	// agent derives, for names clients use that QCP cannot know, such as a
+	// DNS name in front of the load balancer.
+	CertSANs []string `json:"certSANs,omitempty"`
 }
+
+// Arg is one command-line flag, passed as --Name=Value.
+type Arg struct {
+	// Name is the flag's name without leading dashes, e.g. "v".
+	Name  string `json:"name"`
+	Value string `json:"value"`
+}
+
+// Flag returns the argument as the agent passes it. The = form keeps a
+// value that starts with '-' from being read as another flag.
+func (a Arg) Flag() string { return "--" + a.Name + "=" + a.Value }
 
 // Versions of the binaries to run; the agent looks for
 // <bin-dir>/kube-<kubernetes> and <bin-dir>/etcd-<etcd>.
@@ -152,6 +175,17 @@ func (d *Document) NodeMonitorGracePeriod() string {
 		return d.Tunables.NodeMonitorGracePeriod
 	}
 	return DefaultNodeMonitorGracePeriod
+}
+
+// ExtraFlags returns the extra flags for c in the form the agent appends
+// them to c's command line.
+func (d *Document) ExtraFlags(c Component) []string {
+	args := d.ExtraArgs[c]
+	out := make([]string, len(args))
+	for i, a := range args {
+		out[i] = a.Flag()
+	}
+	return out
 }
 
 // ServiceClusterIPRange returns the tunable or its default.

@@ -66,7 +66,7 @@ func TestLeafCertificates(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	serving, err := IssueAPIServerServing(ca, ip, "cp.example", net.ParseIP("10.96.0.1"), now)
+	serving, err := IssueAPIServerServing(ca, ip, "cp.example", net.ParseIP("10.96.0.1"), nil, now)
 	if err != nil {
 		t.Fatal(err)
 	}

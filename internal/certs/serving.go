@@ -3,32 +3,49 @@ package certs
 import (
 	"fmt"
 	"net"
+	"slices"
 	"time"
 )
 
 // APIServerServingSANs returns the DNS names and IPs kube-apiserver's serving
 // certificate needs, as kubeadm sets them: the machine's address, the
 // control plane endpoint host, loopback, the in-cluster service names and the
-// first service IP.
-func APIServerServingSANs(machineIP net.IP, endpointHost string, firstServiceIP net.IP) ([]string, []net.IP) {
+// first service IP, then extra (each an IP address or a DNS name, like
+// kubeadm's certSANs) for names clients reach the API server by that QCP
+// cannot know, such as a DNS name in front of the load balancer. A name
+// listed twice is kept once.
+func APIServerServingSANs(machineIP net.IP, endpointHost string, firstServiceIP net.IP, extra []string) ([]string, []net.IP) {
 	dns := []string{"kubernetes", "kubernetes.default", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local", "localhost"}
 	ips := []net.IP{machineIP, net.IPv4(127, 0, 0, 1)}
 	if firstServiceIP != nil {
 		ips = append(ips, firstServiceIP)
 	}
+	add := func(name string) {
+		if ip := net.ParseIP(name); ip != nil {
+			if !slices.ContainsFunc(ips, ip.Equal) {
+				ips = append(ips, ip)
+			}
+			return
+		}
+		if !slices.Contains(dns, name) {
+			dns = append(dns, name)
+		}
+	}
 	if endpointHost != "" {
-		if ip := net.ParseIP(endpointHost); ip != nil {
-			ips = append(ips, ip)
-		} else {
-			dns = append(dns, endpointHost)
+		add(endpointHost)
+	}
+	for _, name := range extra {
+		if name != "" {
+			add(name)
 		}
 	}
 	return dns, ips
 }
 
-// IssueAPIServerServing issues kube-apiserver's serving certificate.
-func IssueAPIServerServing(ca *KeyPair, machineIP net.IP, endpointHost string, firstServiceIP net.IP, now time.Time) (*KeyPair, error) {
-	dns, ips := APIServerServingSANs(machineIP, endpointHost, firstServiceIP)
+// IssueAPIServerServing issues kube-apiserver's serving certificate; see
+// APIServerServingSANs for its names.
+func IssueAPIServerServing(ca *KeyPair, machineIP net.IP, endpointHost string, firstServiceIP net.IP, extraSANs []string, now time.Time) (*KeyPair, error) {
+	dns, ips := APIServerServingSANs(machineIP, endpointHost, firstServiceIP, extraSANs)
 	kp, err := ca.Issue(Request{CommonName: "kube-apiserver", DNSNames: dns, IPs: ips, Usages: ServerUsage}, now)
 	if err != nil {
 		return nil, fmt.Errorf("issuing kube-apiserver serving certificate for %s: %w", machineIP, err)
