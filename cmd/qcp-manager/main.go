@@ -96,7 +96,9 @@ type controlPlaneOptions struct {
 	tunables           quorum.Tunables
 }
 
-func (o controlPlaneOptions) runs(name string) bool { return o.controllers == nil || o.controllers[name] }
+func (o controlPlaneOptions) runs(name string) bool {
+	return o.controllers == nil || o.controllers[name]
+}
 
 func run(metricsAddr, healthAddr string, leaderElect bool, processOpts process.Options, webhookOpts webhook.Options, cpOpts controlPlaneOptions) error {
 	if processOpts.MachineRoot == "" {

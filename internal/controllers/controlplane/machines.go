@@ -143,6 +143,18 @@ func bootstrapDocument(cluster *clusterv1.Cluster, cp *controlplanev1.QuorumCont
 	if v := cp.Spec.Etcd.Stacked.Version; v != "" {
 		doc.Versions.Etcd = v
 	}
+	doc.CertSANs = cp.Spec.APIServer.CertSANs
+	doc.ExtraArgs = map[bootstrap.Component][]bootstrap.Arg{}
+	for c, args := range map[bootstrap.Component][]controlplanev1.Arg{
+		bootstrap.Etcd:                  cp.Spec.Etcd.Stacked.ExtraArgs,
+		bootstrap.KubeAPIServer:         cp.Spec.APIServer.ExtraArgs,
+		bootstrap.KubeControllerManager: cp.Spec.ControllerManager.ExtraArgs,
+		bootstrap.KubeScheduler:         cp.Spec.Scheduler.ExtraArgs,
+	} {
+		for _, a := range args {
+			doc.ExtraArgs[c] = append(doc.ExtraArgs[c], bootstrap.Arg{Name: a.Name, Value: a.Value})
+		}
+	}
 	return doc
 }
 
@@ -236,8 +248,8 @@ func normalizeVersion(v string) string { return "v" + strings.TrimPrefix(v, "v")
 
 func machineLabels(cluster *clusterv1.Cluster, cp *controlplanev1.QuorumControlPlane) map[string]string {
 	return mergeInto(map[string]string{
-		clusterv1.ClusterNameLabel:         cluster.Name,
-		clusterv1.MachineControlPlaneLabel: "",
+		clusterv1.ClusterNameLabel:             cluster.Name,
+		clusterv1.MachineControlPlaneLabel:     "",
 		clusterv1.MachineControlPlaneNameLabel: cp.Name,
 	}, cp.Spec.MachineTemplate.ObjectMeta.Labels)
 }

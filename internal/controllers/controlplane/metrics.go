@@ -32,8 +32,8 @@ func newMetrics() *metrics {
 			Help: "Steps the quorum engine decided and the controller took, by kind and outcome (success or error).",
 		}, []string{"namespace", "name", "kind", "outcome"}),
 		membershipSteps: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "qcp_controlplane_membership_step_duration_seconds",
-			Help: "Duration of etcd membership steps: learner added to promoted (promote), leadership transfer (move_leader), member removal (remove).",
+			Name:    "qcp_controlplane_membership_step_duration_seconds",
+			Help:    "Duration of etcd membership steps: learner added to promoted (promote), leadership transfer (move_leader), member removal (remove).",
 			Buckets: []float64{0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300},
 		}, []string{"namespace", "name", "step"}),
 		members: prometheus.NewGaugeVec(prometheus.GaugeOpts{
@@ -41,8 +41,8 @@ func newMetrics() *metrics {
 			Help: "etcd members of a control plane as last observed, by role (voter or learner).",
 		}, []string{"namespace", "name", "role"}),
 		reaction: prometheus.NewSummaryVec(prometheus.SummaryOpts{
-			Name: "qcp_controlplane_reaction_latency_seconds",
-			Help: "Time from the latest observable change (a machine's or Node's condition turning, or the previous step finishing) to the controller starting its next step.",
+			Name:       "qcp_controlplane_reaction_latency_seconds",
+			Help:       "Time from the latest observable change (a machine's or Node's condition turning, or the previous step finishing) to the controller starting its next step.",
 			Objectives: map[float64]float64{0.5: 0.01, 0.9: 0.01, 0.99: 0.001},
 			MaxAge:     time.Hour,
 		}, []string{"namespace", "name"}),

@@ -40,7 +40,7 @@ func setStatusBasics(cp *controlplanev1.QuorumControlPlane) {
 // infrastructure provider publishes the control plane endpoint.
 func setWaitingForEndpoint(cp *controlplanev1.QuorumControlPlane, cluster *clusterv1.Cluster) {
 	conditions.Set(cp, metav1.Condition{Type: controlplanev1.InitializedCondition, Status: metav1.ConditionFalse,
-		Reason: controlplanev1.WaitingForControlPlaneEndpointReason,
+		Reason:  controlplanev1.WaitingForControlPlaneEndpointReason,
 		Message: fmt.Sprintf("Waiting for Cluster %s's spec.controlPlaneEndpoint, which its infrastructure provider's load balancer sets", cluster.Name)})
 	conditions.Set(cp, metav1.Condition{Type: controlplanev1.AvailableCondition, Status: metav1.ConditionFalse,
 		Reason: controlplanev1.NotAvailableReason, Message: "Control plane not initialized: no control plane endpoint yet"})

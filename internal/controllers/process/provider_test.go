@@ -84,7 +84,7 @@ func (w *world) startManager() {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	p, err := w.env.StartManager(ctx, localenv.ManagerOptions{
-		Path:      filepath.Join(w.binDir, "qcp-manager"),
+		Path: filepath.Join(w.binDir, "qcp-manager"),
 		// The test plays the control plane provider itself.
 		ExtraArgs: []string{"--address-range=" + addressRange, "--controllers=process"},
 	})
