@@ -38,6 +38,34 @@ const (
 	ReasonNotRunning     = "NotRunning"
 )
 
+// kubeletConditions returns the Node's conditions with the ones kubelet
+// reports, as a healthy kubelet reports them: Ready, and no memory, disk or
+// PID pressure. CAPI core's NodeHealthy (and so the Machine's Ready) waits
+// for all four. A condition keeps its last transition time while its status
+// holds; every other condition is kept as it is.
+func kubeletConditions(existing []corev1.NodeCondition, now metav1.Time) []corev1.NodeCondition {
+	want := []corev1.NodeCondition{
+		{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "QCPAgentReady", Message: "qcp-agent is running and heartbeating"},
+		{Type: corev1.NodeMemoryPressure, Status: corev1.ConditionFalse, Reason: "KubeletHasSufficientMemory", Message: "qcp-agent reports no memory pressure"},
+		{Type: corev1.NodeDiskPressure, Status: corev1.ConditionFalse, Reason: "KubeletHasNoDiskPressure", Message: "qcp-agent reports no disk pressure"},
+		{Type: corev1.NodePIDPressure, Status: corev1.ConditionFalse, Reason: "KubeletHasSufficientPID", Message: "qcp-agent reports no PID pressure"},
+	}
+	out := slices.Clone(existing)
+	for _, w := range want {
+		w.LastHeartbeatTime, w.LastTransitionTime = now, now
+		i := slices.IndexFunc(out, func(c corev1.NodeCondition) bool { return c.Type == w.Type })
+		if i < 0 {
+			out = append(out, w)
+			continue
+		}
+		if out[i].Status == w.Status {
+			w.LastTransitionTime = out[i].LastTransitionTime
+		}
+		out[i] = w
+	}
+	return out
+}
+
 // componentConditions returns the Node's conditions with one condition per
 // component in components, from the supervisor's and the prober's view.
 // A condition keeps its last transition time while its status holds; every

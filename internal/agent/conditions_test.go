@@ -60,3 +60,33 @@ func TestComponentConditions(t *testing.T) {
 		t.Errorf("etcd-only machine conditions %v", got)
 	}
 }
+
+// TestKubeletConditions: the agent reports what CAPI core's NodeHealthy
+// waits for (Ready, and no memory, disk or PID pressure), keeps each
+// transition time while the status holds, and keeps other conditions.
+func TestKubeletConditions(t *testing.T) {
+	t0 := metav1.NewTime(time.Date(2026, 11, 23, 1, 0, 0, 0, time.UTC))
+	t1 := metav1.NewTime(t0.Add(time.Minute))
+	other := corev1.NodeCondition{Type: "EtcdHealthy", Status: corev1.ConditionFalse, LastTransitionTime: t0}
+	stale := corev1.NodeCondition{Type: corev1.NodeReady, Status: corev1.ConditionUnknown, LastTransitionTime: t0}
+	first := kubeletConditions([]corev1.NodeCondition{other, stale}, t0)
+	second := kubeletConditions(first, t1)
+	want := map[corev1.NodeConditionType]corev1.ConditionStatus{
+		corev1.NodeReady: corev1.ConditionTrue, corev1.NodeMemoryPressure: corev1.ConditionFalse,
+		corev1.NodeDiskPressure: corev1.ConditionFalse, corev1.NodePIDPressure: corev1.ConditionFalse, "EtcdHealthy": corev1.ConditionFalse,
+	}
+	if len(second) != len(want) {
+		t.Fatalf("conditions %v: want %d", second, len(want))
+	}
+	for _, c := range second {
+		if c.Status != want[c.Type] {
+			t.Errorf("%s = %s, want %s", c.Type, c.Status, want[c.Type])
+		}
+		if !c.LastTransitionTime.Equal(&t0) {
+			t.Errorf("%s last transition %s, want %s: the status did not change a minute later", c.Type, c.LastTransitionTime, t0)
+		}
+		if c.Type != "EtcdHealthy" && !c.LastHeartbeatTime.Equal(&t1) {
+			t.Errorf("%s heartbeat %s, want %s", c.Type, c.LastHeartbeatTime, t1)
+		}
+	}
+}

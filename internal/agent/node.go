@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"runtime"
-	"slices"
 	"sync"
 	"time"
 
@@ -239,14 +238,7 @@ func (n *nodeAgent) updateStatus(ctx context.Context) error {
 			return err
 		}
 		now := metav1.Now()
-		ready := corev1.NodeCondition{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "QCPAgentReady", Message: "qcp-agent is running and heartbeating", LastHeartbeatTime: now, LastTransitionTime: now}
-		for _, c := range node.Status.Conditions {
-			if c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue {
-				ready.LastTransitionTime = c.LastTransitionTime
-			}
-		}
-		conditions := slices.DeleteFunc(slices.Clone(node.Status.Conditions), func(c corev1.NodeCondition) bool { return c.Type == corev1.NodeReady })
-		node.Status.Conditions = componentConditions(append(conditions, ready), n.a.doc.Components, n.a.sup.Snapshot(), n.a.prober.snapshot(), now)
+		node.Status.Conditions = componentConditions(kubeletConditions(node.Status.Conditions, now), n.a.doc.Components, n.a.sup.Snapshot(), n.a.prober.snapshot(), now)
 		node.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: m.Address}, {Type: corev1.NodeHostName, Address: m.Name}}
 		node.Status.NodeInfo.KubeletVersion = n.a.doc.Versions.Kubernetes
 		node.Status.NodeInfo.OperatingSystem = runtime.GOOS

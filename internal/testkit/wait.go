@@ -13,8 +13,14 @@ func Eventually(ctx context.Context, interval time.Duration, what string, cond f
 	defer t.Stop()
 	var last error
 	for {
-		if last = cond(ctx); last == nil {
+		err := cond(ctx)
+		if err == nil {
 			return nil
+		}
+		// A complaint cut short by ctx itself says nothing about the
+		// condition; keep the one before it.
+		if last == nil || ctx.Err() == nil {
+			last = err
 		}
 		select {
 		case <-ctx.Done():

@@ -9,6 +9,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/record"
+	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/controllers/clustercache"
 	"sigs.k8s.io/cluster-api/util"
@@ -150,8 +151,10 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 // reconcileNormal is one round of observe → plan → verify → act.
 func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Cluster, cp *controlplanev1.QuorumControlPlane) (ctrl.Result, error) {
 	setStatusBasics(cp)
-	if !cluster.Spec.ControlPlaneEndpoint.IsValid() {
-		setWaitingForEndpoint(cp, cluster)
+	// The failure domains come with the infrastructure: a machine placed
+	// before they are known would be rebalanced away at once.
+	if !ptr.Deref(cluster.Status.Initialization.InfrastructureProvisioned, false) || !cluster.Spec.ControlPlaneEndpoint.IsValid() {
+		setWaitingForInfrastructure(cp, cluster)
 		return ctrl.Result{}, nil
 	}
 	secrets, err := r.ensureSecrets(ctx, cluster, cp)

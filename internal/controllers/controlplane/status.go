@@ -36,14 +36,15 @@ func setStatusBasics(cp *controlplanev1.QuorumControlPlane) {
 	cp.Status.Selector = fmt.Sprintf("%s,%s=%s", clusterv1.MachineControlPlaneLabel, clusterv1.MachineControlPlaneNameLabel, cp.Name)
 }
 
-// setWaitingForEndpoint reports that nothing can start before the
-// infrastructure provider publishes the control plane endpoint.
-func setWaitingForEndpoint(cp *controlplanev1.QuorumControlPlane, cluster *clusterv1.Cluster) {
+// setWaitingForInfrastructure reports that nothing can start before the
+// infrastructure provider has provisioned the cluster: its failure domains
+// and the control plane endpoint its load balancer serves.
+func setWaitingForInfrastructure(cp *controlplanev1.QuorumControlPlane, cluster *clusterv1.Cluster) {
 	conditions.Set(cp, metav1.Condition{Type: controlplanev1.InitializedCondition, Status: metav1.ConditionFalse,
 		Reason:  controlplanev1.WaitingForControlPlaneEndpointReason,
-		Message: fmt.Sprintf("Waiting for Cluster %s's spec.controlPlaneEndpoint, which its infrastructure provider's load balancer sets", cluster.Name)})
+		Message: fmt.Sprintf("Waiting for Cluster %s's infrastructure to be provisioned, with its failure domains and the spec.controlPlaneEndpoint its load balancer serves", cluster.Name)})
 	conditions.Set(cp, metav1.Condition{Type: controlplanev1.AvailableCondition, Status: metav1.ConditionFalse,
-		Reason: controlplanev1.NotAvailableReason, Message: "Control plane not initialized: no control plane endpoint yet"})
+		Reason: controlplanev1.NotAvailableReason, Message: "Control plane not initialized: the cluster's infrastructure is not provisioned yet"})
 }
 
 // setStatus reports an observation and the planner's decision on it.

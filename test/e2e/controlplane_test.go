@@ -1,0 +1,172 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/conditions"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
+)
+
+// TestCreateAndScale creates a 3-machine control plane, then scales it to
+// 5 and back to 3 through the scale subresource.
+func TestCreateAndScale(t *testing.T) {
+	mgmt := requireShared(t)
+	t.Parallel()
+	s := newScenario(t, mgmt, "scale", 3)
+	s.startTraffic(3)
+	cp := s.waitAvailable(5*time.Minute, 3)
+	s.checkCreated(cp)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	s.scale(ctx, 5)
+	s.waitAvailable(5*time.Minute, 5)
+	machines, err := s.machines(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := domainCounts(machines); !slices.Equal(got, []int{2, 2, 1}) {
+		t.Errorf("5 machines spread %v over fd-a, fd-b, fd-c; want 2/2/1", got)
+	}
+
+	// The machine annotated for deletion goes first, wherever it is; the
+	// next comes from a fuller domain, oldest first.
+	marked := machines[len(machines)-1] // the newest, in fd-c
+	s.annotate(ctx, marked.Name, clusterv1.DeleteMachineAnnotation)
+	s.scale(ctx, 3)
+	s.waitAvailable(5*time.Minute, 3)
+	left, err := s.machines(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone := s.bound.departures()
+	if len(gone) != 2 || gone[0] != marked.Name {
+		t.Fatalf("scale-down removed %v; want %s (annotated) first, then one more", gone, marked.Name)
+	}
+	if want := oldestInFullestDomain(machines, marked.Name); gone[1] != want {
+		t.Errorf("scale-down's second removal was %s; want %s, the oldest machine of the fullest domain", gone[1], want)
+	}
+	if got := domainCounts(left); !slices.Equal(got, []int{1, 1, 1}) {
+		t.Errorf("3 machines spread %v over fd-a, fd-b, fd-c; want 1/1/1", got)
+	}
+	s.finish()
+}
+
+// checkCreated checks a fresh 3-machine control plane: one machine per
+// failure domain, the Cluster initialized, three Ready control plane nodes
+// through the generated kubeconfig, one leader and two voters.
+func (s *scenario) checkCreated(cp *controlplanev1.QuorumControlPlane) {
+	s.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	machines, err := s.machines(ctx)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	if got := domainCounts(machines); !slices.Equal(got, []int{1, 1, 1}) {
+		s.t.Errorf("3 machines spread %v over fd-a, fd-b, fd-c; want one in each", got)
+	}
+	roles := map[controlplanev1.EtcdMemberRole]int{}
+	for _, m := range cp.Status.Etcd.Members {
+		roles[m.Role]++
+	}
+	if roles[controlplanev1.EtcdMemberRoleLeader] != 1 || roles[controlplanev1.EtcdMemberRoleVoter] != 2 || len(cp.Status.Etcd.Members) != 3 {
+		s.t.Errorf("status.etcd.members %+v; want one leader and two voters", cp.Status.Etcd.Members)
+	}
+	s.eventually(time.Minute, "the Cluster reporting the control plane initialized", func(ctx context.Context) error {
+		cluster := &clusterv1.Cluster{}
+		if err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: s.name}, cluster); err != nil {
+			return err
+		}
+		if !ptr.Deref(cluster.Status.Initialization.ControlPlaneInitialized, false) {
+			return fmt.Errorf("Cluster %s: controlPlaneInitialized is not true", s.name)
+		}
+		return nil
+	})
+	s.eventually(2*time.Minute, "3 Ready control plane nodes through the generated kubeconfig", func(ctx context.Context) error {
+		wl, err := s.workload(ctx)
+		if err != nil {
+			return err
+		}
+		nodes, err := wl.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return err
+		}
+		ready := 0
+		for _, n := range nodes.Items {
+			for _, c := range n.Status.Conditions {
+				if c.Type == "Ready" && c.Status == "True" {
+					ready++
+				}
+			}
+		}
+		if ready != 3 || len(nodes.Items) != 3 {
+			return fmt.Errorf("%d nodes, %d Ready", len(nodes.Items), ready)
+		}
+		return nil
+	})
+	if !conditions.IsTrue(cp, controlplanev1.InitializedCondition) || !ptr.Deref(cp.Status.Initialization.ControlPlaneInitialized, false) {
+		s.t.Errorf("control plane not reported initialized: %+v", cp.Status.Initialization)
+	}
+}
+
+// annotate sets annotation key on machine name.
+func (s *scenario) annotate(ctx context.Context, name, key string) {
+	s.t.Helper()
+	m := &clusterv1.Machine{}
+	if err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, m); err != nil {
+		s.t.Fatal(err)
+	}
+	before := m.DeepCopy()
+	if m.Annotations == nil {
+		m.Annotations = map[string]string{}
+	}
+	m.Annotations[key] = ""
+	if err := s.c.Patch(ctx, m, client.MergeFrom(before)); err != nil {
+		s.t.Fatal(err)
+	}
+}
+
+// domainCounts counts machines in fd-a, fd-b and fd-c.
+func domainCounts(ms []clusterv1.Machine) []int {
+	counts := make([]int, len(failureDomains))
+	for _, m := range ms {
+		if i := slices.Index(failureDomains, m.Spec.FailureDomain); i >= 0 {
+			counts[i]++
+		}
+	}
+	return counts
+}
+
+// oldestInFullestDomain is the machine the planner removes after except:
+// the oldest of the domain with the most machines, ties alphabetical.
+func oldestInFullestDomain(ms []clusterv1.Machine, except string) string {
+	counts := map[string]int{}
+	for _, m := range ms {
+		if m.Name != except {
+			counts[m.Spec.FailureDomain]++
+		}
+	}
+	fullest := ""
+	for _, fd := range failureDomains {
+		if fullest == "" || counts[fd] > counts[fullest] {
+			fullest = fd
+		}
+	}
+	for _, m := range ms { // oldest first
+		if m.Name != except && m.Spec.FailureDomain == fullest {
+			return m.Name
+		}
+	}
+	return ""
+}
+

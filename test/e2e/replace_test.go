@@ -1,0 +1,114 @@
+package e2e
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
+	"github.com/qcp-dev/qcp/internal/quorum"
+)
+
+// TestReplacementAndEscapeHatch deletes a voter's machine by hand, then
+// deletes another and removes its hook by hand.
+func TestReplacementAndEscapeHatch(t *testing.T) {
+	mgmt := requireShared(t)
+	t.Parallel()
+	s := newScenario(t, mgmt, "replace", 3)
+	s.startTraffic(3)
+	s.waitAvailable(5*time.Minute, 3)
+
+	// Not subtests: the scenario's helpers fail the test they were made for.
+	s.checkReplacement(t)
+	s.checkEscapeHatch(t)
+	s.finish()
+}
+
+// checkReplacement: a voter's machine deleted by hand stays, held by its
+// hook, until its replacement is a promoted voter; then it goes.
+func (s *scenario) checkReplacement(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
+	defer cancel()
+	before, err := s.machines(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	victim := before[0]
+	if _, ok := victim.Annotations[quorum.HookAnnotation]; !ok {
+		t.Fatalf("voter machine %s has no quorum hook", victim.Name)
+	}
+	if err := s.c.Delete(ctx, &victim); err != nil {
+		t.Fatal(err)
+	}
+	// Until a replacement votes, the deleted machine must still be there.
+	var replacement string
+	s.eventually(5*time.Minute, "a replacement voter for "+victim.Name, func(ctx context.Context) error {
+		cp, err := s.controlPlane(ctx)
+		if err != nil {
+			return err
+		}
+		for _, m := range cp.Status.Etcd.Members {
+			if m.Role != controlplanev1.EtcdMemberRoleLearner && m.Machine != "" && !slices.ContainsFunc(before, func(b clusterv1.Machine) bool { return b.Name == m.Machine }) {
+				replacement = m.Machine
+				return nil
+			}
+		}
+		return errors.New("no voter on a new machine yet")
+	})
+	var still clusterv1.Machine
+	if err := s.c.Get(ctx, client.ObjectKeyFromObject(&victim), &still); err != nil {
+		t.Fatalf("machine %s went before its replacement %s voted: %v", victim.Name, replacement, err)
+	}
+	s.eventually(3*time.Minute, "machine "+victim.Name+" gone", func(ctx context.Context) error {
+		err := s.c.Get(ctx, client.ObjectKeyFromObject(&victim), &still)
+		if isNotFound(err) {
+			return nil
+		}
+		return fmt.Errorf("still there (%v)", err)
+	})
+	s.waitAvailable(3*time.Minute, 3)
+}
+
+// checkEscapeHatch: removing the hook by hand from a deleting machine lets
+// it go; QCP never puts the hook back, and heals to 3 voters.
+func (s *scenario) checkEscapeHatch(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
+	defer cancel()
+	machines, err := s.machines(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	victim := machines[0]
+	if err := s.c.Delete(ctx, &victim); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.c.Get(ctx, client.ObjectKeyFromObject(&victim), &victim); err != nil {
+		t.Fatal(err)
+	}
+	before := victim.DeepCopy()
+	delete(victim.Annotations, quorum.HookAnnotation)
+	if err := s.c.Patch(ctx, &victim, client.MergeFrom(before)); err != nil {
+		t.Fatal(err)
+	}
+	s.eventually(3*time.Minute, "machine "+victim.Name+" gone without its hook", func(ctx context.Context) error {
+		var m clusterv1.Machine
+		err := s.c.Get(ctx, client.ObjectKeyFromObject(&victim), &m)
+		if isNotFound(err) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if _, ok := m.Annotations[quorum.HookAnnotation]; ok {
+			t.Fatalf("the quorum hook was put back on deleting machine %s", m.Name)
+		}
+		return errors.New("still there")
+	})
+	s.waitAvailable(5*time.Minute, 3)
+}

@@ -1,0 +1,428 @@
+package e2e
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	autoscalingv1 "k8s.io/api/autoscaling/v1"
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/utils/ptr"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/conditions"
+	"sigs.k8s.io/cluster-api/util/secret"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
+	infrav1 "github.com/qcp-dev/qcp/api/infrastructure/v1alpha1"
+	"github.com/qcp-dev/qcp/internal/certs"
+	"github.com/qcp-dev/qcp/internal/etcd"
+	"github.com/qcp-dev/qcp/internal/testkit"
+)
+
+const (
+	ns      = "default"
+	version = "v1.36.3"
+)
+
+// failureDomains are the ProcessCluster's domains in every scenario.
+var failureDomains = []string{"fd-a", "fd-b", "fd-c"}
+
+// scenario is one workload cluster on a management cluster, with the
+// checks every scenario ends with.
+type scenario struct {
+	t    *testing.T
+	mgmt *management
+	c    client.Client
+	name string
+
+	traffic *traffic
+	bound   *machineBound
+}
+
+// newScenario creates a Cluster named name with a ProcessCluster (three
+// failure domains), a ProcessMachineTemplate and a QuorumControlPlane of
+// replicas, and registers the end-of-scenario checks.
+func newScenario(t *testing.T, mgmt *management, name string, replicas int32) *scenario {
+	t.Helper()
+	testkit.RequireBinaries(t, "etcd", "kube", "capi-manager")
+	s := &scenario{t: t, mgmt: mgmt, c: mgmt.env.Client, name: name}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	s.create(ctx,
+		&infrav1.ProcessCluster{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+			Spec: infrav1.ProcessClusterSpec{FailureDomains: failureDomains}},
+		&infrav1.ProcessMachineTemplate{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}},
+		&controlplanev1.QuorumControlPlane{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+			Spec: controlplanev1.QuorumControlPlaneSpec{
+				Replicas: ptr.To(replicas), Version: version,
+				MachineTemplate: controlplanev1.QuorumControlPlaneMachineTemplate{
+					ObjectMeta: clusterv1.ObjectMeta{Labels: map[string]string{"e2e.qcp.dev/scenario": name}},
+					Spec: controlplanev1.QuorumControlPlaneMachineTemplateSpec{
+						InfrastructureRef: clusterv1.ContractVersionedObjectReference{
+							APIGroup: infrav1.GroupVersion.Group, Kind: "ProcessMachineTemplate", Name: name,
+						},
+					},
+				},
+			},
+		},
+		&clusterv1.Cluster{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+			Spec: clusterv1.ClusterSpec{
+				InfrastructureRef: clusterv1.ContractVersionedObjectReference{
+					APIGroup: infrav1.GroupVersion.Group, Kind: "ProcessCluster", Name: name,
+				},
+				ControlPlaneRef: clusterv1.ContractVersionedObjectReference{
+					APIGroup: controlplanev1.GroupVersion.Group, Kind: "QuorumControlPlane", Name: name,
+				},
+			},
+		},
+	)
+	s.bound = startMachineBound(s, int(replicas))
+	t.Cleanup(s.dumpOnFailure)
+	return s
+}
+
+func (s *scenario) create(ctx context.Context, objs ...client.Object) {
+	s.t.Helper()
+	for _, o := range objs {
+		if err := s.c.Create(ctx, o); err != nil {
+			s.t.Fatalf("creating %T %s: %v", o, o.GetName(), err)
+		}
+	}
+}
+
+// eventually waits for cond, failing the scenario after timeout.
+func (s *scenario) eventually(timeout time.Duration, what string, cond func(context.Context) error) {
+	s.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	if err := testkit.Eventually(ctx, 250*time.Millisecond, what, cond); err != nil {
+		s.t.Fatal(err)
+	}
+}
+
+// controlPlane reads the QuorumControlPlane.
+func (s *scenario) controlPlane(ctx context.Context) (*controlplanev1.QuorumControlPlane, error) {
+	cp := &controlplanev1.QuorumControlPlane{}
+	return cp, s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: s.name}, cp)
+}
+
+// machines lists the control plane's Machines, oldest first.
+func (s *scenario) machines(ctx context.Context) ([]clusterv1.Machine, error) {
+	var list clusterv1.MachineList
+	if err := s.c.List(ctx, &list, client.InNamespace(ns), client.MatchingLabels{
+		clusterv1.ClusterNameLabel: s.name, clusterv1.MachineControlPlaneLabel: "",
+	}); err != nil {
+		return nil, err
+	}
+	slices.SortFunc(list.Items, func(a, b clusterv1.Machine) int {
+		return a.CreationTimestamp.Compare(b.CreationTimestamp.Time)
+	})
+	return list.Items, nil
+}
+
+// waitAvailable waits until the control plane is Available with replicas
+// healthy voters, one per machine, no learner, and every machine Ready.
+func (s *scenario) waitAvailable(timeout time.Duration, replicas int) *controlplanev1.QuorumControlPlane {
+	s.t.Helper()
+	var cp *controlplanev1.QuorumControlPlane
+	s.eventually(timeout, fmt.Sprintf("control plane %s Available with %d healthy voters", s.name, replicas), func(ctx context.Context) error {
+		var err error
+		if cp, err = s.controlPlane(ctx); err != nil {
+			return err
+		}
+		if !conditions.IsTrue(cp, controlplanev1.AvailableCondition) {
+			return fmt.Errorf("not Available: %s; last operation %s %s: %s", conditions.GetMessage(cp, controlplanev1.AvailableCondition),
+				cp.Status.LastOperation.Kind, cp.Status.LastOperation.Target, cp.Status.LastOperation.Reason)
+		}
+		if got := ptr.Deref(cp.Status.Replicas, 0); got != int32(replicas) {
+			return fmt.Errorf("%d machines, want %d; last operation %s: %s", got, replicas, cp.Status.LastOperation.Kind, cp.Status.LastOperation.Reason)
+		}
+		if got := ptr.Deref(cp.Status.ReadyReplicas, 0); got != int32(replicas) {
+			return fmt.Errorf("%d machines Ready, want %d", got, replicas)
+		}
+		voters := 0
+		for _, m := range cp.Status.Etcd.Members {
+			if m.Role == controlplanev1.EtcdMemberRoleLearner || !m.Healthy || m.Machine == "" {
+				return fmt.Errorf("member %+v is not a healthy voter on a machine", m)
+			}
+			voters++
+		}
+		if voters != replicas {
+			return fmt.Errorf("%d voters, want %d", voters, replicas)
+		}
+		if !conditions.IsTrue(cp, controlplanev1.EtcdClusterHealthyCondition) || !conditions.IsTrue(cp, controlplanev1.ControlPlaneComponentsHealthyCondition) {
+			return fmt.Errorf("etcd healthy: %s; components healthy: %s", conditions.GetMessage(cp, controlplanev1.EtcdClusterHealthyCondition),
+				conditions.GetMessage(cp, controlplanev1.ControlPlaneComponentsHealthyCondition))
+		}
+		return nil
+	})
+	return cp
+}
+
+// scale sets spec.replicas through the scale subresource, as kubectl scale
+// does.
+func (s *scenario) scale(ctx context.Context, replicas int32) {
+	s.t.Helper()
+	s.bound.setDesired(int(replicas))
+	if s.traffic != nil {
+		s.traffic.monitor.SetDesired(int(replicas))
+	}
+	cp := &controlplanev1.QuorumControlPlane{ObjectMeta: metav1.ObjectMeta{Name: s.name, Namespace: ns}}
+	scale := &autoscalingv1.Scale{Spec: autoscalingv1.ScaleSpec{Replicas: replicas}}
+	if err := s.c.SubResource("scale").Update(ctx, cp, client.WithSubResourceBody(scale)); err != nil {
+		s.t.Fatalf("scaling %s to %d: %v", s.name, replicas, err)
+	}
+}
+
+// workload returns a client of the workload cluster built from the
+// <cluster>-kubeconfig Secret QCP wrote.
+func (s *scenario) workload(ctx context.Context) (*kubernetes.Clientset, error) {
+	var sec corev1.Secret
+	if err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: secret.Name(s.name, secret.Kubeconfig)}, &sec); err != nil {
+		return nil, err
+	}
+	cfg, err := clientcmd.RESTConfigFromKubeConfig(sec.Data[secret.KubeconfigDataName])
+	if err != nil {
+		return nil, err
+	}
+	cfg.Timeout = 5 * time.Second
+	return kubernetes.NewForConfig(cfg)
+}
+
+// etcdConfig is a client configuration for the workload etcd, with a
+// certificate from the etcd CA QCP created and the machines' client URLs.
+func (s *scenario) etcdConfig(ctx context.Context) (etcd.Config, error) {
+	var sec corev1.Secret
+	if err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: secret.Name(s.name, secret.EtcdCA)}, &sec); err != nil {
+		return etcd.Config{}, err
+	}
+	ca, err := certs.ParseKeyPair(sec.Data[secret.TLSCrtDataName], sec.Data[secret.TLSKeyDataName])
+	if err != nil {
+		return etcd.Config{}, err
+	}
+	pair, err := certs.IssueEtcdClient(ca, "e2e", time.Now())
+	if err != nil {
+		return etcd.Config{}, err
+	}
+	machines, err := s.machines(ctx)
+	if err != nil {
+		return etcd.Config{}, err
+	}
+	var endpoints []string
+	for _, m := range machines {
+		for _, a := range m.Status.Addresses {
+			if a.Type == clusterv1.MachineInternalIP {
+				endpoints = append(endpoints, "https://"+net.JoinHostPort(a.Address, "2379"))
+			}
+		}
+	}
+	if len(endpoints) == 0 {
+		return etcd.Config{}, errors.New("no machine has an address yet")
+	}
+	return etcd.Config{Endpoints: endpoints, CAPEM: ca.CertPEM, CertPEM: pair.CertPEM, KeyPEM: pair.KeyPEM}, nil
+}
+
+// startTraffic starts the writer and the invariant monitor against the
+// workload etcd, once a member answers.
+func (s *scenario) startTraffic(desired int) {
+	s.t.Helper()
+	var cfg etcd.Config
+	s.eventually(3*time.Minute, "the workload etcd answering", func(ctx context.Context) error {
+		var err error
+		if cfg, err = s.etcdConfig(ctx); err != nil {
+			return err
+		}
+		cli, err := etcd.New(cfg)
+		if err != nil {
+			return err
+		}
+		defer cli.Close()
+		_, err = cli.Members(ctx)
+		return err
+	})
+	tr, err := startTraffic(cfg, desired)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	s.traffic = tr
+}
+
+// finish stops the traffic and checks what every scenario must end with:
+// a linearizable history, no acknowledged write lost, no I1–I7 violation,
+// never more than desired + 1 Machines, and no private key leaked.
+func (s *scenario) finish() {
+	s.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if s.traffic != nil {
+		wr, mr := s.traffic.stop(ctx)
+		s.t.Logf("writer: %s", wr)
+		s.t.Logf("monitor: %d samples (%d unobserved), at most %d voters and %d learners", mr.Samples, mr.Unobserved, mr.MaxVoters, mr.MaxLearners)
+		if err := wr.Err(); err != nil {
+			s.t.Error(err)
+		}
+		if err := mr.Err(); err != nil {
+			s.t.Error(err)
+		}
+	}
+	if err := s.bound.stop(); err != nil {
+		s.t.Error(err)
+	}
+	testkit.CheckNoKeyLeaks(ctx, s.t, s.c, []string{s.mgmt.env.Dir}, []string{s.mgmt.env.MachineRoot()})
+}
+
+func (s *scenario) dumpOnFailure() {
+	if !s.t.Failed() {
+		return
+	}
+	data, _ := os.ReadFile(filepath.Join(s.mgmt.env.Dir, "qcp-manager.log"))
+	var lines []string
+	for _, l := range strings.Split(string(data), "\n") {
+		if strings.Contains(l, `"`+s.name+`"`) || strings.Contains(l, "/"+s.name) || strings.Contains(l, "panic") {
+			lines = append(lines, l)
+		}
+	}
+	if len(lines) > 80 {
+		lines = lines[len(lines)-80:]
+	}
+	s.t.Logf("--- qcp-manager log lines about %s ---\n%s", s.name, strings.Join(lines, "\n"))
+}
+
+// traffic is the writer and the monitor of one workload etcd.
+type traffic struct {
+	writer  *testkit.Writer
+	monitor *testkit.Monitor
+	client  *etcd.Client
+}
+
+func startTraffic(cfg etcd.Config, desired int) (*traffic, error) {
+	w, err := testkit.StartWriter(cfg, testkit.WriterOptions{})
+	if err != nil {
+		return nil, err
+	}
+	mcfg := cfg
+	mcfg.AutoSyncInterval = 500 * time.Millisecond
+	cli, err := etcd.New(mcfg)
+	if err != nil {
+		return nil, err
+	}
+	return &traffic{writer: w, client: cli, monitor: testkit.StartMonitor(cli, desired, 0)}, nil
+}
+
+func (tr *traffic) stop(ctx context.Context) (testkit.WriterReport, testkit.MonitorReport) {
+	mr := tr.monitor.Stop()
+	wr := tr.writer.Stop(ctx)
+	_ = tr.client.Close()
+	return wr, mr
+}
+
+// machineBound samples the number of control plane Machines (deleting ones
+// included) and checks it never exceeds desired + 1. After a scale down the
+// bound starts at the machines that exist and ratchets down as they go.
+type machineBound struct {
+	mu         sync.Mutex
+	desired    int
+	bound      int
+	violations []string
+	cancel     context.CancelFunc
+	done       chan struct{}
+	samples    int
+	// present are the machines of the last sample, and departed the
+	// machines in the order they were first seen deleting (or gone).
+	present  map[string]bool
+	departed []string
+}
+
+func startMachineBound(s *scenario, desired int) *machineBound {
+	ctx, cancel := context.WithCancel(context.Background())
+	b := &machineBound{desired: desired, bound: desired + 1, cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(b.done)
+		t := time.NewTicker(200 * time.Millisecond)
+		defer t.Stop()
+		for {
+			if ms, err := s.machines(ctx); err == nil {
+				b.sample(ms)
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return b
+}
+
+func (b *machineBound) sample(ms []clusterv1.Machine) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.samples++
+	if len(ms) > b.bound {
+		names := make([]string, 0, len(ms))
+		for _, m := range ms {
+			names = append(names, m.Name)
+		}
+		b.violations = append(b.violations, fmt.Sprintf("%s: %d machines (%s) with desired %d, bound %d",
+			time.Now().Format("15:04:05.000"), len(ms), strings.Join(names, " "), b.desired, b.bound))
+	}
+	b.bound = max(b.desired+1, min(b.bound, len(ms)))
+	now := map[string]bool{}
+	for _, m := range ms {
+		now[m.Name] = true
+		if !m.DeletionTimestamp.IsZero() && !slices.Contains(b.departed, m.Name) {
+			b.departed = append(b.departed, m.Name)
+		}
+	}
+	for name := range b.present {
+		if !now[name] && !slices.Contains(b.departed, name) {
+			b.departed = append(b.departed, name)
+		}
+	}
+	b.present = now
+}
+
+// departures returns the machines seen leaving so far, in order.
+func (b *machineBound) departures() []string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return slices.Clone(b.departed)
+}
+
+func (b *machineBound) setDesired(n int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.desired = n
+	b.bound = max(b.bound, n+1)
+}
+
+func (b *machineBound) stop() error {
+	b.cancel()
+	<-b.done
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.samples == 0 {
+		return errors.New("the machine count was never sampled")
+	}
+	if len(b.violations) > 0 {
+		return fmt.Errorf("more than desired + 1 machines:\n%s", strings.Join(b.violations, "\n"))
+	}
+	return nil
+}
+
+func isNotFound(err error) bool { return apierrors.IsNotFound(err) }

@@ -1,0 +1,134 @@
+// Package e2e runs the QuorumControlPlane provider end to end: a local
+// management cluster (etcd, kube-apiserver, CAPI core, qcp-manager) creates,
+// scales, replaces and deletes real control planes on process machines,
+// while a client writes to each workload etcd and a monitor checks the
+// quorum invariants.
+//
+// One management cluster serves the whole package; scenarios that share it
+// run side by side (t.Parallel), each with its own Cluster. Scenarios that
+// restart qcp-manager start their own.
+package e2e
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/qcp-dev/qcp/internal/localenv"
+)
+
+// addressRange keeps this package's machines apart from other packages'
+// tests running at the same time.
+const addressRange = "127.23.0.0/16"
+
+// shared is the package's management cluster; nil with -short.
+var shared *management
+
+// management is a local management cluster with qcp-manager running.
+type management struct {
+	env     *localenv.Env
+	binDir  string
+	manager *localenv.Process
+	// addressRange is the loopback prefix of this manager's machines.
+	addressRange string
+	// managerArgs are extra qcp-manager flags.
+	managerArgs []string
+}
+
+func TestMain(m *testing.M) {
+	flag.Parse()
+	if testing.Short() {
+		os.Exit(m.Run())
+	}
+	binDir, err := os.MkdirTemp("", "qcp-e2e-bin-")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	code := func() int {
+		defer os.RemoveAll(binDir)
+		if err := buildQCP(binDir); err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		mgmt, err := startManagement(binDir, addressRange, nil, nil)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		defer mgmt.stop()
+		shared = mgmt
+		return m.Run()
+	}()
+	os.Exit(code)
+}
+
+// buildQCP builds qcp-manager and qcp-agent from this tree into dir, so the
+// tests never run a stale binary.
+func buildQCP(dir string) error {
+	gomod, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		return fmt.Errorf("finding the module root: %w", err)
+	}
+	build := exec.Command("go", "build", "-o", dir+"/", "./cmd/qcp-manager", "./cmd/qcp-agent")
+	build.Dir = filepath.Dir(strings.TrimSpace(string(gomod)))
+	if out, err := build.CombinedOutput(); err != nil {
+		return fmt.Errorf("building qcp-manager and qcp-agent: %w\n%s", err, out)
+	}
+	return nil
+}
+
+// startManagement starts a management cluster and qcp-manager on it, with
+// extra flags and environment for the manager.
+func startManagement(binDir, addrs string, args, env []string) (*management, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	e, err := localenv.Start(ctx, localenv.Options{})
+	if err != nil {
+		return nil, fmt.Errorf("starting the local management cluster: %w", err)
+	}
+	m := &management{env: e, binDir: binDir, addressRange: addrs, managerArgs: args}
+	if err := m.startManager(ctx, env); err != nil {
+		_ = e.Stop()
+		return nil, err
+	}
+	return m, nil
+}
+
+// startManager starts qcp-manager with extra environment.
+func (m *management) startManager(ctx context.Context, env []string) error {
+	p, err := m.env.StartManager(ctx, localenv.ManagerOptions{
+		Path:      filepath.Join(m.binDir, "qcp-manager"),
+		ExtraArgs: append([]string{"--address-range=" + m.addressRange}, m.managerArgs...),
+		Env:       env,
+	})
+	if err != nil {
+		return err
+	}
+	m.manager = p
+	return nil
+}
+
+func (m *management) stop() {
+	if err := m.env.Stop(); err != nil {
+		fmt.Fprintln(os.Stderr, "stopping the management cluster:", err)
+	}
+}
+
+// requireShared skips with -short and fails if the suite did not start.
+func requireShared(t *testing.T) *management {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("runs real control planes; not run with -short")
+	}
+	if shared == nil {
+		t.Fatal("the shared management cluster did not start")
+	}
+	return shared
+}
