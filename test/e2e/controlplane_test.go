@@ -169,4 +169,3 @@ func oldestInFullestDomain(ms []clusterv1.Machine, except string) string {
 	}
 	return ""
 }
-

@@ -18,6 +18,7 @@ import (
 	"sigs.k8s.io/cluster-api/util/conditions"
 	"sigs.k8s.io/cluster-api/util/patch"
 	"sigs.k8s.io/cluster-api/util/paused"
+	"sigs.k8s.io/cluster-api/util/predicates"
 	"sigs.k8s.io/cluster-api/util/secret"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/builder"
@@ -60,10 +61,14 @@ type ClusterReconciler struct {
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
 
 // SetupWithManager registers the controller. Machines changing wake their
-// cluster's reconcile so the load balancer's backends follow them.
+// cluster's reconcile so the load balancer's backends follow them, and the
+// Cluster being paused or resumed wakes it (nothing else changes then).
 func (r *ClusterReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&infrav1.ProcessCluster{}).
+		Watches(&clusterv1.Cluster{}, handler.EnqueueRequestsFromMapFunc(
+			util.ClusterToInfrastructureMapFunc(context.Background(), infrav1.GroupVersion.WithKind("ProcessCluster"), mgr.GetClient(), &infrav1.ProcessCluster{})),
+			builder.WithPredicates(predicates.ClusterPausedTransitions(mgr.GetScheme(), mgr.GetLogger()))).
 		Watches(&infrav1.ProcessMachine{}, handler.EnqueueRequestsFromMapFunc(r.processClusterOf)).
 		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(r.processClusterOf),
 			builder.WithPredicates(predicate.NewPredicateFuncs(isClusterCASecret))).
