@@ -43,7 +43,7 @@ var failureDomains = []string{"fd-a", "fd-b", "fd-c"}
 // scenario is one workload cluster on a management cluster, with the
 // checks every scenario ends with.
 type scenario struct {
-	t    *testing.T
+	t    testing.TB
 	mgmt *management
 	c    client.Client
 	name string
@@ -55,7 +55,7 @@ type scenario struct {
 // newScenario creates a Cluster named name with a ProcessCluster (three
 // failure domains), a ProcessMachineTemplate and a QuorumControlPlane of
 // replicas, and registers the end-of-scenario checks.
-func newScenario(t *testing.T, mgmt *management, name string, replicas int32) *scenario {
+func newScenario(t testing.TB, mgmt *management, name string, replicas int32) *scenario {
 	t.Helper()
 	testkit.RequireBinaries(t, "etcd", "kube", "capi-manager")
 	s := &scenario{t: t, mgmt: mgmt, c: mgmt.env.Client, name: name}

@@ -20,6 +20,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-logr/logr"
+	ctrl "sigs.k8s.io/controller-runtime"
+
 	"github.com/qcp-dev/qcp/internal/localenv"
 )
 
@@ -43,6 +46,9 @@ type management struct {
 
 func TestMain(m *testing.M) {
 	flag.Parse()
+	// The test's own clients log nothing worth reading; the managers log
+	// to their files in the environment's directory.
+	ctrl.SetLogger(logr.Discard())
 	if testing.Short() {
 		os.Exit(m.Run())
 	}

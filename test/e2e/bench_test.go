@@ -1,0 +1,180 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	infrav1 "github.com/qcp-dev/qcp/api/infrastructure/v1alpha1"
+	"github.com/qcp-dev/qcp/internal/agent"
+)
+
+// BenchmarkCreateAndScale measures, on the shared management cluster, the
+// wall time of creating a 3-machine control plane and of scaling it to 5,
+// each next to the sum of the machines' own start-up times (agent start to
+// every component's Node condition True), and the controller's reaction
+// latency over both.
+func BenchmarkCreateAndScale(b *testing.B) {
+	if shared == nil {
+		b.Skip("needs the shared management cluster (not with -short)")
+	}
+	for i := range b.N {
+		name := fmt.Sprintf("bench-%d", i)
+		start := time.Now()
+		s := newScenario(b, shared, name, 3)
+		s.waitAvailable(5*time.Minute, 3)
+		createWall := time.Since(start)
+		createSum := s.startupSum(nil)
+		before := s.machineNames()
+
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+		start = time.Now()
+		s.scale(ctx, 5)
+		s.waitAvailable(5*time.Minute, 5)
+		scaleWall := time.Since(start)
+		scaleSum := s.startupSum(before)
+		cancel()
+
+		b.ReportMetric(createWall.Seconds(), "create-s")
+		b.ReportMetric(createWall.Seconds()/createSum.Seconds(), "create-ratio")
+		b.ReportMetric(scaleWall.Seconds(), "scale-s")
+		b.ReportMetric(scaleWall.Seconds()/scaleSum.Seconds(), "scale-ratio")
+		for _, q := range []string{"0.5", "0.99"} {
+			v, err := s.metric(fmt.Sprintf(`qcp_controlplane_reaction_latency_seconds{name=%q,namespace=%q,quantile=%q}`, name, ns, q))
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.ReportMetric(v*1000, "reaction-p"+strings.TrimPrefix(q, "0.")+"-ms")
+		}
+		s.finish()
+		s.deleteCluster()
+	}
+}
+
+// machineNames are the control plane's machines now.
+func (s *scenario) machineNames() map[string]bool {
+	ms, err := s.machines(context.Background())
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	out := map[string]bool{}
+	for _, m := range ms {
+		out[m.Name] = true
+	}
+	return out
+}
+
+// startupSum adds up the start-up times of the machines not in skip: from
+// the agent's process start to the last of its component conditions turning
+// True on its Node (second resolution, as the API stores it).
+func (s *scenario) startupSum(skip map[string]bool) time.Duration {
+	ctx := context.Background()
+	ms, err := s.machines(ctx)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	wl, err := s.workload(ctx)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	var sum time.Duration
+	for _, m := range ms {
+		if skip[m.Name] {
+			continue
+		}
+		pm := &infrav1.ProcessMachine{}
+		if err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: m.Spec.InfrastructureRef.Name}, pm); err != nil {
+			s.t.Fatal(err)
+		}
+		started, err := processStart(int(pm.Status.PID))
+		if err != nil {
+			s.t.Fatal(err)
+		}
+		node, err := wl.CoreV1().Nodes().Get(ctx, m.Name, metav1.GetOptions{})
+		if err != nil {
+			s.t.Fatal(err)
+		}
+		var healthy time.Time
+		for _, c := range node.Status.Conditions {
+			if agent.IsComponentCondition(c.Type) && c.Status == corev1.ConditionTrue && c.LastTransitionTime.After(healthy) {
+				healthy = c.LastTransitionTime.Time
+			}
+		}
+		s.t.Logf("machine %s: agent started %s, components healthy %s (%s)", m.Name, started.Format(time.StampMilli), healthy.Format(time.Stamp), healthy.Sub(started))
+		sum += healthy.Sub(started)
+	}
+	return sum
+}
+
+// processStart is when process pid started, from /proc.
+func processStart(pid int) (time.Time, error) {
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return time.Time{}, err
+	}
+	// Field 22 (starttime, in clock ticks since boot) follows the command
+	// name, which may hold spaces, in parentheses.
+	fields := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
+	ticks, err := strconv.ParseInt(fields[19], 10, 64)
+	if err != nil {
+		return time.Time{}, err
+	}
+	uptime, err := os.ReadFile("/proc/uptime")
+	if err != nil {
+		return time.Time{}, err
+	}
+	up, err := strconv.ParseFloat(strings.Fields(string(uptime))[0], 64)
+	if err != nil {
+		return time.Time{}, err
+	}
+	const hz = 100 // USER_HZ on Linux
+	boot := time.Now().Add(-time.Duration(up * float64(time.Second)))
+	return boot.Add(time.Duration(ticks) * time.Second / hz), nil
+}
+
+// metric reads one sample from qcp-manager's metrics endpoint.
+func (s *scenario) metric(series string) (float64, error) {
+	resp, err := http.Get("http://" + s.mgmt.manager.MetricsAddr + "/metrics")
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(body), "\n") {
+		if strings.HasPrefix(line, series+" ") {
+			return strconv.ParseFloat(strings.Fields(line)[1], 64)
+		}
+	}
+	return 0, fmt.Errorf("no sample %s on the metrics endpoint", series)
+}
+
+// deleteCluster deletes the scenario's Cluster and waits until it is gone,
+// so that the next iteration starts on an idle management cluster.
+func (s *scenario) deleteCluster() {
+	ctx := context.Background()
+	cluster := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Name: s.name, Namespace: ns}}
+	if err := s.c.Delete(ctx, cluster); err != nil {
+		s.t.Fatal(err)
+	}
+	s.eventually(5*time.Minute, "Cluster "+s.name+" gone", func(ctx context.Context) error {
+		err := s.c.Get(ctx, client.ObjectKeyFromObject(cluster), cluster)
+		if isNotFound(err) {
+			return nil
+		}
+		return fmt.Errorf("still there (%v)", err)
+	})
+}
