@@ -1,0 +1,140 @@
+package controlplane
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/conditions"
+
+	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
+	"github.com/qcp-dev/qcp/internal/quorum"
+)
+
+var t0 = time.Date(2026, 11, 23, 1, 0, 0, 0, time.UTC)
+
+// twoMachineObservation: cp-1 hosts the leader (recorded ID a1); cp-2 hosts
+// a learner added just before a crash, known only by its peer URL.
+func twoMachineObservation() *observation {
+	m1, m2 := observedMachine("cp-1"), observedMachine("cp-2")
+	m2.Status.Addresses[1].Address = "127.20.0.8"
+	delete(m2.Annotations, MemberIDAnnotation)
+	delete(m2.Annotations, quorum.HookAnnotation)
+	obs := &observation{
+		machines: []*clusterv1.Machine{m1, m2},
+		members: []quorum.Member{
+			{ID: 0xa1, Name: "cp-1", PeerURL: "https://127.20.0.7:2380", Healthy: true, Leader: true, Revision: 40},
+			{ID: 0xb2, PeerURL: "https://127.20.0.8:2380", Learner: true},
+		},
+		nodes: map[string]*corev1.Node{
+			"cp-1": healthyNode(corev1.NodeCondition{Type: "SchedulerHealthy", Status: corev1.ConditionFalse, Message: "kube-scheduler is not running"}),
+		},
+		initialized: true,
+	}
+	return obs
+}
+
+func TestMemberStatuses(t *testing.T) {
+	got := memberStatuses(twoMachineObservation())
+	want := []controlplanev1.EtcdMemberStatus{
+		{ID: "a1", Name: "cp-1", Machine: "cp-1", Role: controlplanev1.EtcdMemberRoleLeader, Healthy: true, Revision: 40},
+		{ID: "b2", Machine: "cp-2", Role: controlplanev1.EtcdMemberRoleLearner},
+	}
+	if len(got) != len(want) {
+		t.Fatalf("members %+v, want %+v", got, want)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Errorf("member %d = %+v, want %+v", i, got[i], want[i])
+		}
+	}
+	obs := twoMachineObservation()
+	obs.membersErr = errors.New("no member answered")
+	if got := memberStatuses(obs); got != nil {
+		t.Errorf("members %+v with an unreadable list; want none rather than a guess", got)
+	}
+}
+
+// TestKeepRecords: a learner added just before a crash is found by its peer
+// URL and recorded on its machine, as is when QCP first saw it; a member
+// going down is recorded, and the record goes when it is back.
+func TestKeepRecords(t *testing.T) {
+	obs := twoMachineObservation()
+	m2 := obs.machines[1].DeepCopy()
+	keepRecords(m2, obs, t0)
+	if r := readRecords(m2); r.memberID != 0xb2 || !r.learnerAdded.Equal(t0) {
+		t.Errorf("records %+v: want member b2 and learner added at %s", r, t0)
+	}
+	if _, ok := m2.Annotations[UnhealthySinceAnnotation]; !ok {
+		t.Errorf("an unstarted learner is not healthy; want its unhealthy-since recorded")
+	}
+
+	obs.members[1].Healthy, obs.members[1].Name = true, "cp-2"
+	keepRecords(m2, obs, t0.Add(time.Minute))
+	if _, ok := m2.Annotations[UnhealthySinceAnnotation]; ok {
+		t.Errorf("the learner is healthy again; want its unhealthy-since record gone")
+	}
+	if r := readRecords(m2); !r.learnerAdded.Equal(t0) {
+		t.Errorf("learner added %s, want the first record %s kept", r.learnerAdded, t0)
+	}
+
+	obs.membersErr = errors.New("no member answered")
+	m1 := obs.machines[0].DeepCopy()
+	delete(m1.Annotations, MemberIDAnnotation)
+	keepRecords(m1, obs, t0)
+	if _, ok := m1.Annotations[MemberIDAnnotation]; ok {
+		t.Errorf("a member ID was recorded from an unreadable member list")
+	}
+}
+
+// TestComponentsHealthyNamesMachineAndComponent: a failing preflight check
+// names the machine and the component.
+func TestComponentsHealthyNamesMachineAndComponent(t *testing.T) {
+	cp := &controlplanev1.QuorumControlPlane{}
+	setComponentsHealthy(cp, twoMachineObservation())
+	c := conditions.Get(cp, controlplanev1.ControlPlaneComponentsHealthyCondition)
+	if c == nil || c.Status != metav1.ConditionFalse {
+		t.Fatalf("condition %+v, want False", c)
+	}
+	for _, want := range []string{"Machine cp-1: kube-scheduler: kube-scheduler is not running", "Machine cp-1: kube-controller-manager not reported yet", "Machine cp-2: no Node yet"} {
+		if !strings.Contains(c.Message, want) {
+			t.Errorf("message %q does not say %q", c.Message, want)
+		}
+	}
+}
+
+// TestScalingNamesTheWait: while scaling waits, the condition says for what.
+func TestScalingNamesTheWait(t *testing.T) {
+	cp := &controlplanev1.QuorumControlPlane{Spec: controlplanev1.QuorumControlPlaneSpec{Replicas: ptr.To[int32](3)}}
+	d := quorum.Decision{Kind: quorum.Wait, Reason: "waiting for learner cp-2 to start"}
+	setScaling(cp, twoMachineObservation(), d)
+	up := conditions.Get(cp, controlplanev1.ScalingUpCondition)
+	if up.Status != metav1.ConditionTrue || !strings.Contains(up.Message, "from 2 to 3") || !strings.Contains(up.Message, d.Reason) {
+		t.Errorf("ScalingUp %+v; want True, from 2 to 3, naming the wait", up)
+	}
+	if down := conditions.Get(cp, controlplanev1.ScalingDownCondition); down.Status != metav1.ConditionFalse {
+		t.Errorf("ScalingDown %+v; want False", down)
+	}
+}
+
+// TestRecordDecisionKeepsWaitStart: a repeated wait keeps its start time, so
+// lastOperation says since when; a new decision starts again.
+func TestRecordDecisionKeepsWaitStart(t *testing.T) {
+	cp := &controlplanev1.QuorumControlPlane{}
+	wait := quorum.Decision{Kind: quorum.Wait, Reason: "waiting for machine cp-2 to be provisioned"}
+	recordDecision(cp, wait, t0)
+	recordDecision(cp, wait, t0.Add(time.Minute))
+	if got := cp.Status.LastOperation; !got.StartTime.Time.Equal(t0) || got.Kind != controlplanev1.OperationWait {
+		t.Errorf("lastOperation %+v, want the wait since %s", got, t0)
+	}
+	degraded := quorum.Decision{Kind: quorum.Degraded, Reason: "2 of 3 voters down"}
+	recordDecision(cp, degraded, t0.Add(2*time.Minute))
+	if got := cp.Status.LastOperation; !got.StartTime.Time.Equal(t0.Add(2*time.Minute)) || got.Reason != degraded.Reason {
+		t.Errorf("lastOperation %+v, want the new decision", got)
+	}
+}
