@@ -112,6 +112,18 @@ func (d *Document) validateExtraArgs() []FieldError {
 	return errs
 }
 
+// CheckArg checks one extra flag for component c as a document's
+// validation does; each error's Field is "name" or "value". The control
+// plane's admission webhook uses it, so that a flag the agent owns is
+// refused when the spec is written, not when a machine is created.
+func CheckArg(c Component, a Arg) []FieldError {
+	errs := checkArg(c, "", a)
+	for i := range errs {
+		errs[i].Field = strings.TrimPrefix(errs[i].Field, ".")
+	}
+	return errs
+}
+
 func checkArg(c Component, field string, a Arg) []FieldError {
 	var errs []FieldError
 	add := func(field, problem, fix string) { errs = append(errs, FieldError{field, problem, fix}) }

@@ -113,6 +113,12 @@ func admissionCases() []admissionCase {
 			field: "spec.etcd", fix: `set spec.etcd.clusterRef back to "etcd-a"`},
 		{name: "EtcdCluster to another EtcdCluster", old: qcp(clusterRef("etcd-a")), new: qcp(clusterRef("etcd-b")),
 			field: "spec.etcd.clusterRef.name", fix: `set spec.etcd.clusterRef back to "etcd-a"`},
+		{name: "an etcd flag qcp-agent owns", new: qcp(func(q *controlplanev1.QuorumControlPlane) {
+			q.Spec.Etcd.Stacked.ExtraArgs = []controlplanev1.Arg{{Name: "data-dir", Value: "/tmp"}}
+		}), field: "spec.etcd.stacked.extraArgs[0].name", fix: "flag --data-dir of etcd is owned by qcp-agent"},
+		{name: "an API server flag qcp-agent owns", new: qcp(func(q *controlplanev1.QuorumControlPlane) {
+			q.Spec.APIServer.ExtraArgs = []controlplanev1.Arg{{Name: "v", Value: "2"}, {Name: "etcd-servers", Value: "https://10.0.0.9:2379"}}
+		}), field: "spec.apiServer.extraArgs[1].name", fix: "remove it and set etcd.external.endpoints instead"},
 		{name: "valid upgrade together with even replicas", old: qcp(), new: qcp(version("v1.37.0"), replicas(4)),
 			field: "spec.replicas", fix: "use 3 or 5"},
 

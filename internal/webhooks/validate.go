@@ -12,6 +12,7 @@ import (
 	utilversion "k8s.io/apimachinery/pkg/util/version"
 
 	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
+	"github.com/qcp-dev/qcp/internal/bootstrap"
 )
 
 var specPath = field.NewPath("spec")
@@ -33,6 +34,7 @@ func Validate(old, qcp *controlplanev1.QuorumControlPlane) field.ErrorList {
 		errs = append(errs, validateVersion(specPath.Child("etcd", "stacked", "version"), v, "v3.6.16")...)
 	}
 	errs = append(errs, validateCertSANs(specPath.Child("apiServer", "certSANs"), spec.APIServer.CertSANs)...)
+	errs = append(errs, validateExtraArgs(spec)...)
 	errs = append(errs, validateRollout(spec)...)
 	if old != nil {
 		errs = append(errs, validateVersionChange(old, qcp)...)
@@ -162,6 +164,34 @@ func validateCertSANs(path *field.Path, sans []string) field.ErrorList {
 
 // validateRollout: removing before replacing leaves 2 of 3 voters at worst;
 // with fewer machines it would leave none.
+// validateExtraArgs refuses flags qcp-agent owns on the machines (their
+// addresses, certificates, data directories): a machine created with one
+// would never start.
+func validateExtraArgs(spec *controlplanev1.QuorumControlPlaneSpec) field.ErrorList {
+	var errs field.ErrorList
+	for _, c := range []struct {
+		path      *field.Path
+		component bootstrap.Component
+		args      []controlplanev1.Arg
+	}{
+		{specPath.Child("etcd", "stacked", "extraArgs"), bootstrap.Etcd, spec.Etcd.Stacked.ExtraArgs},
+		{specPath.Child("apiServer", "extraArgs"), bootstrap.KubeAPIServer, spec.APIServer.ExtraArgs},
+		{specPath.Child("controllerManager", "extraArgs"), bootstrap.KubeControllerManager, spec.ControllerManager.ExtraArgs},
+		{specPath.Child("scheduler", "extraArgs"), bootstrap.KubeScheduler, spec.Scheduler.ExtraArgs},
+	} {
+		for i, a := range c.args {
+			for _, e := range bootstrap.CheckArg(c.component, bootstrap.Arg{Name: a.Name, Value: a.Value}) {
+				value := a.Name
+				if e.Field == "value" {
+					value = a.Value
+				}
+				errs = append(errs, field.Invalid(c.path.Index(i).Child(e.Field), value, e.Problem+"; "+e.Fix))
+			}
+		}
+	}
+	return errs
+}
+
 func validateRollout(spec *controlplanev1.QuorumControlPlaneSpec) field.ErrorList {
 	strategy := spec.Rollout.Strategy
 	surge := strategy.RollingUpdate.MaxSurge
