@@ -135,6 +135,25 @@ func TestPlanDecisions(t *testing.T) {
 			RemoveHook, "m-05", "no longer hosts a voter"},
 		{"converged cluster waits",
 			cluster(3, 3, abc...), Wait, "", "nothing to do"},
+		{"scale up waits for every voter machine's components (preflight)",
+			edit(cluster(3, 1, abc...), func(s *State) { s.Machines[0].ComponentsHealthy = false }), Wait, "",
+			"components on machine m-01 to be healthy before creating a machine"},
+		{"scale up waits for a Ready node (preflight)",
+			edit(cluster(3, 2, abc...), func(s *State) { s.Machines[1].NodeReady = false }), Wait, "",
+			"components on machine m-02 to be healthy before creating a machine"},
+		{"a rollout replaces a machine whose own components fail",
+			edit(cluster(3, 3, abc...), func(s *State) { s.Machines[1].UpToDate, s.Machines[1].ComponentsHealthy = false, false }),
+			CreateMachine, "fd-b", "rolling out: replacing outdated machine m-02"},
+		{"scale down waits for the components of the machines that stay (preflight)",
+			edit(cluster(3, 4, abc...), func(s *State) {
+				s.Members[0].Leader, s.Members[2].Leader = false, true
+				s.Machines[1].ComponentsHealthy = false
+			}), Wait, "", "components on machine m-02 to be healthy before deleting machine m-01"},
+		{"scale down may remove the machine whose components fail",
+			edit(cluster(3, 4, abc...), func(s *State) {
+				s.Members[0].Leader, s.Members[2].Leader = false, true
+				s.Machines[3].UpToDate, s.Machines[3].ComponentsHealthy = false, false
+			}), DeleteMachine, "m-04", "outdated with unhealthy components"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

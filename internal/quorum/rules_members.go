@@ -280,6 +280,25 @@ func (p planner) waitForHealthyVoters(what string) (Decision, bool) {
 	return Decision{}, false
 }
 
+// waitForHealthyComponents is the component half of the preflight checks
+// before a machine is created or a voter's machine deleted: the API server,
+// controller manager, scheduler and etcd must be healthy on every machine
+// that hosts a voter, except the one the step replaces or removes, and
+// machines a health check marked (remediation must be able to fix them).
+// Without it QCP would grow or shrink a control plane whose components it
+// has not seen work, as when no API server has answered yet.
+func (p planner) waitForHealthyComponents(what string, except string) (Decision, bool) {
+	for _, mc := range p.machines {
+		if mc.Name == except || mc.Remediate || mc.Deleting {
+			continue
+		}
+		if m, ok := p.memberOn(mc.Name); ok && m.Voter() && !p.componentsOK(mc) {
+			return waitf("waiting for the control plane components on machine %s to be healthy before %s (preflight)", mc.Name, what), true
+		}
+	}
+	return Decision{}, false
+}
+
 // waitForUnhealthyVoters is the last rule: with nothing else to do, a
 // voter that is down but not yet due for remediation is still something
 // the control plane waits for, never "nothing to do".

@@ -39,6 +39,13 @@ func (p planner) createMachine() (Decision, bool) {
 	if d, ok := p.waitForHealthyVoters("creating a machine"); ok {
 		return d, true
 	}
+	except := ""
+	if leaving != nil {
+		except = leaving.Name
+	}
+	if d, ok := p.waitForHealthyComponents("creating a machine", except); ok {
+		return d, true
+	}
 	fd := p.nextFailureDomain(leaving)
 	return Decision{Kind: CreateMachine, FailureDomain: fd, Reason: reason + " in failure domain " + quoteFD(fd)}, true
 }
@@ -93,6 +100,9 @@ func (p planner) deleteVoterMachine(victim Machine, reason string) (Decision, bo
 		return waitf("waiting for machine %s to join before deleting %s", prov[0].Name, victim.Name), true
 	}
 	if d, ok := p.waitForHealthyVoters("deleting machine " + victim.Name); ok {
+		return d, true
+	}
+	if d, ok := p.waitForHealthyComponents("deleting machine "+victim.Name, victim.Name); ok {
 		return d, true
 	}
 	if m, ok := p.memberOn(victim.Name); ok && m.Voter() {

@@ -45,6 +45,11 @@
 //   - Hooks. Deleting a voter's machine without the hook is an I5 (and I1)
 //     violation in Check: the drain would take the voter before its member
 //     is removed.
+//   - Preflight. A machine is created, or a voter's machine deleted, only
+//     while every other voter machine's Node is Ready and its components
+//     are healthy (ComponentsHealthy), besides every voter being healthy.
+//     The machine the step replaces or removes, and machines a health
+//     check marked, are exempt: a broken machine must stay replaceable.
 //   - Fault tolerance. A healthy voter leaves only while every other voter
 //     is healthy, or when the count drops from even to odd; otherwise the
 //     planner waits for the unhealthy one to recover or be remediated. A
