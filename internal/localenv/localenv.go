@@ -1,8 +1,8 @@
 // Package localenv runs a local management cluster: etcd and kube-apiserver
 // (controller-runtime's envtest, pointed at the pinned binaries), CAPI core's
-// and QCP's CRDs, and the CAPI core manager and qcp-manager as child
-// processes, each serving its own admission webhooks. Tests and `qcpctl up`
-// share it.
+// and QCP's CRDs, kube-controller-manager for garbage collection, and the
+// CAPI core manager and qcp-manager as child processes, the managers each
+// serving its own admission webhooks. Tests and `qcpctl up` share it.
 package localenv
 
 import (
@@ -59,12 +59,14 @@ type Env struct {
 	env         *envtest.Environment
 	webhookHost string
 	capi        *Process
+	gc          *Process
 	managers    []*Process
 	ownsDir     bool
 }
 
-// Start starts the management cluster and, unless told not to, CAPI core,
-// and returns once both serve. On error everything started is stopped.
+// Start starts the management cluster, its garbage collector and, unless
+// told not to, CAPI core, and returns once all serve. On error everything
+// started is stopped.
 func Start(ctx context.Context, opts Options) (_ *Env, err error) {
 	opts = withDefaults(opts)
 	e := &Env{Scheme: scheme.New(), Dir: opts.Dir}
@@ -85,10 +87,15 @@ func Start(ctx context.Context, opts Options) (_ *Env, err error) {
 	if err := e.startAPIServer(opts); err != nil {
 		return nil, err
 	}
-	if opts.WithoutCAPI {
-		return e, nil
+	// The garbage collector starts alongside CAPI core rather than before
+	// it, so that it adds little to the start-up time.
+	gcStarted := make(chan error, 1)
+	go func() { gcStarted <- e.startControllerManager(ctx, opts) }()
+	var capiErr error
+	if !opts.WithoutCAPI {
+		capiErr = e.startCAPI(ctx, opts)
 	}
-	if err := e.startCAPI(ctx, opts); err != nil {
+	if err := errors.Join(capiErr, <-gcStarted); err != nil {
 		return nil, err
 	}
 	return e, nil
@@ -189,8 +196,9 @@ func (e *Env) writeManifests() (string, error) {
 	return dir, nil
 }
 
-// Stop stops CAPI core, kube-apiserver and etcd, and removes a temporary
-// directory. It is safe to call more than once.
+// Stop stops qcp-manager, the machines, CAPI core, kube-controller-manager,
+// kube-apiserver and etcd, and removes a temporary directory. It is safe to
+// call more than once.
 func (e *Env) Stop() error {
 	var errs []error
 	for _, m := range e.managers {
@@ -205,6 +213,10 @@ func (e *Env) Stop() error {
 	if e.capi != nil {
 		errs = append(errs, e.capi.Stop())
 		e.capi = nil
+	}
+	if e.gc != nil {
+		errs = append(errs, e.gc.Stop())
+		e.gc = nil
 	}
 	if e.env != nil {
 		if err := e.env.Stop(); err != nil {

@@ -55,18 +55,21 @@ func BuildForTest(t testing.TB, cmds ...string) string {
 	return dir
 }
 
-// processNames are the command names of the processes a running
-// environment with a qcp-manager has, as /proc shows them (cut to 15
-// characters).
-var processNames = []string{"etcd", "kube-apiserver", "capi-manager", "qcp-manager"}
+// processNames are the names of the processes a running environment with a
+// qcp-manager has.
+var processNames = []string{"etcd", "kube-apiserver", "kube-controller-manager", "capi-manager", "qcp-manager"}
 
 // MissingProcesses names the environment's processes (etcd, kube-apiserver,
-// CAPI core, qcp-manager) that procs lack, so a test that checks what Stop
-// or `qcpctl down` ended can first check it saw them start.
+// kube-controller-manager, CAPI core, qcp-manager) that procs lack, so a
+// test that checks what Stop or `qcpctl down` ended can first check it saw
+// them start.
 func MissingProcesses(procs []machinehost.Proc) []string {
 	var missing []string
 	for _, name := range processNames {
-		if !slices.ContainsFunc(procs, func(p machinehost.Proc) bool { return strings.HasPrefix(p.Comm, name) }) {
+		// /proc cuts command names to 15 characters; a binary's own name
+		// may go on with its version (capi-manager-v1.14.2).
+		comm := name[:min(len(name), 15)]
+		if !slices.ContainsFunc(procs, func(p machinehost.Proc) bool { return strings.HasPrefix(p.Comm, comm) }) {
 			missing = append(missing, name)
 		}
 	}
