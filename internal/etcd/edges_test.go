@@ -148,6 +148,9 @@ func TestMembershipEdgesAgainstRealEtcd(t *testing.T) {
 		if a.Agree() || a.Errors[deadID] == nil {
 			t.Errorf("agreement with a dead member: agree %v, errors %v", a.Agree(), a.Errors)
 		}
+		if !a.Consistent() || len(a.Views) != 2 {
+			t.Errorf("the two live members' views %v: want both, consistent", a.Views)
+		}
 	})
 }
 
@@ -173,6 +176,14 @@ func TestAgreementNeedsTheSameListAndRoles(t *testing.T) {
 	errs := etcd.Agreement{Views: map[uint64][]string{1: view("1")}, Errors: map[uint64]error{2: errors.New("unreachable")}}
 	if errs.Agree() {
 		t.Error("agreement while a member could not answer")
+	}
+	if !errs.Consistent() {
+		t.Error("a member that could not answer made the others inconsistent")
+	}
+	for _, tc := range cases {
+		if got := (etcd.Agreement{Views: tc.views, Errors: errs.Errors}).Consistent(); got != tc.want {
+			t.Errorf("%s with a member down: Consistent() = %v, want %v", tc.name, got, tc.want)
+		}
 	}
 }
 

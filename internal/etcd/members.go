@@ -236,10 +236,13 @@ type Agreement struct {
 
 // Agree reports whether every member that answered lists the same members
 // with the same roles, and every member answered.
-func (a Agreement) Agree() bool {
-	if len(a.Errors) > 0 {
-		return false
-	}
+func (a Agreement) Agree() bool { return len(a.Errors) == 0 && a.Consistent() }
+
+// Consistent reports whether the members that answered list the same
+// members with the same roles. A member that does not answer is not a
+// disagreement: it is down, which the member's health shows; reading the
+// membership as unknown for it would stop every repair of a down member.
+func (a Agreement) Consistent() bool {
 	var first []string
 	for _, v := range a.Views {
 		if first == nil {

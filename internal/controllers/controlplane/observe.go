@@ -198,8 +198,10 @@ func (r *Reconciler) observeEtcd(ctx context.Context, cluster *clusterv1.Cluster
 	if err != nil {
 		return cli, nil, fmt.Errorf("comparing the voters' member lists: %w", err)
 	}
-	if !agreement.Agree() {
-		return cli, nil, fmt.Errorf("the voters report different member lists: %v", agreement)
+	// A voter that does not answer is down, which its health says; only
+	// voters that answer with different lists make the membership unknown.
+	if !agreement.Consistent() {
+		return cli, nil, fmt.Errorf("the voters report different member lists: %v", agreement.Views)
 	}
 	return cli, plannerMembers(members, machines), nil
 }
