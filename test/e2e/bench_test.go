@@ -3,8 +3,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"io"
-	"net/http"
 	"os"
 	"strconv"
 	"strings"
@@ -18,6 +16,7 @@ import (
 
 	infrav1 "github.com/qcp-dev/qcp/api/infrastructure/v1alpha1"
 	"github.com/qcp-dev/qcp/internal/agent"
+	"github.com/qcp-dev/qcp/internal/testkit"
 )
 
 // BenchmarkCreateAndScale measures, on the shared management cluster, the
@@ -51,7 +50,8 @@ func BenchmarkCreateAndScale(b *testing.B) {
 		b.ReportMetric(scaleWall.Seconds(), "scale-s")
 		b.ReportMetric(scaleWall.Seconds()/scaleSum.Seconds(), "scale-ratio")
 		for _, q := range []string{"0.5", "0.99"} {
-			v, err := s.metric(fmt.Sprintf(`qcp_controlplane_reaction_latency_seconds{name=%q,namespace=%q,quantile=%q}`, name, ns, q))
+			v, err := testkit.Metric(context.Background(), s.mgmt.manager.MetricsAddr,
+				fmt.Sprintf(`qcp_controlplane_reaction_latency_seconds{name=%q,namespace=%q,quantile=%q} `, name, ns, q))
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -141,25 +141,6 @@ func processStart(pid int) (time.Time, error) {
 	const hz = 100 // USER_HZ on Linux
 	boot := time.Now().Add(-time.Duration(up * float64(time.Second)))
 	return boot.Add(time.Duration(ticks) * time.Second / hz), nil
-}
-
-// metric reads one sample from qcp-manager's metrics endpoint.
-func (s *scenario) metric(series string) (float64, error) {
-	resp, err := http.Get("http://" + s.mgmt.manager.MetricsAddr + "/metrics")
-	if err != nil {
-		return 0, err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return 0, err
-	}
-	for _, line := range strings.Split(string(body), "\n") {
-		if strings.HasPrefix(line, series+" ") {
-			return strconv.ParseFloat(strings.Fields(line)[1], 64)
-		}
-	}
-	return 0, fmt.Errorf("no sample %s on the metrics endpoint", series)
 }
 
 // deleteCluster deletes the scenario's Cluster and waits until it is gone,

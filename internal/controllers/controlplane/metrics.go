@@ -1,13 +1,12 @@
 package controlplane
 
 import (
-	"errors"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	crmetrics "sigs.k8s.io/controller-runtime/pkg/metrics"
 
 	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
+	qcpmetrics "github.com/qcp-dev/qcp/internal/metrics"
 	"github.com/qcp-dev/qcp/internal/quorum"
 )
 
@@ -52,24 +51,12 @@ func newMetrics() *metrics {
 // register adds the metrics to controller-runtime's registry, reusing
 // collectors another Setup in the same process registered first.
 func (m *metrics) register() *metrics {
-	m.reconciles = registerOrReuse(m.reconciles)
-	m.decisions = registerOrReuse(m.decisions)
-	m.membershipSteps = registerOrReuse(m.membershipSteps)
-	m.members = registerOrReuse(m.members)
-	m.reaction = registerOrReuse(m.reaction)
+	m.reconciles = qcpmetrics.RegisterOrReuse(m.reconciles)
+	m.decisions = qcpmetrics.RegisterOrReuse(m.decisions)
+	m.membershipSteps = qcpmetrics.RegisterOrReuse(m.membershipSteps)
+	m.members = qcpmetrics.RegisterOrReuse(m.members)
+	m.reaction = qcpmetrics.RegisterOrReuse(m.reaction)
 	return m
-}
-
-func registerOrReuse[C prometheus.Collector](c C) C {
-	if err := crmetrics.Registry.Register(c); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if errors.As(err, &are) {
-			if existing, ok := are.ExistingCollector.(C); ok {
-				return existing
-			}
-		}
-	}
-	return c
 }
 
 func (m *metrics) observeReconcile(namespace, name string, err error, _ time.Duration) {

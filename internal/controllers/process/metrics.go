@@ -2,7 +2,8 @@ package process
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
-	"sigs.k8s.io/controller-runtime/pkg/metrics"
+
+	qcpmetrics "github.com/qcp-dev/qcp/internal/metrics"
 )
 
 // Metrics of the process provider, served on qcp-manager's metrics endpoint
@@ -38,20 +39,9 @@ func newProviderMetrics() *providerMetrics {
 // register adds the metrics to controller-runtime's registry. When another
 // Setup in the same process registered them first, those collectors are used.
 func (m *providerMetrics) register() *providerMetrics {
-	m.machineStarts = registerOrReuse(m.machineStarts)
-	m.machineStops = registerOrReuse(m.machineStops)
-	m.machineExits = registerOrReuse(m.machineExits)
-	m.lbBackends = registerOrReuse(m.lbBackends)
+	m.machineStarts = qcpmetrics.RegisterOrReuse(m.machineStarts)
+	m.machineStops = qcpmetrics.RegisterOrReuse(m.machineStops)
+	m.machineExits = qcpmetrics.RegisterOrReuse(m.machineExits)
+	m.lbBackends = qcpmetrics.RegisterOrReuse(m.lbBackends)
 	return m
-}
-
-func registerOrReuse[C prometheus.Collector](c C) C {
-	if err := metrics.Registry.Register(c); err != nil {
-		if are, ok := err.(prometheus.AlreadyRegisteredError); ok {
-			if existing, ok := are.ExistingCollector.(C); ok {
-				return existing
-			}
-		}
-	}
-	return c
 }

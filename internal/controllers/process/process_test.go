@@ -241,7 +241,7 @@ func TestProcessProvider(t *testing.T) {
 		}
 		w.eventually(ctx, "metrics of the kill and the deletion", func(ctx context.Context) error {
 			for series, v := range want {
-				got, err := w.metric(ctx, series)
+				got, err := testkit.Metric(ctx, w.metrics, series)
 				if err != nil {
 					return err
 				}

@@ -4,12 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -92,32 +89,6 @@ func (w *world) startManager() {
 		w.t.Fatal(err)
 	}
 	w.manager, w.metrics = p, p.MetricsAddr
-}
-
-// metric returns the value of the sample whose name and labels start with
-// series, e.g. `qcp_process_lb_backends{cluster="c1"`, from the manager's
-// metrics endpoint.
-func (w *world) metric(ctx context.Context, series string) (float64, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+w.metrics+"/metrics", nil)
-	if err != nil {
-		return 0, err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return 0, err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return 0, err
-	}
-	for _, line := range strings.Split(string(body), "\n") {
-		if strings.HasPrefix(line, series) {
-			fields := strings.Fields(line)
-			return strconv.ParseFloat(fields[len(fields)-1], 64)
-		}
-	}
-	return 0, fmt.Errorf("no sample %s on the metrics endpoint", series)
 }
 
 func (w *world) host() string { return w.env.MachineRoot() }

@@ -1,0 +1,36 @@
+package testkit
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+)
+
+// Metric returns the value of the first sample on the Prometheus endpoint
+// at addr (host:port) whose name and labels start with series, e.g.
+// `qcp_process_lb_backends{cluster="c1"`. Labels appear sorted by name.
+func Metric(ctx context.Context, addr, series string) (float64, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(body), "\n") {
+		if strings.HasPrefix(line, series) {
+			fields := strings.Fields(line)
+			return strconv.ParseFloat(fields[len(fields)-1], 64)
+		}
+	}
+	return 0, fmt.Errorf("no sample %s on the metrics endpoint", series)
+}
