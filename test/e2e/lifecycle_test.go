@@ -221,21 +221,17 @@ func retry(ctx context.Context, f func(context.Context) error) error {
 	}
 }
 
-// machineProcesses lists the processes of cluster's machines and load
-// balancer on mgmt, found by their directories on the command line.
+// machineProcesses lists the processes of cluster's machines on mgmt,
+// found by their directories on the command line. The load balancer is the
+// ProcessCluster's, not the control plane's, and stays with the Cluster.
 func machineProcesses(mgmt *management, cluster string) []string {
+	procs, err := machinehost.ProcessesMatching(filepath.Join(mgmt.env.MachineRoot(), ns, cluster+"-"))
+	if err != nil {
+		return []string{"error: " + err.Error()}
+	}
 	var out []string
-	for _, dir := range []string{
-		filepath.Join(mgmt.env.MachineRoot(), ns, cluster+"-"),
-		filepath.Join(mgmt.env.MachineRoot(), "_lb", ns, cluster),
-	} {
-		procs, err := machinehost.ProcessesMatching(dir)
-		if err != nil {
-			out = append(out, "error: "+err.Error())
-		}
-		for _, p := range procs {
-			out = append(out, fmt.Sprintf("%s (pid %d)", p.Comm, p.PID))
-		}
+	for _, p := range procs {
+		out = append(out, fmt.Sprintf("%s (pid %d)", p.Comm, p.PID))
 	}
 	return out
 }
