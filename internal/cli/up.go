@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -19,21 +20,28 @@ import (
 
 const pidFile = "qcpctl.pid"
 
+// sampleTimeout bounds the wait for the sample control plane.
+const sampleTimeout = 10 * time.Minute
+
 func newUpCommand(dir *string) *cobra.Command {
-	return &cobra.Command{
+	sample := true
+	cmd := &cobra.Command{
 		Use:   "up",
-		Short: "Start a local management cluster: etcd, kube-apiserver, CAPI core and qcp-manager",
-		Long: "up starts the management cluster in the foreground and keeps it running until " +
-			"interrupted (Ctrl-C) or until `qcpctl down` is run from another terminal.",
+		Short: "Start a local management cluster (etcd, kube-apiserver, CAPI core, qcp-manager) with a sample 3-machine control plane",
+		Long: "up starts the management cluster in the foreground, creates the sample cluster demo " +
+			"(config/samples/demo.yaml: 3 control plane machines over 3 failure domains) and waits until it is " +
+			"Available, then keeps running until interrupted (Ctrl-C) or until `qcpctl down` is run from another terminal.",
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			return up(ctx, cmd, *dir)
+			return up(ctx, cmd, *dir, sample)
 		},
 	}
+	cmd.Flags().BoolVar(&sample, "sample", true, "create the sample cluster demo and wait until its control plane is Available")
+	return cmd
 }
 
-func up(ctx context.Context, cmd *cobra.Command, dir string) error {
+func up(ctx context.Context, cmd *cobra.Command, dir string, sample bool) error {
 	if pid, ok := runningPID(dir); ok {
 		return fmt.Errorf("a management cluster already runs from %s (qcpctl pid %d): run `qcpctl down` first", dir, pid)
 	}
@@ -72,8 +80,37 @@ QCP management cluster is up (%s).
 Reach it with:  export KUBECONFIG=%s
 Stop it with Ctrl-C, or run `+"`make down`"+` from another terminal.
 `, time.Since(start).Round(100*time.Millisecond), env.Kubeconfig, env.Config.Host, dir, env.Kubeconfig)
+	if sample {
+		createSample(ctx, out, env, start)
+	}
 	<-ctx.Done()
 	return nil
+}
+
+// createSample creates the demo cluster and waits for its control plane,
+// showing progress. A sample that does not come up is reported, and the
+// management cluster stays up so that it can be inspected.
+func createSample(ctx context.Context, out io.Writer, env *localenv.Env, start time.Time) {
+	fmt.Fprintf(out, "creating the sample cluster %s (%s): %d control plane machines over 3 failure domains ...\n",
+		sampleCluster, "config/"+sampleFile, sampleReplicas)
+	if err := applySample(ctx, env.Client); err != nil {
+		fmt.Fprintf(out, "the sample cluster was not created: %v\n", err)
+		return
+	}
+	wctx, cancel := context.WithTimeout(ctx, sampleTimeout)
+	defer cancel()
+	if err := waitForSample(wctx, out, env.Client, start); err != nil {
+		fmt.Fprintf(out, "the sample control plane is not Available after %s (%v); inspect it with kubectl (see below)\n", sampleTimeout, err)
+		return
+	}
+	fmt.Fprintf(out, `
+The sample control plane is Available: 3 etcd voters, one machine per failure domain.
+With the management cluster's KUBECONFIG above:
+  Its kubeconfig:  kubectl get secret %s-kubeconfig -o jsonpath='{.data.value}' | base64 -d > %s.kubeconfig
+  Then try:        KUBECONFIG=%s.kubeconfig kubectl get nodes
+                   kubectl get quorumcontrolplane,machines -o wide
+                   kubectl scale quorumcontrolplane %s --replicas 5
+`, sampleCluster, sampleCluster, sampleCluster, sampleControlPlane)
 }
 
 func newDownCommand(dir *string) *cobra.Command {

@@ -14,8 +14,10 @@ import (
 
 	"k8s.io/client-go/tools/clientcmd"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/conditions"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
 	"github.com/qcp-dev/qcp/internal/binaries"
 	"github.com/qcp-dev/qcp/internal/localenv"
 	"github.com/qcp-dev/qcp/internal/machinehost"
@@ -35,6 +37,7 @@ func TestUpAndDown(t *testing.T) {
 	t.Run("qcpctl down", func(t *testing.T) {
 		state := t.TempDir()
 		up := startUp(t, bin, state)
+		up.waitForSample(t)
 		down := exec.Command(filepath.Join(bin, "qcpctl"), "down", "--dir", state)
 		if out, err := down.CombinedOutput(); err != nil {
 			t.Fatalf("qcpctl down: %v\n%s", err, out)
@@ -43,7 +46,7 @@ func TestUpAndDown(t *testing.T) {
 	})
 	t.Run("Ctrl-C", func(t *testing.T) {
 		state := t.TempDir()
-		up := startUp(t, bin, state)
+		up := startUp(t, bin, state, "--sample=false")
 		// A terminal sends SIGINT to the foreground process group.
 		if err := syscall.Kill(-up.cmd.Process.Pid, syscall.SIGINT); err != nil {
 			t.Fatal(err)
@@ -80,17 +83,20 @@ func binDir(t *testing.T) string {
 
 // upProcess is a running `qcpctl up` and what it started.
 type upProcess struct {
-	cmd     *exec.Cmd
-	exited  chan error
-	started []machinehost.Proc
+	cmd        *exec.Cmd
+	state      string
+	exited     chan error
+	started    []machinehost.Proc
+	lines      chan string
+	kubeconfig string
 }
 
 // startUp runs `qcpctl up` in its own process group, waits for the
 // kubeconfig it prints, checks the cluster through it, and records every
 // process up started. Whatever survives the test is killed.
-func startUp(t *testing.T, bin, state string) *upProcess {
+func startUp(t *testing.T, bin, state string, args ...string) *upProcess {
 	t.Helper()
-	up := &upProcess{cmd: exec.Command(filepath.Join(bin, "qcpctl"), "up", "--dir", state), exited: make(chan error, 1)}
+	up := &upProcess{cmd: exec.Command(filepath.Join(bin, "qcpctl"), append([]string{"up", "--dir", state}, args...)...), exited: make(chan error, 1), state: state}
 	up.cmd.Env = append(os.Environ(), binaries.DirEnv+"="+bin)
 	stdout, err := up.cmd.StdoutPipe()
 	if err != nil {
@@ -127,10 +133,7 @@ func startUp(t *testing.T, bin, state string) *upProcess {
 			t.Fatal("qcpctl up did not print a kubeconfig within 3 minutes")
 		}
 	}
-	go func() {
-		for range lines { //nolint:revive // drain so qcpctl never blocks on stdout
-		}
-	}()
+	up.lines, up.kubeconfig = lines, kubeconfig
 	if up.started, err = machinehost.Descendants(up.cmd.Process.Pid); err != nil {
 		t.Fatal(err)
 	}
@@ -138,19 +141,57 @@ func startUp(t *testing.T, bin, state string) *upProcess {
 	return up
 }
 
+// waitForSample waits for up to report the sample control plane Available,
+// checks it through the management cluster, and adds the machines'
+// processes to those that must end with up.
+func (up *upProcess) waitForSample(t *testing.T) {
+	t.Helper()
+	timeout := time.After(8 * time.Minute)
+	for done := false; !done; {
+		select {
+		case line, ok := <-up.lines:
+			if !ok {
+				t.Fatalf("qcpctl up exited before the sample was Available: %v", <-up.exited)
+			}
+			t.Log(line)
+			if strings.Contains(line, "is not Available") || strings.Contains(line, "was not created") {
+				t.Fatal(line)
+			}
+			done = strings.HasPrefix(line, "The sample control plane is Available")
+		case <-timeout:
+			t.Fatal("qcpctl up did not report the sample control plane Available within 8 minutes")
+		}
+	}
+	c := managementClient(t, up.kubeconfig)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cp := &controlplanev1.QuorumControlPlane{}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: "default", Name: "demo-control-plane"}, cp); err != nil {
+		t.Fatal(err)
+	}
+	if !conditions.IsTrue(cp, controlplanev1.AvailableCondition) || len(cp.Status.Etcd.Members) != 3 {
+		t.Errorf("sample control plane: Available %v, members %+v; want Available with 3", conditions.IsTrue(cp, controlplanev1.AvailableCondition), cp.Status.Etcd.Members)
+	}
+	var err error
+	if up.started, err = machinehost.Descendants(up.cmd.Process.Pid); err != nil {
+		t.Fatal(err)
+	}
+	machines, err := machinehost.ProcessesMatching(filepath.Join(up.state, "machines"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(machines) == 0 {
+		t.Error("no machine process runs for the sample cluster")
+	}
+	up.started = append(up.started, machines...)
+}
+
 // checkUp lists CAPI Clusters through the printed kubeconfig and checks
 // that up runs the qcp-manager of bin, next to etcd, kube-apiserver and CAPI
 // core.
 func checkUp(t *testing.T, kubeconfig, bin string, started []machinehost.Proc) {
 	t.Helper()
-	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := client.New(cfg, client.Options{Scheme: scheme.New()})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := managementClient(t, kubeconfig)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	if err := c.List(ctx, &clusterv1.ClusterList{}); err != nil {
@@ -167,6 +208,19 @@ func checkUp(t *testing.T, kubeconfig, bin string, started []machinehost.Proc) {
 			t.Errorf("qcp-manager runs from %q (%v), want the one built from this tree in %s", exe, err, bin)
 		}
 	}
+}
+
+func managementClient(t *testing.T, kubeconfig string) client.Client {
+	t.Helper()
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.New(cfg, client.Options{Scheme: scheme.New()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }
 
 // waitEnded waits for up to exit cleanly and checks that nothing it started

@@ -293,7 +293,10 @@ func (s *scenario) dumpOnFailure() {
 	data, _ := os.ReadFile(filepath.Join(s.mgmt.env.Dir, "qcp-manager.log"))
 	var lines []string
 	for _, l := range strings.Split(string(data), "\n") {
-		if strings.Contains(l, `"`+s.name+`"`) || strings.Contains(l, "/"+s.name) || strings.Contains(l, "panic") {
+		// Lines about this cluster, and whatever is not a structured log
+		// line of another cluster: start-up errors, failpoints, panics.
+		if strings.Contains(l, `"`+s.name+`"`) || strings.Contains(l, "/"+s.name) || !strings.HasPrefix(l, "{") ||
+			strings.Contains(l, `"qcp-manager failed"`) {
 			lines = append(lines, l)
 		}
 	}
