@@ -7,8 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
+	"os"
 	"strconv"
+	"strings"
 	"time"
 
 	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
@@ -46,16 +49,41 @@ func (e *Env) qcpWebhookArgs() []string {
 }
 
 // allocateQCPWebhookPort picks qcp-manager's webhook port once, so that a
-// restarted manager serves where the configurations already point.
+// restarted manager serves where the configurations already point. The port
+// is below the kernel's ephemeral range: while the manager is down (a crash
+// test kills it), a port in that range can be handed to any outgoing
+// connection, and the restarted manager could then not bind it.
 func (e *Env) allocateQCPWebhookPort() error {
 	e.webhookHost = e.env.WebhookInstallOptions.LocalServingHost
-	l, err := net.Listen("tcp", net.JoinHostPort(e.webhookHost, "0"))
-	if err != nil {
-		return fmt.Errorf("finding a free port for qcp-manager's webhooks on %s: %w", e.webhookHost, err)
+	low := ephemeralLow()
+	var err error
+	for range 100 {
+		port := low - 1 - rand.IntN(stablePorts)
+		var l net.Listener
+		if l, err = net.Listen("tcp", net.JoinHostPort(e.webhookHost, strconv.Itoa(port))); err == nil {
+			_ = l.Close()
+			e.QCPWebhookPort = port
+			return nil
+		}
 	}
-	defer l.Close()
-	e.QCPWebhookPort = l.Addr().(*net.TCPAddr).Port
-	return nil
+	return fmt.Errorf("finding a free port below %d for qcp-manager's webhooks on %s: %w", low, e.webhookHost, err)
+}
+
+// stablePorts is how many ports below the ephemeral range long-lived
+// listeners are picked from.
+const stablePorts = 8000
+
+// ephemeralLow is the first port of the kernel's ephemeral range (Linux's
+// default if it cannot be read).
+func ephemeralLow() int {
+	if data, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(data)); len(f) == 2 {
+			if low, err := strconv.Atoi(f[0]); err == nil && low > stablePorts+1024 {
+				return low
+			}
+		}
+	}
+	return 32768
 }
 
 // installQCPWebhooks creates or updates QCP's webhook configurations and
