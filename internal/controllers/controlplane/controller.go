@@ -7,6 +7,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/utils/ptr"
@@ -33,7 +34,7 @@ import (
 // looks again quickly; otherwise Machines, infrastructure machines, the
 // Cluster and workload Nodes wake it.
 const (
-	membershipPoll = 500 * time.Millisecond
+	membershipPoll = 200 * time.Millisecond
 	// initializationPoll is how often the first API server is probed
 	// before it answers; nothing in the management cluster changes when it
 	// does.
@@ -68,6 +69,7 @@ type Reconciler struct {
 	Now func() time.Time
 
 	metrics    *metrics
+	wakeups    *wakeups
 	controller controller.Controller
 }
 
@@ -91,12 +93,13 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) err
 		r.KubeconfigLifetime = DefaultKubeconfigLifetime
 	}
 	r.metrics = newMetrics().register()
+	r.wakeups = newWakeups(r.Now)
 	c, err := ctrl.NewControllerManagedBy(mgr).
 		For(&controlplanev1.QuorumControlPlane{}).
-		Watches(&clusterv1.Machine{}, handler.EnqueueRequestsFromMapFunc(r.machineToControlPlane)).
-		Watches(&infrav1.ProcessMachine{}, handler.EnqueueRequestsFromMapFunc(r.processMachineToControlPlane)).
-		Watches(&clusterv1.Cluster{}, handler.EnqueueRequestsFromMapFunc(r.clusterToControlPlane)).
-		WatchesRawSource(r.ClusterCache.GetClusterSource("quorumcontrolplane", r.clusterToControlPlane)).
+		Watches(&clusterv1.Machine{}, handler.EnqueueRequestsFromMapFunc(r.wakeups.mapped(r.machineToControlPlane))).
+		Watches(&infrav1.ProcessMachine{}, handler.EnqueueRequestsFromMapFunc(r.wakeups.mapped(r.processMachineToControlPlane))).
+		Watches(&clusterv1.Cluster{}, handler.EnqueueRequestsFromMapFunc(r.wakeups.mapped(r.clusterToControlPlane))).
+		WatchesRawSource(r.ClusterCache.GetClusterSource("quorumcontrolplane", r.wakeups.mapped(r.clusterToControlPlane))).
 		Build(r)
 	if err != nil {
 		return fmt.Errorf("setting up the QuorumControlPlane controller: %w", err)
@@ -111,8 +114,12 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 	start := r.Now()
 	defer func() { r.metrics.observeReconcile(req.Namespace, req.Name, reterr, r.Now().Sub(start)) }()
 
+	learned := r.wakeups.round(req.NamespacedName, start)
 	cp := &controlplanev1.QuorumControlPlane{}
 	if err := r.Client.Get(ctx, req.NamespacedName, cp); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.wakeups.forget(req.NamespacedName)
+		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
 	cluster, err := util.GetOwnerCluster(ctx, r.Client, cp.ObjectMeta)
@@ -145,11 +152,12 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 		// Written by the deferred patch; the patch wakes the next round.
 		return ctrl.Result{}, nil
 	}
-	return r.reconcileNormal(ctx, cluster, cp)
+	return r.reconcileNormal(ctx, cluster, cp, learned)
 }
 
-// reconcileNormal is one round of observe → plan → verify → act.
-func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Cluster, cp *controlplanev1.QuorumControlPlane) (ctrl.Result, error) {
+// reconcileNormal is one round of observe → plan → verify → act. learned is
+// when the controller last learned something about cp before this round.
+func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Cluster, cp *controlplanev1.QuorumControlPlane, learned time.Time) (ctrl.Result, error) {
 	setStatusBasics(cp)
 	// The failure domains come with the infrastructure: a machine placed
 	// before they are known would be rebalanced away at once.
@@ -176,7 +184,7 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Clu
 	r.watchNodes(ctx, cluster, cp, obs)
 
 	d := quorum.Plan(obs.state)
-	acted, err := r.act(ctx, cluster, cp, secrets, obs, d)
+	acted, err := r.act(ctx, cluster, cp, secrets, obs, d, learned)
 	setStatus(cp, obs, d, acted, r.Now())
 	r.metrics.observeState(cp, obs)
 	if err != nil {
@@ -192,9 +200,10 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Clu
 }
 
 // act verifies d against a fresh observation and takes it. It reports
-// whether a step was taken.
+// whether a step was taken. Its reaction latency counts from learned, or
+// from the end of the previous step if that is later.
 func (r *Reconciler) act(ctx context.Context, cluster *clusterv1.Cluster, cp *controlplanev1.QuorumControlPlane, secrets *clusterSecrets,
-	obs *observation, d quorum.Decision) (bool, error) {
+	obs *observation, d quorum.Decision, learned time.Time) (bool, error) {
 	logger := log.FromContext(ctx).WithValues("decision", d.Kind, "machine", d.Machine)
 	if d.Kind == quorum.Wait || d.Kind == quorum.Degraded {
 		logger.V(1).Info(d.Reason)
@@ -208,7 +217,10 @@ func (r *Reconciler) act(ctx context.Context, cluster *clusterv1.Cluster, cp *co
 		logger.Info("Not taking the planned step: the control plane changed since the plan; planning again", "why", err.Error())
 		return false, nil
 	}
-	trigger := fresh.triggerTime(cp)
+	trigger := learned
+	if f := cp.Status.LastOperation.FinishTime.Time; f.After(trigger) {
+		trigger = f
+	}
 	startedAt := r.Now()
 	setLastOperation(cp, d, startedAt)
 	logger.Info("Taking step", "reason", d.Reason)

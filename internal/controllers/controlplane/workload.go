@@ -63,9 +63,9 @@ func (r *Reconciler) watchNodes(ctx context.Context, cluster *clusterv1.Cluster,
 		Name:    "quorumcontrolplane-watch-nodes",
 		Watcher: r.controller,
 		Kind:    &corev1.Node{},
-		EventHandler: handler.EnqueueRequestsFromMapFunc(func(context.Context, client.Object) []ctrl.Request {
+		EventHandler: handler.EnqueueRequestsFromMapFunc(r.wakeups.mapped(func(context.Context, client.Object) []ctrl.Request {
 			return []ctrl.Request{req}
-		}),
+		})),
 		Predicates: []predicate.Predicate{nodeConditionsChanged{}},
 	}))
 	if err != nil && !errors.Is(err, clustercache.ErrClusterNotConnected) {
@@ -89,28 +89,4 @@ func (nodeConditionsChanged) Update(e event.UpdateEvent) bool {
 		}
 	}
 	return false
-}
-
-// triggerTime is when the latest change the controller can see became
-// observable: a condition of a machine or of its Node turning, or the end
-// of the controller's own previous step. The reaction latency of the next
-// step counts from it.
-func (o *observation) triggerTime(cp *controlplanev1.QuorumControlPlane) time.Time {
-	latest := cp.Status.LastOperation.FinishTime.Time
-	later := func(t time.Time) {
-		if t.After(latest) {
-			latest = t
-		}
-	}
-	for _, m := range o.machines {
-		for _, c := range m.Status.Conditions {
-			later(c.LastTransitionTime.Time)
-		}
-		if n := o.node(m); n != nil {
-			for _, c := range n.Status.Conditions {
-				later(c.LastTransitionTime.Time)
-			}
-		}
-	}
-	return latest
 }

@@ -1,0 +1,66 @@
+package controlplane
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+)
+
+// wakeups remembers, per control plane, when the controller last learned
+// something: a watch event arriving for it, or a round observing it. The
+// reaction latency of a step counts from the later of the two (or from the
+// previous step's end): a change seen in the API is observable when its
+// event arrives, and a change only etcd shows (a learner catching up)
+// happened after the previous round looked, so the figure is an upper
+// bound for those.
+type wakeups struct {
+	mu     sync.Mutex
+	events map[types.NamespacedName]time.Time
+	rounds map[types.NamespacedName]time.Time
+	now    func() time.Time
+}
+
+func newWakeups(now func() time.Time) *wakeups {
+	return &wakeups{events: map[types.NamespacedName]time.Time{}, rounds: map[types.NamespacedName]time.Time{}, now: now}
+}
+
+// mapped wraps a map function so that every request it returns is noted
+// as woken now.
+func (w *wakeups) mapped(fn handler.MapFunc) handler.MapFunc {
+	return func(ctx context.Context, o client.Object) []ctrl.Request {
+		reqs := fn(ctx, o)
+		at := w.now()
+		w.mu.Lock()
+		defer w.mu.Unlock()
+		for _, r := range reqs {
+			w.events[r.NamespacedName] = at
+		}
+		return reqs
+	}
+}
+
+// round records that a round for key starts at, and returns the moment the
+// controller last learned something about key before it.
+func (w *wakeups) round(key types.NamespacedName, at time.Time) time.Time {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	last := w.rounds[key]
+	if e := w.events[key]; e.After(last) {
+		last = e
+	}
+	w.rounds[key] = at
+	return last
+}
+
+// forget drops key, once its control plane is gone.
+func (w *wakeups) forget(key types.NamespacedName) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	delete(w.events, key)
+	delete(w.rounds, key)
+}
