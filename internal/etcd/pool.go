@@ -14,6 +14,8 @@ import (
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
 
 	"github.com/qcp-dev/qcp/internal/certs"
 )
@@ -154,6 +156,14 @@ func dial(cfg Config, tlsCfg *tls.Config, endpoints []string, autoSync time.Dura
 		// The client's own logger would interleave gRPC reconnect noise
 		// with test and controller logs; errors reach callers anyway.
 		Logger: zap.NewNop(),
+		// gRPC backs off up to 2 minutes between attempts to reach an
+		// endpoint that refused it. A member that is starting (the first
+		// one of a new cluster, one restarting) would then stay unseen long
+		// after it serves; a short cap keeps the quorum engine's view fresh.
+		DialOptions: []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
+			MinConnectTimeout: 2 * time.Second,
+		})},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("dialling etcd %v: %w", endpoints, err)

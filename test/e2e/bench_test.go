@@ -2,8 +2,10 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -57,6 +59,7 @@ func BenchmarkCreateAndScale(b *testing.B) {
 			}
 			b.ReportMetric(v*1000, unit)
 		}
+		s.logSteps()
 		s.finish()
 		s.deleteCluster()
 	}
@@ -141,6 +144,25 @@ func processStart(pid int) (time.Time, error) {
 	const hz = 100 // USER_HZ on Linux
 	boot := time.Now().Add(-time.Duration(up * float64(time.Second)))
 	return boot.Add(time.Duration(ticks) * time.Second / hz), nil
+}
+
+// logSteps logs the steps qcp-manager took for the scenario's control plane,
+// each with its reaction latency, to show where the time went.
+func (s *scenario) logSteps() {
+	data, err := os.ReadFile(filepath.Join(s.mgmt.env.Dir, "qcp-manager.log"))
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	for _, l := range strings.Split(string(data), "\n") {
+		var entry struct {
+			Msg, Decision, Machine, ReactionLatency string
+			CP                                      struct{ Name string } `json:"QuorumControlPlane"`
+		}
+		if json.Unmarshal([]byte(l), &entry) != nil || entry.Msg != "Taking step" || entry.CP.Name != s.name {
+			continue
+		}
+		s.t.Logf("step %-14s %-22s reaction %s", entry.Decision, entry.Machine, entry.ReactionLatency)
+	}
 }
 
 // deleteCluster deletes the scenario's Cluster and waits until it is gone,

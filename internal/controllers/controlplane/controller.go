@@ -114,7 +114,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 	start := r.Now()
 	defer func() { r.metrics.observeReconcile(req.Namespace, req.Name, reterr, r.Now().Sub(start)) }()
 
-	learned := r.wakeups.round(req.NamespacedName, start)
+	learned := r.wakeups.learned(req.NamespacedName)
 	cp := &controlplanev1.QuorumControlPlane{}
 	if err := r.Client.Get(ctx, req.NamespacedName, cp); err != nil {
 		if apierrors.IsNotFound(err) {
@@ -177,6 +177,7 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Clu
 	if err != nil {
 		return ctrl.Result{}, err
 	}
+	r.wakeups.looked(client.ObjectKeyFromObject(cp), r.Now())
 	if err := r.tendMachines(ctx, cluster, cp, obs); err != nil {
 		return ctrl.Result{}, err
 	}
@@ -223,7 +224,7 @@ func (r *Reconciler) act(ctx context.Context, cluster *clusterv1.Cluster, cp *co
 	}
 	startedAt := r.Now()
 	setLastOperation(cp, d, startedAt)
-	logger.Info("Taking step", "reason", d.Reason)
+	logger.Info("Taking step", "reason", d.Reason, "reactionLatency", startedAt.Sub(trigger).String())
 	if d.Kind == quorum.CreateMachine {
 		err = r.createMachine(ctx, cluster, cp, secrets, fresh, d)
 	} else {

@@ -10,8 +10,11 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/controllers/remote"
 	"sigs.k8s.io/cluster-api/util/collections"
 	"sigs.k8s.io/cluster-api/util/conditions"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -113,6 +116,9 @@ type observation struct {
 	// cannot be reached (nodesErr says why).
 	nodes    map[string]*corev1.Node
 	nodesErr error
+	// nodesDirect: the Nodes were read without the ClusterCache, which has
+	// not connected yet, so no Node watch wakes the controller.
+	nodesDirect bool
 	// etcd is the client the members were read through; nil with no
 	// machine address to dial.
 	etcd *etcd.Client
@@ -140,7 +146,7 @@ func (r *Reconciler) observe(ctx context.Context, cluster *clusterv1.Cluster, cp
 		initialized: ptr.Deref(cp.Status.Initialization.ControlPlaneInitialized, false),
 	}
 	if obs.initialized {
-		obs.nodes, obs.nodesErr = r.workloadNodes(ctx, cluster)
+		obs.nodes, obs.nodesDirect, obs.nodesErr = r.workloadNodes(ctx, cluster)
 	}
 	obs.etcd, obs.members, obs.membersErr = r.observeEtcd(ctx, cluster, secrets, obs.machines)
 	obs.build(cp, cluster, r.Now(), r.Tunables)
@@ -148,20 +154,40 @@ func (r *Reconciler) observe(ctx context.Context, cluster *clusterv1.Cluster, cp
 }
 
 // workloadNodes lists the workload cluster's Nodes from the ClusterCache.
-func (r *Reconciler) workloadNodes(ctx context.Context, cluster *clusterv1.Cluster) (map[string]*corev1.Node, error) {
-	reader, err := r.ClusterCache.GetReader(ctx, client.ObjectKeyFromObject(cluster))
-	if err != nil {
-		return nil, fmt.Errorf("the workload cluster is not reachable yet: %w", err)
-	}
+// Until the ClusterCache connects (after a failed attempt it waits 30 s,
+// and CAPI core connects only once the control plane is initialized), it
+// reads them straight from the API server, so that the preflight checks do
+// not wait on the cache; direct says so, and the caller then polls.
+func (r *Reconciler) workloadNodes(ctx context.Context, cluster *clusterv1.Cluster) (nodes map[string]*corev1.Node, direct bool, err error) {
 	var list corev1.NodeList
-	if err := reader.List(ctx, &list); err != nil {
-		return nil, fmt.Errorf("listing the workload cluster's Nodes: %w", err)
+	if reader, err := r.ClusterCache.GetReader(ctx, client.ObjectKeyFromObject(cluster)); err == nil {
+		if err := reader.List(ctx, &list); err != nil {
+			return nil, false, fmt.Errorf("listing the workload cluster's Nodes: %w", err)
+		}
+		return byName(list.Items), false, nil
 	}
-	nodes := make(map[string]*corev1.Node, len(list.Items))
-	for i := range list.Items {
-		nodes[list.Items[i].Name] = &list.Items[i]
+	cfg, err := remote.RESTConfig(ctx, "qcp-manager", r.Client, client.ObjectKeyFromObject(cluster))
+	if err != nil {
+		return nil, true, fmt.Errorf("the workload cluster is not reachable yet: %w", err)
 	}
-	return nodes, nil
+	cfg.Timeout = initializeProbeTimeout
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, true, err
+	}
+	fresh, err := cs.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return nil, true, fmt.Errorf("listing the workload cluster's Nodes: %w", err)
+	}
+	return byName(fresh.Items), true, nil
+}
+
+func byName(list []corev1.Node) map[string]*corev1.Node {
+	nodes := make(map[string]*corev1.Node, len(list))
+	for i := range list {
+		nodes[list[i].Name] = &list[i]
+	}
+	return nodes
 }
 
 // observeEtcd reads the member list through the machines' client URLs,
@@ -269,12 +295,12 @@ func (o *observation) memberOn(m *clusterv1.Machine) (quorum.Member, bool) {
 	return quorum.Member{}, false
 }
 
-// inFlight reports whether something only etcd can tell is under way: a
+// inFlight reports whether something no watch reports is under way: a
 // learner, a member that is down, a machine that hosts no member yet, a
-// machine being deleted, or a membership that cannot be read. The
-// reconciler then polls instead of waiting for a watch.
+// machine being deleted, a membership that cannot be read, or Nodes read
+// without a watch. The reconciler then polls instead of waiting for one.
 func (o *observation) inFlight() bool {
-	if o.membersErr != nil {
+	if o.membersErr != nil || o.nodesDirect || (o.initialized && o.nodes == nil) {
 		return true
 	}
 	for _, mb := range o.members {

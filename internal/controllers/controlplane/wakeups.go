@@ -12,11 +12,11 @@ import (
 )
 
 // wakeups remembers, per control plane, when the controller last learned
-// something: a watch event arriving for it, or a round observing it. The
-// reaction latency of a step counts from the later of the two (or from the
-// previous step's end): a change seen in the API is observable when its
-// event arrives, and a change only etcd shows (a learner catching up)
-// happened after the previous round looked, so the figure is an upper
+// something: a watch event arriving for it, or a round's look at it ending.
+// The reaction latency of a step counts from the later of the two (or from
+// the previous step's end): a change seen in the API is observable when its
+// event arrives, and a change only etcd shows (a learner catching up) came
+// after the previous look ended without it, so the figure is an upper
 // bound for those.
 type wakeups struct {
 	mu     sync.Mutex
@@ -44,17 +44,23 @@ func (w *wakeups) mapped(fn handler.MapFunc) handler.MapFunc {
 	}
 }
 
-// round records that a round for key starts at, and returns the moment the
-// controller last learned something about key before it.
-func (w *wakeups) round(key types.NamespacedName, at time.Time) time.Time {
+// learned returns the moment the controller last learned something about
+// key: its last event, or the end of its last look.
+func (w *wakeups) learned(key types.NamespacedName) time.Time {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	last := w.rounds[key]
 	if e := w.events[key]; e.After(last) {
 		last = e
 	}
-	w.rounds[key] = at
 	return last
+}
+
+// looked records that a look at key ended at.
+func (w *wakeups) looked(key types.NamespacedName, at time.Time) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.rounds[key] = at
 }
 
 // forget drops key, once its control plane is gone.
