@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
+	"github.com/qcp-dev/qcp/internal/testkit"
 )
 
 // TestCreateAndScale creates a 3-machine control plane, then scales it to
@@ -58,7 +59,36 @@ func TestCreateAndScale(t *testing.T) {
 	if got := domainCounts(left); !slices.Equal(got, []int{1, 1, 1}) {
 		t.Errorf("3 machines spread %v over fd-a, fd-b, fd-c; want 1/1/1", got)
 	}
+	s.checkMetrics(ctx)
 	s.finish()
+}
+
+// checkMetrics reads qcp-manager's metrics for the scenario after it grew
+// to 5 and shrank to 3: steps by kind, membership step durations, the
+// member gauges and reconcile outcomes must account for what happened.
+func (s *scenario) checkMetrics(ctx context.Context) {
+	s.t.Helper()
+	cp := fmt.Sprintf(`name=%q,namespace=%q`, s.name, ns)
+	for _, c := range []struct {
+		series string
+		check  func(float64) bool
+		want   string
+	}{
+		{`qcp_controlplane_steps_total{kind="CreateMachine",` + cp + `,outcome="success"} `, func(v float64) bool { return v >= 5 }, "at least 5 machines created"},
+		{`qcp_controlplane_steps_total{kind="Promote",` + cp + `,outcome="success"} `, func(v float64) bool { return v >= 4 }, "at least 4 learners promoted"},
+		{`qcp_controlplane_steps_total{kind="RemoveMember",` + cp + `,outcome="success"} `, func(v float64) bool { return v >= 2 }, "at least 2 members removed"},
+		{`qcp_controlplane_membership_step_duration_seconds_count{` + cp + `,step="promote"} `, func(v float64) bool { return v >= 4 }, "4 promotions timed"},
+		{`qcp_controlplane_membership_step_duration_seconds_count{` + cp + `,step="remove"} `, func(v float64) bool { return v >= 2 }, "2 removals timed"},
+		{`qcp_controlplane_etcd_members{` + cp + `,role="voter"} `, func(v float64) bool { return v == 3 }, "3 voters"},
+		{`qcp_controlplane_etcd_members{` + cp + `,role="learner"} `, func(v float64) bool { return v == 0 }, "no learner"},
+		{`qcp_controlplane_reconciles_total{` + cp + `,outcome="success"} `, func(v float64) bool { return v > 0 }, "successful reconciles"},
+		{`qcp_controlplane_reaction_latency_seconds_count{` + cp + `} `, func(v float64) bool { return v >= 10 }, "a reaction latency per step"},
+	} {
+		v, err := testkit.Metric(ctx, s.mgmt.manager.MetricsAddr, c.series)
+		if err != nil || !c.check(v) {
+			s.t.Errorf("metric %s= %v (%v); want %s", c.series, v, err, c.want)
+		}
+	}
 }
 
 // checkCreated checks a fresh 3-machine control plane: one machine per

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -215,15 +216,22 @@ func agentExitedMessage(pm *infrav1.ProcessMachine, st machinehost.MachineStatus
 }
 
 func (r *MachineReconciler) reconcileDelete(ctx context.Context, pm *infrav1.ProcessMachine) error {
+	// A deleting ProcessMachine can be reconciled again after it was
+	// stopped (a cache that has not seen the finalizer go); only the pass
+	// that found its directory stopped it, and counts.
+	_, err := os.Stat(r.Host.Dir(pm.Namespace, pm.Name))
+	existed := err == nil
 	if err := r.Host.Stop(pm.Namespace, pm.Name); err != nil {
 		return fmt.Errorf("stopping machine %s/%s: %w", pm.Namespace, pm.Name, err)
 	}
 	if err := r.Addresses.Release(machineKey(pm)); err != nil {
 		return err
 	}
-	r.metrics.machineStops.WithLabelValues(pm.Namespace, pm.Labels[clusterv1.ClusterNameLabel]).Inc()
-	r.Recorder.Eventf(pm, corev1.EventTypeNormal, "MachineStopped", "Machine %s stopped and its directory removed", pm.Name)
-	log.FromContext(ctx).Info("machine stopped")
+	if existed {
+		r.metrics.machineStops.WithLabelValues(pm.Namespace, pm.Labels[clusterv1.ClusterNameLabel]).Inc()
+		r.Recorder.Eventf(pm, corev1.EventTypeNormal, "MachineStopped", "Machine %s stopped and its directory removed", pm.Name)
+		log.FromContext(ctx).Info("machine stopped")
+	}
 	controllerutil.RemoveFinalizer(pm, infrav1.ProcessMachineFinalizer)
 	return nil
 }
