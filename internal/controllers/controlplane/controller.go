@@ -185,13 +185,13 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Clu
 	r.watchNodes(ctx, cluster, cp, obs)
 
 	d := quorum.Plan(obs.state)
-	acted, err := r.act(ctx, cluster, cp, secrets, obs, d, learned)
+	acted, replan, err := r.act(ctx, cluster, cp, secrets, obs, d, learned)
 	setStatus(cp, obs, d, acted, r.Now())
 	r.metrics.observeState(cp, obs)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	if acted || obs.inFlight() {
+	if acted || replan || obs.inFlight() {
 		return ctrl.Result{RequeueAfter: membershipPoll}, nil
 	}
 	if !obs.initialized {
@@ -201,22 +201,24 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Clu
 }
 
 // act verifies d against a fresh observation and takes it. It reports
-// whether a step was taken. Its reaction latency counts from learned, or
-// from the end of the previous step if that is later.
+// whether a step was taken, and whether the step was dropped because the
+// control plane changed since the plan (the caller plans again soon). Its
+// reaction latency counts from learned, or from the end of the previous
+// step if that is later.
 func (r *Reconciler) act(ctx context.Context, cluster *clusterv1.Cluster, cp *controlplanev1.QuorumControlPlane, secrets *clusterSecrets,
-	obs *observation, d quorum.Decision, learned time.Time) (bool, error) {
+	obs *observation, d quorum.Decision, learned time.Time) (acted, replan bool, err error) {
 	logger := log.FromContext(ctx).WithValues("decision", d.Kind, "machine", d.Machine)
 	if d.Kind == quorum.Wait || d.Kind == quorum.Degraded {
 		logger.V(1).Info(d.Reason)
-		return false, nil
+		return false, false, nil
 	}
 	fresh, err := r.observe(ctx, cluster, cp, secrets)
 	if err != nil {
-		return false, err
+		return false, false, err
 	}
 	if err := d.Verify(fresh.state); err != nil {
 		logger.Info("Not taking the planned step: the control plane changed since the plan; planning again", "why", err.Error())
-		return false, nil
+		return false, true, nil
 	}
 	trigger := learned
 	if f := cp.Status.LastOperation.FinishTime.Time; f.After(trigger) {
@@ -237,11 +239,11 @@ func (r *Reconciler) act(ctx context.Context, cluster *clusterv1.Cluster, cp *co
 	r.metrics.observeDecision(cp, d, err, trigger, startedAt, r.Now(), learnerAdded)
 	if err != nil {
 		r.Recorder.Eventf(cp, corev1.EventTypeWarning, "StepFailed", "%s: %v", d, err)
-		return false, fmt.Errorf("taking step %s: %w", d, err)
+		return false, false, fmt.Errorf("taking step %s: %w", d, err)
 	}
 	cp.Status.LastOperation.FinishTime = metav1.NewTime(r.Now())
 	r.Recorder.Event(cp, corev1.EventTypeNormal, string(d.Kind), d.String())
-	return true, nil
+	return true, false, nil
 }
 
 // clusterToControlPlane maps a Cluster to the QuorumControlPlane it names.
