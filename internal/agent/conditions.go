@@ -53,17 +53,24 @@ func kubeletConditions(existing []corev1.NodeCondition, now metav1.Time) []corev
 	out := slices.Clone(existing)
 	for _, w := range want {
 		w.LastHeartbeatTime, w.LastTransitionTime = now, now
-		i := slices.IndexFunc(out, func(c corev1.NodeCondition) bool { return c.Type == w.Type })
-		if i < 0 {
-			out = append(out, w)
-			continue
-		}
-		if out[i].Status == w.Status {
-			w.LastTransitionTime = out[i].LastTransitionTime
-		}
-		out[i] = w
+		out = setNodeCondition(out, w)
 	}
 	return out
+}
+
+// setNodeCondition puts cond into conds, in place of the condition of its
+// type if there is one, keeping that one's last transition time while the
+// status holds.
+func setNodeCondition(conds []corev1.NodeCondition, cond corev1.NodeCondition) []corev1.NodeCondition {
+	i := slices.IndexFunc(conds, func(c corev1.NodeCondition) bool { return c.Type == cond.Type })
+	if i < 0 {
+		return append(conds, cond)
+	}
+	if conds[i].Status == cond.Status {
+		cond.LastTransitionTime = conds[i].LastTransitionTime
+	}
+	conds[i] = cond
+	return conds
 }
 
 // componentConditions returns the Node's conditions with one condition per
@@ -88,15 +95,7 @@ func componentConditions(existing []corev1.NodeCondition, components []bootstrap
 			cond.Status, cond.Reason = corev1.ConditionFalse, ReasonProbeFailed
 			cond.Message = string(c) + " does not answer its health check" + suffix("", probe.Error)
 		}
-		i := slices.IndexFunc(out, func(e corev1.NodeCondition) bool { return e.Type == t })
-		if i < 0 {
-			out = append(out, cond)
-			continue
-		}
-		if out[i].Status == cond.Status {
-			cond.LastTransitionTime = out[i].LastTransitionTime
-		}
-		out[i] = cond
+		out = setNodeCondition(out, cond)
 	}
 	return out
 }

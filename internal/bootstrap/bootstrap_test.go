@@ -29,20 +29,9 @@ func TestStackedRoundTrips(t *testing.T) {
 		"etcdonly": NewEtcdOnly("e1", cas.Etcd, NewMember()),
 	} {
 		t.Run(name, func(t *testing.T) {
-			data, err := Marshal(d)
-			if err != nil {
-				t.Fatal(err)
-			}
-			got, err := Parse(data)
-			if err != nil {
-				t.Fatal(err)
-			}
-			a, _ := json.Marshal(d)
-			b, _ := json.Marshal(got)
-			if string(a) != string(b) {
-				t.Errorf("round trip changed the document:\n%s\n%s", a, b)
-			}
+			roundTrip(t, d)
 			// JSON is accepted as well as YAML.
+			a, _ := json.Marshal(d)
 			if _, err := Parse(a); err != nil {
 				t.Errorf("JSON form rejected: %v", err)
 			}
@@ -172,4 +161,22 @@ func FuzzParse(f *testing.F) {
 			t.Fatal("Parse accepted a document Validate rejects")
 		}
 	})
+}
+
+// roundTrip checks that d survives Marshal and Parse unchanged.
+func roundTrip(t *testing.T, d *Document) {
+	t.Helper()
+	data, err := Marshal(d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := Parse(data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, _ := json.Marshal(d)
+	b, _ := json.Marshal(got)
+	if string(a) != string(b) {
+		t.Errorf("round trip changed the document:\n%s\n%s", a, b)
+	}
 }

@@ -46,19 +46,7 @@ func TestExtraArgsAndCertSANsAccepted(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			d := NewStacked("c1", cas, "127.0.200.1:6443", NewMember())
 			tc.edit(d)
-			data, err := Marshal(d)
-			if err != nil {
-				t.Fatal(err)
-			}
-			got, err := Parse(data)
-			if err != nil {
-				t.Fatal(err)
-			}
-			a, _ := json.Marshal(d)
-			b, _ := json.Marshal(got)
-			if string(a) != string(b) {
-				t.Errorf("round trip changed the document:\n%s\n%s", a, b)
-			}
+			roundTrip(t, d)
 		})
 	}
 }

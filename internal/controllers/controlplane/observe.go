@@ -11,10 +11,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
-	"sigs.k8s.io/cluster-api/controllers/remote"
 	"sigs.k8s.io/cluster-api/util/collections"
 	"sigs.k8s.io/cluster-api/util/conditions"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -166,14 +164,9 @@ func (r *Reconciler) workloadNodes(ctx context.Context, cluster *clusterv1.Clust
 		}
 		return byName(list.Items), false, nil
 	}
-	cfg, err := remote.RESTConfig(ctx, "qcp-manager", r.Client, client.ObjectKeyFromObject(cluster))
+	cs, err := r.directWorkloadClient(ctx, cluster)
 	if err != nil {
 		return nil, true, fmt.Errorf("the workload cluster is not reachable yet: %w", err)
-	}
-	cfg.Timeout = initializeProbeTimeout
-	cs, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return nil, true, err
 	}
 	fresh, err := cs.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
 	if err != nil {

@@ -32,14 +32,9 @@ func (r *Reconciler) initialize(ctx context.Context, cluster *clusterv1.Cluster,
 	if obs.initialized || len(obs.members) == 0 {
 		return
 	}
-	cfg, err := remote.RESTConfig(ctx, "qcp-manager", r.Client, client.ObjectKeyFromObject(cluster))
+	cs, err := r.directWorkloadClient(ctx, cluster)
 	if err != nil {
 		log.FromContext(ctx).V(1).Info("Not probing the API server yet", "why", err.Error())
-		return
-	}
-	cfg.Timeout = initializeProbeTimeout
-	cs, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
 		return
 	}
 	if err := cs.Discovery().RESTClient().Get().AbsPath("/readyz").Do(ctx).Error(); err != nil {
@@ -49,6 +44,18 @@ func (r *Reconciler) initialize(ctx context.Context, cluster *clusterv1.Cluster,
 	cp.Status.Initialization.ControlPlaneInitialized = ptr.To(true)
 	obs.initialized, obs.state.Bootstrapped = true, true
 	r.Recorder.Event(cp, corev1.EventTypeNormal, "Initialized", "The first API server answers through the control plane endpoint")
+}
+
+// directWorkloadClient reaches the workload cluster through
+// <cluster>-kubeconfig, without the ClusterCache, with short timeouts: for
+// what is needed before the ClusterCache connects.
+func (r *Reconciler) directWorkloadClient(ctx context.Context, cluster *clusterv1.Cluster) (*kubernetes.Clientset, error) {
+	cfg, err := remote.RESTConfig(ctx, "qcp-manager", r.Client, client.ObjectKeyFromObject(cluster))
+	if err != nil {
+		return nil, err
+	}
+	cfg.Timeout = initializeProbeTimeout
+	return kubernetes.NewForConfig(cfg)
 }
 
 // watchNodes makes workload Node changes wake this control plane. The
