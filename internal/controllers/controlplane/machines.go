@@ -160,9 +160,11 @@ func bootstrapDocument(cluster *clusterv1.Cluster, cp *controlplanev1.QuorumCont
 
 // tendMachines keeps each machine's records (see records.go) and what is
 // propagated in place (template metadata, deletion timeouts,
-// minReadySeconds, the UpToDate condition) current. Every write is
-// conditional on the resourceVersion observed; obs is rebuilt from the
-// written machines, so the plan sees them as they now are.
+// minReadySeconds, the UpToDate condition) current. These writes go through
+// CAPI's patch helper as plain merge patches, not conditional on the
+// resourceVersion observed: they only add bookkeeping, and the planner's
+// steps that follow are (see act.go). obs is rebuilt from the written
+// machines, so the plan sees them as they now are.
 func (r *Reconciler) tendMachines(ctx context.Context, cluster *clusterv1.Cluster, cp *controlplanev1.QuorumControlPlane, obs *observation) error {
 	changed := false
 	for i, m := range obs.machines {
