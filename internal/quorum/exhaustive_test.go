@@ -74,6 +74,13 @@ func initialWorlds(n int) map[string]world {
 		ws["scale down from 5 with a member down"] = healthyWorld(3, 5).with(crash(4)).with(func(w *world) { w.machines[1].deleting = true })
 	}
 	if n >= 3 {
+		outdated := ws["outdated machines"]
+		ws["outdated machines, maxSurge 0"] = outdated.with(func(w *world) { w.strategy = RemoveFirst })
+		ws["outdated machines, OnDelete"] = outdated.with(func(w *world) { w.strategy = OnDelete })
+		ws["two outdated machines deleted by a user, OnDelete"] = outdated.with(func(w *world) {
+			w.strategy = OnDelete
+			w.machines[0].deleting, w.machines[1].deleting = true, true
+		})
 		ws["two members down"] = healthy.with(crash(n-1, n))
 		ws["scale down to "+fmt.Sprint(n-2)] = healthy.with(func(w *world) { w.desired = n - 2 })
 	}

@@ -170,6 +170,9 @@ func worldInvariant(before world, d Decision, after world) string {
 	if before.margin() >= 1 && baseline.margin() >= 0 && probe.margin() < 0 {
 		return fmt.Sprintf("world: %s turned a cluster that survives one more failure into one without quorum", d)
 	}
+	if why := strategyInvariant(before, d); why != "" {
+		return "world: " + why
+	}
 	for _, mc := range after.machines {
 		m := after.memberOn(mc.id)
 		if probe.machine(machineName(mc.id)) != nil || m == nil || m.learner {
@@ -177,6 +180,36 @@ func worldInvariant(before world, d Decision, after world) string {
 		}
 		if was := before.machine(machineName(mc.id)); was == nil || !was.deleting || was.hook {
 			return fmt.Sprintf("world: %s let voter machine %s drain before its member was removed", d, machineName(mc.id))
+		}
+	}
+	return ""
+}
+
+// strategyInvariant is what the rollout strategy promises: maxSurge 0
+// never creates a machine beyond desired (deleting ones count), and
+// OnDelete replaces nothing of its own accord: it creates a machine only
+// below desired or for one a health check marked, and deletes a voter's
+// machine only above desired or when marked.
+func strategyInvariant(before world, d Decision) string {
+	kept, marked := 0, false
+	for _, o := range before.machines {
+		if !o.deleting {
+			kept++
+			marked = marked || o.remediate
+		}
+	}
+	switch {
+	case before.strategy == RemoveFirst && before.desired >= minRemoveFirst && d.Kind == CreateMachine && len(before.machines) >= before.desired:
+		return fmt.Sprintf("%s with %d machines and %d desired, under maxSurge 0", d, len(before.machines), before.desired)
+	case before.strategy == OnDelete && d.Kind == CreateMachine && kept >= before.desired && !marked:
+		return fmt.Sprintf("%s under OnDelete with %d of %d machines and none marked", d, kept, before.desired)
+	case before.strategy == OnDelete && d.Kind == DeleteMachine:
+		mc := before.machine(d.Machine)
+		if mc == nil {
+			return ""
+		}
+		if m := before.memberOn(mc.id); m != nil && !m.learner && !mc.remediate && kept <= before.desired {
+			return fmt.Sprintf("%s under OnDelete: nobody deleted voter machine %s and it was not marked", d, d.Machine)
 		}
 	}
 	return ""

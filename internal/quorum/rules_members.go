@@ -42,7 +42,9 @@ func (p planner) deleteUnusableMachines() (Decision, bool) {
 
 // removeDepartingVoter removes the voter of a machine that is being deleted
 // (by QCP or a user) or is gone. A healthy one stays until its replacement
-// is a voter (maxSurge 1); an unhealthy one goes first (etcd FAQ). Unhealthy
+// is a voter (maxSurge 1), except with RemoveFirst (maxSurge 0), where the
+// replacement comes after when removing it first is safe; an unhealthy one
+// goes first (etcd FAQ). Unhealthy
 // ones are tried first and the leader last: while another departing voter
 // can go, leadership need not move to a machine that is leaving too.
 func (p planner) removeDepartingVoter() (Decision, bool) {
@@ -60,7 +62,7 @@ func (p planner) removeDepartingVoter() (Decision, bool) {
 		if !p.departing(m) {
 			continue
 		}
-		if m.Healthy && len(voters) <= p.Desired {
+		if m.Healthy && len(voters) <= p.Desired && (p.Strategy != RemoveFirst || !p.removalSafe(m)) {
 			continue // wait for the replacement to be promoted
 		}
 		if !p.removalSafe(m) {

@@ -23,8 +23,14 @@ func (p planner) createMachine() (Decision, bool) {
 		leaving = &victim
 		reason = fmt.Sprintf("%s: replacing %s machine %s", why(victim.Remediate, "remediating", "rolling out"),
 			why(victim.Remediate, "marked", "outdated"), victim.Name)
+		if p.Strategy == RemoveFirst {
+			return p.deleteVoterMachine(victim, reason+", deleting it first (maxSurge 0)")
+		}
 	default:
 		return Decision{}, false
+	}
+	if d, ok := p.waitForDeletionBeforeCreating(); ok {
+		return d, true
 	}
 	// I4: one creation at a time, and only one learner (etcd's own limit).
 	if prov := p.provisioning(); len(prov) > 0 {
@@ -50,6 +56,21 @@ func (p planner) createMachine() (Decision, bool) {
 	return Decision{Kind: CreateMachine, FailureDomain: fd, Reason: reason + " in failure domain " + quoteFD(fd)}, true
 }
 
+// waitForDeletionBeforeCreating keeps RemoveFirst within desired machines,
+// deleting ones included: a replacement is created only once the machine it
+// replaces is gone.
+func (p planner) waitForDeletionBeforeCreating() (Decision, bool) {
+	if p.Strategy != RemoveFirst || len(p.machines) < p.Desired {
+		return Decision{}, false
+	}
+	for _, mc := range p.machines {
+		if mc.Deleting {
+			return waitf("waiting for machine %s to be deleted before creating its replacement (maxSurge 0: never more than %d machines)", mc.Name, p.Desired), true
+		}
+	}
+	return Decision{}, false
+}
+
 // cancelSurplusMachines deletes a machine that does not vote yet when more
 // machines are kept than desired (plus the one surge machine of a rollout),
 // and any such machine a health check marked: joining it would only grow
@@ -64,7 +85,7 @@ func (p planner) cancelSurplusMachines() (Decision, bool) {
 		}
 	}
 	surge := 0
-	if len(filter(keep, func(mc Machine) bool { return p.phase(mc) == phaseVoter && p.outdated(mc) })) > 0 {
+	if p.Strategy != RemoveFirst && len(filter(keep, func(mc Machine) bool { return p.phase(mc) == phaseVoter && p.outdated(mc) })) > 0 {
 		surge = 1
 	}
 	if len(notVoting) == 0 || len(keep) <= p.Desired+surge {

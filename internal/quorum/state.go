@@ -102,6 +102,28 @@ const (
 	External Topology = "External"
 )
 
+// Strategy is how outdated machines are replaced (the control plane's
+// rollout strategy).
+type Strategy string
+
+const (
+	// SurgeFirst is RollingUpdate with maxSurge 1, the default: the
+	// replacement is created first, and the outdated machine goes once the
+	// replacement's member votes.
+	SurgeFirst Strategy = ""
+	// RemoveFirst is RollingUpdate with maxSurge 0: the outdated machine's
+	// member is removed and the machine deleted first, and its replacement
+	// is created only once it is gone, so there are never more machines
+	// than desired. It needs at least 3 replicas (the webhook's rule);
+	// with fewer the planner surges as with SurgeFirst.
+	RemoveFirst Strategy = "RemoveFirst"
+	// OnDelete replaces only machines that are deleted (by a user) or that
+	// a health check marked; an outdated machine stays until then. Deleted
+	// machines are still replaced one at a time, each member removed only
+	// once its replacement votes.
+	OnDelete Strategy = "OnDelete"
+)
+
 // HookAnnotation is the pre-drain hook QCP puts on machines that host voters.
 const HookAnnotation = "pre-drain.delete.hook.machine.cluster.x-k8s.io/qcp-etcd-quorum"
 
@@ -115,6 +137,8 @@ type State struct {
 	Desired int
 	// Topology is stacked or external etcd.
 	Topology Topology
+	// Strategy is how outdated machines are replaced.
+	Strategy Strategy
 	// FailureDomains are the domains machines may be placed in (from the
 	// Cluster's status). Empty means one unnamed domain ("").
 	FailureDomains []string

@@ -45,8 +45,16 @@ func newView(s State) view {
 		return 0
 	})
 	v.tun = s.Tunables.withDefaults()
+	if v.Strategy == RemoveFirst && v.Desired < minRemoveFirst {
+		// Removing one of one or two voters first loses quorum: surge.
+		v.Strategy = SurgeFirst
+	}
 	return v
 }
+
+// minRemoveFirst is the fewest replicas RemoveFirst works with (the
+// webhook's rule for maxSurge 0); below it the planner surges instead.
+const minRemoveFirst = 3
 
 func (t Tunables) withDefaults() Tunables {
 	if t.LearnerStartTimeout <= 0 {
@@ -325,6 +333,14 @@ func keepsTolerance(voters []Member, id uint64) bool {
 // its failure domain is gone, or a health check marked it. A marked machine
 // whose voter is healthy (its Node or components failed, not etcd) is thus
 // replaced like a rollout: the replacement joins before the member leaves.
+// With OnDelete only a health check's mark counts: the user replaces the
+// rest by deleting them.
 func (v view) outdated(mc Machine) bool {
-	return !mc.UpToDate || mc.Remediate || (len(v.FailureDomains) > 0 && !slices.Contains(v.FailureDomains, mc.FailureDomain))
+	if mc.Remediate {
+		return true
+	}
+	if v.Strategy == OnDelete {
+		return false
+	}
+	return !mc.UpToDate || (len(v.FailureDomains) > 0 && !slices.Contains(v.FailureDomains, mc.FailureDomain))
 }

@@ -14,6 +14,7 @@ import (
 // keeps the state space finite while still letting timeouts fire.
 type world struct {
 	desired     int
+	strategy    Strategy
 	domains     []string
 	machines    []wMachine
 	members     []wMember
@@ -98,7 +99,7 @@ func (w world) clone() world {
 func (w world) state() State {
 	now := t0.Add(time.Duration(w.epoch)*epochLen + 2*time.Minute)
 	at := func(epoch int) time.Time { return t0.Add(time.Duration(epoch) * epochLen) }
-	s := State{Desired: w.desired, Topology: Stacked, FailureDomains: w.domains, Now: now, Bootstrapped: w.bootstrapped}
+	s := State{Desired: w.desired, Topology: Stacked, Strategy: w.strategy, FailureDomains: w.domains, Now: now, Bootstrapped: w.bootstrapped}
 	for _, m := range w.machines {
 		mc := Machine{
 			Name: machineName(m.id), FailureDomain: m.fd, UpToDate: m.upToDate,
@@ -299,17 +300,20 @@ func (w world) margin() int {
 }
 
 // converged is the desired state: desired machines, all up to date, each
-// hosting a healthy voter under the hook, and nothing else.
+// hosting a healthy voter under the hook, and nothing else. With OnDelete
+// an outdated machine, or one in a removed domain, stays until a user
+// deletes it.
 func (w world) converged() bool {
 	if len(w.machines) != w.desired || len(w.members) != w.desired {
 		return false
 	}
 	for _, mc := range w.machines {
 		m := w.memberOn(mc.id)
-		if mc.deleting || mc.failed || mc.remediate || !mc.upToDate || !mc.hook || m == nil || m.learner || !m.healthy || !m.caughtUp || m.alarm != "" {
+		if mc.deleting || mc.failed || mc.remediate || !mc.hook || m == nil || m.learner || !m.healthy || !m.caughtUp || m.alarm != "" {
 			return false
 		}
-		if len(w.domains) > 0 && !slices.Contains(w.domains, mc.fd) {
+		replaced := !mc.upToDate || (len(w.domains) > 0 && !slices.Contains(w.domains, mc.fd))
+		if replaced && w.strategy != OnDelete {
 			return false
 		}
 	}
@@ -338,6 +342,7 @@ func (w world) key() string {
 		mrank[m.id] = i
 	}
 	b = strconv.AppendInt(b, int64(w.desired), 10)
+	b = append(b, w.strategy...)
 	b = strconv.AppendBool(b, w.bootstrapped)
 	b = append(b, strings.Join(w.domains, ",")...)
 	b = append(b, '|')
