@@ -3,12 +3,15 @@ SHELL := /usr/bin/env bash -o pipefail
 
 ETCD_VERSION ?= v3.6.16
 KUBE_VERSION ?= v1.36.3
+# The version the upgrade scenario starts from; only `make test` builds it.
+KUBE_PREVIOUS_VERSION ?= v1.35.4
 CAPI_VERSION ?= v1.14.2
 CONTROLLER_TOOLS_VERSION ?= v0.21.0
 
 BIN := $(CURDIR)/bin
 ETCD := $(BIN)/etcd-$(ETCD_VERSION)
 KUBE := $(BIN)/kube-$(KUBE_VERSION)
+KUBE_PREVIOUS := $(BIN)/kube-$(KUBE_PREVIOUS_VERSION)
 CAPI := $(BIN)/capi-manager-$(CAPI_VERSION)
 CONTROLLER_GEN := $(BIN)/controller-gen-$(CONTROLLER_TOOLS_VERSION)
 
@@ -32,6 +35,8 @@ $(ETCD):
 	hack/build-pinned.sh etcd $(ETCD_VERSION) $@
 $(KUBE):
 	hack/build-pinned.sh kube $(KUBE_VERSION) $@
+$(KUBE_PREVIOUS):
+	hack/build-pinned.sh kube $(KUBE_PREVIOUS_VERSION) $@
 $(CAPI):
 	hack/build-pinned.sh capi $(CAPI_VERSION) $@
 $(CONTROLLER_GEN):
@@ -67,7 +72,7 @@ verify-generate: generate
 # it), so the stray check finds them wherever their binary was built; it runs,
 # and reports, whether the tests passed or not. The report ends with the
 # skipped tests, which plain `go test` does not show.
-test: binaries verify-generate
+test: binaries $(KUBE_PREVIOUS) verify-generate
 	go vet ./...
 	@go build -o $(BIN)/testreport ./hack/testreport
 	@run=qcp-test-$$$$-$$(date +%s); status=0; \

@@ -61,7 +61,7 @@ func IssuePKI(dir string, m Machine, doc *bootstrap.Document, now time.Time) (*P
 	c := doc.Certificates
 
 	if c.EtcdCA != nil {
-		etcdCA, err := certs.ParseKeyPair([]byte(c.EtcdCA.Cert), []byte(c.EtcdCA.Key))
+		etcdCA, err := parseCA(c.EtcdCA, doc)
 		if err != nil {
 			return nil, fmt.Errorf("certificates.etcdCA: %w", err)
 		}
@@ -106,7 +106,7 @@ func IssuePKI(dir string, m Machine, doc *bootstrap.Document, now time.Time) (*P
 func (p *PKI) issueKubernetes(w *pkiWriter, m Machine, doc *bootstrap.Document, now time.Time) error {
 	c := doc.Certificates
 	ip := m.IP()
-	ca, err := certs.ParseKeyPair([]byte(c.ClusterCA.Cert), []byte(c.ClusterCA.Key))
+	ca, err := parseCA(c.ClusterCA, doc)
 	if err != nil {
 		return fmt.Errorf("certificates.clusterCA: %w", err)
 	}
@@ -143,7 +143,7 @@ func (p *PKI) issueKubernetes(w *pkiWriter, m Machine, doc *bootstrap.Document, 
 			return err
 		}
 		w.pair("apiserver-kubelet-client", kubelet)
-		fp, err := certs.ParseKeyPair([]byte(c.FrontProxyCA.Cert), []byte(c.FrontProxyCA.Key))
+		fp, err := parseCA(c.FrontProxyCA, doc)
 		if err != nil {
 			return fmt.Errorf("certificates.frontProxyCA: %w", err)
 		}
@@ -196,4 +196,15 @@ func (w *pkiWriter) key(name string, pem []byte)  { w.write(name, pem, 0o600) }
 func (w *pkiWriter) pair(base string, kp *certs.KeyPair) {
 	w.cert(base+".crt", kp.CertPEM)
 	w.key(base+".key", kp.KeyPEM)
+}
+
+// parseCA parses a CA of the bootstrap data, set to issue the machine's
+// certificates for the document's validity.
+func parseCA(ck *bootstrap.CertKey, doc *bootstrap.Document) (*certs.KeyPair, error) {
+	ca, err := certs.ParseKeyPair([]byte(ck.Cert), []byte(ck.Key))
+	if err != nil {
+		return nil, err
+	}
+	ca.LeafValidity = doc.LeafValidity()
+	return ca, nil
 }

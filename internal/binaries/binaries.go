@@ -13,6 +13,9 @@ const (
 	EtcdVersion = "v3.6.16"
 	KubeVersion = "v1.36.3"
 	CAPIVersion = "v1.14.2"
+	// PreviousKubeVersion is the kube version upgrades are tested from; `make
+	// test` builds it too (KUBE_PREVIOUS_VERSION).
+	PreviousKubeVersion = "v1.35.4"
 )
 
 // makeVariables name the Makefile variable that picks each pinned binary's version.

@@ -122,6 +122,9 @@ func (d *Document) Validate() error {
 			add("tunables.nodeMonitorGracePeriod", fmt.Sprintf("%q is not a positive duration", d.Tunables.NodeMonitorGracePeriod), "use a Go duration such as 20s or remove the field")
 		}
 	}
+	if d.Tunables.CertificateValidityDays < 0 {
+		add("tunables.certificateValidityDays", fmt.Sprintf("%d is negative", d.Tunables.CertificateValidityDays), "use a positive number of days or remove the field")
+	}
 	if d.Tunables.ServiceClusterIPRange != "" {
 		if _, _, err := net.ParseCIDR(d.Tunables.ServiceClusterIPRange); err != nil {
 			add("tunables.serviceClusterIPRange", fmt.Sprintf("%q is not a CIDR", d.Tunables.ServiceClusterIPRange), "use a CIDR such as 10.96.0.0/12 or remove the field")

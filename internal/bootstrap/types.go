@@ -8,6 +8,8 @@
 // The format is documented in docs/bootstrap-format.md.
 package bootstrap
 
+import "time"
+
 // Version identifiers of the document.
 const (
 	APIVersion = "bootstrap.qcp.dev/v1alpha1"
@@ -145,6 +147,9 @@ type Tunables struct {
 	NodeMonitorGracePeriod string `json:"nodeMonitorGracePeriod,omitempty"`
 	// ServiceClusterIPRange is the API server's --service-cluster-ip-range.
 	ServiceClusterIPRange string `json:"serviceClusterIPRange,omitempty"`
+	// CertificateValidityDays is how long the certificates the agent issues
+	// for its machine are valid, in days.
+	CertificateValidityDays int32 `json:"certificateValidityDays,omitempty"`
 }
 
 // Defaults for the tunables. The grace period is short so that tests (and
@@ -186,6 +191,12 @@ func (d *Document) ExtraFlags(c Component) []string {
 		out[i] = a.Flag()
 	}
 	return out
+}
+
+// LeafValidity is how long the machine's own certificates are valid: the
+// tunable, or 0 for the certificate package's default.
+func (d *Document) LeafValidity() time.Duration {
+	return time.Duration(d.Tunables.CertificateValidityDays) * 24 * time.Hour
 }
 
 // ServiceClusterIPRange returns the tunable or its default.

@@ -4,6 +4,7 @@
 package certs
 
 import (
+	"cmp"
 	"crypto"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -34,6 +35,9 @@ type KeyPair struct {
 	Key     crypto.Signer
 	CertPEM []byte
 	KeyPEM  []byte
+	// LeafValidity is how long the leaves this CA issues are valid when a
+	// request names no validity; 0 means the package's LeafValidity.
+	LeafValidity time.Duration
 }
 
 // Request describes a leaf certificate to issue.
@@ -72,10 +76,7 @@ func (ca *KeyPair) Issue(req Request, now time.Time) (*KeyPair, error) {
 	if len(req.Usages) == 0 {
 		return nil, fmt.Errorf("certificate request for %q needs at least one extended key usage", req.CommonName)
 	}
-	validity := req.Validity
-	if validity == 0 {
-		validity = LeafValidity
-	}
+	validity := cmp.Or(req.Validity, ca.LeafValidity, LeafValidity)
 	key, err := newKey()
 	if err != nil {
 		return nil, err

@@ -11,25 +11,26 @@ import (
 // turns a missing pinned binary into a test failure.
 const RequireBinariesEnv = "QCP_REQUIRE_BINARIES"
 
-// pinned are the default versions of the binaries tests can ask for.
-var pinned = map[string]string{
-	"etcd":         binaries.EtcdVersion,
-	"kube":         binaries.KubeVersion,
-	"capi-manager": binaries.CAPIVersion,
+// pinned are the binaries tests can ask for: a binary and its version.
+var pinned = map[string]struct{ binary, version string }{
+	"etcd":          {"etcd", binaries.EtcdVersion},
+	"kube":          {"kube", binaries.KubeVersion},
+	"capi-manager":  {"capi-manager", binaries.CAPIVersion},
+	"kube-previous": {"kube", binaries.PreviousKubeVersion},
 }
 
 // RequireBinaries skips t when one of the named pinned binaries (etcd,
-// kube, capi-manager) is not built, so a fresh clone can run what needs
+// kube, capi-manager, kube-previous) is not built, so a fresh clone can run what needs
 // none. Under CI or `make test` it fails t instead: there a skip would let
 // a green run hide a path nobody tested.
 func RequireBinaries(t testing.TB, names ...string) {
 	t.Helper()
 	for _, name := range names {
-		version, ok := pinned[name]
+		pin, ok := pinned[name]
 		if !ok {
 			t.Fatalf("no pinned version of %q", name)
 		}
-		if _, err := binaries.Path(name, version); err != nil {
+		if _, err := binaries.Path(pin.binary, pin.version); err != nil {
 			if os.Getenv(RequireBinariesEnv) == "1" || os.Getenv("CI") == "true" {
 				t.Fatal(err)
 			}

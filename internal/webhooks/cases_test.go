@@ -90,6 +90,13 @@ func admissionCases() []admissionCase {
 		{name: "maxSurge 0 with one replica", new: qcp(replicas(1), func(q *controlplanev1.QuorumControlPlane) {
 			q.Spec.Rollout.Strategy.RollingUpdate.MaxSurge = ptr.To[int32](0)
 		}), field: "spec.rollout.strategy.rollingUpdate.maxSurge", fix: "use maxSurge 1, or 3 or more replicas"},
+		{name: "certificate expiry threshold past the validity", new: qcp(func(q *controlplanev1.QuorumControlPlane) {
+			q.Spec.CertificateValidityPeriodDays = ptr.To[int32](30)
+			q.Spec.Rollout.Before.CertificatesExpiryDays = ptr.To[int32](30)
+		}), field: "spec.rollout.before.certificatesExpiryDays", fix: "use fewer days than that, or raise certificateValidityPeriodDays"},
+		{name: "certificate expiry threshold past the default validity", new: qcp(func(q *controlplanev1.QuorumControlPlane) {
+			q.Spec.Rollout.Before.CertificatesExpiryDays = ptr.To[int32](400)
+		}), field: "spec.rollout.before.certificatesExpiryDays", fix: "valid for 365 days"},
 
 		// Rejected updates.
 		{name: "downgrade", old: qcp(), new: qcp(version("v1.35.4")),
@@ -134,6 +141,10 @@ func admissionCases() []admissionCase {
 			q.Spec.APIServer = controlplanev1.APIServerSpec{CertSANs: []string{"api.example.com", "*.example.com", "10.0.0.1"},
 				ExtraArgs: []controlplanev1.Arg{{Name: "audit-log-path", Value: "-"}}}
 			q.Spec.Scheduler.ExtraArgs = []controlplanev1.Arg{{Name: "v", Value: "2"}}
+		})},
+		{name: "certificate expiry threshold within the validity", new: qcp(func(q *controlplanev1.QuorumControlPlane) {
+			q.Spec.CertificateValidityPeriodDays = ptr.To[int32](30)
+			q.Spec.Rollout.Before.CertificatesExpiryDays = ptr.To[int32](7)
 		})},
 		{name: "maxSurge 0 with three replicas", new: qcp(func(q *controlplanev1.QuorumControlPlane) {
 			q.Spec.Rollout.Strategy.RollingUpdate.MaxSurge = ptr.To[int32](0)

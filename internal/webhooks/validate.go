@@ -10,6 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	utilversion "k8s.io/apimachinery/pkg/util/version"
+	"k8s.io/utils/ptr"
 
 	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
 	"github.com/qcp-dev/qcp/internal/bootstrap"
@@ -193,6 +194,14 @@ func validateExtraArgs(spec *controlplanev1.QuorumControlPlaneSpec) field.ErrorL
 }
 
 func validateRollout(spec *controlplanev1.QuorumControlPlaneSpec) field.ErrorList {
+	if expiry := spec.Rollout.Before.CertificatesExpiryDays; expiry != nil {
+		validity := ptr.Deref(spec.CertificateValidityPeriodDays, controlplanev1.DefaultCertificateValidityPeriodDays)
+		if *expiry >= validity {
+			return field.ErrorList{field.Invalid(specPath.Child("rollout", "before", "certificatesExpiryDays"), *expiry, fmt.Sprintf(
+				"machines' certificates are valid for %d days (certificateValidityPeriodDays), so every new machine would be rolled out again at once; use fewer days than that, or raise certificateValidityPeriodDays",
+				validity))}
+		}
+	}
 	strategy := spec.Rollout.Strategy
 	surge := strategy.RollingUpdate.MaxSurge
 	if strategy.Type == controlplanev1.OnDelete || surge == nil || *surge != 0 || replicasOf(spec) >= 3 {

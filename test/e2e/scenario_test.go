@@ -54,31 +54,36 @@ type scenario struct {
 
 // newScenario creates a Cluster named name with a ProcessCluster (three
 // failure domains), a ProcessMachineTemplate and a QuorumControlPlane of
-// replicas, and registers the end-of-scenario checks.
-func newScenario(t testing.TB, mgmt *management, name string, replicas int32) *scenario {
+// replicas, changed by each of edits, and registers the end-of-scenario
+// checks.
+func newScenario(t testing.TB, mgmt *management, name string, replicas int32, edits ...func(*controlplanev1.QuorumControlPlane)) *scenario {
 	t.Helper()
 	testkit.RequireBinaries(t, "etcd", "kube", "capi-manager")
 	s := &scenario{t: t, mgmt: mgmt, c: mgmt.env.Client, name: name}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	s.create(ctx,
-		&infrav1.ProcessCluster{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
-			Spec: infrav1.ProcessClusterSpec{FailureDomains: failureDomains}},
-		&infrav1.ProcessMachineTemplate{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}},
-		&controlplanev1.QuorumControlPlane{
-			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
-			Spec: controlplanev1.QuorumControlPlaneSpec{
-				Replicas: ptr.To(replicas), Version: version,
-				MachineTemplate: controlplanev1.QuorumControlPlaneMachineTemplate{
-					ObjectMeta: clusterv1.ObjectMeta{Labels: map[string]string{"e2e.qcp.dev/scenario": name}},
-					Spec: controlplanev1.QuorumControlPlaneMachineTemplateSpec{
-						InfrastructureRef: clusterv1.ContractVersionedObjectReference{
-							APIGroup: infrav1.GroupVersion.Group, Kind: "ProcessMachineTemplate", Name: name,
-						},
+	cp := &controlplanev1.QuorumControlPlane{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec: controlplanev1.QuorumControlPlaneSpec{
+			Replicas: ptr.To(replicas), Version: version,
+			MachineTemplate: controlplanev1.QuorumControlPlaneMachineTemplate{
+				ObjectMeta: clusterv1.ObjectMeta{Labels: map[string]string{"e2e.qcp.dev/scenario": name}},
+				Spec: controlplanev1.QuorumControlPlaneMachineTemplateSpec{
+					InfrastructureRef: clusterv1.ContractVersionedObjectReference{
+						APIGroup: infrav1.GroupVersion.Group, Kind: "ProcessMachineTemplate", Name: name,
 					},
 				},
 			},
 		},
+	}
+	for _, edit := range edits {
+		edit(cp)
+	}
+	s.create(ctx,
+		&infrav1.ProcessCluster{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+			Spec: infrav1.ProcessClusterSpec{FailureDomains: failureDomains}},
+		&infrav1.ProcessMachineTemplate{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}},
+		cp,
 		&clusterv1.Cluster{
 			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
 			Spec: clusterv1.ClusterSpec{
@@ -91,7 +96,11 @@ func newScenario(t testing.TB, mgmt *management, name string, replicas int32) *s
 			},
 		},
 	)
-	s.bound = startMachineBound(s, int(replicas))
+	surge := 1
+	if ptr.Deref(cp.Spec.Rollout.Strategy.RollingUpdate.MaxSurge, 1) == 0 {
+		surge = 0
+	}
+	s.bound = startMachineBound(s, int(replicas), surge)
 	t.Cleanup(s.dumpOnFailure)
 	return s
 }
@@ -264,7 +273,8 @@ func (s *scenario) startTraffic(desired int) {
 
 // finish stops the traffic and checks what every scenario must end with:
 // a linearizable history, no acknowledged write lost, no I1–I7 violation,
-// never more than desired + 1 Machines, and no private key leaked.
+// never more than desired + 1 Machines (desired with maxSurge 0), and no
+// private key leaked.
 func (s *scenario) finish() {
 	s.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -335,11 +345,13 @@ func (tr *traffic) stop(ctx context.Context) (testkit.WriterReport, testkit.Moni
 }
 
 // machineBound samples the number of control plane Machines (deleting ones
-// included) and checks it never exceeds desired + 1. After a scale down the
-// bound starts at the machines that exist and ratchets down as they go.
+// included) and checks it never exceeds desired + surge (1, or 0 for
+// maxSurge 0). After a scale down the bound starts at the machines that
+// exist and ratchets down as they go.
 type machineBound struct {
 	mu         sync.Mutex
 	desired    int
+	surge      int
 	bound      int
 	violations []string
 	cancel     context.CancelFunc
@@ -349,11 +361,13 @@ type machineBound struct {
 	// machines in the order they were first seen deleting (or gone).
 	present  map[string]bool
 	departed []string
+	// seen counts every machine ever sampled.
+	seen map[string]bool
 }
 
-func startMachineBound(s *scenario, desired int) *machineBound {
+func startMachineBound(s *scenario, desired, surge int) *machineBound {
 	ctx, cancel := context.WithCancel(context.Background())
-	b := &machineBound{desired: desired, bound: desired + 1, cancel: cancel, done: make(chan struct{})}
+	b := &machineBound{desired: desired, surge: surge, bound: desired + surge, cancel: cancel, done: make(chan struct{}), seen: map[string]bool{}}
 	go func() {
 		defer close(b.done)
 		t := time.NewTicker(200 * time.Millisecond)
@@ -384,10 +398,10 @@ func (b *machineBound) sample(ms []clusterv1.Machine) {
 		b.violations = append(b.violations, fmt.Sprintf("%s: %d machines (%s) with desired %d, bound %d",
 			time.Now().Format("15:04:05.000"), len(ms), strings.Join(names, " "), b.desired, b.bound))
 	}
-	b.bound = max(b.desired+1, min(b.bound, len(ms)))
+	b.bound = max(b.desired+b.surge, min(b.bound, len(ms)))
 	now := map[string]bool{}
 	for _, m := range ms {
-		now[m.Name] = true
+		now[m.Name], b.seen[m.Name] = true, true
 		if !m.DeletionTimestamp.IsZero() && !slices.Contains(b.departed, m.Name) {
 			b.departed = append(b.departed, m.Name)
 		}
@@ -407,11 +421,18 @@ func (b *machineBound) departures() []string {
 	return slices.Clone(b.departed)
 }
 
+// machinesSeen is how many machines have existed so far.
+func (b *machineBound) machinesSeen() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return len(b.seen)
+}
+
 func (b *machineBound) setDesired(n int) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.desired = n
-	b.bound = max(b.bound, n+1)
+	b.bound = max(b.bound, n+b.surge)
 }
 
 func (b *machineBound) stop() error {
@@ -423,7 +444,7 @@ func (b *machineBound) stop() error {
 		return errors.New("the machine count was never sampled")
 	}
 	if len(b.violations) > 0 {
-		return fmt.Errorf("more than desired + 1 machines:\n%s", strings.Join(b.violations, "\n"))
+		return fmt.Errorf("more than desired + %d machines:\n%s", b.surge, strings.Join(b.violations, "\n"))
 	}
 	return nil
 }

@@ -91,6 +91,18 @@ const (
 	PreflightChecksFailedReason = "PreflightChecksFailed"
 )
 
+// RollingOut is true while machines that are not up to date are being
+// replaced; its message lists why they are outdated and what the rollout
+// waits for (a replacement machine whose infrastructure cannot be
+// provisioned, such as a missing binary, names the fix). With OnDelete it
+// stays false and says which machines wait for a user to delete them.
+const (
+	RollingOutCondition    = clusterv1.RollingOutCondition
+	RollingOutReason       = clusterv1.RollingOutReason
+	NotRollingOutReason    = clusterv1.NotRollingOutReason
+	WaitingForDeleteReason = "WaitingForUserDeletion"
+)
+
 // Deleting: the control plane is being deleted; it first waits for the
 // cluster's worker machines, then deletes its own.
 const (

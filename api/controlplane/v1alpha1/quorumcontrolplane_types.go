@@ -20,6 +20,10 @@ const (
 	OnDelete RolloutStrategyType = "OnDelete"
 )
 
+// DefaultCertificateValidityPeriodDays is how long machine certificates are
+// valid when certificateValidityPeriodDays is unset (kubeadm's one year).
+const DefaultCertificateValidityPeriodDays int32 = 365
+
 // MaxReplicas bounds a control plane: every extra etcd voter slows each
 // write, and seven already tolerates three failures.
 const MaxReplicas = 7
@@ -71,6 +75,17 @@ type QuorumControlPlaneSpec struct {
 	// remediation controls automatic repair of unhealthy machines.
 	// +optional
 	Remediation RemediationSpec `json:"remediation,omitempty,omitzero"`
+
+	// certificateValidityPeriodDays is how long the certificates each
+	// machine issues itself (serving, client and etcd peer certificates) stay
+	// valid, in days. Defaults to 365, as kubeadm. A change applies to
+	// machines created afterwards and never rolls machines by itself; use
+	// rollout.before.certificatesExpiryDays to replace machines whose
+	// certificates are about to expire.
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=3650
+	CertificateValidityPeriodDays *int32 `json:"certificateValidityPeriodDays,omitempty"`
 }
 
 // QuorumControlPlaneMachineTemplate is how control plane machines are shaped.
@@ -230,6 +245,21 @@ type RolloutSpec struct {
 	// strategy is RollingUpdate (default) or OnDelete.
 	// +optional
 	Strategy RolloutStrategy `json:"strategy,omitempty,omitzero"`
+	// before rolls out machines ahead of an event, such as certificate
+	// expiry.
+	// +optional
+	Before RolloutBefore `json:"before,omitempty,omitzero"`
+}
+
+// RolloutBefore rolls out machines before something happens to them.
+type RolloutBefore struct {
+	// certificatesExpiryDays rolls out a machine whose certificates expire
+	// within this many days. It must be less than
+	// certificateValidityPeriodDays, or the replacement would be rolled
+	// out again at once.
+	// +optional
+	// +kubebuilder:validation:Minimum=7
+	CertificatesExpiryDays *int32 `json:"certificatesExpiryDays,omitempty"`
 }
 
 // RolloutStrategy chooses how machines are replaced.

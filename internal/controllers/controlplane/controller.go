@@ -169,14 +169,17 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Clu
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	// With nothing in flight, the next wake-up no watch brings is the
-	// kubeconfig's renewal.
-	renew := ctrl.Result{RequeueAfter: max(secrets.renewAt.Sub(r.Now()), time.Second)}
-
 	obs, err := r.observe(ctx, cluster, cp, secrets)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
+	// With nothing in flight, the next wake-up no watch brings is the
+	// kubeconfig's renewal, or a machine going out of date with time.
+	wake := secrets.renewAt
+	if at := obs.rollout.next(obs.machines); !at.IsZero() && at.Before(wake) {
+		wake = at
+	}
+	idle := ctrl.Result{RequeueAfter: max(wake.Sub(r.Now()), time.Second)}
 	r.wakeups.looked(client.ObjectKeyFromObject(cp), r.Now())
 	if err := r.tendMachines(ctx, cluster, cp, obs); err != nil {
 		return ctrl.Result{}, err
@@ -197,7 +200,7 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Clu
 	if !obs.initialized {
 		return ctrl.Result{RequeueAfter: initializationPoll}, nil
 	}
-	return renew, nil
+	return idle, nil
 }
 
 // act verifies d against a fresh observation and takes it. It reports

@@ -61,7 +61,8 @@ func (r *Reconciler) createMachine(ctx context.Context, cluster *clusterv1.Clust
 	machine := &clusterv1.Machine{
 		ObjectMeta: metav1.ObjectMeta{
 			Name: name, Namespace: cp.Namespace, Labels: labels,
-			Annotations:     maps.Clone(cp.Spec.MachineTemplate.ObjectMeta.Annotations),
+			Annotations: mergeInto(maps.Clone(cp.Spec.MachineTemplate.ObjectMeta.Annotations),
+				map[string]string{MachineSpecAnnotation: obs.rollout.want.annotation()}),
 			OwnerReferences: []metav1.OwnerReference{owner},
 		},
 		Spec: clusterv1.MachineSpec{
@@ -144,17 +145,8 @@ func bootstrapDocument(cluster *clusterv1.Cluster, cp *controlplanev1.QuorumCont
 		doc.Versions.Etcd = v
 	}
 	doc.CertSANs = cp.Spec.APIServer.CertSANs
-	doc.ExtraArgs = map[bootstrap.Component][]bootstrap.Arg{}
-	for c, args := range map[bootstrap.Component][]controlplanev1.Arg{
-		bootstrap.Etcd:                  cp.Spec.Etcd.Stacked.ExtraArgs,
-		bootstrap.KubeAPIServer:         cp.Spec.APIServer.ExtraArgs,
-		bootstrap.KubeControllerManager: cp.Spec.ControllerManager.ExtraArgs,
-		bootstrap.KubeScheduler:         cp.Spec.Scheduler.ExtraArgs,
-	} {
-		for _, a := range args {
-			doc.ExtraArgs[c] = append(doc.ExtraArgs[c], bootstrap.Arg{Name: a.Name, Value: a.Value})
-		}
-	}
+	doc.ExtraArgs = extraArgs(cp)
+	doc.Tunables.CertificateValidityDays = ptr.Deref(cp.Spec.CertificateValidityPeriodDays, controlplanev1.DefaultCertificateValidityPeriodDays)
 	return doc
 }
 
@@ -171,7 +163,7 @@ func (r *Reconciler) tendMachines(ctx context.Context, cluster *clusterv1.Cluste
 		want := m.DeepCopy()
 		keepRecords(want, obs, r.Now())
 		if want.DeletionTimestamp.IsZero() {
-			propagate(want, cp)
+			propagate(want, cp, obs.rollout.outdated(want))
 		}
 		if apiequality.Semantic.DeepEqual(m, want) {
 			continue
@@ -200,6 +192,9 @@ func keepRecords(m *clusterv1.Machine, obs *observation, now time.Time) {
 	if r.infraReady.IsZero() && peerURL(m) != "" {
 		setRecord(m, InfraReadyAnnotation, formatTime(now))
 	}
+	if expiry, ok := obs.certExpiry[m.Name]; ok {
+		setRecord(m, clusterv1.MachineCertificatesExpiryDateAnnotation, expiry.UTC().Format(time.RFC3339))
+	}
 	mb, ok := obs.memberOn(m)
 	if !ok || obs.membersErr != nil {
 		return
@@ -221,8 +216,8 @@ func keepRecords(m *clusterv1.Machine, obs *observation, now time.Time) {
 // propagate sets what QCP changes on a machine in place, never by a
 // rollout: the template's labels and annotations (added or changed; a key
 // removed from the template stays), the deletion timeouts, minReadySeconds
-// and the UpToDate condition.
-func propagate(m *clusterv1.Machine, cp *controlplanev1.QuorumControlPlane) {
+// and the UpToDate condition, which lists why the machine is outdated.
+func propagate(m *clusterv1.Machine, cp *controlplanev1.QuorumControlPlane, outdated []string) {
 	meta := cp.Spec.MachineTemplate.ObjectMeta
 	if len(meta.Labels) > 0 {
 		m.Labels = mergeInto(m.Labels, meta.Labels)
@@ -233,17 +228,11 @@ func propagate(m *clusterv1.Machine, cp *controlplanev1.QuorumControlPlane) {
 	m.Spec.Deletion = machineDeletion(cp)
 	m.Spec.MinReadySeconds = ptr.To[int32](0)
 	cond := metav1.Condition{Type: clusterv1.MachineUpToDateCondition, Status: metav1.ConditionTrue, Reason: clusterv1.MachineUpToDateReason}
-	if !upToDate(cp, m) {
+	if len(outdated) > 0 {
 		cond = metav1.Condition{Type: clusterv1.MachineUpToDateCondition, Status: metav1.ConditionFalse, Reason: clusterv1.MachineNotUpToDateReason,
-			Message: fmt.Sprintf("* Version %s, %s required", m.Spec.Version, cp.Spec.Version)}
+			Message: "* " + strings.Join(outdated, "\n* ")}
 	}
 	conditions.Set(m, cond)
-}
-
-// upToDate is the rollout verdict on m. Only the version counts for now;
-// the rollout issue adds the template, arguments and rollout.after.
-func upToDate(cp *controlplanev1.QuorumControlPlane, m *clusterv1.Machine) bool {
-	return normalizeVersion(m.Spec.Version) == normalizeVersion(cp.Spec.Version)
 }
 
 func normalizeVersion(v string) string { return "v" + strings.TrimPrefix(v, "v") }

@@ -126,7 +126,12 @@ type observation struct {
 	membersErr error
 	// initialized is whether the first API server has answered.
 	initialized bool
-	state       quorum.State
+	// rollout judges which machines are outdated.
+	rollout rollout
+	// certExpiry is when the certificates of machines that have no
+	// certificates-expiry record yet expire, for those that answered.
+	certExpiry map[string]time.Time
+	state      quorum.State
 }
 
 // observe reads everything the planner needs: the Machines (live), the
@@ -147,6 +152,8 @@ func (r *Reconciler) observe(ctx context.Context, cluster *clusterv1.Cluster, cp
 		obs.nodes, obs.nodesDirect, obs.nodesErr = r.workloadNodes(ctx, cluster)
 	}
 	obs.etcd, obs.members, obs.membersErr = r.observeEtcd(ctx, cluster, secrets, obs.machines)
+	obs.rollout = r.newRollout(ctx, cp)
+	obs.certExpiry = observeCertificatesExpiry(ctx, secrets, obs)
 	obs.build(cp, cluster, r.Now(), r.Tunables)
 	return obs, nil
 }
@@ -230,6 +237,7 @@ func (o *observation) build(cp *controlplanev1.QuorumControlPlane, cluster *clus
 	s := quorum.State{
 		Desired:        int(ptr.Deref(cp.Spec.Replicas, 1)),
 		Topology:       quorum.Stacked,
+		Strategy:       strategy(cp.Spec.Rollout.Strategy),
 		FailureDomains: controlPlaneFailureDomains(cluster),
 		Members:        o.members,
 		MembersUnknown: o.membersErr != nil,
@@ -238,7 +246,7 @@ func (o *observation) build(cp *controlplanev1.QuorumControlPlane, cluster *clus
 		Tunables:       tun,
 	}
 	for _, m := range o.machines {
-		s.Machines = append(s.Machines, plannerMachine(m, o.node(m), upToDate(cp, m)))
+		s.Machines = append(s.Machines, plannerMachine(m, o.node(m), len(o.rollout.outdated(m)) == 0))
 	}
 	o.state = s
 }

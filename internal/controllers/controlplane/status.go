@@ -26,7 +26,7 @@ var ownedConditions = []string{
 	controlplanev1.AvailableCondition, controlplanev1.InitializedCondition, controlplanev1.CertificatesAvailableCondition,
 	controlplanev1.EtcdClusterHealthyCondition, controlplanev1.ControlPlaneComponentsHealthyCondition,
 	controlplanev1.MachinesReadyCondition, controlplanev1.MachinesUpToDateCondition,
-	controlplanev1.ScalingUpCondition, controlplanev1.ScalingDownCondition, controlplanev1.DeletingCondition,
+	controlplanev1.ScalingUpCondition, controlplanev1.ScalingDownCondition, controlplanev1.RollingOutCondition, controlplanev1.DeletingCondition,
 }
 
 // setStatusBasics sets what needs no observation: the generation seen and
@@ -62,6 +62,7 @@ func setStatus(cp *controlplanev1.QuorumControlPlane, obs *observation, d quorum
 	setAggregate(cp, machines, clusterv1.ReadyCondition, controlplanev1.MachinesReadyCondition, controlplanev1.MachinesReadyNoReplicasReason)
 	setAggregate(cp, machines, clusterv1.MachineUpToDateCondition, controlplanev1.MachinesUpToDateCondition, controlplanev1.MachinesUpToDateNoReplicasReason)
 	setScaling(cp, obs, d)
+	setRollingOut(cp, obs, d)
 	conditions.Set(cp, metav1.Condition{Type: controlplanev1.DeletingCondition, Status: metav1.ConditionFalse, Reason: controlplanev1.NotDeletingReason})
 }
 
@@ -322,4 +323,42 @@ func setScaling(cp *controlplanev1.QuorumControlPlane, obs *observation, d quoru
 	}
 	conditions.Set(cp, up)
 	conditions.Set(cp, down)
+}
+
+// setRollingOut reports the machines that are not up to date, why, and
+// what the rollout waits for; a replacement whose infrastructure is not
+// ready (a missing kube binary, for one) shows its infrastructure's
+// message, which names the fix.
+func setRollingOut(cp *controlplanev1.QuorumControlPlane, obs *observation, d quorum.Decision) {
+	var outdated, lines []string
+	for _, m := range obs.machines {
+		if !m.DeletionTimestamp.IsZero() {
+			continue
+		}
+		if why := obs.rollout.outdated(m); len(why) > 0 {
+			outdated = append(outdated, m.Name)
+			for _, w := range why {
+				if line := "* " + w; !slices.Contains(lines, line) {
+					lines = append(lines, line)
+				}
+			}
+		}
+		if peerURL(m) == "" && conditions.IsFalse(m, clusterv1.MachineInfrastructureReadyCondition) {
+			lines = append(lines, fmt.Sprintf("* Machine %s: %s", m.Name, conditions.GetMessage(m, clusterv1.MachineInfrastructureReadyCondition)))
+		}
+	}
+	cond := metav1.Condition{Type: controlplanev1.RollingOutCondition, Status: metav1.ConditionFalse, Reason: controlplanev1.NotRollingOutReason}
+	switch {
+	case len(outdated) == 0:
+	case obs.state.Strategy == quorum.OnDelete:
+		cond.Reason = controlplanev1.WaitingForDeleteReason
+		cond.Message = fmt.Sprintf("%d not up-to-date replicas (%s) wait to be deleted (strategy OnDelete)\n%s", len(outdated), strings.Join(outdated, ", "), strings.Join(lines, "\n"))
+	default:
+		cond.Status, cond.Reason = metav1.ConditionTrue, controlplanev1.RollingOutReason
+		cond.Message = fmt.Sprintf("Rolling out %d not up-to-date replicas (%s)\n%s", len(outdated), strings.Join(outdated, ", "), strings.Join(lines, "\n"))
+		if d.Kind == quorum.Wait || d.Kind == quorum.Degraded {
+			cond.Message += "\n* " + d.Reason
+		}
+	}
+	conditions.Set(cp, cond)
 }

@@ -1,0 +1,410 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/utils/ptr"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/conditions"
+	"sigs.k8s.io/cluster-api/util/secret"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
+	infrav1 "github.com/qcp-dev/qcp/api/infrastructure/v1alpha1"
+	"github.com/qcp-dev/qcp/internal/binaries"
+	"github.com/qcp-dev/qcp/internal/testkit"
+)
+
+// TestVersionUpgrade upgrades 3 machines from the previous Kubernetes minor
+// to the pinned one with maxSurge 1: never more than 4 machines, leadership
+// moved off each leader's machine before it goes, status.version the
+// lowest version while the rollout runs, and every API server on the new
+// version at the end.
+func TestVersionUpgrade(t *testing.T) {
+	mgmt := requireShared(t)
+	testkit.RequireBinaries(t, "kube-previous")
+	t.Parallel()
+	from := binaries.PreviousKubeVersion
+	s := newScenario(t, mgmt, "upgrade", 3, func(cp *controlplanev1.QuorumControlPlane) { cp.Spec.Version = from })
+	s.startTraffic(3)
+	s.waitAvailable(5*time.Minute, 3)
+	s.checkAPIServerVersions(from)
+
+	start := time.Now()
+	sawLowest := false
+	s.rollOut(func(cp *controlplanev1.QuorumControlPlane) { cp.Spec.Version = version }, func(cp *controlplanev1.QuorumControlPlane, ms []clusterv1.Machine) error {
+		newer := slices.ContainsFunc(ms, func(m clusterv1.Machine) bool { return m.Spec.Version == version })
+		older := slices.ContainsFunc(ms, func(m clusterv1.Machine) bool { return m.Spec.Version == from && m.DeletionTimestamp.IsZero() })
+		if newer && older {
+			if cp.Status.Version != from && cp.Status.Version != "" {
+				return fmt.Errorf("status.version is %s while machines still run %s", cp.Status.Version, from)
+			}
+			sawLowest = sawLowest || cp.Status.Version == from
+		}
+		return nil
+	})
+	t.Logf("upgrade of 3 machines took %s", time.Since(start).Round(time.Second))
+	if !sawLowest {
+		t.Error("status.version never showed the lowest version while old and new machines ran side by side")
+	}
+	s.checkAPIServerVersions(version)
+	s.checkLeaderMovedBeforeRemoval()
+	s.finish()
+}
+
+// TestTemplateRolloutWithoutSurge rolls 3 machines to a new infrastructure
+// template with maxSurge 0: each machine goes before its replacement
+// comes, so there are never more than 3.
+func TestTemplateRolloutWithoutSurge(t *testing.T) {
+	mgmt := requireShared(t)
+	t.Parallel()
+	s := newScenario(t, mgmt, "nosurge", 3, func(cp *controlplanev1.QuorumControlPlane) {
+		cp.Spec.Rollout.Strategy.RollingUpdate.MaxSurge = ptr.To[int32](0)
+	})
+	s.startTraffic(3)
+	s.waitAvailable(5*time.Minute, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	s.create(ctx, &infrav1.ProcessMachineTemplate{ObjectMeta: metav1.ObjectMeta{Name: s.name + "-v2", Namespace: ns}})
+	s.rollOut(func(cp *controlplanev1.QuorumControlPlane) {
+		cp.Spec.MachineTemplate.Spec.InfrastructureRef.Name = s.name + "-v2"
+	}, nil)
+	machines, err := s.machines(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range machines {
+		if !strings.HasPrefix(m.Spec.InfrastructureRef.Name, s.name+"-") {
+			t.Errorf("machine %s's infrastructure is %s", m.Name, m.Spec.InfrastructureRef.Name)
+		}
+		var pm infrav1.ProcessMachine
+		if err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: m.Spec.InfrastructureRef.Name}, &pm); err != nil {
+			t.Fatal(err)
+		}
+		if got := pm.Annotations[clusterv1.TemplateClonedFromNameAnnotation]; got != s.name+"-v2" {
+			t.Errorf("machine %s was cloned from template %q, want %s-v2", m.Name, got, s.name)
+		}
+	}
+	s.finish()
+}
+
+// TestRolloutAfterAndCertificateExpiry: rollout.after set to now rolls
+// every machine once and only once; then machines whose certificates
+// (issued for 10 days) are within a 20-day threshold are rolled, and
+// their replacements, issued for 30 days, are not.
+func TestRolloutAfterAndCertificateExpiry(t *testing.T) {
+	mgmt := requireShared(t)
+	t.Parallel()
+	s := newScenario(t, mgmt, "after", 3, func(cp *controlplanev1.QuorumControlPlane) {
+		cp.Spec.CertificateValidityPeriodDays = ptr.To[int32](10)
+	})
+	s.startTraffic(3)
+	s.waitAvailable(5*time.Minute, 3)
+
+	// rollout.after: every machine once.
+	s.rollOut(func(cp *controlplanev1.QuorumControlPlane) { cp.Spec.Rollout.After = metav1.Now() }, nil)
+	if got := s.bound.machinesSeen(); got != 6 {
+		t.Errorf("rollout.after: %d machines existed in all, want 6 (3, each replaced once)", got)
+	}
+
+	// Certificates: the replacements were issued for 10 days as well.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	s.eventually(2*time.Minute, "every machine's certificate expiry recorded", func(ctx context.Context) error {
+		ms, err := s.machines(ctx)
+		if err != nil {
+			return err
+		}
+		for _, m := range ms {
+			expiry, err := time.Parse(time.RFC3339, m.Annotations[clusterv1.MachineCertificatesExpiryDateAnnotation])
+			if err != nil {
+				return fmt.Errorf("machine %s: %v", m.Name, err)
+			}
+			if left := time.Until(expiry); left < 9*24*time.Hour || left > 10*24*time.Hour {
+				return fmt.Errorf("machine %s's certificates expire in %s, want 10 days", m.Name, left.Round(time.Hour))
+			}
+		}
+		return nil
+	})
+	s.rollOut(func(cp *controlplanev1.QuorumControlPlane) {
+		cp.Spec.CertificateValidityPeriodDays = ptr.To[int32](30)
+		cp.Spec.Rollout.Before.CertificatesExpiryDays = ptr.To[int32](20)
+	}, nil)
+	if got := s.bound.machinesSeen(); got != 9 {
+		t.Errorf("certificate expiry: %d machines existed in all, want 9 (each of 3 replaced once more)", got)
+	}
+	ms, err := s.machines(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range ms {
+		expiry, _ := time.Parse(time.RFC3339, m.Annotations[clusterv1.MachineCertificatesExpiryDateAnnotation])
+		if left := time.Until(expiry); left < 29*24*time.Hour {
+			t.Errorf("machine %s's certificates expire in %s, want 30 days", m.Name, left.Round(time.Hour))
+		}
+	}
+	s.finish()
+}
+
+// TestOnDelete: a version change alone replaces nothing; deleting 2 of 3
+// machines at once replaces them one at a time, with the API server
+// answering throughout.
+func TestOnDelete(t *testing.T) {
+	mgmt := requireShared(t)
+	t.Parallel()
+	s := newScenario(t, mgmt, "ondelete", 3, func(cp *controlplanev1.QuorumControlPlane) {
+		cp.Spec.Rollout.Strategy = controlplanev1.RolloutStrategy{Type: controlplanev1.OnDelete}
+		cp.Spec.Etcd.Stacked.ExtraArgs = []controlplanev1.Arg{{Name: "snapshot-count", Value: "10000"}}
+	})
+	s.startTraffic(3)
+	s.waitAvailable(5*time.Minute, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	before, err := s.machines(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// A spec change: every machine outdated, none replaced.
+	generation := s.patchControlPlane(ctx, func(cp *controlplanev1.QuorumControlPlane) {
+		cp.Spec.Etcd.Stacked.ExtraArgs[0].Value = "20000"
+	})
+	s.eventually(2*time.Minute, "every machine reported outdated", func(ctx context.Context) error {
+		cp, err := s.controlPlane(ctx)
+		if err != nil {
+			return err
+		}
+		if cp.Status.ObservedGeneration < generation || ptr.Deref(cp.Status.UpToDateReplicas, -1) != 0 {
+			return fmt.Errorf("observed generation %d of %d, %d up to date", cp.Status.ObservedGeneration, generation, ptr.Deref(cp.Status.UpToDateReplicas, -1))
+		}
+		ms, err := s.machines(ctx)
+		if err != nil {
+			return err
+		}
+		for _, m := range ms {
+			if msg := conditions.GetMessage(&m, clusterv1.MachineUpToDateCondition); !strings.Contains(msg, "etcd extra args changed") {
+				return fmt.Errorf("machine %s's UpToDate message is %q", m.Name, msg)
+			}
+		}
+		return nil
+	})
+	s.waitAvailable(time.Minute, 3)
+	if got := s.bound.machinesSeen(); got != 3 {
+		t.Fatalf("OnDelete replaced machines nobody deleted: %d machines existed", got)
+	}
+
+	// Two machines deleted at once: replaced one at a time.
+	probe := s.startAPIProbe()
+	for _, m := range before[:2] {
+		if err := s.c.Delete(ctx, &m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.eventually(8*time.Minute, "both deleted machines replaced", func(ctx context.Context) error {
+		ms, err := s.machines(ctx)
+		if err != nil {
+			return err
+		}
+		joining := 0
+		for _, m := range ms {
+			if slices.ContainsFunc(before[:2], func(b clusterv1.Machine) bool { return b.Name == m.Name }) {
+				return fmt.Errorf("machine %s still there", m.Name)
+			}
+			if !conditions.IsTrue(&m, clusterv1.MachineReadyCondition) {
+				joining++
+			}
+		}
+		if joining > 1 {
+			t.Fatalf("%d replacements joining at once; OnDelete replaces one at a time", joining)
+		}
+		return nil
+	})
+	s.waitAvailable(3*time.Minute, 3)
+	if err := probe.stop(); err != nil {
+		t.Error(err)
+	}
+	s.finish()
+}
+
+// rollOut applies change to the control plane and waits until every
+// machine that existed before has been replaced by an up-to-date one and
+// the control plane is Available again. during, if set, is checked on
+// every poll.
+func (s *scenario) rollOut(change func(*controlplanev1.QuorumControlPlane), during func(*controlplanev1.QuorumControlPlane, []clusterv1.Machine) error) {
+	s.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
+	defer cancel()
+	before, err := s.machines(ctx)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	s.patchControlPlane(ctx, change)
+	s.eventually(10*time.Minute, "every machine rolled out", func(ctx context.Context) error {
+		cp, err := s.controlPlane(ctx)
+		if err != nil {
+			return err
+		}
+		ms, err := s.machines(ctx)
+		if err != nil {
+			return err
+		}
+		if during != nil {
+			if err := during(cp, ms); err != nil {
+				s.t.Fatal(err)
+			}
+		}
+		for _, m := range ms {
+			if slices.ContainsFunc(before, func(b clusterv1.Machine) bool { return b.Name == m.Name }) {
+				return fmt.Errorf("machine %s not replaced yet; last operation %s %s: %s", m.Name,
+					cp.Status.LastOperation.Kind, cp.Status.LastOperation.Target, cp.Status.LastOperation.Reason)
+			}
+		}
+		if got := ptr.Deref(cp.Status.UpToDateReplicas, 0); got != int32(len(before)) {
+			return fmt.Errorf("%d machines up to date, want %d", got, len(before))
+		}
+		return nil
+	})
+	s.waitAvailable(3*time.Minute, len(before))
+}
+
+// patchControlPlane changes the control plane's spec and returns the new
+// generation.
+func (s *scenario) patchControlPlane(ctx context.Context, change func(*controlplanev1.QuorumControlPlane)) int64 {
+	s.t.Helper()
+	cp, err := s.controlPlane(ctx)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	orig := cp.DeepCopy()
+	change(cp)
+	if err := s.c.Patch(ctx, cp, client.MergeFrom(orig)); err != nil {
+		s.t.Fatalf("changing control plane %s: %v", s.name, err)
+	}
+	return cp.Generation
+}
+
+// checkAPIServerVersions asks every machine's own API server for its
+// version.
+func (s *scenario) checkAPIServerVersions(want string) {
+	s.t.Helper()
+	s.eventually(time.Minute, "every API server reporting "+want, func(ctx context.Context) error {
+		var sec corev1.Secret
+		if err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: secret.Name(s.name, secret.Kubeconfig)}, &sec); err != nil {
+			return err
+		}
+		ms, err := s.machines(ctx)
+		if err != nil {
+			return err
+		}
+		for _, m := range ms {
+			cfg, err := clientcmd.RESTConfigFromKubeConfig(sec.Data[secret.KubeconfigDataName])
+			if err != nil {
+				return err
+			}
+			ip := ""
+			for _, a := range m.Status.Addresses {
+				if a.Type == clusterv1.MachineInternalIP {
+					ip = a.Address
+				}
+			}
+			cfg.Host, cfg.Timeout = "https://"+net.JoinHostPort(ip, "6443"), 5*time.Second
+			dc, err := discovery.NewDiscoveryClientForConfig(cfg)
+			if err != nil {
+				return err
+			}
+			v, err := dc.ServerVersion()
+			if err != nil {
+				return fmt.Errorf("machine %s: %w", m.Name, err)
+			}
+			if v.GitVersion != want {
+				return fmt.Errorf("machine %s's API server reports %s", m.Name, v.GitVersion)
+			}
+		}
+		return nil
+	})
+}
+
+// checkLeaderMovedBeforeRemoval: the monitor saw no member removed while
+// it led, and QCP moved leadership at least once (the first leader's
+// machine was replaced too).
+func (s *scenario) checkLeaderMovedBeforeRemoval() {
+	s.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var events corev1.EventList
+	if err := s.c.List(ctx, &events, client.InNamespace(ns), client.MatchingFields{"involvedObject.name": s.name}); err != nil {
+		s.t.Fatal(err)
+	}
+	moves := 0
+	for _, e := range events.Items {
+		if e.InvolvedObject.Kind == "QuorumControlPlane" && e.Reason == "MoveLeader" {
+			moves += int(max(e.Count, 1))
+		}
+	}
+	if moves == 0 {
+		s.t.Error("no MoveLeader event: the leader's machine was replaced without moving leadership first")
+	}
+}
+
+// apiProbe asks the workload API server, through the control plane
+// endpoint, for /readyz every 200 ms and records the longest time without
+// an answer.
+type apiProbe struct {
+	cancel context.CancelFunc
+	done   chan error
+}
+
+func (s *scenario) startAPIProbe() *apiProbe {
+	ctx, cancel := context.WithCancel(context.Background())
+	p := &apiProbe{cancel: cancel, done: make(chan error, 1)}
+	cs, err := s.workload(ctx)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	go func() {
+		last, worst := time.Now(), time.Duration(0)
+		tick := time.NewTicker(200 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			_, err := cs.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
+			if err == nil {
+				worst, last = max(worst, time.Since(last)), time.Now()
+			}
+			select {
+			case <-ctx.Done():
+				worst = max(worst, time.Since(last))
+				if worst > apiGapLimit {
+					p.done <- fmt.Errorf("the API server did not answer for %s (limit %s)", worst.Round(time.Millisecond), apiGapLimit)
+				} else {
+					p.done <- nil
+				}
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	return p
+}
+
+// apiGapLimit is the longest the API may go unanswered: the load
+// balancer's probes take up to a few seconds to notice a backend going,
+// and requests to it fail until then.
+const apiGapLimit = 5 * time.Second
+
+func (p *apiProbe) stop() error {
+	p.cancel()
+	if err := <-p.done; err != nil {
+		return err
+	}
+	return nil
+}
