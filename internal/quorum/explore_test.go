@@ -185,8 +185,9 @@ func worldInvariant(before world, d Decision, after world) string {
 	return ""
 }
 
-// strategyInvariant is what the rollout strategy promises: maxSurge 0
-// never creates a machine beyond desired (deleting ones count), and
+// strategyInvariant is what the rollout strategy promises: no machine is
+// created beyond desired + 1, or desired with maxSurge 0 (deleting ones
+// count), and
 // OnDelete replaces nothing of its own accord: it creates a machine only
 // below desired or for one a health check marked, and deletes a voter's
 // machine only above desired or when marked.
@@ -198,9 +199,13 @@ func strategyInvariant(before world, d Decision) string {
 			marked = marked || o.remediate
 		}
 	}
+	limit := before.desired + 1
+	if before.strategy == RemoveFirst && before.desired >= minRemoveFirst {
+		limit = before.desired
+	}
 	switch {
-	case before.strategy == RemoveFirst && before.desired >= minRemoveFirst && d.Kind == CreateMachine && len(before.machines) >= before.desired:
-		return fmt.Sprintf("%s with %d machines and %d desired, under maxSurge 0", d, len(before.machines), before.desired)
+	case d.Kind == CreateMachine && len(before.machines) >= limit:
+		return fmt.Sprintf("%s with %d machines (deleting ones included) and %d desired: at most %d allowed", d, len(before.machines), before.desired, limit)
 	case before.strategy == OnDelete && d.Kind == CreateMachine && kept >= before.desired && !marked:
 		return fmt.Sprintf("%s under OnDelete with %d of %d machines and none marked", d, kept, before.desired)
 	case before.strategy == OnDelete && d.Kind == DeleteMachine:

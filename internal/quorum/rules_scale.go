@@ -29,7 +29,7 @@ func (p planner) createMachine() (Decision, bool) {
 	default:
 		return Decision{}, false
 	}
-	if d, ok := p.waitForDeletionBeforeCreating(); ok {
+	if d, ok := p.waitForMachineBudget(); ok {
 		return d, true
 	}
 	// I4: one creation at a time, and only one learner (etcd's own limit).
@@ -56,16 +56,21 @@ func (p planner) createMachine() (Decision, bool) {
 	return Decision{Kind: CreateMachine, FailureDomain: fd, Reason: reason + " in failure domain " + quoteFD(fd)}, true
 }
 
-// waitForDeletionBeforeCreating keeps RemoveFirst within desired machines,
-// deleting ones included: a replacement is created only once the machine it
-// replaces is gone.
-func (p planner) waitForDeletionBeforeCreating() (Decision, bool) {
-	if p.Strategy != RemoveFirst || len(p.machines) < p.Desired {
+// waitForMachineBudget bounds the machines, deleting ones included, to
+// desired + 1 (desired with RemoveFirst): a rollout's next replacement is
+// created only once the machine the previous one replaced is gone, not
+// merely deleting.
+func (p planner) waitForMachineBudget() (Decision, bool) {
+	limit := p.Desired + 1
+	if p.Strategy == RemoveFirst {
+		limit = p.Desired
+	}
+	if len(p.machines) < limit {
 		return Decision{}, false
 	}
 	for _, mc := range p.machines {
 		if mc.Deleting {
-			return waitf("waiting for machine %s to be deleted before creating its replacement (maxSurge 0: never more than %d machines)", mc.Name, p.Desired), true
+			return waitf("waiting for machine %s to be deleted before creating another (at most %d machines, deleting ones included)", mc.Name, limit), true
 		}
 	}
 	return Decision{}, false
