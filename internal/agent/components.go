@@ -3,6 +3,7 @@ package agent
 import (
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 
 	"github.com/qcp-dev/qcp/internal/bootstrap"
@@ -63,8 +64,20 @@ func (a *machineCtx) etcdServers() string {
 	if ext := a.doc.Etcd.External; ext != nil {
 		return strings.Join(ext.Endpoints, ",")
 	}
-	// Stacked: the API server talks only to its local member, as kubeadm's.
-	return a.url("https", EtcdClientPort)
+	// Stacked: the local member first, then the members that existed when
+	// this machine joined. kubeadm gives the API server only its local
+	// member, so it fails every request from the moment that member is
+	// removed until the load balancer notices; with the others listed, it
+	// keeps serving while its machine is replaced.
+	servers := []string{a.url("https", EtcdClientPort)}
+	if local := a.doc.Etcd.Local; local != nil {
+		for _, ep := range local.ExistingEndpoints {
+			if !slices.Contains(servers, ep) {
+				servers = append(servers, ep)
+			}
+		}
+	}
+	return strings.Join(servers, ",")
 }
 
 func (a *machineCtx) apiserverProcess() Process {

@@ -3,6 +3,7 @@ package agent
 import (
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -100,6 +101,30 @@ func TestAgentFlagsAreOwnedOrOverridable(t *testing.T) {
 			case !owned && !overridable:
 				t.Errorf("%s --%s is set by the agent but neither denied in extraArgs (%v) nor listed as overridable", p.Name, name, err)
 			}
+		}
+	}
+}
+
+// TestAPIServerKnowsTheOtherMembers: a joining machine's API server lists
+// its local member first, then the members it joined, so that it keeps
+// serving once its own member is removed during a replacement.
+func TestAPIServerKnowsTheOtherMembers(t *testing.T) {
+	cas, err := certs.NewClusterCAs(time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		member bootstrap.LocalEtcd
+		want   string
+	}{
+		{bootstrap.NewMember(), "https://127.0.208.1:2379"},
+		{bootstrap.JoinMember("https://127.0.208.2:2379", "https://127.0.208.1:2379", "https://127.0.208.3:2379"),
+			"https://127.0.208.1:2379,https://127.0.208.2:2379,https://127.0.208.3:2379"},
+	} {
+		doc := bootstrap.NewStacked("c1", cas, "", tc.member)
+		args := testMachineCtx(doc).apiserverProcess().Args
+		if !slices.Contains(args, "--etcd-servers="+tc.want) {
+			t.Errorf("kube-apiserver args %q lack --etcd-servers=%s", args, tc.want)
 		}
 	}
 }

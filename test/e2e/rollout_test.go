@@ -73,7 +73,7 @@ func TestTemplateRolloutWithoutSurge(t *testing.T) {
 	})
 	s.startTraffic(3)
 	s.waitAvailable(5*time.Minute, 3)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	s.create(ctx, &infrav1.ProcessMachineTemplate{ObjectMeta: metav1.ObjectMeta{Name: s.name + "-v2", Namespace: ns}})
 	s.rollOut(func(cp *controlplanev1.QuorumControlPlane) {
@@ -118,7 +118,7 @@ func TestRolloutAfterAndCertificateExpiry(t *testing.T) {
 	}
 
 	// Certificates: the replacements were issued for 10 days as well.
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	s.eventually(2*time.Minute, "every machine's certificate expiry recorded", func(ctx context.Context) error {
 		ms, err := s.machines(ctx)
@@ -372,19 +372,28 @@ func (s *scenario) startAPIProbe() *apiProbe {
 		s.t.Fatal(err)
 	}
 	go func() {
-		last, worst := time.Now(), time.Duration(0)
+		last, worst, worstEnd := time.Now(), time.Duration(0), time.Time{}
 		tick := time.NewTicker(200 * time.Millisecond)
 		defer tick.Stop()
+		var lastErr error
 		for {
 			_, err := cs.Discovery().RESTClient().Get().AbsPath("/readyz").DoRaw(ctx)
 			if err == nil {
-				worst, last = max(worst, time.Since(last)), time.Now()
+				if gap := time.Since(last); gap > worst {
+					worst, worstEnd = gap, time.Now()
+				}
+				last = time.Now()
+			} else if ctx.Err() == nil {
+				lastErr = err
 			}
 			select {
 			case <-ctx.Done():
-				worst = max(worst, time.Since(last))
+				if gap := time.Since(last); gap > worst {
+					worst, worstEnd = gap, time.Now()
+				}
 				if worst > apiGapLimit {
-					p.done <- fmt.Errorf("the API server did not answer for %s (limit %s)", worst.Round(time.Millisecond), apiGapLimit)
+					p.done <- fmt.Errorf("the API server did not answer for %s, until %s (limit %s); last error: %v",
+						worst.Round(time.Millisecond), worstEnd.Format("15:04:05.000"), apiGapLimit, lastErr)
 				} else {
 					p.done <- nil
 				}
