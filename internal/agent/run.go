@@ -19,6 +19,10 @@ type Options struct {
 	// BinDir holds etcd-<version> and kube-<version>.
 	BinDir string
 	Log    *slog.Logger
+	// StableRun is how long a component must run for its restart backoff
+	// to start again from one second; zero means a minute. Tests shorten
+	// it so that the reset is seen in seconds.
+	StableRun time.Duration
 }
 
 // PreflightError is a problem found before anything was started; Reason is
@@ -101,7 +105,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 	if err := os.MkdirAll(logDir, 0o700); err != nil {
 		return err
 	}
-	a.sup = newSupervisor(logDir, a.log)
+	a.sup = newSupervisor(logDir, a.log, opts.StableRun)
 	if a.prober, err = a.newProber(); err != nil {
 		return err
 	}

@@ -14,10 +14,12 @@ import (
 	"github.com/qcp-dev/qcp/internal/certs"
 )
 
-func writeMachineDir(t *testing.T, data []byte) string {
+// writeMachineDir writes machine m1 at addr with bootstrap data as the
+// infrastructure provider would.
+func writeMachineDir(t *testing.T, addr string, data []byte) string {
 	t.Helper()
 	dir := t.TempDir()
-	m := Machine{Name: "m1", Namespace: "ns", Cluster: "c1", Address: "127.0.208.1", ProviderID: "process://ns/m1", FailureDomain: "fd-a"}
+	m := Machine{Name: "m1", Namespace: "ns", Cluster: "c1", Address: addr, ProviderID: "process://ns/m1", FailureDomain: "fd-a"}
 	id, _ := json.Marshal(m)
 	if err := os.WriteFile(filepath.Join(dir, MachineFile), id, 0o600); err != nil {
 		t.Fatal(err)
@@ -49,7 +51,7 @@ func TestRunRejectsBeforeStartingAnything(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			dir := writeMachineDir(t, tc.data)
+			dir := writeMachineDir(t, "127.0.208.1", tc.data) // rejected before it binds anything
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			err := Run(ctx, Options{Dir: dir, BinDir: binDir})
