@@ -119,7 +119,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 	// The health listener goes first: binding the machine's address fails
 	// fast if another machine already has it, before any component starts.
 	if err := a.serveHealth(ctx); err != nil {
-		return &PreflightError{Reason: ReasonStartFailed, Err: err}
+		return err
 	}
 	go a.prober.Run(ctx)
 	if err := WriteStatus(opts.Dir, Status{Phase: PhaseRunning}); err != nil {

@@ -4,8 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -77,6 +79,45 @@ func TestRunRejectsBeforeStartingAnything(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestRunFailsWhenHealthPortIsTaken: another process listens on the
+// machine's health port. The agent must give up before starting anything,
+// and its status must name the port, the address and the fix.
+func TestRunFailsWhenHealthPortIsTaken(t *testing.T) {
+	dir, addr := etcdOnlyMachine(t)
+	taken, err := net.Listen("tcp", net.JoinHostPort(addr, strconv.Itoa(HealthPort)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	// A healthy start runs until ctx ends: the timeout only bounds a broken one.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	err = Run(ctx, Options{Dir: dir, BinDir: binDir(t)})
+	var pf *PreflightError
+	if !errors.As(err, &pf) || pf.Reason != ReasonPortInUse {
+		t.Fatalf("err = %v, want a preflight error %s", err, ReasonPortInUse)
+	}
+	st, err := ReadStatus(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Phase != PhaseFailed || st.Reason != ReasonPortInUse {
+		t.Errorf("status = %+v, want %s/%s", st, PhaseFailed, ReasonPortInUse)
+	}
+	for _, w := range []string{"machine ns/m1", "port 10248 on " + addr, "health endpoint", "already in use", "stop the process", "give the machine an address"} {
+		if !strings.Contains(st.Message, w) {
+			t.Errorf("status message %q lacks %q", st.Message, w)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, "etcd")); !os.IsNotExist(err) {
+		t.Errorf("etcd's data directory exists: etcd was started (stat: %v)", err)
+	}
+	if conn, err := net.DialTimeout("tcp", net.JoinHostPort(addr, strconv.Itoa(EtcdClientPort)), time.Second); err == nil {
+		conn.Close()
+		t.Error("something listens on the machine's etcd client port")
 	}
 }
 
