@@ -20,6 +20,7 @@ import (
 	"github.com/qcp-dev/qcp/internal/bootstrap"
 	"github.com/qcp-dev/qcp/internal/certs"
 	"github.com/qcp-dev/qcp/internal/etcd"
+	"github.com/qcp-dev/qcp/internal/testkit"
 )
 
 // testCluster is one workload cluster of process machines for a test.
@@ -33,8 +34,11 @@ type testCluster struct {
 	started []string
 }
 
-func newTestCluster(t testing.TB, h *Host, ns, cluster, lbAddr string) *testCluster {
+// newTestCluster starts the cluster's load balancer on an address reserved
+// for t.
+func newTestCluster(t testing.TB, h *Host, ns, cluster string) *testCluster {
 	t.Helper()
+	lbAddr := testkit.ReserveAddress(t) + ":6443"
 	cas, err := certs.NewClusterCAs(time.Now())
 	if err != nil {
 		t.Fatal(err)
@@ -71,8 +75,11 @@ func newTestCluster(t testing.TB, h *Host, ns, cluster, lbAddr string) *testClus
 	return c
 }
 
-func (c *testCluster) spec(name, addr, fd string) MachineSpec {
-	return MachineSpec{Name: name, Namespace: c.ns, Cluster: c.cl, Address: addr, ProviderID: "process://" + c.ns + "/" + name, FailureDomain: fd}
+// spec is machine name's spec in failure domain fd, at an address
+// reserved for the test.
+func (c *testCluster) spec(name, fd string) MachineSpec {
+	c.t.Helper()
+	return MachineSpec{Name: name, Namespace: c.ns, Cluster: c.cl, Address: testkit.ReserveAddress(c.t), ProviderID: "process://" + c.ns + "/" + name, FailureDomain: fd}
 }
 
 // start starts a machine and adds its API server to the load balancer.

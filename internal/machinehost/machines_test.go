@@ -25,10 +25,10 @@ func TestProcessMachines(t *testing.T) {
 	}
 	testkit.RequireBinaries(t, "etcd", "kube")
 	h := newHost(t)
-	c := newTestCluster(t, h, "ns1", "c1", "127.0.201.1:6443")
-	m1 := c.spec("m1", "127.0.201.11", "fd-a")
-	m2 := c.spec("m2", "127.0.201.12", "fd-b")
-	m3 := c.spec("m3", "127.0.201.13", "fd-c")
+	c := newTestCluster(t, h, "ns1", "c1")
+	m1 := c.spec("m1", "fd-a")
+	m2 := c.spec("m2", "fd-b")
+	m3 := c.spec("m3", "fd-c")
 	api := func(specs ...MachineSpec) []string {
 		var out []string
 		for _, s := range specs {
