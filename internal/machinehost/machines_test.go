@@ -16,8 +16,9 @@ import (
 
 // TestProcessMachines walks one cluster through its life: a single stacked
 // machine whose Node becomes Ready, re-attach after a "manager restart",
-// two learners joining into a 3-member etcd, freeze and thaw, a killed
-// machine the load balancer routes around, and clean stops. The phases
+// two learners joining into a 3-member etcd (the second started before its
+// member is added), a crashed component, freeze and thaw, a killed machine
+// the load balancer routes around, and clean stops. The phases
 // share one cluster because each machine costs ~600 MB and tens of seconds.
 func TestProcessMachines(t *testing.T) {
 	if testing.Short() {
@@ -89,9 +90,14 @@ func TestProcessMachines(t *testing.T) {
 		}
 	})
 
-	cli := c.etcdClient("https://" + m1.Address + ":2379")
-	c.join(cli, m2, []string{"https://" + m1.Address + ":2379"}, api(m1, m2))
-	c.join(cli, m3, []string{"https://" + m1.Address + ":2379", "https://" + m2.Address + ":2379"}, api(m1, m2, m3))
+	cli := c.etcdClient(clientURL(m1))
+	c.join(cli, m2, []string{clientURL(m1)}, api(m1, m2))
+	joined := t.Run("a joining machine waits for its member, its API server for the promotion", func(t *testing.T) {
+		joinBeforeAdded(t, c, cli, m3, []string{clientURL(m1), clientURL(m2)}, api(m1, m2, m3))
+	})
+	if !joined {
+		t.FailNow() // the rest needs m3
+	}
 	c.waitNodeReady("m2", corev1.ConditionTrue, 3*time.Minute)
 	c.waitNodeReady("m3", corev1.ConditionTrue, 3*time.Minute)
 	for _, m := range []MachineSpec{m1, m2, m3} {

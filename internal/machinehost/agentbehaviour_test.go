@@ -1,0 +1,85 @@
+package machinehost
+
+import (
+	"fmt"
+	"net"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/qcp-dev/qcp/internal/agent"
+	"github.com/qcp-dev/qcp/internal/bootstrap"
+	"github.com/qcp-dev/qcp/internal/etcd"
+)
+
+// These are TestProcessMachines' checks of what the agent does on a real
+// machine: they share its cluster, as each machine is expensive.
+
+// joinBeforeAdded starts spec with join data before its etcd member exists.
+// Its agent must start nothing until the member is added, then run etcd as
+// a learner but not kube-apiserver, which a learner would crash-loop, and
+// start kube-apiserver only once the member is promoted.
+func joinBeforeAdded(t *testing.T, c *testCluster, cli *etcd.Client, spec MachineSpec, existing, backends []string) {
+	c.start(spec, bootstrap.JoinMember(existing...), backends)
+	c.eventually(spec.Name+"'s agent to wait for its etcd member to be added", time.Minute, func() error {
+		h, err := health(spec)
+		if err != nil {
+			return err
+		}
+		notStarted(t, spec, h, bootstrap.Etcd, agent.EtcdPeerPort, "its etcd member was added")
+		if w := h.Components[bootstrap.Etcd].Waiting; !strings.Contains(w, peerURL(spec)) {
+			return fmt.Errorf("etcd waits for %q", w)
+		}
+		return nil
+	})
+	if m, found, err := c.member(cli, spec); err != nil || found {
+		t.Fatalf("member of %s before the test added it: %v (%v); the agent must never add itself", spec.Name, m, err)
+	}
+
+	learner := c.addLearner(cli, spec)
+	c.eventually(spec.Name+" to join as a learner while its kube-apiserver waits for the promotion", 2*time.Minute, func() error {
+		h, err := health(spec)
+		if err != nil {
+			return err
+		}
+		notStarted(t, spec, h, bootstrap.KubeAPIServer, agent.APIServerPort, "its etcd member was promoted")
+		m, _, err := c.member(cli, spec)
+		if err != nil {
+			return err
+		}
+		if !m.Started() || !m.IsLearner {
+			return fmt.Errorf("member %v: started %v, learner %v", m, m.Started(), m.IsLearner)
+		}
+		if w := h.Components[bootstrap.KubeAPIServer].Waiting; !strings.Contains(w, "promoted") {
+			return fmt.Errorf("kube-apiserver waits for %q", w)
+		}
+		return nil
+	})
+
+	c.promote(cli, spec, learner)
+	c.eventually(spec.Name+"'s kube-apiserver to start once its member votes", time.Minute, func() error {
+		h, err := health(spec)
+		if err != nil {
+			return err
+		}
+		if st := h.Components[bootstrap.KubeAPIServer]; !st.Running {
+			return fmt.Errorf("kube-apiserver %+v", st)
+		}
+		return nil
+	})
+}
+
+// notStarted fails t if the agent reports component comp as ever started,
+// or something listens on its port, before what the agent must wait for.
+func notStarted(t *testing.T, spec MachineSpec, h agent.Health, comp bootstrap.Component, port int, before string) {
+	t.Helper()
+	if st := h.Components[comp]; st.Running || !st.StartedAt.IsZero() || st.Restarts > 0 {
+		t.Fatalf("%s of %s started before %s: %+v", comp, spec.Name, before, st)
+	}
+	addr := net.JoinHostPort(spec.Address, strconv.Itoa(port))
+	if conn, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
+		conn.Close()
+		t.Fatalf("something listens on %s, %s's %s port, before %s", addr, spec.Name, comp, before)
+	}
+}
