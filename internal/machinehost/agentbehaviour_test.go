@@ -1,12 +1,16 @@
 package machinehost
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/qcp-dev/qcp/internal/agent"
 	"github.com/qcp-dev/qcp/internal/bootstrap"
@@ -82,4 +86,33 @@ func notStarted(t *testing.T, spec MachineSpec, h agent.Health, comp bootstrap.C
 		conn.Close()
 		t.Fatalf("something listens on %s, %s's %s port, before %s", addr, spec.Name, comp, before)
 	}
+}
+
+// nodeRegisteredAgain deletes spec's Node: the agent must register it
+// again, as kubelet does, with its provider ID and labels, and keep it Ready.
+func nodeRegisteredAgain(t *testing.T, c *testCluster, spec MachineSpec) {
+	_, old, err := c.nodeCondition(spec.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := c.kube.CoreV1().Nodes().Delete(ctx, spec.Name, metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	c.eventually("Node "+spec.Name+" to be registered again", time.Minute, func() error {
+		_, n, err := c.nodeCondition(spec.Name)
+		if err != nil {
+			return err
+		}
+		if n.UID == old.UID {
+			return fmt.Errorf("Node %s is still the deleted one (uid %s)", n.Name, n.UID)
+		}
+		_, cp := n.Labels["node-role.kubernetes.io/control-plane"]
+		if n.Spec.ProviderID != spec.ProviderID || n.Labels["topology.kubernetes.io/zone"] != spec.FailureDomain || !cp {
+			return fmt.Errorf("Node %s registered with providerID %q and labels %v", n.Name, n.Spec.ProviderID, n.Labels)
+		}
+		return nil
+	})
+	c.waitNodeReady(spec.Name, corev1.ConditionTrue, time.Minute)
 }

@@ -17,8 +17,8 @@ import (
 // TestProcessMachines walks one cluster through its life: a single stacked
 // machine whose Node becomes Ready, re-attach after a "manager restart",
 // two learners joining into a 3-member etcd (the second started before its
-// member is added), a crashed component, freeze and thaw, a killed machine
-// the load balancer routes around, and clean stops. The phases
+// member is added), a crashed component, a deleted Node, freeze and thaw, a
+// killed machine the load balancer routes around, and clean stops. The phases
 // share one cluster because each machine costs ~600 MB and tens of seconds.
 func TestProcessMachines(t *testing.T) {
 	if testing.Short() {
@@ -135,6 +135,10 @@ func TestProcessMachines(t *testing.T) {
 			}
 			return nil
 		})
+	})
+
+	t.Run("a deleted Node is registered again", func(t *testing.T) {
+		nodeRegisteredAgain(t, c, m2)
 	})
 
 	t.Run("freeze makes the node NotReady, thaw Ready", func(t *testing.T) {
