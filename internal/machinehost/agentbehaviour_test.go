@@ -6,6 +6,7 @@ import (
 	"net"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -115,4 +116,44 @@ func nodeRegisteredAgain(t *testing.T, c *testCluster, spec MachineSpec) {
 		return nil
 	})
 	c.waitNodeReady(spec.Name, corev1.ConditionTrue, time.Minute)
+}
+
+// heartbeatsWithoutLB kills the cluster's load balancer: every machine must
+// keep renewing its Node's Lease through its own API server, so a
+// balancer outage does not make healthy machines look dead. The balancer is
+// started again afterwards for the phases after.
+func heartbeatsWithoutLB(t *testing.T, c *testCluster, specs ...MachineSpec) {
+	lb, err := c.h.LBStatus(c.ns, c.cl)
+	if err != nil || !lb.Running {
+		t.Fatalf("load balancer not running: %+v (%v)", lb, err)
+	}
+	if err := syscall.Kill(-lb.PID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	c.eventually("the load balancer to stop answering", 10*time.Second, func() error {
+		if c.listNodes() == nil {
+			return fmt.Errorf("the load balancer at %s still answers", c.lbAddr)
+		}
+		return nil
+	})
+	down := time.Now()
+	direct := c.client("https://" + net.JoinHostPort(specs[0].Address, strconv.Itoa(agent.APIServerPort)))
+	for _, spec := range specs {
+		c.eventually("the Lease of "+spec.Name+" to be renewed while the load balancer is down", 30*time.Second, func() error {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			l, err := direct.CoordinationV1().Leases("kube-node-lease").Get(ctx, spec.Name, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			if l.Spec.RenewTime == nil || l.Spec.RenewTime.Time.Before(down) {
+				return fmt.Errorf("Lease %s last renewed at %v, before the load balancer went down at %v", spec.Name, l.Spec.RenewTime, down)
+			}
+			return nil
+		})
+	}
+	if err := c.h.StartLB(c.ns, c.cl, c.lbAddr, c.cas.Cluster.CertPEM); err != nil {
+		t.Fatal(err)
+	}
+	c.eventually("the load balancer to serve again", 30*time.Second, c.listNodes)
 }

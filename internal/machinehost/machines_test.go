@@ -17,9 +17,10 @@ import (
 // TestProcessMachines walks one cluster through its life: a single stacked
 // machine whose Node becomes Ready, re-attach after a "manager restart",
 // two learners joining into a 3-member etcd (the second started before its
-// member is added), a crashed component, a deleted Node, freeze and thaw, a
-// killed machine the load balancer routes around, and clean stops. The phases
-// share one cluster because each machine costs ~600 MB and tens of seconds.
+// member is added), a crashed component, a deleted Node, a load balancer
+// outage, freeze and thaw, a killed machine the load balancer routes around,
+// and clean stops. The phases share one cluster because each machine costs
+// ~600 MB and tens of seconds.
 func TestProcessMachines(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts real etcd and Kubernetes components")
@@ -139,6 +140,10 @@ func TestProcessMachines(t *testing.T) {
 
 	t.Run("a deleted Node is registered again", func(t *testing.T) {
 		nodeRegisteredAgain(t, c, m2)
+	})
+
+	t.Run("heartbeats go to the local API server while the load balancer is down", func(t *testing.T) {
+		heartbeatsWithoutLB(t, c, m1, m2, m3)
 	})
 
 	t.Run("freeze makes the node NotReady, thaw Ready", func(t *testing.T) {
