@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"strconv"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/qcp-dev/qcp/internal/bootstrap"
@@ -137,12 +138,18 @@ func (a *machineCtx) health() Health {
 	return h
 }
 
-// serveHealth serves the health endpoint until ctx ends.
+// serveHealth serves the health endpoint until ctx ends. Its errors are
+// PreflightErrors: nothing has started yet.
 func (a *machineCtx) serveHealth(ctx context.Context) error {
 	addr := net.JoinHostPort(a.machine.Address, strconv.Itoa(HealthPort))
 	ln, err := net.Listen("tcp", addr)
+	if errors.Is(err, syscall.EADDRINUSE) {
+		return &PreflightError{Reason: ReasonPortInUse, Err: fmt.Errorf(
+			"machine %s/%s: port %d on %s, qcp-agent's health endpoint, is already in use (%w): stop the process listening there (`ss -ltnp src %s` names it), or give the machine an address no other machine or process uses",
+			a.machine.Namespace, a.machine.Name, HealthPort, a.machine.Address, err, addr)}
+	}
 	if err != nil {
-		return fmt.Errorf("health endpoint on %s: %w (is another machine using address %s?)", addr, err, a.machine.Address)
+		return &PreflightError{Reason: ReasonStartFailed, Err: fmt.Errorf("machine %s/%s: health endpoint on %s: %w", a.machine.Namespace, a.machine.Name, addr, err)}
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {

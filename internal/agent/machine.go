@@ -105,6 +105,9 @@ const (
 	ReasonBinaryMissing        = "BinaryMissing"
 	ReasonStartFailed          = "StartFailed"
 	ReasonStopped              = "Stopped"
+	// ReasonPortInUse: another process listens on one of the machine's
+	// ports, so the machine's address is not its own.
+	ReasonPortInUse = "PortInUse"
 )
 
 // Status is status.json: the agent's machine-readable account of why it is

@@ -19,6 +19,10 @@ type Options struct {
 	// BinDir holds etcd-<version> and kube-<version>.
 	BinDir string
 	Log    *slog.Logger
+	// StableRun is how long a component must run for its restart backoff
+	// to start again from one second; zero means a minute. Tests shorten
+	// it so that the reset is seen in seconds.
+	StableRun time.Duration
 }
 
 // PreflightError is a problem found before anything was started; Reason is
@@ -101,7 +105,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 	if err := os.MkdirAll(logDir, 0o700); err != nil {
 		return err
 	}
-	a.sup = newSupervisor(logDir, a.log)
+	a.sup = newSupervisor(logDir, a.log, opts.StableRun)
 	if a.prober, err = a.newProber(); err != nil {
 		return err
 	}
@@ -115,7 +119,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 	// The health listener goes first: binding the machine's address fails
 	// fast if another machine already has it, before any component starts.
 	if err := a.serveHealth(ctx); err != nil {
-		return &PreflightError{Reason: ReasonStartFailed, Err: err}
+		return err
 	}
 	go a.prober.Run(ctx)
 	if err := WriteStatus(opts.Dir, Status{Phase: PhaseRunning}); err != nil {

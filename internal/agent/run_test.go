@@ -4,8 +4,10 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -14,10 +16,12 @@ import (
 	"github.com/qcp-dev/qcp/internal/certs"
 )
 
-func writeMachineDir(t *testing.T, data []byte) string {
+// writeMachineDir writes machine m1 at addr with bootstrap data as the
+// infrastructure provider would.
+func writeMachineDir(t *testing.T, addr string, data []byte) string {
 	t.Helper()
 	dir := t.TempDir()
-	m := Machine{Name: "m1", Namespace: "ns", Cluster: "c1", Address: "127.0.208.1", ProviderID: "process://ns/m1", FailureDomain: "fd-a"}
+	m := Machine{Name: "m1", Namespace: "ns", Cluster: "c1", Address: addr, ProviderID: "process://ns/m1", FailureDomain: "fd-a"}
 	id, _ := json.Marshal(m)
 	if err := os.WriteFile(filepath.Join(dir, MachineFile), id, 0o600); err != nil {
 		t.Fatal(err)
@@ -49,7 +53,7 @@ func TestRunRejectsBeforeStartingAnything(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			dir := writeMachineDir(t, tc.data)
+			dir := writeMachineDir(t, "127.0.208.1", tc.data) // rejected before it binds anything
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			err := Run(ctx, Options{Dir: dir, BinDir: binDir})
@@ -75,6 +79,45 @@ func TestRunRejectsBeforeStartingAnything(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestRunFailsWhenHealthPortIsTaken: another process listens on the
+// machine's health port. The agent must give up before starting anything,
+// and its status must name the port, the address and the fix.
+func TestRunFailsWhenHealthPortIsTaken(t *testing.T) {
+	dir, addr := etcdOnlyMachine(t)
+	taken, err := net.Listen("tcp", net.JoinHostPort(addr, strconv.Itoa(HealthPort)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer taken.Close()
+	// A healthy start runs until ctx ends: the timeout only bounds a broken one.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	err = Run(ctx, Options{Dir: dir, BinDir: binDir(t)})
+	var pf *PreflightError
+	if !errors.As(err, &pf) || pf.Reason != ReasonPortInUse {
+		t.Fatalf("err = %v, want a preflight error %s", err, ReasonPortInUse)
+	}
+	st, err := ReadStatus(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Phase != PhaseFailed || st.Reason != ReasonPortInUse {
+		t.Errorf("status = %+v, want %s/%s", st, PhaseFailed, ReasonPortInUse)
+	}
+	for _, w := range []string{"machine ns/m1", "port 10248 on " + addr, "health endpoint", "already in use", "stop the process", "give the machine an address"} {
+		if !strings.Contains(st.Message, w) {
+			t.Errorf("status message %q lacks %q", st.Message, w)
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, "etcd")); !os.IsNotExist(err) {
+		t.Errorf("etcd's data directory exists: etcd was started (stat: %v)", err)
+	}
+	if conn, err := net.DialTimeout("tcp", net.JoinHostPort(addr, strconv.Itoa(EtcdClientPort)), time.Second); err == nil {
+		conn.Close()
+		t.Error("something listens on the machine's etcd client port")
 	}
 }
 

@@ -29,8 +29,9 @@ type ComponentState struct {
 // group (so a signal to the group reaches the whole machine) and restarts
 // them with backoff when they exit.
 type supervisor struct {
-	logDir string
-	log    *slog.Logger
+	logDir    string
+	log       *slog.Logger
+	stableRun time.Duration
 
 	mu     sync.Mutex
 	states map[bootstrap.Component]*ComponentState
@@ -43,14 +44,20 @@ const (
 	// for another (an API server for its etcd member) and should be back
 	// soon after that one is up.
 	maxBackoff = 10 * time.Second
-	// stableRun resets the backoff: a component that ran this long was not
-	// crash-looping.
-	stableRun = time.Minute
-	stopGrace = 10 * time.Second
+	// defaultStableRun resets the backoff: a component that ran this long
+	// was not crash-looping.
+	defaultStableRun = time.Minute
+	stopGrace        = 10 * time.Second
 )
 
-func newSupervisor(logDir string, log *slog.Logger) *supervisor {
-	return &supervisor{logDir: logDir, log: log, states: map[bootstrap.Component]*ComponentState{}}
+// newSupervisor returns a supervisor that logs components to logDir and
+// resets a component's backoff once it has run for stableRun (zero means
+// defaultStableRun).
+func newSupervisor(logDir string, log *slog.Logger, stableRun time.Duration) *supervisor {
+	if stableRun <= 0 {
+		stableRun = defaultStableRun
+	}
+	return &supervisor{logDir: logDir, log: log, stableRun: stableRun, states: map[bootstrap.Component]*ComponentState{}}
 }
 
 // setWaiting records what a component waits for before it can start.
@@ -101,7 +108,7 @@ func (s *supervisor) loop(ctx context.Context, p Process) {
 		if ctx.Err() != nil {
 			return
 		}
-		if time.Since(started) > stableRun {
+		if time.Since(started) > s.stableRun {
 			backoff = minBackoff
 		}
 		s.log.Warn("component exited; restarting", "component", p.Name, "err", err, "backoff", backoff)

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -20,6 +21,7 @@ import (
 	"github.com/qcp-dev/qcp/internal/bootstrap"
 	"github.com/qcp-dev/qcp/internal/certs"
 	"github.com/qcp-dev/qcp/internal/etcd"
+	"github.com/qcp-dev/qcp/internal/testkit"
 )
 
 // testCluster is one workload cluster of process machines for a test.
@@ -33,8 +35,11 @@ type testCluster struct {
 	started []string
 }
 
-func newTestCluster(t testing.TB, h *Host, ns, cluster, lbAddr string) *testCluster {
+// newTestCluster starts the cluster's load balancer on an address reserved
+// for t.
+func newTestCluster(t testing.TB, h *Host, ns, cluster string) *testCluster {
 	t.Helper()
+	lbAddr := testkit.ReserveAddress(t) + ":6443"
 	cas, err := certs.NewClusterCAs(time.Now())
 	if err != nil {
 		t.Fatal(err)
@@ -56,23 +61,35 @@ func newTestCluster(t testing.TB, h *Host, ns, cluster, lbAddr string) *testClus
 	if err := h.StartLB(ns, cluster, lbAddr, cas.Cluster.CertPEM); err != nil {
 		t.Fatal(err)
 	}
-	kc, err := certs.AdminKubeconfig(cluster, "https://"+lbAddr, cas.Cluster, time.Now())
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := clientcmd.RESTConfigFromKubeConfig(kc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.Timeout = 5 * time.Second
-	if c.kube, err = kubernetes.NewForConfig(cfg); err != nil {
-		t.Fatal(err)
-	}
+	c.kube = c.client("https://" + lbAddr)
 	return c
 }
 
-func (c *testCluster) spec(name, addr, fd string) MachineSpec {
-	return MachineSpec{Name: name, Namespace: c.ns, Cluster: c.cl, Address: addr, ProviderID: "process://" + c.ns + "/" + name, FailureDomain: fd}
+// client is an admin client of the cluster through server (the load
+// balancer or one machine's API server).
+func (c *testCluster) client(server string) kubernetes.Interface {
+	c.t.Helper()
+	kc, err := certs.AdminKubeconfig(c.cl, server, c.cas.Cluster, time.Now())
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	cfg, err := clientcmd.RESTConfigFromKubeConfig(kc)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	cfg.Timeout = 5 * time.Second
+	kube, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	return kube
+}
+
+// spec is machine name's spec in failure domain fd, at an address
+// reserved for the test.
+func (c *testCluster) spec(name, fd string) MachineSpec {
+	c.t.Helper()
+	return MachineSpec{Name: name, Namespace: c.ns, Cluster: c.cl, Address: testkit.ReserveAddress(c.t), ProviderID: "process://" + c.ns + "/" + name, FailureDomain: fd}
 }
 
 // start starts a machine and adds its API server to the load balancer.
@@ -91,19 +108,16 @@ func (c *testCluster) start(spec MachineSpec, etcd bootstrap.LocalEtcd, backends
 	}
 }
 
-// eventually polls cond every 500ms until it returns nil or timeout passes.
+// eventually polls cond every 500ms until it returns nil or timeout
+// passes; then it prints the machines' logs and fails the test.
 func (c *testCluster) eventually(what string, timeout time.Duration, cond func() error) {
 	c.t.Helper()
-	deadline := time.Now().Add(timeout)
-	var err error
-	for time.Now().Before(deadline) {
-		if err = cond(); err == nil {
-			return
-		}
-		time.Sleep(500 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	if err := testkit.Eventually(ctx, 500*time.Millisecond, what, func(context.Context) error { return cond() }); err != nil {
+		c.dumpLogs()
+		c.t.Fatal(err)
 	}
-	c.dumpLogs()
-	c.t.Fatalf("timed out after %v waiting for %s: %v", timeout, what, err)
 }
 
 // checkNoRaces fails the test if a race-enabled agent reported a race.
@@ -206,6 +220,16 @@ func (c *testCluster) etcdClient(endpoints ...string) *etcd.Client {
 // has caught up: what the control plane controller will do.
 func (c *testCluster) join(cli *etcd.Client, spec MachineSpec, existing, backends []string) {
 	c.t.Helper()
+	learner := c.addLearner(cli, spec)
+	c.start(spec, bootstrap.JoinMember(existing...), backends)
+	c.promote(cli, spec, learner)
+}
+
+func peerURL(spec MachineSpec) string   { return "https://" + spec.Address + ":2380" }
+func clientURL(spec MachineSpec) string { return "https://" + spec.Address + ":2379" }
+
+func (c *testCluster) addLearner(cli *etcd.Client, spec MachineSpec) etcd.Member {
+	c.t.Helper()
 	var learner etcd.Member
 	// etcd refuses membership changes until every voter has been connected
 	// for a few seconds ("unhealthy cluster"), e.g. right after a promotion.
@@ -213,15 +237,49 @@ func (c *testCluster) join(cli *etcd.Client, spec MachineSpec, existing, backend
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		var err error
-		learner, _, err = cli.AddLearner(ctx, "https://"+spec.Address+":2380")
+		learner, _, err = cli.AddLearner(ctx, peerURL(spec))
 		return err
 	})
-	c.start(spec, bootstrap.JoinMember(existing...), backends)
+	return learner
+}
+
+// promote retries until etcd accepts the promotion, which it does once the
+// learner has caught up with the leader.
+func (c *testCluster) promote(cli *etcd.Client, spec MachineSpec, learner etcd.Member) {
+	c.t.Helper()
 	c.eventually("learner "+spec.Name+" to be promoted", 2*time.Minute, func() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		return cli.Promote(ctx, learner.ID)
 	})
+}
+
+// member returns spec's etcd member, found by its peer URL.
+func (c *testCluster) member(cli *etcd.Client, spec MachineSpec) (etcd.Member, bool, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	members, err := cli.Members(ctx)
+	if err != nil {
+		return etcd.Member{}, false, err
+	}
+	for _, m := range members {
+		if slices.Contains(m.PeerURLs, peerURL(spec)) {
+			return m, true, nil
+		}
+	}
+	return etcd.Member{}, false, nil
+}
+
+// health reads the machine's health endpoint; an unhealthy machine
+// answers 503 with the same document.
+func health(spec MachineSpec) (agent.Health, error) {
+	var h agent.Health
+	resp, err := http.Get("http://" + spec.Address + ":10248/healthz")
+	if err != nil {
+		return h, err
+	}
+	defer resp.Body.Close()
+	return h, json.NewDecoder(resp.Body).Decode(&h)
 }
 
 // waitHealthy waits until the machine's health endpoint reports every
@@ -230,13 +288,8 @@ func (c *testCluster) waitHealthy(spec MachineSpec, timeout time.Duration) agent
 	c.t.Helper()
 	var h agent.Health
 	c.eventually("machine "+spec.Name+" healthy on its health endpoint", timeout, func() error {
-		resp, err := http.Get("http://" + spec.Address + ":10248/healthz")
-		if err != nil {
-			return err
-		}
-		defer resp.Body.Close()
-		h = agent.Health{}
-		if err := json.NewDecoder(resp.Body).Decode(&h); err != nil {
+		var err error
+		if h, err = health(spec); err != nil {
 			return err
 		}
 		if !h.Healthy {

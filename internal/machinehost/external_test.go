@@ -21,9 +21,9 @@ func TestExternalEtcdMachine(t *testing.T) {
 	}
 	testkit.RequireBinaries(t, "etcd", "kube")
 	h := newHost(t)
-	c := newTestCluster(t, h, "ns2", "c2", "127.0.204.1:6443")
-	etcdSpec := c.spec("e1", "127.0.204.21", "fd-a")
-	cpSpec := c.spec("cp1", "127.0.204.11", "fd-b")
+	c := newTestCluster(t, h, "ns2", "c2")
+	etcdSpec := c.spec("e1", "fd-a")
+	cpSpec := c.spec("cp1", "fd-b")
 
 	etcdData, err := bootstrap.Marshal(bootstrap.NewEtcdOnly("c2-etcd", c.cas.Etcd, bootstrap.NewMember()))
 	if err != nil {

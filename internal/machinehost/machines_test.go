@@ -16,19 +16,21 @@ import (
 
 // TestProcessMachines walks one cluster through its life: a single stacked
 // machine whose Node becomes Ready, re-attach after a "manager restart",
-// two learners joining into a 3-member etcd, freeze and thaw, a killed
-// machine the load balancer routes around, and clean stops. The phases
-// share one cluster because each machine costs ~600 MB and tens of seconds.
+// two learners joining into a 3-member etcd (the second started before its
+// member is added), a crashed component, a deleted Node, a load balancer
+// outage, freeze and thaw, a killed machine the load balancer routes around,
+// and clean stops. The phases share one cluster because each machine costs
+// ~600 MB and tens of seconds.
 func TestProcessMachines(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts real etcd and Kubernetes components")
 	}
 	testkit.RequireBinaries(t, "etcd", "kube")
 	h := newHost(t)
-	c := newTestCluster(t, h, "ns1", "c1", "127.0.201.1:6443")
-	m1 := c.spec("m1", "127.0.201.11", "fd-a")
-	m2 := c.spec("m2", "127.0.201.12", "fd-b")
-	m3 := c.spec("m3", "127.0.201.13", "fd-c")
+	c := newTestCluster(t, h, "ns1", "c1")
+	m1 := c.spec("m1", "fd-a")
+	m2 := c.spec("m2", "fd-b")
+	m3 := c.spec("m3", "fd-c")
 	api := func(specs ...MachineSpec) []string {
 		var out []string
 		for _, s := range specs {
@@ -89,9 +91,14 @@ func TestProcessMachines(t *testing.T) {
 		}
 	})
 
-	cli := c.etcdClient("https://" + m1.Address + ":2379")
-	c.join(cli, m2, []string{"https://" + m1.Address + ":2379"}, api(m1, m2))
-	c.join(cli, m3, []string{"https://" + m1.Address + ":2379", "https://" + m2.Address + ":2379"}, api(m1, m2, m3))
+	cli := c.etcdClient(clientURL(m1))
+	c.join(cli, m2, []string{clientURL(m1)}, api(m1, m2))
+	joined := t.Run("a joining machine waits for its member, its API server for the promotion", func(t *testing.T) {
+		joinBeforeAdded(t, c, cli, m3, []string{clientURL(m1), clientURL(m2)}, api(m1, m2, m3))
+	})
+	if !joined {
+		t.FailNow() // the rest needs m3
+	}
 	c.waitNodeReady("m2", corev1.ConditionTrue, 3*time.Minute)
 	c.waitNodeReady("m3", corev1.ConditionTrue, 3*time.Minute)
 	for _, m := range []MachineSpec{m1, m2, m3} {
@@ -129,6 +136,14 @@ func TestProcessMachines(t *testing.T) {
 			}
 			return nil
 		})
+	})
+
+	t.Run("a deleted Node is registered again", func(t *testing.T) {
+		nodeRegisteredAgain(t, c, m2)
+	})
+
+	t.Run("heartbeats go to the local API server while the load balancer is down", func(t *testing.T) {
+		heartbeatsWithoutLB(t, c, m1, m2, m3)
 	})
 
 	t.Run("freeze makes the node NotReady, thaw Ready", func(t *testing.T) {

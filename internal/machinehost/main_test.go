@@ -22,7 +22,7 @@ func TestMain(m *testing.M) {
 		ca, err := os.ReadFile(os.Getenv("HELPER_CA"))
 		if err == nil {
 			h := &Host{Root: os.Getenv("HELPER_ROOT"), AgentPath: os.Getenv("HELPER_AGENT")}
-			err = h.StartLB("ns", "c", "127.0.209.50:16443", ca)
+			err = h.StartLB("ns", "c", os.Getenv("HELPER_ADDR"), ca)
 		}
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)

@@ -24,8 +24,8 @@ import (
 func BenchmarkMachineRSS(b *testing.B) {
 	testkit.RequireBinaries(b, "etcd", "kube")
 	h := newHost(b)
-	c := newTestCluster(b, h, "ns-measure", "cm", "127.0.202.1:6443")
-	spec := c.spec("m1", "127.0.202.11", "fd-a")
+	c := newTestCluster(b, h, "ns-measure", "cm")
+	spec := c.spec("m1", "fd-a")
 	c.start(spec, bootstrap.NewMember(), []string{spec.Address + ":6443"})
 	c.waitNodeReady("m1", corev1.ConditionTrue, 3*time.Minute)
 	c.waitHealthy(spec, 3*time.Minute)

@@ -12,6 +12,7 @@ import (
 	"github.com/qcp-dev/qcp/internal/binaries"
 	"github.com/qcp-dev/qcp/internal/bootstrap"
 	"github.com/qcp-dev/qcp/internal/certs"
+	"github.com/qcp-dev/qcp/internal/testkit"
 )
 
 func TestStartRejectsBeforeCreatingAnything(t *testing.T) {
@@ -119,8 +120,9 @@ func TestLoadBalancerOutlivesItsStarter(t *testing.T) {
 	})
 	caFile := filepath.Join(t.TempDir(), "ca.crt")
 	os.WriteFile(caFile, ca.CertPEM, 0o600)
+	addr := testkit.ReserveAddress(t) + ":6443"
 	starter := exec.Command(os.Args[0], "-test.run=^$")
-	starter.Env = append(os.Environ(), helperEnv+"=startlb", "HELPER_ROOT="+h.Root, "HELPER_CA="+caFile, "HELPER_AGENT="+h.AgentPath)
+	starter.Env = append(os.Environ(), helperEnv+"=startlb", "HELPER_ROOT="+h.Root, "HELPER_CA="+caFile, "HELPER_AGENT="+h.AgentPath, "HELPER_ADDR="+addr)
 	if out, err := starter.CombinedOutput(); err != nil {
 		t.Fatalf("starter: %v\n%s", err, out)
 	}
@@ -132,7 +134,7 @@ func TestLoadBalancerOutlivesItsStarter(t *testing.T) {
 		t.Errorf("load balancer %+v still a child of the exited starter (%v)", p, err)
 	}
 	fresh := &Host{Root: h.Root, BinDir: h.BinDir, AgentPath: h.AgentPath}
-	if err := fresh.StartLB("ns", "c", "127.0.209.50:16443", ca.CertPEM); err != nil {
+	if err := fresh.StartLB("ns", "c", addr, ca.CertPEM); err != nil {
 		t.Fatal(err)
 	}
 	again, _ := fresh.LBStatus("ns", "c")

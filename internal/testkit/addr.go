@@ -8,6 +8,8 @@ import (
 	"hash/fnv"
 	"net"
 	"os"
+	"strconv"
+	"testing"
 )
 
 // ipAllocator hands out loopback addresses for one test. Linux routes all of
@@ -47,13 +49,51 @@ func (a *ipAllocator) allocate() (net.IP, error) {
 	return nil, fmt.Errorf("no free loopback address in 127.%d.0.0/16", a.second)
 }
 
-func portsFree(ip net.IP) bool {
-	for _, port := range []string{"2379", "2380"} {
-		l, err := net.Listen("tcp", net.JoinHostPort(ip.String(), port))
+func portsFree(ip net.IP, ports ...int) bool {
+	if len(ports) == 0 {
+		ports = []int{2379, 2380}
+	}
+	for _, port := range ports {
+		l, err := net.Listen("tcp", net.JoinHostPort(ip.String(), strconv.Itoa(port)))
 		if err != nil {
 			return false
 		}
 		_ = l.Close()
 	}
 	return true
+}
+
+// machinePorts are the ports a process machine (etcd, kube-apiserver,
+// qcp-agent's health endpoint, kube-controller-manager, kube-scheduler) or
+// a load balancer listens on.
+var machinePorts = []int{2379, 2380, 2381, 6443, 10248, 10257, 10259}
+
+// ReserveAddress returns a loopback address for a process machine or load
+// balancer of t, free on every port one listens on, and holds it until t
+// ends. A bind probe alone would let two test processes that probe at once
+// pick the same address before either binds it; the reservation is an
+// abstract Unix socket named after the address, which no other process can
+// bind while t holds it and which the kernel frees even if the test binary
+// is killed.
+func ReserveAddress(t testing.TB) string {
+	t.Helper()
+	ips := newIPAllocator(t.Name())
+	for range 64 {
+		ip, err := ips.allocate()
+		if err != nil {
+			t.Fatal(err)
+		}
+		lock, err := net.Listen("unix", "@qcp-test-address-"+ip.String())
+		if err != nil {
+			continue // another test holds it
+		}
+		if !portsFree(ip, machinePorts...) {
+			_ = lock.Close()
+			continue
+		}
+		t.Cleanup(func() { _ = lock.Close() })
+		return ip.String()
+	}
+	t.Fatal("no loopback address could be reserved: 64 candidates were held by other tests or in use")
+	return ""
 }

@@ -1,0 +1,159 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/qcp-dev/qcp/internal/binaries"
+	"github.com/qcp-dev/qcp/internal/bootstrap"
+	"github.com/qcp-dev/qcp/internal/certs"
+	"github.com/qcp-dev/qcp/internal/testkit"
+)
+
+// etcdOnlyMachine writes an etcd-only machine, the cheapest real one, at an
+// address reserved for t, and returns its directory and address.
+func etcdOnlyMachine(t *testing.T) (dir, addr string) {
+	t.Helper()
+	testkit.RequireBinaries(t, "etcd")
+	cas, err := certs.NewClusterCAs(time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	data, err := bootstrap.Marshal(bootstrap.NewEtcdOnly("c1-etcd", cas.Etcd, bootstrap.NewMember()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr = testkit.ReserveAddress(t)
+	return writeMachineDir(t, addr, data), addr
+}
+
+func binDir(t *testing.T) string {
+	t.Helper()
+	dir, err := binaries.Dir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// runAgent runs the agent in the test process until the test ends; its
+// components are children of the test, so the test can crash them.
+func runAgent(t *testing.T, opts Options) {
+	t.Helper()
+	opts.BinDir = binDir(t)
+	opts.Log = slog.New(slog.NewTextHandler(t.Output(), nil))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- Run(ctx, opts) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("agent: %v", err)
+		}
+	})
+}
+
+// waitEtcd polls the machine's health endpoint until cond accepts what it
+// says of etcd, and returns etcd's state then.
+func waitEtcd(ctx context.Context, t *testing.T, addr, what string, cond func(ComponentState, Probe) error) ComponentState {
+	t.Helper()
+	var st ComponentState
+	err := testkit.Eventually(ctx, 50*time.Millisecond, what, func(ctx context.Context) error {
+		h, err := getHealth(ctx, addr)
+		if err != nil {
+			return err
+		}
+		st = h.Components[bootstrap.Etcd]
+		return cond(st, h.Probes[bootstrap.Etcd])
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+func getHealth(ctx context.Context, addr string) (Health, error) {
+	var h Health
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+":"+strconv.Itoa(HealthPort)+"/healthz", nil)
+	if err != nil {
+		return h, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return h, err
+	}
+	defer resp.Body.Close()
+	// An unhealthy machine answers 503 with the same document.
+	return h, json.NewDecoder(resp.Body).Decode(&h)
+}
+
+// crash kills the running etcd and waits for the agent to start it again.
+// It returns the new state and how long after the kill the new process
+// started, an upper bound of the agent's backoff.
+func crash(ctx context.Context, t *testing.T, addr string, before ComponentState) (ComponentState, time.Duration) {
+	t.Helper()
+	killed := time.Now()
+	if err := syscall.Kill(before.PID, syscall.SIGKILL); err != nil {
+		t.Fatalf("killing etcd (pid %d): %v", before.PID, err)
+	}
+	after := waitEtcd(ctx, t, addr, "etcd to be restarted", func(st ComponentState, _ Probe) error {
+		if !st.Running || st.Restarts != before.Restarts+1 {
+			return fmt.Errorf("etcd %+v; before the crash %+v", st, before)
+		}
+		return nil
+	})
+	return after, after.StartedAt.Sub(killed)
+}
+
+// TestRestartBackoff crash-loops a real etcd under a real agent: each
+// restart waits twice as long as the one before, and once etcd has run
+// healthy for StableRun the next crash is restarted after the minimum
+// delay again, not after the doubled one.
+func TestRestartBackoff(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs etcd")
+	}
+	dir, addr := etcdOnlyMachine(t)
+	// Long enough that a loaded machine still kills each restarted etcd
+	// well within it.
+	const stable = 5 * time.Second
+	runAgent(t, Options{Dir: dir, StableRun: stable})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	etcd := waitEtcd(ctx, t, addr, "etcd to run and answer its health check", func(st ComponentState, p Probe) error {
+		if !st.Running || !p.OK {
+			return fmt.Errorf("etcd %+v, probe %+v", st, p)
+		}
+		return nil
+	})
+
+	// Each kill comes moments after a start, well within stable: a loop.
+	for i, want := range []time.Duration{minBackoff, 2 * minBackoff, 4 * minBackoff} {
+		var delay time.Duration
+		etcd, delay = crash(ctx, t, addr, etcd)
+		t.Logf("crash %d: restarted after %v", i+1, delay.Round(time.Millisecond))
+		if delay < want {
+			t.Errorf("crash %d: etcd restarted %v after it died, want at least %v: the backoff doubles in a crash loop", i+1, delay, want)
+		}
+	}
+
+	etcd = waitEtcd(ctx, t, addr, fmt.Sprintf("etcd to run healthy for %v", stable), func(st ComponentState, p Probe) error {
+		if ran := time.Since(st.StartedAt); ran <= stable || !p.OK || !p.Time.After(st.StartedAt) {
+			return fmt.Errorf("etcd ran %v, probe %+v", ran, p)
+		}
+		return nil
+	})
+	// Without the reset this restart would wait 8 s.
+	_, delay := crash(ctx, t, addr, etcd)
+	t.Logf("crash after a stable run: restarted after %v", delay.Round(time.Millisecond))
+	if delay < minBackoff || delay >= 2*minBackoff {
+		t.Errorf("etcd restarted %v after it died following a %v healthy run, want between %v and %v: the backoff resets", delay, stable, minBackoff, 2*minBackoff)
+	}
+}
