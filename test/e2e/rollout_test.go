@@ -230,9 +230,11 @@ func TestOnDelete(t *testing.T) {
 		return nil
 	})
 	s.waitAvailable(3*time.Minute, 3)
-	if err := probe.stop(); err != nil {
+	worst, err := probe.stop()
+	if err != nil {
 		t.Error(err)
 	}
+	t.Logf("longest time the API server did not answer while 2 machines were replaced: %s", worst.Round(time.Millisecond))
 	s.finish()
 }
 
@@ -362,6 +364,7 @@ func (s *scenario) checkLeaderMovedBeforeRemoval() {
 type apiProbe struct {
 	cancel context.CancelFunc
 	done   chan error
+	worst  time.Duration
 }
 
 func (s *scenario) startAPIProbe() *apiProbe {
@@ -391,6 +394,7 @@ func (s *scenario) startAPIProbe() *apiProbe {
 				if gap := time.Since(last); gap > worst {
 					worst, worstEnd = gap, time.Now()
 				}
+				p.worst = worst
 				if worst > apiGapLimit {
 					p.done <- fmt.Errorf("the API server did not answer for %s, until %s (limit %s); last error: %v",
 						worst.Round(time.Millisecond), worstEnd.Format("15:04:05.000"), apiGapLimit, lastErr)
@@ -410,10 +414,9 @@ func (s *scenario) startAPIProbe() *apiProbe {
 // and requests to it fail until then.
 const apiGapLimit = 5 * time.Second
 
-func (p *apiProbe) stop() error {
+// stop ends the probe and returns the longest time without an answer.
+func (p *apiProbe) stop() (time.Duration, error) {
 	p.cancel()
-	if err := <-p.done; err != nil {
-		return err
-	}
-	return nil
+	err := <-p.done
+	return p.worst, err
 }
