@@ -74,6 +74,11 @@ func initialWorlds(n int) map[string]world {
 		ws["scale down from 5 with a member down"] = healthyWorld(3, 5).with(crash(4)).with(func(w *world) { w.machines[1].deleting = true })
 	}
 	if n >= 3 {
+		ws["one failure domain becomes three"] = healthy.with(func(w *world) {
+			for i := range w.machines {
+				w.machines[i].fd = "fd-a"
+			}
+		})
 		outdated := ws["outdated machines"]
 		ws["outdated machines, maxSurge 0"] = outdated.with(func(w *world) { w.strategy = RemoveFirst })
 		ws["outdated machines, OnDelete"] = outdated.with(func(w *world) { w.strategy = OnDelete })

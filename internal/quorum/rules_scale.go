@@ -23,6 +23,9 @@ func (p planner) createMachine() (Decision, bool) {
 		leaving = &victim
 		reason = fmt.Sprintf("%s: replacing %s machine %s", why(victim.Remediate, "remediating", "rolling out"),
 			why(victim.Remediate, "marked", "outdated"), victim.Name)
+		if misplaced := p.misplaced(victim); victim.UpToDate && !victim.Remediate && misplaced != "" {
+			reason = fmt.Sprintf("rebalancing: moving machine %s, as %s", victim.Name, misplaced)
+		}
 		if p.Strategy == RemoveFirst {
 			return p.deleteVoterMachine(victim, reason+", deleting it first (maxSurge 0)")
 		}
@@ -152,10 +155,11 @@ func (p planner) scaleDownPriority() []struct {
 		in   func(Machine) bool
 	}{
 		{"marked for remediation", func(mc Machine) bool { return mc.Remediate }},
-		{"outdated and delete-annotated", func(mc Machine) bool { return p.outdated(mc) && mc.DeleteAnnotated }},
+		{"outdated and delete-annotated", func(mc Machine) bool { return p.specOutdated(mc) && mc.DeleteAnnotated }},
 		{"delete-annotated", func(mc Machine) bool { return mc.DeleteAnnotated }},
-		{"outdated with unhealthy components", func(mc Machine) bool { return p.outdated(mc) && !p.componentsOK(mc) }},
-		{"outdated", p.outdated},
+		{"outdated with unhealthy components", func(mc Machine) bool { return p.specOutdated(mc) && !p.componentsOK(mc) }},
+		{"outdated", p.specOutdated},
+		// A machine in an overfull domain lands here: the fullest domain's.
 		{"oldest in the fullest failure domain", func(Machine) bool { return true }},
 	}
 }

@@ -1,6 +1,7 @@
 package quorum
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 	"time"
@@ -342,5 +343,51 @@ func (v view) outdated(mc Machine) bool {
 	if v.Strategy == OnDelete {
 		return false
 	}
+	return !mc.UpToDate || v.misplaced(mc) != ""
+}
+
+// specOutdated is outdated without the overfull-domain case: the machine
+// itself must go, wherever it is.
+func (v view) specOutdated(mc Machine) bool {
+	if mc.Remediate {
+		return true
+	}
+	if v.Strategy == OnDelete {
+		return false
+	}
 	return !mc.UpToDate || (len(v.FailureDomains) > 0 && !slices.Contains(v.FailureDomains, mc.FailureDomain))
+}
+
+// misplaced says why mc's failure domain calls for moving it, or "": its
+// domain is gone, or holds more kept machines than an even spread allows
+// (ceil(desired / domains)). Moving is an ordinary one-at-a-time
+// replacement, the new machine going to the emptiest domain.
+func (v view) misplaced(mc Machine) string {
+	if len(v.FailureDomains) == 0 {
+		return ""
+	}
+	if !slices.Contains(v.FailureDomains, mc.FailureDomain) {
+		return fmt.Sprintf("failure domain %s is no longer offered", quoteFD(mc.FailureDomain))
+	}
+	limit := (v.Desired + len(v.FailureDomains) - 1) / len(v.FailureDomains)
+	if n := countByDomain(v.keep(), func(o Machine) bool { return o.FailureDomain == mc.FailureDomain })[mc.FailureDomain]; n > limit {
+		return fmt.Sprintf("failure domain %s holds %d machines, more than an even spread's %d", quoteFD(mc.FailureDomain), n, limit)
+	}
+	return ""
+}
+
+// Rebalancing says why the planner moves machines between failure
+// domains, or "" when they are spread as they should be. OnDelete never
+// moves a machine.
+func Rebalancing(s State) string {
+	v := newView(s)
+	if v.Strategy == OnDelete {
+		return ""
+	}
+	for _, mc := range v.keep() {
+		if why := v.misplaced(mc); why != "" {
+			return "machine " + mc.Name + ": " + why
+		}
+	}
+	return ""
 }

@@ -317,6 +317,22 @@ func (w world) converged() bool {
 			return false
 		}
 	}
+	return w.strategy == OnDelete || w.balanced()
+}
+
+// balanced: no failure domain holds more machines than an even spread of
+// desired allows.
+func (w world) balanced() bool {
+	if len(w.domains) == 0 {
+		return true
+	}
+	limit := (w.desired + len(w.domains) - 1) / len(w.domains)
+	count := map[string]int{}
+	for _, mc := range w.machines {
+		if count[mc.fd]++; count[mc.fd] > limit {
+			return false
+		}
+	}
 	return true
 }
 

@@ -238,6 +238,55 @@ func TestOnDelete(t *testing.T) {
 	s.finish()
 }
 
+// TestRebalancing starts 3 machines in one failure domain, then offers
+// three: the control plane moves two of them, one at a time, and ends with
+// one machine per domain, saying meanwhile that it is rebalancing.
+func TestRebalancing(t *testing.T) {
+	mgmt := requireShared(t)
+	t.Parallel()
+	s := newScenarioIn(t, mgmt, "rebalance", 3, failureDomains[:1])
+	s.startTraffic(3)
+	s.waitAvailable(5*time.Minute, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
+	defer cancel()
+	var pc infrav1.ProcessCluster
+	if err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: s.name}, &pc); err != nil {
+		t.Fatal(err)
+	}
+	orig := pc.DeepCopy()
+	pc.Spec.FailureDomains = failureDomains
+	if err := s.c.Patch(ctx, &pc, client.MergeFrom(orig)); err != nil {
+		t.Fatal(err)
+	}
+	sawRebalancing := false
+	s.eventually(10*time.Minute, "one machine per failure domain", func(ctx context.Context) error {
+		cp, err := s.controlPlane(ctx)
+		if err != nil {
+			return err
+		}
+		if c := conditions.Get(cp, controlplanev1.RollingOutCondition); c != nil && c.Reason == controlplanev1.RebalancingReason &&
+			strings.Contains(c.Message, "holds") {
+			sawRebalancing = true
+		}
+		ms, err := s.machines(ctx)
+		if err != nil {
+			return err
+		}
+		if got := domainCounts(ms); !slices.Equal(got, []int{1, 1, 1}) {
+			return fmt.Errorf("machines spread %v over fd-a, fd-b, fd-c", got)
+		}
+		return nil
+	})
+	s.waitAvailable(3*time.Minute, 3)
+	if !sawRebalancing {
+		t.Error("the RollingOut condition never said the control plane was rebalancing failure domains")
+	}
+	if got := s.bound.machinesSeen(); got != 5 {
+		t.Errorf("%d machines existed in all, want 5 (two moved)", got)
+	}
+	s.finish()
+}
+
 // rollOut applies change to the control plane and waits until every
 // machine that existed before has been replaced by an up-to-date one and
 // the control plane is Available again. during, if set, is checked on

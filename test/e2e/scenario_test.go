@@ -58,6 +58,12 @@ type scenario struct {
 // checks.
 func newScenario(t testing.TB, mgmt *management, name string, replicas int32, edits ...func(*controlplanev1.QuorumControlPlane)) *scenario {
 	t.Helper()
+	return newScenarioIn(t, mgmt, name, replicas, failureDomains, edits...)
+}
+
+// newScenarioIn is newScenario with the ProcessCluster's failure domains.
+func newScenarioIn(t testing.TB, mgmt *management, name string, replicas int32, domains []string, edits ...func(*controlplanev1.QuorumControlPlane)) *scenario {
+	t.Helper()
 	testkit.RequireBinaries(t, "etcd", "kube", "capi-manager")
 	s := &scenario{t: t, mgmt: mgmt, c: mgmt.env.Client, name: name}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -81,7 +87,7 @@ func newScenario(t testing.TB, mgmt *management, name string, replicas int32, ed
 	}
 	s.create(ctx,
 		&infrav1.ProcessCluster{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
-			Spec: infrav1.ProcessClusterSpec{FailureDomains: failureDomains}},
+			Spec: infrav1.ProcessClusterSpec{FailureDomains: domains}},
 		&infrav1.ProcessMachineTemplate{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}},
 		cp,
 		&clusterv1.Cluster{

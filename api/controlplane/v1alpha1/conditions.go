@@ -96,11 +96,14 @@ const (
 // waits for (a replacement machine whose infrastructure cannot be
 // provisioned, such as a missing binary, names the fix). With OnDelete it
 // stays false and says which machines wait for a user to delete them.
+// Moving machines between failure domains (one was added or removed) is
+// reported here too, with RebalancingReason.
 const (
 	RollingOutCondition    = clusterv1.RollingOutCondition
 	RollingOutReason       = clusterv1.RollingOutReason
 	NotRollingOutReason    = clusterv1.NotRollingOutReason
 	WaitingForDeleteReason = "WaitingForUserDeletion"
+	RebalancingReason      = "RebalancingFailureDomains"
 )
 
 // Deleting: the control plane is being deleted; it first waits for the

@@ -195,3 +195,29 @@ func TestRollingOutNamesWhyAndWhatBlocks(t *testing.T) {
 		t.Errorf("with every machine up to date RollingOut = %+v, want False, %s", c, controlplanev1.NotRollingOutReason)
 	}
 }
+
+// TestRollingOutSaysRebalancing: machines crowded in one of three offered
+// domains are reported as a rebalancing, with the domain and the limit.
+func TestRollingOutSaysRebalancing(t *testing.T) {
+	obs := &observation{rollout: rollout{version: "v1.36.3", now: t0}}
+	for _, name := range []string{"cp-1", "cp-2", "cp-3"} {
+		m := observedMachine(name)
+		m.Spec.Version, m.Spec.FailureDomain = "v1.36.3", "fd-a"
+		obs.machines = append(obs.machines, m)
+		obs.state.Machines = append(obs.state.Machines, quorum.Machine{Name: name, FailureDomain: "fd-a", UpToDate: true, PeerURL: "https://" + name + ":2380", MemberID: uint64(len(obs.machines))})
+		obs.state.Members = append(obs.state.Members, quorum.Member{ID: uint64(len(obs.machines)), Name: name, PeerURL: "https://" + name + ":2380", Healthy: true})
+	}
+	obs.state.Desired, obs.state.FailureDomains = 3, []string{"fd-a", "fd-b", "fd-c"}
+	cp := &controlplanev1.QuorumControlPlane{}
+	setRollingOut(cp, obs, quorum.Decision{Kind: quorum.CreateMachine})
+	c := conditions.Get(cp, controlplanev1.RollingOutCondition)
+	if c == nil || c.Status != metav1.ConditionTrue || c.Reason != controlplanev1.RebalancingReason ||
+		!strings.Contains(c.Message, "failure domain fd-a holds 3 machines, more than an even spread's 1") {
+		t.Fatalf("RollingOut = %+v, want True, %s, naming fd-a's 3 machines", c, controlplanev1.RebalancingReason)
+	}
+	obs.state.FailureDomains = []string{"fd-a"}
+	setRollingOut(cp, obs, quorum.Decision{Kind: quorum.Wait})
+	if c := conditions.Get(cp, controlplanev1.RollingOutCondition); c.Status != metav1.ConditionFalse {
+		t.Errorf("with one domain RollingOut = %+v, want False", c)
+	}
+}

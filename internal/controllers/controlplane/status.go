@@ -348,7 +348,14 @@ func setRollingOut(cp *controlplanev1.QuorumControlPlane, obs *observation, d qu
 		}
 	}
 	cond := metav1.Condition{Type: controlplanev1.RollingOutCondition, Status: metav1.ConditionFalse, Reason: controlplanev1.NotRollingOutReason}
+	rebalancing := quorum.Rebalancing(obs.state)
 	switch {
+	case len(outdated) == 0 && rebalancing != "":
+		cond.Status, cond.Reason = metav1.ConditionTrue, controlplanev1.RebalancingReason
+		cond.Message = "Rebalancing failure domains, one machine at a time: " + rebalancing
+		if d.Kind == quorum.Wait || d.Kind == quorum.Degraded {
+			cond.Message += "\n* " + d.Reason
+		}
 	case len(outdated) == 0:
 	case obs.state.Strategy == quorum.OnDelete:
 		cond.Reason = controlplanev1.WaitingForDeleteReason
