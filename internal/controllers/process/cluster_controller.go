@@ -43,6 +43,7 @@ const (
 	LoadBalancerRunningReason  = "Running"
 	LoadBalancerFailedReason   = "StartFailed"
 	WaitingForClusterReason    = "WaitingForCluster"
+	WaitingForClusterCAReason  = "WaitingForClusterCA"
 )
 
 // ClusterReconciler reconciles ProcessClusters.
@@ -147,7 +148,14 @@ func (r *ClusterReconciler) reconcileNormal(ctx context.Context, cluster *cluste
 	pc.Status.LoadBalancerPID = int32(pid)
 	pc.Status.Backends = backends
 	r.metrics.lbBackends.WithLabelValues(pc.Namespace, cluster.Name).Set(float64(len(backends)))
+	// Provisioned even without the cluster CA: the control plane creates
+	// the CA only once the infrastructure is provisioned.
 	pc.Status.Initialization.Provisioned = ptr.To(true)
+	if caPEM == nil {
+		conditions.Set(pc, metav1.Condition{Type: LoadBalancerReadyCondition, Status: metav1.ConditionFalse, Reason: WaitingForClusterCAReason,
+			Message: fmt.Sprintf("Load balancer serves %s but forwards to no API server until the cluster CA Secret %s exists", listen, secret.Name(cluster.Name, secret.ClusterCA))})
+		return nil
+	}
 	msg := fmt.Sprintf("Load balancer serves %s, forwarding to %d API servers that pass /readyz", listen, len(backends))
 	conditions.Set(pc, metav1.Condition{Type: LoadBalancerReadyCondition, Status: metav1.ConditionTrue, Reason: LoadBalancerRunningReason, Message: msg})
 	log.FromContext(ctx).V(1).Info("load balancer reconciled", "listen", listen, "backends", backends, "pid", pid)
