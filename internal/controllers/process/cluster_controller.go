@@ -95,6 +95,9 @@ func (r *ClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ 
 	}()
 
 	if !pc.DeletionTimestamp.IsZero() {
+		if isPaused, requeue, err := pausedWhileDeleting(ctx, r.Client, pc.Namespace, clusterNameOf(pc), pc); err != nil || isPaused || requeue {
+			return ctrl.Result{Requeue: requeue}, err
+		}
 		return ctrl.Result{}, r.reconcileDelete(ctx, pc)
 	}
 	cluster, err := util.GetOwnerCluster(ctx, r.Client, pc.ObjectMeta)
@@ -182,11 +185,7 @@ func (r *ClusterReconciler) ensureLB(namespace, cluster, listen string, caPEM []
 }
 
 func (r *ClusterReconciler) reconcileDelete(ctx context.Context, pc *infrav1.ProcessCluster) error {
-	cluster := pc.Labels[clusterv1.ClusterNameLabel]
-	if cluster == "" {
-		cluster = ownerClusterName(pc)
-	}
-	if err := r.Host.StopLB(pc.Namespace, cluster); err != nil {
+	if err := r.Host.StopLB(pc.Namespace, clusterNameOf(pc)); err != nil {
 		return fmt.Errorf("stopping the load balancer of %s/%s: %w", pc.Namespace, pc.Name, err)
 	}
 	if err := r.Addresses.Release(lbKey(pc)); err != nil {
@@ -262,7 +261,12 @@ func isClusterCASecret(obj client.Object) bool {
 
 func lbKey(pc *infrav1.ProcessCluster) string { return "lb/" + pc.Namespace + "/" + pc.Name }
 
-func ownerClusterName(pc *infrav1.ProcessCluster) string {
+// clusterNameOf names pc's Cluster: by its label, else its owner, else pc's
+// own name (a Cluster usually shares its ProcessCluster's name).
+func clusterNameOf(pc *infrav1.ProcessCluster) string {
+	if name := pc.Labels[clusterv1.ClusterNameLabel]; name != "" {
+		return name
+	}
 	for _, ref := range pc.OwnerReferences {
 		if ref.Kind == "Cluster" {
 			return ref.Name
