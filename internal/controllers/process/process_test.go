@@ -257,6 +257,26 @@ func TestProcessProvider(t *testing.T) {
 		})
 	})
 
+	// Clusters of their own, deleted at the end of their steps; they start
+	// no control plane.
+	c2, c3 := w.withCluster(t, "c2"), w.withCluster(t, "c3")
+	t.Run("a ProcessCluster waits for a Cluster to own it, then for the cluster CA, and says which", func(t *testing.T) {
+		c3.t = t
+		c3.testClusterWaits(stepContext(ctx, t))
+	})
+	t.Run("deleting a Cluster stops its load balancer, releases its address and lets the ProcessCluster go", func(t *testing.T) {
+		c3.t = t
+		c3.testClusterDeletion(stepContext(ctx, t))
+	})
+	t.Run("a ProcessMachine waits for the cluster's infrastructure, then for its bootstrap data, and says which", func(t *testing.T) {
+		c2.t = t
+		c2.testMachineWaits(stepContext(ctx, t), "c2-m1")
+	})
+	t.Run("a paused Cluster's machine is neither started nor stopped, nor its load balancer, until the Cluster resumes", func(t *testing.T) {
+		c2.t = t
+		c2.testPausedMachine(stepContext(ctx, t), "c2-m1")
+	})
+
 	t.Run("a fixed bootstrap Secret and a newly installed binary are picked up without any other change", func(t *testing.T) {
 		// bad-data and late-binary failed for reasons only a human fixes.
 		// Nothing watches the Secret or the binary directory: the
