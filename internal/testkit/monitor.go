@@ -74,9 +74,16 @@ func StartMonitor(client *etcd.Client, desired int, interval time.Duration) *Mon
 		interval = 200 * time.Millisecond
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	m := &Monitor{client: client, interval: interval, cancel: cancel, done: make(chan struct{}), desired: desired, bound: desired}
+	m := newMonitor(desired)
+	m.client, m.interval, m.cancel, m.done = client, interval, cancel, make(chan struct{})
 	go m.run(ctx)
 	return m
+}
+
+// newMonitor is a monitor that checks the samples it is given; StartMonitor
+// feeds it from etcd.
+func newMonitor(desired int) *Monitor {
+	return &Monitor{desired: desired, bound: desired}
 }
 
 // SetDesired changes the desired voter count, as a scaling request does.
@@ -122,12 +129,17 @@ func (m *Monitor) sample(ctx context.Context) {
 	m.sampling.Lock()
 	defer m.sampling.Unlock()
 	members, err := m.client.ObserveMembers(ctx)
-	at := time.Now()
-	m.mu.Lock()
-	defer m.mu.Unlock()
 	if ctx.Err() != nil {
 		return
 	}
+	m.record(time.Now(), members, err)
+}
+
+// record checks one sample, taken at at, against the invariants and against
+// the previous sample; err means the member list could not be read.
+func (m *Monitor) record(at time.Time, members []quorum.Member, err error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	m.report.Samples++
 	if err != nil {
 		m.report.Unobserved++

@@ -43,6 +43,7 @@ const (
 	LoadBalancerRunningReason  = "Running"
 	LoadBalancerFailedReason   = "StartFailed"
 	WaitingForClusterReason    = "WaitingForCluster"
+	WaitingForClusterCAReason  = "WaitingForClusterCA"
 )
 
 // ClusterReconciler reconciles ProcessClusters.
@@ -94,6 +95,9 @@ func (r *ClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ 
 	}()
 
 	if !pc.DeletionTimestamp.IsZero() {
+		if isPaused, requeue, err := pausedWhileDeleting(ctx, r.Client, pc.Namespace, clusterNameOf(pc), pc); err != nil || isPaused || requeue {
+			return ctrl.Result{Requeue: requeue}, err
+		}
 		return ctrl.Result{}, r.reconcileDelete(ctx, pc)
 	}
 	cluster, err := util.GetOwnerCluster(ctx, r.Client, pc.ObjectMeta)
@@ -147,7 +151,14 @@ func (r *ClusterReconciler) reconcileNormal(ctx context.Context, cluster *cluste
 	pc.Status.LoadBalancerPID = int32(pid)
 	pc.Status.Backends = backends
 	r.metrics.lbBackends.WithLabelValues(pc.Namespace, cluster.Name).Set(float64(len(backends)))
+	// Provisioned even without the cluster CA: the control plane creates
+	// the CA only once the infrastructure is provisioned.
 	pc.Status.Initialization.Provisioned = ptr.To(true)
+	if caPEM == nil {
+		conditions.Set(pc, metav1.Condition{Type: LoadBalancerReadyCondition, Status: metav1.ConditionFalse, Reason: WaitingForClusterCAReason,
+			Message: fmt.Sprintf("Load balancer serves %s but forwards to no API server until the cluster CA Secret %s exists", listen, secret.Name(cluster.Name, secret.ClusterCA))})
+		return nil
+	}
 	msg := fmt.Sprintf("Load balancer serves %s, forwarding to %d API servers that pass /readyz", listen, len(backends))
 	conditions.Set(pc, metav1.Condition{Type: LoadBalancerReadyCondition, Status: metav1.ConditionTrue, Reason: LoadBalancerRunningReason, Message: msg})
 	log.FromContext(ctx).V(1).Info("load balancer reconciled", "listen", listen, "backends", backends, "pid", pid)
@@ -174,11 +185,7 @@ func (r *ClusterReconciler) ensureLB(namespace, cluster, listen string, caPEM []
 }
 
 func (r *ClusterReconciler) reconcileDelete(ctx context.Context, pc *infrav1.ProcessCluster) error {
-	cluster := pc.Labels[clusterv1.ClusterNameLabel]
-	if cluster == "" {
-		cluster = ownerClusterName(pc)
-	}
-	if err := r.Host.StopLB(pc.Namespace, cluster); err != nil {
+	if err := r.Host.StopLB(pc.Namespace, clusterNameOf(pc)); err != nil {
 		return fmt.Errorf("stopping the load balancer of %s/%s: %w", pc.Namespace, pc.Name, err)
 	}
 	if err := r.Addresses.Release(lbKey(pc)); err != nil {
@@ -254,7 +261,12 @@ func isClusterCASecret(obj client.Object) bool {
 
 func lbKey(pc *infrav1.ProcessCluster) string { return "lb/" + pc.Namespace + "/" + pc.Name }
 
-func ownerClusterName(pc *infrav1.ProcessCluster) string {
+// clusterNameOf names pc's Cluster: by its label, else its owner, else pc's
+// own name (a Cluster usually shares its ProcessCluster's name).
+func clusterNameOf(pc *infrav1.ProcessCluster) string {
+	if name := pc.Labels[clusterv1.ClusterNameLabel]; name != "" {
+		return name
+	}
 	for _, ref := range pc.OwnerReferences {
 		if ref.Kind == "Cluster" {
 			return ref.Name

@@ -100,6 +100,9 @@ func (r *MachineReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ 
 		}
 	}()
 	if !pm.DeletionTimestamp.IsZero() {
+		if isPaused, requeue, err := pausedWhileDeleting(ctx, r.Client, pm.Namespace, pm.Labels[clusterv1.ClusterNameLabel], pm); err != nil || isPaused || requeue {
+			return ctrl.Result{Requeue: requeue}, err
+		}
 		return ctrl.Result{}, r.reconcileDelete(ctx, pm)
 	}
 	machine, err := util.GetOwnerMachine(ctx, r.Client, pm.ObjectMeta)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -16,6 +17,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	infrav1 "github.com/qcp-dev/qcp/api/infrastructure/v1alpha1"
+	"github.com/qcp-dev/qcp/internal/binaries"
 	"github.com/qcp-dev/qcp/internal/bootstrap"
 	"github.com/qcp-dev/qcp/internal/certs"
 	"github.com/qcp-dev/qcp/internal/controllers/process"
@@ -45,6 +47,8 @@ func TestProcessProvider(t *testing.T) {
 		d.Versions.Kubernetes = "v1.99.0"
 	}))
 	w.createMachine(ctx, "m1", "fd-a", w.bootstrapDoc(bootstrap.NewMember()))
+	// late-binary waits for an etcd build that is installed only at the end.
+	w.createMachine(ctx, "late-binary", "fd-a", w.etcdOnlyDoc("late", func(d *bootstrap.Document) { d.Versions.Etcd = lateEtcdVersion }))
 
 	t.Run("corrupt bootstrap data and a missing binary surface as conditions, and nothing starts", func(t *testing.T) {
 		bad := w.waitCondition(ctx, "bad-data", machinehost.ReasonInvalidBootstrapData)
@@ -253,45 +257,91 @@ func TestProcessProvider(t *testing.T) {
 		})
 	})
 
-	t.Run("a fixed bootstrap Secret is picked up without any other change", func(t *testing.T) {
-		// bad-data failed for a reason only a human fixes. Nothing watches
-		// its Secret: the provider's periodic recheck must find the fix. An
-		// etcd-only document keeps the fixed machine out of this cluster's
-		// etcd and API servers.
-		doc, err := bootstrap.Marshal(bootstrap.NewEtcdOnly(w.cluster+"-fixed", w.cas.Etcd, bootstrap.NewMember()))
-		if err != nil {
-			t.Fatal(err)
-		}
+	// Clusters of their own, deleted at the end of their steps; they start
+	// no control plane.
+	c2, c3 := w.withCluster(t, "c2"), w.withCluster(t, "c3")
+	t.Run("a ProcessCluster waits for a Cluster to own it, then for the cluster CA, and says which", func(t *testing.T) {
+		c3.t = t
+		c3.testClusterWaits(stepContext(ctx, t))
+	})
+	t.Run("deleting a Cluster stops its load balancer, releases its address and lets the ProcessCluster go", func(t *testing.T) {
+		c3.t = t
+		c3.testClusterDeletion(stepContext(ctx, t))
+	})
+	t.Run("a ProcessMachine waits for the cluster's infrastructure, then for its bootstrap data, and says which", func(t *testing.T) {
+		c2.t = t
+		c2.testMachineWaits(stepContext(ctx, t), "c2-m1")
+	})
+	t.Run("a paused Cluster's machine is neither started nor stopped, nor its load balancer, until the Cluster resumes", func(t *testing.T) {
+		c2.t = t
+		c2.testPausedMachine(stepContext(ctx, t), "c2-m1")
+	})
+
+	t.Run("a fixed bootstrap Secret and a newly installed binary are picked up without any other change", func(t *testing.T) {
+		// bad-data and late-binary failed for reasons only a human fixes.
+		// Nothing watches the Secret or the binary directory: the
+		// provider's periodic recheck must find the fixes. Etcd-only
+		// documents keep the fixed machines out of this cluster's etcd and
+		// API servers.
+		w.waitCondition(ctx, "late-binary", machinehost.ReasonBinaryMissing)
 		secret := &corev1.Secret{}
 		if err := w.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "bad-data-bootstrap"}, secret); err != nil {
 			t.Fatal(err)
 		}
-		secret.Data["value"] = doc
+		secret.Data["value"] = w.etcdOnlyDoc("fixed")
 		if err := w.c.Update(ctx, secret); err != nil {
+			t.Fatal(err)
+		}
+		pinnedEtcd, err := os.Readlink(filepath.Join(w.machineBins, "etcd-"+binaries.EtcdVersion))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Symlink(pinnedEtcd, filepath.Join(w.machineBins, "etcd-"+lateEtcdVersion)); err != nil {
 			t.Fatal(err)
 		}
 		// The recheck runs every 30 s; three minutes leave room for a slow start.
 		fixCtx, cancel := context.WithTimeout(ctx, 3*time.Minute)
 		defer cancel()
-		w.eventually(fixCtx, "bad-data running after its Secret was fixed", func(ctx context.Context) error {
-			pm := &infrav1.ProcessMachine{}
-			if err := w.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "bad-data"}, pm); err != nil {
-				return err
+		for _, name := range []string{"bad-data", "late-binary"} {
+			w.eventually(fixCtx, name+" running after its fix", func(ctx context.Context) error {
+				pm := &infrav1.ProcessMachine{}
+				if err := w.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, pm); err != nil {
+					return err
+				}
+				c := conditions.Get(pm, process.ProcessRunningCondition)
+				if c == nil || c.Status != metav1.ConditionTrue {
+					return fmt.Errorf("condition %+v", c)
+				}
+				return nil
+			})
+			if st, err := host.Status(ns, name); err != nil || !st.Running {
+				t.Errorf("host reports %s %+v (%v), want running", name, st, err)
 			}
-			c := conditions.Get(pm, process.ProcessRunningCondition)
-			if c == nil || c.Status != metav1.ConditionTrue {
-				return fmt.Errorf("condition %+v", c)
-			}
-			return nil
-		})
-		if st, err := host.Status(ns, "bad-data"); err != nil || !st.Running {
-			t.Errorf("host reports bad-data %+v (%v), want running", st, err)
 		}
 	})
 
 	t.Run("private keys are only in 0600 machine files: never in logs, events or status", func(t *testing.T) {
 		w.leaks.Run(ctx, t)
 	})
+}
+
+// lateEtcdVersion names an etcd build that is not installed until a test
+// links it to the pinned one.
+const lateEtcdVersion = "v3.99.0"
+
+// etcdOnlyDoc is a bootstrap document for a single-member etcd of its own,
+// named after the cluster and suffix: a machine that runs it stays out of
+// the cluster's etcd and serves no API server behind its load balancer.
+func (w *world) etcdOnlyDoc(suffix string, mutate ...func(*bootstrap.Document)) []byte {
+	doc := bootstrap.NewEtcdOnly(w.cluster+"-"+suffix, w.cas.Etcd, bootstrap.NewMember())
+	for _, m := range mutate {
+		m(doc)
+	}
+	data, err := bootstrap.Marshal(doc)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	return data
 }
 
 // checkStaysDead checks that a machine whose agent died is not restarted:

@@ -23,6 +23,7 @@ import (
 
 	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
 	infrav1 "github.com/qcp-dev/qcp/api/infrastructure/v1alpha1"
+	"github.com/qcp-dev/qcp/internal/binaries"
 	"github.com/qcp-dev/qcp/internal/bootstrap"
 	"github.com/qcp-dev/qcp/internal/certs"
 	"github.com/qcp-dev/qcp/internal/controllers/process"
@@ -50,6 +51,9 @@ type world struct {
 	// leaks remembers every key it has seen, so that a deleted machine's
 	// keys are still looked for at the end.
 	leaks *testkit.KeyLeakCheck
+	// machineBins is the manager's --bin-dir: links to the pinned binaries,
+	// so that a test can install a binary while the manager runs.
+	machineBins string
 }
 
 func buildQCP(t *testing.T) string {
@@ -69,7 +73,7 @@ func buildQCP(t *testing.T) string {
 
 func newWorld(t *testing.T) *world {
 	env := localenv.StartForTest(t, localenv.Options{})
-	w := &world{t: t, env: env, c: env.Client, binDir: buildQCP(t), cluster: "c1"}
+	w := &world{t: t, env: env, c: env.Client, binDir: buildQCP(t), machineBins: linkPinnedBinaries(t), cluster: "c1"}
 	w.leaks = &testkit.KeyLeakCheck{Client: env.Client, Dirs: []string{env.Dir}, MachineDirs: []string{env.MachineRoot()}}
 	w.startManager()
 	t.Cleanup(w.dumpOnFailure)
@@ -83,12 +87,32 @@ func (w *world) startManager() {
 	p, err := w.env.StartManager(ctx, localenv.ManagerOptions{
 		Path: filepath.Join(w.binDir, "qcp-manager"),
 		// The test plays the control plane provider itself.
-		ExtraArgs: []string{"--address-range=" + addressRange, "--controllers=process"},
+		ExtraArgs: []string{"--address-range=" + addressRange, "--controllers=process", "--bin-dir=" + w.machineBins},
 	})
 	if err != nil {
 		w.t.Fatal(err)
 	}
 	w.manager, w.metrics = p, p.MetricsAddr
+}
+
+// linkPinnedBinaries returns a new directory of links to the pinned binaries.
+func linkPinnedBinaries(t *testing.T) string {
+	t.Helper()
+	pinned, err := binaries.Dir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	entries, err := os.ReadDir(pinned)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	for _, e := range entries {
+		if err := os.Symlink(filepath.Join(pinned, e.Name()), filepath.Join(dir, e.Name())); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
 }
 
 func (w *world) host() string { return w.env.MachineRoot() }
