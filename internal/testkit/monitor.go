@@ -3,6 +3,7 @@ package testkit
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -43,6 +44,11 @@ type MonitorReport struct {
 	Violations []Violation
 	// MaxVoters and MaxLearners are the largest counts seen.
 	MaxVoters, MaxLearners int
+	// LeadersRemoved lists the members that led, healthy, in one sample and
+	// were gone in the next: removed without moving leadership first (I6).
+	// A measurement that skips the transfer on purpose expects some, so it
+	// is not a violation here; a driver that promises I6 checks it is empty.
+	LeadersRemoved []string
 }
 
 // Violation is one sample that broke an invariant.
@@ -164,6 +170,11 @@ func (m *Monitor) record(at time.Time, members []quorum.Member, err error) {
 	if m.prev != nil {
 		if err := quorum.CheckMembershipChange(m.prev, members); err != nil {
 			m.report.Violations = append(m.report.Violations, Violation{At: at, Members: describe(m.prev) + " -> " + describe(members), Err: err})
+		}
+		for _, p := range m.prev {
+			if p.Leader && p.Healthy && !slices.ContainsFunc(members, func(mb quorum.Member) bool { return mb.ID == p.ID }) {
+				m.report.LeadersRemoved = append(m.report.LeadersRemoved, fmt.Sprintf("%s: %s", at.Format("15:04:05.000"), describe(m.prev)+" -> "+describe(members)))
+			}
 		}
 	}
 	m.prev = members

@@ -118,3 +118,22 @@ func TestMonitorCountsUnreadableSamples(t *testing.T) {
 		t.Errorf("max voters %d, want 3", r.MaxVoters)
 	}
 }
+
+// TestMonitorListsLeadersRemoved: a member that led in one sample and is
+// gone in the next was removed without a leader transfer; one that handed
+// leadership over first is not listed.
+func TestMonitorListsLeadersRemoved(t *testing.T) {
+	leader := func(id uint64, leads bool) quorum.Member { return quorum.Member{ID: id, Healthy: true, Leader: leads} }
+	now := time.Now()
+	m := newMonitor(3)
+	m.record(now, []quorum.Member{leader(1, true), leader(2, false), leader(3, false), leader(4, false)}, nil)
+	m.record(now, []quorum.Member{leader(1, false), leader(2, true), leader(3, false), leader(4, false)}, nil)
+	m.record(now, []quorum.Member{leader(2, true), leader(3, false), leader(4, false)}, nil)
+	if got := m.report.LeadersRemoved; len(got) != 0 {
+		t.Fatalf("leaders removed %v after a transfer, want none", got)
+	}
+	m.record(now, []quorum.Member{leader(3, false), leader(4, false)}, nil)
+	if got := m.report.LeadersRemoved; len(got) != 1 || !strings.Contains(got[0], "[2 voter,leader]") {
+		t.Errorf("leaders removed %v, want member 2, removed while it led", got)
+	}
+}

@@ -385,9 +385,9 @@ func (s *scenario) checkAPIServerVersions(want string) {
 	})
 }
 
-// checkLeaderMovedBeforeRemoval: the monitor saw no member removed while
-// it led, and QCP moved leadership at least once (the first leader's
-// machine was replaced too).
+// checkLeaderMovedBeforeRemoval: QCP moved leadership at least once, as
+// the first leader's machine was replaced too; finish checks that the
+// monitor saw no member removed while it led.
 func (s *scenario) checkLeaderMovedBeforeRemoval() {
 	s.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)

@@ -278,7 +278,8 @@ func (s *scenario) startTraffic(desired int) {
 }
 
 // finish stops the traffic and checks what every scenario must end with:
-// a linearizable history, no acknowledged write lost, no I1–I7 violation,
+// a linearizable history, no acknowledged write lost, no I1–I7 violation
+// (no member removed while it led, either),
 // never more than desired + 1 Machines (desired with maxSurge 0), and no
 // private key leaked.
 func (s *scenario) finish() {
@@ -294,6 +295,9 @@ func (s *scenario) finish() {
 		}
 		if err := mr.Err(); err != nil {
 			s.t.Error(err)
+		}
+		if len(mr.LeadersRemoved) > 0 {
+			s.t.Errorf("I6: members removed while they led, without a leader transfer:\n%s", strings.Join(mr.LeadersRemoved, "\n"))
 		}
 	}
 	if err := s.bound.stop(); err != nil {
