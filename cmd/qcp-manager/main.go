@@ -74,6 +74,8 @@ func main() {
 		"validity of the client certificate in each <cluster>-kubeconfig Secret; it is issued again at half-life")
 	flag.DurationVar(&cpOpts.tunables.LearnerStartTimeout, "learner-start-timeout", 0, "how long an added etcd learner may stay unstarted before its machine is replaced (default 5m)")
 	flag.DurationVar(&cpOpts.tunables.UnhealthyTimeout, "unhealthy-member-timeout", 0, "how long an etcd voter may stay unhealthy before it is replaced (default 5m)")
+	flag.DurationVar(&cpOpts.healthCheckTimeout, "health-check-timeout", controlplane.DefaultHealthCheckTimeout,
+		"how long a control plane machine's Node may be not Ready, or a component unhealthy, before the control plane's MachineHealthCheck marks it")
 	opts := zap.Options{}
 	opts.BindFlags(flag.CommandLine)
 	flag.Parse()
@@ -93,6 +95,7 @@ func main() {
 type controlPlaneOptions struct {
 	controllers        map[string]bool
 	kubeconfigLifetime time.Duration
+	healthCheckTimeout time.Duration
 	tunables           quorum.Tunables
 }
 
@@ -182,6 +185,7 @@ func setupControlPlane(ctx context.Context, mgr ctrl.Manager, o controlPlaneOpti
 		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), ClusterCache: cache, Etcd: etcd.NewPool(),
 		Recorder:           mgr.GetEventRecorderFor("quorumcontrolplane-controller"),
 		KubeconfigLifetime: o.kubeconfigLifetime, Tunables: o.tunables, Failpoints: failpoints,
+		HealthCheckTimeout: o.healthCheckTimeout,
 	}
 	return r.SetupWithManager(ctx, mgr)
 }

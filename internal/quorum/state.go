@@ -238,6 +238,12 @@ type Machine struct {
 	// UnhealthyTimeout; a healthy voter's machine is deleted under its hook
 	// and replaced first, like a rollout.
 	Remediate bool
+	// HoldRemediation is true when the caller's remediation policy refuses
+	// or postpones remediating this machine (retries used up, a retry
+	// period running, another remediation unfinished). The planner then
+	// neither replaces it for its mark nor removes its member for being
+	// unhealthy: a human decides.
+	HoldRemediation bool
 }
 
 // Member is one etcd member, from MemberList plus per-member Status.

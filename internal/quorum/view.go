@@ -257,7 +257,11 @@ func (v view) dueForRemediation(m Member) bool {
 	if m.Healthy {
 		return false
 	}
-	if mc, ok := v.machineOf(m); ok && mc.Remediate {
+	mc, ok := v.machineOf(m)
+	if ok && mc.HoldRemediation {
+		return false
+	}
+	if ok && mc.Remediate {
 		return true
 	}
 	return v.unhealthyFor(m) >= v.tun.UnhealthyTimeout

@@ -106,6 +106,17 @@ const (
 	RebalancingReason      = "RebalancingFailureDomains"
 )
 
+// Remediating is true while a health check has marked machines; its
+// message says, for each, whether QCP remediates it or why it waits or
+// refuses (RemediationBlockedReason), as the machine's OwnerRemediated
+// condition does.
+const (
+	RemediatingCondition     = clusterv1.RemediatingCondition
+	RemediatingReason        = clusterv1.RemediatingReason
+	NotRemediatingReason     = clusterv1.NotRemediatingReason
+	RemediationBlockedReason = "RemediationBlocked"
+)
+
 // Deleting: the control plane is being deleted; it first waits for the
 // cluster's worker machines, then deletes its own.
 const (

@@ -298,6 +298,12 @@ type RemediationSpec struct {
 	// +optional
 	// +kubebuilder:validation:Minimum=0
 	RetryPeriodSeconds *int32 `json:"retryPeriodSeconds,omitempty"`
+	// minHealthyPeriodSeconds is how long a replacement must run before its
+	// failure starts a new chain of remediations instead of counting as a
+	// retry of the one it replaced. Defaults to 3600.
+	// +optional
+	// +kubebuilder:validation:Minimum=0
+	MinHealthyPeriodSeconds *int32 `json:"minHealthyPeriodSeconds,omitempty"`
 }
 
 // +kubebuilder:object:root=true

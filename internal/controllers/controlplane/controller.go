@@ -63,6 +63,10 @@ type Reconciler struct {
 	KubeconfigLifetime time.Duration
 	// Tunables are the planner's thresholds.
 	Tunables quorum.Tunables
+	// HealthCheckTimeout is how long the control plane's MachineHealthCheck
+	// lets a Node or component be unhealthy; DefaultHealthCheckTimeout if
+	// zero.
+	HealthCheckTimeout time.Duration
 	// Failpoints, when set, stop the process at named points (crash tests).
 	Failpoints Failpoints
 	// Now is the clock; time.Now if nil.
@@ -81,6 +85,7 @@ type Reconciler struct {
 // +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=processmachinetemplates,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
+// +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=machinehealthchecks,verbs=get;list;watch;create;update;patch;delete
 
 // SetupWithManager registers the controller. Machines and process machines
 // wake the control plane that owns them, the Cluster its control plane, and
@@ -169,6 +174,9 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Clu
 	if err != nil {
 		return ctrl.Result{}, err
 	}
+	if err := r.ensureHealthCheck(ctx, cluster, cp); err != nil {
+		return ctrl.Result{}, err
+	}
 	obs, err := r.observe(ctx, cluster, cp, secrets)
 	if err != nil {
 		return ctrl.Result{}, err
@@ -181,6 +189,7 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Clu
 	}
 	idle := ctrl.Result{RequeueAfter: max(wake.Sub(r.Now()), time.Second)}
 	r.wakeups.looked(client.ObjectKeyFromObject(cp), r.Now())
+	forgetFinishedRemediation(cp, obs)
 	if err := r.tendMachines(ctx, cluster, cp, obs); err != nil {
 		return ctrl.Result{}, err
 	}
@@ -229,6 +238,10 @@ func (r *Reconciler) act(ctx context.Context, cluster *clusterv1.Cluster, cp *co
 	}
 	startedAt := r.Now()
 	setLastOperation(cp, d, startedAt)
+	if next, ok := fresh.remediationNext[d.Machine]; ok && d.Kind != quorum.CreateMachine {
+		// The first step on a marked machine starts its remediation.
+		cp.Annotations = mergeInto(cp.Annotations, map[string]string{RemediationInProgressAnnotation: next.String()})
+	}
 	logger.Info("Taking step", "reason", d.Reason, "reactionLatency", startedAt.Sub(trigger).String())
 	if d.Kind == quorum.CreateMachine {
 		err = r.createMachine(ctx, cluster, cp, secrets, fresh, d)

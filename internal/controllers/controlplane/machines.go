@@ -61,8 +61,7 @@ func (r *Reconciler) createMachine(ctx context.Context, cluster *clusterv1.Clust
 	machine := &clusterv1.Machine{
 		ObjectMeta: metav1.ObjectMeta{
 			Name: name, Namespace: cp.Namespace, Labels: labels,
-			Annotations: mergeInto(maps.Clone(cp.Spec.MachineTemplate.ObjectMeta.Annotations),
-				map[string]string{MachineSpecAnnotation: obs.rollout.want.annotation()}),
+			Annotations: mergeInto(maps.Clone(cp.Spec.MachineTemplate.ObjectMeta.Annotations), machineRecords(cp, obs)),
 			OwnerReferences: []metav1.OwnerReference{owner},
 		},
 		Spec: clusterv1.MachineSpec{
@@ -80,6 +79,9 @@ func (r *Reconciler) createMachine(ctx context.Context, cluster *clusterv1.Clust
 		return fmt.Errorf("creating machine %s: %w", name, err)
 	}
 	r.Failpoints.Hit(FailpointAfterMachine)
+	if _, ok := readRemediation(cp, RemediationInProgressAnnotation); ok {
+		delete(cp.Annotations, RemediationInProgressAnnotation) // the replacement carries it now
+	}
 
 	before := data.DeepCopy()
 	data.OwnerReferences = []metav1.OwnerReference{*metav1.NewControllerRef(machine, clusterv1.GroupVersion.WithKind("Machine"))}
@@ -165,6 +167,7 @@ func (r *Reconciler) tendMachines(ctx context.Context, cluster *clusterv1.Cluste
 		if want.DeletionTimestamp.IsZero() {
 			propagate(want, cp, obs.rollout.outdated(want))
 		}
+		setOwnerRemediated(want, obs.remediationRefused[m.Name])
 		if apiequality.Semantic.DeepEqual(m, want) {
 			continue
 		}
@@ -172,7 +175,7 @@ func (r *Reconciler) tendMachines(ctx context.Context, cluster *clusterv1.Cluste
 		if err != nil {
 			return err
 		}
-		if err := helper.Patch(ctx, want, patch.WithOwnedConditions{Conditions: []string{clusterv1.MachineUpToDateCondition}}); err != nil {
+		if err := helper.Patch(ctx, want, patch.WithOwnedConditions{Conditions: []string{clusterv1.MachineUpToDateCondition, clusterv1.MachineOwnerRemediatedCondition}}); err != nil {
 			return fmt.Errorf("updating machine %s: %w", m.Name, err)
 		}
 		obs.machines[i], changed = want, true
@@ -264,4 +267,15 @@ func mergeInto(dst, src map[string]string) map[string]string {
 
 func controlPlaneOwnerRef(cp *controlplanev1.QuorumControlPlane) metav1.OwnerReference {
 	return *metav1.NewControllerRef(cp, controlplanev1.GroupVersion.WithKind("QuorumControlPlane"))
+}
+
+// machineRecords are the annotations a new machine starts with: what it is
+// created from and, when it replaces a machine a health check marked,
+// which one (RemediationForAnnotation).
+func machineRecords(cp *controlplanev1.QuorumControlPlane, obs *observation) map[string]string {
+	a := map[string]string{MachineSpecAnnotation: obs.rollout.want.annotation()}
+	if d, ok := readRemediation(cp, RemediationInProgressAnnotation); ok {
+		a[RemediationForAnnotation] = d.String()
+	}
+	return a
 }

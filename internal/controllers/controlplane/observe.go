@@ -128,6 +128,12 @@ type observation struct {
 	initialized bool
 	// rollout judges which machines are outdated.
 	rollout rollout
+	// remediation judges the marked machines; remediationRefused says why
+	// each one QCP may not remediate now waits, and remediationNext what
+	// remediating each of the others records.
+	remediation        remediationPolicy
+	remediationRefused map[string]string
+	remediationNext    map[string]remediationData
 	// certExpiry is when the certificates of machines that have no
 	// certificates-expiry record yet expire, for those that answered.
 	certExpiry map[string]time.Time
@@ -153,6 +159,7 @@ func (r *Reconciler) observe(ctx context.Context, cluster *clusterv1.Cluster, cp
 	}
 	obs.etcd, obs.members, obs.membersErr = r.observeEtcd(ctx, cluster, secrets, obs.machines)
 	obs.rollout = r.newRollout(ctx, cp)
+	obs.remediation = newRemediationPolicy(cp, r.Now())
 	obs.certExpiry = observeCertificatesExpiry(ctx, secrets, obs)
 	obs.build(cp, cluster, r.Now(), r.Tunables)
 	return obs, nil
@@ -245,8 +252,19 @@ func (o *observation) build(cp *controlplanev1.QuorumControlPlane, cluster *clus
 		Now:            now,
 		Tunables:       tun,
 	}
+	o.remediationRefused, o.remediationNext = map[string]string{}, map[string]remediationData{}
 	for _, m := range o.machines {
-		s.Machines = append(s.Machines, plannerMachine(m, o.node(m), len(o.rollout.outdated(m)) == 0))
+		pm := plannerMachine(m, o.node(m), len(o.rollout.outdated(m)) == 0)
+		if pm.Remediate {
+			next, why := o.remediation.verdict(m)
+			if why != "" {
+				pm.Remediate, pm.HoldRemediation = false, true
+				o.remediationRefused[m.Name] = why
+			} else {
+				o.remediationNext[m.Name] = next
+			}
+		}
+		s.Machines = append(s.Machines, pm)
 	}
 	o.state = s
 }

@@ -26,7 +26,8 @@ var ownedConditions = []string{
 	controlplanev1.AvailableCondition, controlplanev1.InitializedCondition, controlplanev1.CertificatesAvailableCondition,
 	controlplanev1.EtcdClusterHealthyCondition, controlplanev1.ControlPlaneComponentsHealthyCondition,
 	controlplanev1.MachinesReadyCondition, controlplanev1.MachinesUpToDateCondition,
-	controlplanev1.ScalingUpCondition, controlplanev1.ScalingDownCondition, controlplanev1.RollingOutCondition, controlplanev1.DeletingCondition,
+	controlplanev1.ScalingUpCondition, controlplanev1.ScalingDownCondition, controlplanev1.RollingOutCondition, controlplanev1.RemediatingCondition,
+	controlplanev1.DeletingCondition,
 }
 
 // setStatusBasics sets what needs no observation: the generation seen and
@@ -63,6 +64,7 @@ func setStatus(cp *controlplanev1.QuorumControlPlane, obs *observation, d quorum
 	setAggregate(cp, machines, clusterv1.MachineUpToDateCondition, controlplanev1.MachinesUpToDateCondition, controlplanev1.MachinesUpToDateNoReplicasReason)
 	setScaling(cp, obs, d)
 	setRollingOut(cp, obs, d)
+	setRemediating(cp, obs, d)
 	conditions.Set(cp, metav1.Condition{Type: controlplanev1.DeletingCondition, Status: metav1.ConditionFalse, Reason: controlplanev1.NotDeletingReason})
 }
 

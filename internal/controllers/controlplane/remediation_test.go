@@ -1,0 +1,82 @@
+package controlplane
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/utils/ptr"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+
+	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
+)
+
+// TestRemediationPolicy checks seed 000's rules the control plane applies
+// before the planner sees a mark: one remediation at a time, maxRetry
+// counted along a chain of replacements, retryPeriod, and minHealthyPeriod
+// starting a new chain.
+func TestRemediationPolicy(t *testing.T) {
+	now := t0.Add(time.Hour)
+	replacement := func(retries int, remediatedAgo time.Duration) *clusterv1.Machine {
+		m := &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Name: "m-new", Annotations: map[string]string{
+			RemediationForAnnotation: remediationData{Machine: "m-old", Timestamp: metav1.NewTime(now.Add(-remediatedAgo)), RetryCount: retries}.String()}}}
+		return m
+	}
+	for _, tc := range []struct {
+		name       string
+		spec       controlplanev1.RemediationSpec
+		inProgress string
+		machine    *clusterv1.Machine
+		wantRetry  int
+		wantWhy    string // "" means allowed
+	}{
+		{name: "first remediation", machine: &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Name: "m-1"}}},
+		{name: "another remediation unfinished", inProgress: "m-2", machine: &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Name: "m-1"}},
+			wantWhy: "waiting for the remediation of machine m-2 to finish"},
+		{name: "its own remediation continues", inProgress: "m-new", machine: replacement(5, time.Minute), spec: controlplanev1.RemediationSpec{MaxRetry: ptr.To[int32](1)}},
+		{name: "a replacement failing: a retry", machine: replacement(0, time.Minute), spec: controlplanev1.RemediationSpec{MaxRetry: ptr.To[int32](1)}, wantRetry: 1},
+		{name: "retries used up", machine: replacement(1, time.Minute), spec: controlplanev1.RemediationSpec{MaxRetry: ptr.To[int32](1)},
+			wantWhy: "remediation.maxRetry (1) is used up"},
+		{name: "no limit", machine: replacement(7, time.Minute), wantRetry: 8},
+		{name: "retry period running", machine: replacement(0, time.Minute), spec: controlplanev1.RemediationSpec{RetryPeriodSeconds: ptr.To[int32](300)},
+			wantWhy: "waiting 4m0s for remediation.retryPeriodSeconds"},
+		{name: "healthy past minHealthyPeriod: a new chain", machine: replacement(1, 2*time.Hour), spec: controlplanev1.RemediationSpec{MaxRetry: ptr.To[int32](1)}},
+		{name: "a shorter minHealthyPeriod", machine: replacement(1, 10*time.Minute),
+			spec: controlplanev1.RemediationSpec{MaxRetry: ptr.To[int32](1), MinHealthyPeriodSeconds: ptr.To[int32](300)}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cp := &controlplanev1.QuorumControlPlane{Spec: controlplanev1.QuorumControlPlaneSpec{Remediation: tc.spec}}
+			if tc.inProgress != "" {
+				cp.Annotations = map[string]string{RemediationInProgressAnnotation: remediationData{Machine: tc.inProgress, Timestamp: metav1.NewTime(now), RetryCount: 5}.String()}
+			}
+			next, why := newRemediationPolicy(cp, now).verdict(tc.machine)
+			if (why == "") != (tc.wantWhy == "") || !strings.Contains(why, tc.wantWhy) {
+				t.Fatalf("verdict %q, want %q", why, tc.wantWhy)
+			}
+			if why == "" && tc.inProgress == "" && (next.Machine != tc.machine.Name || next.RetryCount != tc.wantRetry) {
+				t.Errorf("records %+v, want machine %s with %d retries", next, tc.machine.Name, tc.wantRetry)
+			}
+		})
+	}
+}
+
+// TestHealthCheckNeverAsksForMoreThanEtcdTolerates: the trigger allows
+// (n-1)/2 unhealthy machines, none for a single machine.
+func TestHealthCheckNeverAsksForMoreThanEtcdTolerates(t *testing.T) {
+	cluster := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Name: "c"}}
+	for replicas, want := range map[int32]int{1: 0, 3: 1, 5: 2, 7: 3} {
+		cp := &controlplanev1.QuorumControlPlane{ObjectMeta: metav1.ObjectMeta{Name: "cp"}, Spec: controlplanev1.QuorumControlPlaneSpec{Replicas: ptr.To(replicas)}}
+		spec := healthCheckSpec(cluster, cp, time.Minute)
+		if got := spec.Remediation.TriggerIf.UnhealthyLessThanOrEqualTo; got == nil || *got != intstr.FromInt(want) {
+			t.Errorf("%d replicas: trigger %v, want at most %d unhealthy", replicas, got, want)
+		}
+		if spec.Remediation.TemplateRef.IsDefined() {
+			t.Error("a remediation template is set; the control plane remediates itself")
+		}
+		if spec.Selector.MatchLabels[clusterv1.MachineControlPlaneNameLabel] != "cp" || spec.ClusterName != "c" {
+			t.Errorf("selects %v in cluster %s", spec.Selector.MatchLabels, spec.ClusterName)
+		}
+	}
+}
