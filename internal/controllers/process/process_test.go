@@ -333,15 +333,7 @@ const lateEtcdVersion = "v3.99.0"
 // named after the cluster and suffix: a machine that runs it stays out of
 // the cluster's etcd and serves no API server behind its load balancer.
 func (w *world) etcdOnlyDoc(suffix string, mutate ...func(*bootstrap.Document)) []byte {
-	doc := bootstrap.NewEtcdOnly(w.cluster+"-"+suffix, w.cas.Etcd, bootstrap.NewMember())
-	for _, m := range mutate {
-		m(doc)
-	}
-	data, err := bootstrap.Marshal(doc)
-	if err != nil {
-		w.t.Fatal(err)
-	}
-	return data
+	return w.marshal(bootstrap.NewEtcdOnly(w.cluster+"-"+suffix, w.cas.Etcd, bootstrap.NewMember()), mutate...)
 }
 
 // checkStaysDead checks that a machine whose agent died is not restarted:

@@ -252,7 +252,11 @@ func (w *world) createMachine(ctx context.Context, name, fd string, data []byte)
 }
 
 func (w *world) bootstrapDoc(etcd bootstrap.LocalEtcd, mutate ...func(*bootstrap.Document)) []byte {
-	doc := bootstrap.NewStacked(w.cluster, w.cas, w.endpoint, etcd)
+	return w.marshal(bootstrap.NewStacked(w.cluster, w.cas, w.endpoint, etcd), mutate...)
+}
+
+// marshal applies mutate to doc and returns its bytes.
+func (w *world) marshal(doc *bootstrap.Document, mutate ...func(*bootstrap.Document)) []byte {
 	for _, m := range mutate {
 		m(doc)
 	}
