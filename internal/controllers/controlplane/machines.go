@@ -61,7 +61,7 @@ func (r *Reconciler) createMachine(ctx context.Context, cluster *clusterv1.Clust
 	machine := &clusterv1.Machine{
 		ObjectMeta: metav1.ObjectMeta{
 			Name: name, Namespace: cp.Namespace, Labels: labels,
-			Annotations: mergeInto(maps.Clone(cp.Spec.MachineTemplate.ObjectMeta.Annotations), machineRecords(cp, obs)),
+			Annotations:     mergeInto(maps.Clone(cp.Spec.MachineTemplate.ObjectMeta.Annotations), machineRecords(cp, obs)),
 			OwnerReferences: []metav1.OwnerReference{owner},
 		},
 		Spec: clusterv1.MachineSpec{
