@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -58,6 +59,10 @@ type MachineReconciler struct {
 	Recorder  record.EventRecorder
 
 	metrics *providerMetrics
+	// exits remembers the agents whose exit was counted, by machine UID
+	// and agent PID: a reconcile on a cache that has not yet seen the
+	// AgentExited condition must not count the same exit again.
+	exits sync.Map
 }
 
 // +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=processmachines;processmachines/status;processmachines/finalizers,verbs=get;list;watch;update;patch
@@ -154,7 +159,10 @@ func (r *MachineReconciler) reconcileNormal(ctx context.Context, cluster *cluste
 	if !status.Running && pm.Status.PID != 0 {
 		// A machine that ran and stopped is not restarted behind the
 		// control plane's back, as a cloud would not resurrect a dead VM.
-		if c := conditions.Get(pm, ProcessRunningCondition); c == nil || c.Reason != AgentExitedReason {
+		// Counted once: not again after a manager restart (the condition
+		// says so), nor on a cache that has not seen the condition yet.
+		seen := conditions.GetReason(pm, ProcessRunningCondition) == AgentExitedReason
+		if _, counted := r.exits.LoadOrStore(fmt.Sprintf("%s/%d", pm.UID, pm.Status.PID), true); !counted && !seen {
 			r.metrics.machineExits.WithLabelValues(pm.Namespace, cluster.Name).Inc()
 			r.Recorder.Eventf(pm, corev1.EventTypeWarning, AgentExitedReason, "Agent of machine %s (pid %d) is gone", pm.Name, pm.Status.PID)
 		}
