@@ -228,3 +228,48 @@ func TestPoolForgetClosesTheClient(t *testing.T) {
 		t.Errorf("forgetting an unknown cluster: %v", err)
 	}
 }
+
+// TestRemoveThroughTheRemovedMember: a client whose only endpoint is the
+// member being removed still removes it and reports success. Sent to that
+// member, the request is applied and then answered "server stopped"; Remove
+// sends it to the leader and, after an error, lets the member list decide.
+func TestRemoveThroughTheRemovedMember(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cl, ps, cli := testkit.StartEtcdCluster(ctx, t, "remove-self", 3)
+	var leader etcd.MemberStatus
+	if err := retry(ctx, "a leader", func(ctx context.Context) (err error) {
+		leader, err = cli.Leader(ctx)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	members, err := cli.Members(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := slices.IndexFunc(members, func(m etcd.Member) bool { return m.ID != leader.ID })
+	victim := members[i]
+	p := ps[slices.IndexFunc(ps, func(p *testkit.EtcdProcess) bool { return p.PeerURL() == victim.PeerURLs[0] })]
+	self := cl.NewClient(p)
+	// etcd refuses membership changes for a few seconds after it starts
+	// ("unhealthy cluster"); only such a refusal is tried again.
+	err = testkit.Eventually(ctx, 200*time.Millisecond, "the removal accepted", func(ctx context.Context) error {
+		err := self.Remove(ctx, victim.ID)
+		if err != nil && !etcd.IsRefused(err) {
+			t.Fatalf("removing member %x through itself: %v", victim.ID, err)
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	after, err := cli.Members(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if slices.ContainsFunc(after, func(m etcd.Member) bool { return m.ID == victim.ID }) {
+		t.Errorf("member %x is still listed: %v", victim.ID, after)
+	}
+}

@@ -77,12 +77,25 @@ func (c *Client) Promote(ctx context.Context, id uint64) error {
 }
 
 // Remove removes member id. A member that is already gone counts as removed.
+// The request goes to the leader, which the planner never removes while it
+// leads: sent to the member being removed, it can be answered "server
+// stopped" although the removal took effect. After an error, the member
+// list decides.
 func (c *Client) Remove(ctx context.Context, id uint64) error {
-	_, err := c.cli.MemberRemove(ctx, id)
-	if err != nil && !IsMemberNotFound(err) {
-		return fmt.Errorf("removing member %x: %w", id, err)
+	send := c.cli
+	if leader, err := c.Leader(ctx); err == nil && leader.ID != id {
+		if p, err := c.pin(leader.Endpoint); err == nil {
+			send = p
+		}
 	}
-	return nil
+	_, err := send.MemberRemove(ctx, id)
+	if err == nil || IsMemberNotFound(err) {
+		return nil
+	}
+	if ms, lerr := c.Members(ctx); lerr == nil && !slices.ContainsFunc(ms, func(m Member) bool { return m.ID == id }) {
+		return nil // removed; only the reply was lost
+	}
+	return fmt.Errorf("removing member %x: %w", id, err)
 }
 
 // MoveLeader transfers leadership to voter id. etcd accepts the request only
