@@ -98,6 +98,13 @@ func (h *Host) Start(spec MachineSpec, bootstrapData []byte) error {
 	if st, _ := h.Status(spec.Namespace, spec.Name); st.Running {
 		return nil
 	}
+	// agent.pid may name a process that is not the running agent (a
+	// second agent launched beside it fails on its taken health port and
+	// leaves its own PID there): find the agent itself and re-attach, or
+	// the machine would be taken for dead while it runs.
+	if pid := runningAgent(dir); pid > 0 {
+		return atomicfile.Write(filepath.Join(dir, pidFile), []byte(strconv.Itoa(pid)), 0o600)
+	}
 	doc, err := bootstrap.Parse(bootstrapData)
 	if err != nil {
 		return &Error{Reason: ReasonInvalidBootstrapData, Object: obj, Err: fmt.Errorf("%w (fix the bootstrap data Secret; its provider must write a %s %s document)", err, bootstrap.APIVersion, bootstrap.Kind)}

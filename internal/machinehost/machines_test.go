@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"strconv"
 	"syscall"
 	"testing"
 	"time"
@@ -88,6 +89,26 @@ func TestProcessMachines(t *testing.T) {
 		}
 		if agents != 1 {
 			t.Errorf("%d qcp-agent processes in m1's group, want 1: %v", agents, procs)
+		}
+
+		// agent.pid naming another process (a duplicate agent that failed
+		// on the taken health port left its PID there): Start re-attaches
+		// to the running agent instead of launching one more.
+		pidPath := fresh.Dir("ns1", "m1") + "/agent.pid"
+		if err := os.WriteFile(pidPath, []byte(strconv.Itoa(os.Getpid())), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if st, _ := fresh.Status("ns1", "m1"); st.Running {
+			t.Fatalf("a foreign PID in agent.pid reads as a running agent: %+v", st)
+		}
+		if err := fresh.Start(m1, data); err != nil {
+			t.Fatal(err)
+		}
+		if st, _ := fresh.Status("ns1", "m1"); !st.Running || st.PID != before["m1"] {
+			t.Errorf("after Start with a stale agent.pid: %+v, want the running agent %d", st, before["m1"])
+		}
+		if procs, err := ProcessesMatching("--dir " + fresh.Dir("ns1", "m1")); err != nil || len(procs) != 1 {
+			t.Errorf("agents of m1: %v (%v), want only %d", procs, err, before["m1"])
 		}
 	})
 

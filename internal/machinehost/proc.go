@@ -166,3 +166,18 @@ func StillRunning(procs []Proc) ([]Proc, error) {
 	}
 	return out, nil
 }
+
+// runningAgent returns the PID of the qcp-agent that runs the machine in
+// dir, or 0.
+func runningAgent(dir string) int {
+	procs, err := liveProcesses(func(p Proc) bool { return p.Comm == "qcp-agent" })
+	if err != nil {
+		return 0
+	}
+	for _, p := range procs {
+		if isAgent(p.PID, "run", dir) && p.PGID == p.PID {
+			return p.PID
+		}
+	}
+	return 0
+}

@@ -185,12 +185,11 @@ func worldInvariant(before world, d Decision, after world) string {
 	return ""
 }
 
-// strategyInvariant is what the rollout strategy promises: no machine is
+// strategyInvariant is what the rollout strategies promise: no machine is
 // created beyond desired + 1, or desired with maxSurge 0 (deleting ones
-// count), and
-// OnDelete replaces nothing of its own accord: it creates a machine only
-// below desired or for one a health check marked, and deletes a voter's
-// machine only above desired or when marked.
+// count), and OnDelete replaces nothing of its own accord: it creates a
+// machine only below desired or for one a health check marked, and deletes
+// a voter's machine only above desired or when marked.
 func strategyInvariant(before world, d Decision) string {
 	kept, marked := 0, false
 	for _, o := range before.machines {
