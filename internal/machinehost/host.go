@@ -156,6 +156,17 @@ func (h *Host) launch(dir string, files map[string][]byte, args ...string) (int,
 	// Reap the agent if it exits while this process lives; after a manager
 	// restart init reaps it instead.
 	go func() { _ = cmd.Wait() }()
+	// Start returns once the exec began, but /proc/<pid>/cmdline stays
+	// empty until the kernel has laid out the new program's arguments, and
+	// Status recognises the agent by them. On a loaded host that took long
+	// enough for the caller to take the new agent for dead and launch a
+	// second one; wait until it can be recognised (or has exited).
+	for deadline := time.Now().Add(5 * time.Second); len(cmdline(pid)) == 0 && time.Now().Before(deadline); {
+		if p, err := readProc(pid); err != nil || p.State == "Z" {
+			break
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 	if err := atomicfile.Write(filepath.Join(dir, pidFile), []byte(strconv.Itoa(pid)), 0o600); err != nil {
 		_ = syscall.Kill(-pid, syscall.SIGKILL)
 		return 0, err
