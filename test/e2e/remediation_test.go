@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
+	"github.com/qcp-dev/qcp/internal/controllers/controlplane"
 	"github.com/qcp-dev/qcp/internal/machinehost"
 )
 
@@ -50,9 +51,9 @@ func TestRemediation(t *testing.T) {
 		if err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: replacement}, &m); err != nil {
 			t.Fatal(err)
 		}
-		if want := fmt.Sprintf(`"machine":%q`, victim); !strings.Contains(m.Annotations["controlplane.cluster.x-k8s.io/qcp-remediation-for"], want) ||
-			!strings.Contains(m.Annotations["controlplane.cluster.x-k8s.io/qcp-remediation-for"], fmt.Sprintf(`"retryCount":%d`, retry)) {
-			t.Errorf("replacement %s records %q, want it replacing %s after %d retries", replacement, m.Annotations["controlplane.cluster.x-k8s.io/qcp-remediation-for"], victim, retry)
+		record := m.Annotations[controlplane.RemediationForAnnotation]
+		if !strings.Contains(record, fmt.Sprintf(`"machine":%q`, victim)) || !strings.Contains(record, fmt.Sprintf(`"retryCount":%d`, retry)) {
+			t.Errorf("replacement %s records %q, want it replacing %s after %d retries", replacement, record, victim, retry)
 		}
 		victim = replacement
 	}

@@ -1,6 +1,7 @@
 package controlplane
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"maps"
@@ -66,10 +67,7 @@ func (r *Reconciler) ensureHealthCheck(ctx context.Context, cluster *clusterv1.C
 }
 
 func (r *Reconciler) healthCheckTimeout() time.Duration {
-	if r.HealthCheckTimeout > 0 {
-		return r.HealthCheckTimeout
-	}
-	return DefaultHealthCheckTimeout
+	return cmp.Or(r.HealthCheckTimeout, DefaultHealthCheckTimeout)
 }
 
 // healthCheckSpec is the MachineHealthCheck QCP wants for cp.
