@@ -19,7 +19,7 @@ CONTROLLER_GEN := $(BIN)/controller-gen-$(CONTROLLER_TOOLS_VERSION)
 # Tests run packages in parallel; 2 keeps the heavy process tests within the
 # memory and CPU of a 2-core machine.
 TEST_PARALLEL ?= 2
-TEST_TIMEOUT ?= 30m
+TEST_TIMEOUT ?= 50m
 TEST_FLAGS ?=
 
 export QCP_BIN_DIR := $(BIN)

@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -306,6 +307,10 @@ func (s *scenario) finish() {
 	testkit.CheckNoKeyLeaks(ctx, s.t, s.c, []string{s.mgmt.env.Dir}, []string{s.mgmt.env.MachineRoot()})
 }
 
+// dumpOnFailure saves qcp-manager's log lines about a failed scenario to a
+// file, and names it in the test log: printed there, they would bury the
+// failure message, and a CI report that shows the end of a failed test's
+// output would show them instead of why the test failed.
 func (s *scenario) dumpOnFailure() {
 	if !s.t.Failed() {
 		return
@@ -320,10 +325,13 @@ func (s *scenario) dumpOnFailure() {
 			lines = append(lines, l)
 		}
 	}
-	if len(lines) > 80 {
-		lines = lines[len(lines)-80:]
+	dir := cmp.Or(os.Getenv("QCP_BIN_DIR"), os.TempDir())
+	path := filepath.Join(dir, "e2e-"+s.name+"-manager.log")
+	if err := os.WriteFile(path, []byte(strings.Join(lines, "\n")), 0o600); err != nil {
+		s.t.Logf("saving qcp-manager's log lines about %s: %v", s.name, err)
+		return
 	}
-	s.t.Logf("--- qcp-manager log lines about %s ---\n%s", s.name, strings.Join(lines, "\n"))
+	s.t.Logf("qcp-manager's %d log lines about %s are in %s; the failure is reported above", len(lines), s.name, path)
 }
 
 // traffic is the writer and the monitor of one workload etcd.

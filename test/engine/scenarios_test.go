@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -167,20 +168,37 @@ func TestLearnerThatNeverStartsIsRemoved(t *testing.T) {
 }
 
 // TestRollingReplacement rolls three members with and without leader
-// transfer, one after the other so both see the same machine load. Without
-// transfer a leading member is removed and the writers wait for a new
-// election; with it they should not, so its longest write gap must be the
-// shorter one (about 60 ms against 1.3 s here; docs/measurements.md).
+// transfer, three times each, interleaved so both modes see the same
+// machine load. Without transfer a leading member is removed and the
+// writers wait for a new election; with it they should not, so the median
+// of its longest write gaps must be the shorter one (about 60 ms against
+// 1.3 s here; docs/measurements.md). The median, not one rollout, because
+// on a loaded host an unrelated election can stall any single rollout.
 func TestRollingReplacement(t *testing.T) {
-	gap := map[bool]float64{}
-	for _, noTransfer := range []bool{false, true} {
-		t.Run(modeName(noTransfer), func(t *testing.T) {
-			f := rollingReplacement(t, noTransfer)
-			gap[noTransfer] = f.MaxWriteGapMs
-			t.Logf("figures: %s", f.json())
-		})
+	const rounds = 3
+	gaps := map[bool][]float64{}
+	for i := range rounds {
+		for _, noTransfer := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s-%d", modeName(noTransfer), i+1), func(t *testing.T) {
+				f := rollingReplacement(t, noTransfer)
+				gaps[noTransfer] = append(gaps[noTransfer], f.MaxWriteGapMs)
+				t.Logf("figures: %s", f.json())
+			})
+		}
 	}
-	if len(gap) == 2 && gap[false] >= gap[true] {
-		t.Errorf("max write gap %.0f ms with leader transfer, %.0f ms without; transfer should shorten it", gap[false], gap[true])
+	if len(gaps[false]) != rounds || len(gaps[true]) != rounds {
+		return // a rollout failed and said why
 	}
+	with, without := median(gaps[false]), median(gaps[true])
+	if with >= without {
+		t.Errorf("median max write gap %.0f ms with leader transfer (%v), %.0f ms without (%v); transfer should shorten it",
+			with, gaps[false], without, gaps[true])
+	}
+}
+
+// median is the middle value of an odd number of figures.
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	return s[len(s)/2]
 }
