@@ -67,6 +67,27 @@ func TestPlanDecisions(t *testing.T) {
 				down(s, 1, time.Minute)
 				s.Machines = append(s.Machines, Machine{Name: "m-09", PeerURL: "https://m9:2380", UpToDate: true, CreatedAt: s.Now})
 			}), Wait, "", "waiting for member m-02 to become healthy"},
+		{"a dead voter waiting its turn for remediation does not block the replacement ahead of it (#10125)",
+			edit(cluster(5, 4), func(s *State) {
+				down(s, 1, time.Minute)
+				s.Machines[1].HoldRemediation, s.Machines[1].RemediationQueued = true, true
+			}), CreateMachine, "", "scaling up: 4 of 5"},
+		{"nor its learner joining",
+			edit(cluster(5, 4), func(s *State) {
+				down(s, 1, time.Minute)
+				s.Machines[1].HoldRemediation, s.Machines[1].RemediationQueued = true, true
+				s.Machines = append(s.Machines, Machine{Name: "m-09", PeerURL: "https://m9:2380", UpToDate: true, CreatedAt: s.Now})
+			}), AddLearner, "m-09", "as a learner"},
+		{"a dead voter whose remediation was refused still blocks growth",
+			edit(cluster(5, 4), func(s *State) {
+				down(s, 1, time.Minute)
+				s.Machines[1].HoldRemediation = true
+			}), Wait, "", "waiting for member m-02 to become healthy"},
+		{"a queued dead voter is still waited for when nothing else is to do",
+			edit(cluster(3, 3), func(s *State) {
+				down(s, 1, time.Minute)
+				s.Machines[1].HoldRemediation, s.Machines[1].RemediationQueued = true, true
+			}), Wait, "", "waiting for member m-02 to become healthy"},
 		{"lagging learner is waited for, naming the indexes",
 			withLearner(cluster(3, 2), 1200, true), Wait, "", "waiting for learner m-09 to catch up: applied index 1200 of 5000"},
 		{"caught-up learner's machine gets the hook first",

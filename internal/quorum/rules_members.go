@@ -271,9 +271,19 @@ func (p planner) promote(mc Machine, m Member) (Decision, bool) {
 
 // waitForHealthyVoters is the preflight for growing the cluster: never add
 // to a cluster with an unhealthy voter (it raises the quorum without adding
-// tolerance). An unhealthy voter is remediated once it is due.
+// tolerance). An unhealthy voter is remediated once it is due. A voter
+// whose machine waits its turn for remediation does not count while
+// growing: the machine being added is the replacement the remediation
+// ahead of it waits for.
 func (p planner) waitForHealthyVoters(what string) (Decision, bool) {
+	return p.waitForVoters(what, true)
+}
+
+func (p planner) waitForVoters(what string, skipQueued bool) (Decision, bool) {
 	for _, m := range p.voters() {
+		if mc, ok := p.machineOf(m); skipQueued && ok && mc.HoldRemediation && mc.RemediationQueued {
+			continue
+		}
 		if !m.Healthy {
 			return waitf("waiting for member %s to become healthy (unhealthy for %s, replaced after %s) before %s",
 				p.memberName(m), roundDuration(p.unhealthyFor(m)), p.tun.UnhealthyTimeout, what), true
@@ -286,12 +296,13 @@ func (p planner) waitForHealthyVoters(what string) (Decision, bool) {
 // before a machine is created or a voter's machine deleted: the API server,
 // controller manager, scheduler and etcd must be healthy on every machine
 // that hosts a voter, except the one the step replaces or removes, and
-// machines a health check marked (remediation must be able to fix them).
+// machines a health check marked, remediated now or waiting their turn
+// (remediation must be able to fix them).
 // Without it QCP would grow or shrink a control plane whose components it
 // has not seen work, as when no API server has answered yet.
 func (p planner) waitForHealthyComponents(what string, except string) (Decision, bool) {
 	for _, mc := range p.machines {
-		if mc.Name == except || mc.Remediate || mc.Deleting {
+		if mc.Name == except || mc.Remediate || mc.RemediationQueued || mc.Deleting {
 			continue
 		}
 		if m, ok := p.memberOn(mc.Name); ok && m.Voter() && !p.componentsOK(mc) {
@@ -305,7 +316,7 @@ func (p planner) waitForHealthyComponents(what string, except string) (Decision,
 // voter that is down but not yet due for remediation is still something
 // the control plane waits for, never "nothing to do".
 func (p planner) waitForUnhealthyVoters() (Decision, bool) {
-	return p.waitForHealthyVoters("the control plane is steady")
+	return p.waitForVoters("the control plane is steady", false)
 }
 
 func why(cond bool, yes, no string) string {

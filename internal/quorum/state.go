@@ -244,6 +244,13 @@ type Machine struct {
 	// neither replaces it for its mark nor removes its member for being
 	// unhealthy: a human decides.
 	HoldRemediation bool
+	// RemediationQueued, with HoldRemediation, says the hold is only a
+	// turn: another machine's remediation is unfinished until its
+	// replacement is created. Its unhealthy voter then does not stop that
+	// replacement from being created and joining, or one remediation at a
+	// time would wait forever behind a second dead member (two of five
+	// down, cluster-api#10125).
+	RemediationQueued bool
 }
 
 // Member is one etcd member, from MemberList plus per-member Status.

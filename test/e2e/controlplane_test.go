@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"slices"
 	"testing"
@@ -14,11 +15,14 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
+	"github.com/qcp-dev/qcp/internal/controllers/controlplane"
+	"github.com/qcp-dev/qcp/internal/machinehost"
 	"github.com/qcp-dev/qcp/internal/testkit"
 )
 
 // TestCreateAndScale creates a 3-machine control plane, then scales it to
-// 5 and back to 3 through the scale subresource.
+// 5 and back to 3 through the scale subresource. At 5, two machines are
+// killed at once and replaced, one at a time.
 func TestCreateAndScale(t *testing.T) {
 	mgmt := requireShared(t)
 	t.Parallel()
@@ -39,17 +43,23 @@ func TestCreateAndScale(t *testing.T) {
 		t.Errorf("5 machines spread %v over fd-a, fd-b, fd-c; want 2/2/1", got)
 	}
 
+	s.checkTwoOfFive(ctx, machines[:2])
+	if machines, err = s.machines(ctx); err != nil {
+		t.Fatal(err)
+	}
+
 	// The machine annotated for deletion goes first, wherever it is; the
 	// next comes from a fuller domain, oldest first.
-	marked := machines[len(machines)-1] // the newest, in fd-c
+	marked := machines[len(machines)-1] // the newest
 	s.annotate(ctx, marked.Name, clusterv1.DeleteMachineAnnotation)
+	departed := len(s.bound.departures())
 	s.scale(ctx, 3)
 	s.waitAvailable(5*time.Minute, 3)
 	left, err := s.machines(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-	gone := s.bound.departures()
+	gone := s.bound.departures()[departed:]
 	if len(gone) != 2 || gone[0] != marked.Name {
 		t.Fatalf("scale-down removed %v; want %s (annotated) first, then one more", gone, marked.Name)
 	}
@@ -61,6 +71,66 @@ func TestCreateAndScale(t *testing.T) {
 	}
 	s.checkMetrics(ctx)
 	s.finish()
+}
+
+// checkTwoOfFive kills two machines of five at once (#10125): QCP's health
+// check marks both, and QCP replaces them on its own, one at a time (the
+// second remediation begins only once the first replacement exists), back
+// to 5 healthy voters.
+func (s *scenario) checkTwoOfFive(ctx context.Context, victims []clusterv1.Machine) {
+	s.t.Helper()
+	host := &machinehost.Host{Root: s.mgmt.env.MachineRoot()}
+	start := time.Now()
+	for _, v := range victims {
+		if err := host.Kill(ns, v.Name); err != nil {
+			s.t.Fatal(err)
+		}
+	}
+	s.eventually(10*time.Minute, "both killed machines replaced", func(ctx context.Context) error {
+		for _, v := range victims {
+			var m clusterv1.Machine
+			if err := s.c.Get(ctx, client.ObjectKeyFromObject(&v), &m); !isNotFound(err) {
+				cp, _ := s.controlPlane(ctx)
+				return fmt.Errorf("machine %s still there (%v); Remediating: %s", v.Name, err, conditions.GetMessage(cp, controlplanev1.RemediatingCondition))
+			}
+		}
+		return nil
+	})
+	s.waitAvailable(5*time.Minute, 5)
+	s.t.Logf("2 of 5 machines killed; 5 healthy voters again after %s", time.Since(start).Round(time.Second))
+
+	ms, err := s.machines(ctx)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	type replacement struct {
+		machine                 clusterv1.Machine
+		replaced, remediationAt string
+	}
+	var reps []replacement
+	for _, m := range ms {
+		var rec struct {
+			Machine   string      `json:"machine"`
+			Timestamp metav1.Time `json:"timestamp"`
+		}
+		if raw, ok := m.Annotations[controlplane.RemediationForAnnotation]; ok {
+			if err := json.Unmarshal([]byte(raw), &rec); err != nil {
+				s.t.Fatalf("machine %s: %s: %v", m.Name, controlplane.RemediationForAnnotation, err)
+			}
+			reps = append(reps, replacement{m, rec.Machine, rec.Timestamp.UTC().Format(time.RFC3339)})
+		}
+	}
+	if len(reps) != 2 || !slices.ContainsFunc(victims, func(v clusterv1.Machine) bool { return v.Name == reps[0].replaced }) ||
+		!slices.ContainsFunc(victims, func(v clusterv1.Machine) bool { return v.Name == reps[1].replaced }) {
+		s.t.Fatalf("replacements %+v; want one for each of the killed machines", reps)
+	}
+	// Oldest replacement first; RFC 3339 seconds sort as strings, and both
+	// times are kept to the second.
+	first, second := reps[0], reps[1]
+	if created := first.machine.CreationTimestamp.UTC().Format(time.RFC3339); second.remediationAt < created {
+		s.t.Errorf("the remediation of %s began at %s, before %s replaced %s at %s: not one at a time",
+			second.replaced, second.remediationAt, first.machine.Name, first.replaced, created)
+	}
 }
 
 // checkMetrics reads qcp-manager's metrics for the scenario after it grew

@@ -131,6 +131,27 @@ func (s *scenario) eventually(timeout time.Duration, what string, cond func(cont
 	}
 }
 
+// holds checks cond every half second for d, failing the scenario the
+// first time it does not hold: how a test shows that something does not
+// happen.
+func (s *scenario) holds(d time.Duration, what string, cond func(context.Context) error) {
+	s.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	t := time.NewTicker(500 * time.Millisecond)
+	defer t.Stop()
+	for {
+		if err := cond(ctx); err != nil && ctx.Err() == nil {
+			s.t.Fatalf("%s: %v", what, err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
 // controlPlane reads the QuorumControlPlane.
 func (s *scenario) controlPlane(ctx context.Context) (*controlplanev1.QuorumControlPlane, error) {
 	cp := &controlplanev1.QuorumControlPlane{}
@@ -342,7 +363,7 @@ type traffic struct {
 }
 
 func startTraffic(cfg etcd.Config, desired int) (*traffic, error) {
-	w, err := testkit.StartWriter(cfg, testkit.WriterOptions{})
+	w, err := testkit.StartWriter(cfg, testkit.WriterOptions{Pause: 20 * time.Millisecond})
 	if err != nil {
 		return nil, err
 	}
@@ -451,6 +472,15 @@ func (b *machineBound) setDesired(n int) {
 	defer b.mu.Unlock()
 	b.desired = n
 	b.bound = max(b.bound, n+b.surge)
+}
+
+// setSurge changes how many machines beyond desired may exist, as a
+// change of rollout strategy does.
+func (b *machineBound) setSurge(n int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.surge = n
+	b.bound = max(b.bound, b.desired+n)
 }
 
 func (b *machineBound) stop() error {

@@ -256,9 +256,9 @@ func (o *observation) build(cp *controlplanev1.QuorumControlPlane, cluster *clus
 	for _, m := range o.machines {
 		pm := plannerMachine(m, o.node(m), len(o.rollout.outdated(m)) == 0)
 		if pm.Remediate {
-			next, why := o.remediation.verdict(m)
+			next, why, queued := o.remediation.verdict(m)
 			if why != "" {
-				pm.Remediate, pm.HoldRemediation = false, true
+				pm.Remediate, pm.HoldRemediation, pm.RemediationQueued = false, true, queued
 				o.remediationRefused[m.Name] = why
 			} else {
 				o.remediationNext[m.Name] = next

@@ -81,28 +81,29 @@ func newRemediationPolicy(cp *controlplanev1.QuorumControlPlane, now time.Time) 
 }
 
 // verdict returns what remediating m would record, or why it may not be
-// remediated now.
-func (p remediationPolicy) verdict(m *clusterv1.Machine) (remediationData, string) {
-	next := remediationData{Machine: m.Name, Timestamp: metav1.NewTime(p.now)}
+// remediated now; queued says m only waits for another machine's
+// remediation to finish.
+func (p remediationPolicy) verdict(m *clusterv1.Machine) (next remediationData, why string, queued bool) {
+	next = remediationData{Machine: m.Name, Timestamp: metav1.NewTime(p.now)}
 	if p.hasInProgress {
 		if p.inProgress.Machine == m.Name {
-			return p.inProgress, ""
+			return p.inProgress, "", false
 		}
-		return next, fmt.Sprintf("waiting for the remediation of machine %s to finish: one remediation at a time", p.inProgress.Machine)
+		return next, fmt.Sprintf("waiting for the remediation of machine %s to finish: one remediation at a time", p.inProgress.Machine), true
 	}
 	last, ok := readRemediation(m, RemediationForAnnotation)
 	if !ok || p.now.Sub(last.Timestamp.Time) >= p.minHealthyPeriod {
-		return next, "" // not a replacement, or one that ran healthy long enough: a new chain
+		return next, "", false // not a replacement, or one that ran healthy long enough: a new chain
 	}
 	if p.maxRetry != nil && int32(last.RetryCount) >= *p.maxRetry {
 		return next, fmt.Sprintf("not remediating: machine %s replaced %s, which was remediated at %s, and remediation.maxRetry (%d) is used up; find the cause, then delete the machine by hand",
-			m.Name, last.Machine, last.Timestamp.UTC().Format(time.RFC3339), *p.maxRetry)
+			m.Name, last.Machine, last.Timestamp.UTC().Format(time.RFC3339), *p.maxRetry), false
 	}
 	if wait := last.Timestamp.Add(p.retryPeriod).Sub(p.now); wait > 0 {
-		return next, fmt.Sprintf("waiting %s for remediation.retryPeriodSeconds to pass since machine %s was remediated", wait.Round(time.Second), last.Machine)
+		return next, fmt.Sprintf("waiting %s for remediation.retryPeriodSeconds to pass since machine %s was remediated", wait.Round(time.Second), last.Machine), false
 	}
 	next.RetryCount = last.RetryCount + 1
-	return next, ""
+	return next, "", false
 }
 
 // marked reports whether a health check asked the owner to remediate m.

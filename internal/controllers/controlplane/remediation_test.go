@@ -31,10 +31,11 @@ func TestRemediationPolicy(t *testing.T) {
 		machine    *clusterv1.Machine
 		wantRetry  int
 		wantWhy    string // "" means allowed
+		wantQueued bool
 	}{
 		{name: "first remediation", machine: &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Name: "m-1"}}},
 		{name: "another remediation unfinished", inProgress: "m-2", machine: &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Name: "m-1"}},
-			wantWhy: "waiting for the remediation of machine m-2 to finish"},
+			wantWhy: "waiting for the remediation of machine m-2 to finish", wantQueued: true},
 		{name: "its own remediation continues", inProgress: "m-new", machine: replacement(5, time.Minute), spec: controlplanev1.RemediationSpec{MaxRetry: ptr.To[int32](1)}},
 		{name: "a replacement failing: a retry", machine: replacement(0, time.Minute), spec: controlplanev1.RemediationSpec{MaxRetry: ptr.To[int32](1)}, wantRetry: 1},
 		{name: "retries used up", machine: replacement(1, time.Minute), spec: controlplanev1.RemediationSpec{MaxRetry: ptr.To[int32](1)},
@@ -51,9 +52,9 @@ func TestRemediationPolicy(t *testing.T) {
 			if tc.inProgress != "" {
 				cp.Annotations = map[string]string{RemediationInProgressAnnotation: remediationData{Machine: tc.inProgress, Timestamp: metav1.NewTime(now), RetryCount: 5}.String()}
 			}
-			next, why := newRemediationPolicy(cp, now).verdict(tc.machine)
-			if (why == "") != (tc.wantWhy == "") || !strings.Contains(why, tc.wantWhy) {
-				t.Fatalf("verdict %q, want %q", why, tc.wantWhy)
+			next, why, queued := newRemediationPolicy(cp, now).verdict(tc.machine)
+			if (why == "") != (tc.wantWhy == "") || !strings.Contains(why, tc.wantWhy) || queued != tc.wantQueued {
+				t.Fatalf("verdict %q (queued %v), want %q (queued %v)", why, queued, tc.wantWhy, tc.wantQueued)
 			}
 			if why == "" && tc.inProgress == "" && (next.Machine != tc.machine.Name || next.RetryCount != tc.wantRetry) {
 				t.Errorf("records %+v, want machine %s with %d retries", next, tc.machine.Name, tc.wantRetry)

@@ -24,6 +24,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/builder"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/event"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
@@ -58,12 +59,14 @@ type ClusterReconciler struct {
 
 // +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=processclusters;processclusters/status;processclusters/finalizers,verbs=get;list;watch;update;patch
 // +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=clusters;clusters/status,verbs=get;list;watch
+// +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=machines,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
 
 // SetupWithManager registers the controller. Machines changing wake their
-// cluster's reconcile so the load balancer's backends follow them, and the
-// Cluster being paused or resumed wakes it (nothing else changes then).
+// cluster's reconcile so the load balancer's backends follow them (a CAPI
+// Machine only when its deletion starts), and the Cluster being paused or
+// resumed wakes it (nothing else changes then).
 func (r *ClusterReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
 		For(&infrav1.ProcessCluster{}).
@@ -71,6 +74,15 @@ func (r *ClusterReconciler) SetupWithManager(mgr ctrl.Manager) error {
 			util.ClusterToInfrastructureMapFunc(context.Background(), infrav1.GroupVersion.WithKind("ProcessCluster"), mgr.GetClient(), &infrav1.ProcessCluster{})),
 			builder.WithPredicates(predicates.ClusterPausedTransitions(mgr.GetScheme(), mgr.GetLogger()))).
 		Watches(&infrav1.ProcessMachine{}, handler.EnqueueRequestsFromMapFunc(r.processClusterOf)).
+		Watches(&clusterv1.Machine{}, handler.EnqueueRequestsFromMapFunc(r.processClusterOf),
+			builder.WithPredicates(predicate.Funcs{
+				CreateFunc:  func(event.CreateEvent) bool { return false },
+				DeleteFunc:  func(event.DeleteEvent) bool { return false },
+				GenericFunc: func(event.GenericEvent) bool { return false },
+				UpdateFunc: func(e event.UpdateEvent) bool {
+					return e.ObjectOld.GetDeletionTimestamp().IsZero() && !e.ObjectNew.GetDeletionTimestamp().IsZero()
+				},
+			})).
 		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(r.processClusterOf),
 			builder.WithPredicates(predicate.NewPredicateFuncs(isClusterCASecret))).
 		Complete(r)
@@ -218,16 +230,40 @@ func (r *ClusterReconciler) backends(ctx context.Context, cluster *clusterv1.Clu
 		client.MatchingLabels{clusterv1.ClusterNameLabel: cluster.Name}); err != nil {
 		return nil, fmt.Errorf("listing the machines of %s: %w", cluster.Name, err)
 	}
-	var out []string
+	owners := &clusterv1.MachineList{}
+	if err := r.Client.List(ctx, owners, client.InNamespace(cluster.Namespace),
+		client.MatchingLabels{clusterv1.ClusterNameLabel: cluster.Name}); err != nil {
+		return nil, fmt.Errorf("listing the Machines of %s: %w", cluster.Name, err)
+	}
+	leaving := map[string]bool{}
+	for _, m := range owners.Items {
+		if !m.DeletionTimestamp.IsZero() {
+			leaving[m.Spec.InfrastructureRef.Name] = true
+		}
+	}
+	var staying, all []string
 	for _, m := range machines.Items {
 		if !m.DeletionTimestamp.IsZero() {
 			continue
 		}
 		for _, a := range m.Status.Addresses {
 			if a.Type == clusterv1.MachineInternalIP {
-				out = append(out, net.JoinHostPort(a.Address, strconv.Itoa(APIServerPort)))
+				be := net.JoinHostPort(a.Address, strconv.Itoa(APIServerPort))
+				all = append(all, be)
+				if !leaving[m.Name] {
+					staying = append(staying, be)
+				}
 			}
 		}
+	}
+	// A machine whose Machine is being deleted leaves the load balancer
+	// first: its etcd member is removed before it goes (QCP holds its
+	// deletion for that), and an API server whose own member is gone keeps
+	// its clients waiting. Unless no other is left: a slow answer beats
+	// none.
+	out := staying
+	if len(out) == 0 {
+		out = all
 	}
 	slices.Sort(out)
 	return out, nil

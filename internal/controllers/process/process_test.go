@@ -3,9 +3,11 @@ package process_test
 import (
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -207,7 +209,7 @@ func TestProcessProvider(t *testing.T) {
 		w.checkStaysDead(ctx, t, host, "m1")
 	})
 
-	t.Run("deleting a Machine stops every process and removes its directory", func(t *testing.T) {
+	t.Run("a Machine being deleted leaves the load balancer first; once deleted, every process and its directory are gone", func(t *testing.T) {
 		// The deletion removes m2's logs: look for keys in them first.
 		w.leaks.Run(ctx, t)
 		dir := host.Dir(ns, "m2")
@@ -215,7 +217,43 @@ func TestProcessProvider(t *testing.T) {
 		if pid <= 0 {
 			t.Fatalf("ProcessMachine m2 reports pid %d: nothing to check its processes against", pid)
 		}
-		if err := w.c.Delete(ctx, &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Name: "m2", Namespace: ns}}); err != nil {
+		// A pre-drain hook holds the deletion, as QCP's does until the
+		// machine's etcd member is removed; its API server must leave the
+		// load balancer meanwhile, while the machine still runs.
+		m2 := &clusterv1.Machine{}
+		if err := w.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "m2"}, m2); err != nil {
+			t.Fatal(err)
+		}
+		hook := clusterv1.PreDrainDeleteHookAnnotationPrefix + "/test"
+		hooked := m2.DeepCopy()
+		hooked.Annotations = map[string]string{hook: ""}
+		if err := w.c.Patch(ctx, hooked, client.MergeFrom(m2)); err != nil {
+			t.Fatal(err)
+		}
+		if err := w.c.Delete(ctx, hooked); err != nil {
+			t.Fatal(err)
+		}
+		backend := net.JoinHostPort(addrs["m2"], strconv.Itoa(process.APIServerPort))
+		w.eventually(ctx, "m2 out of the load balancer's backends while its deletion waits", func(ctx context.Context) error {
+			pc := &infrav1.ProcessCluster{}
+			if err := w.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: w.cluster}, pc); err != nil {
+				return err
+			}
+			if slices.Contains(pc.Status.Backends, backend) {
+				return fmt.Errorf("backends %v", pc.Status.Backends)
+			}
+			return nil
+		})
+		if pm := w.processMachine(ctx, "m2"); !pm.DeletionTimestamp.IsZero() {
+			t.Fatal("ProcessMachine m2 is being deleted: the hook did not hold the Machine, so this step shows nothing")
+		}
+		held := &clusterv1.Machine{}
+		if err := w.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: "m2"}, held); err != nil {
+			t.Fatal(err)
+		}
+		released := held.DeepCopy()
+		delete(released.Annotations, hook)
+		if err := w.c.Patch(ctx, released, client.MergeFrom(held)); err != nil {
 			t.Fatal(err)
 		}
 		w.eventually(ctx, "ProcessMachine m2 gone", func(ctx context.Context) error {
