@@ -273,3 +273,45 @@ func TestRemoveThroughTheRemovedMember(t *testing.T) {
 		t.Errorf("member %x is still listed: %v", victim.ID, after)
 	}
 }
+
+// TestFrozenMemberHoldsNoRequest freezes a member (SIGSTOP: its connections
+// stay open and nothing answers, as with a hung host, #8465). Every
+// membership read the control plane makes must still return within its
+// bound, whichever member the client picks, instead of hanging the
+// reconcile that made it.
+func TestFrozenMemberHoldsNoRequest(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	_, ps, cli := testkit.StartEtcdCluster(ctx, t, "frozen", 3)
+	if err := retry(ctx, "a leader", func(ctx context.Context) error { _, err := cli.Leader(ctx); return err }); err != nil {
+		t.Fatal(err)
+	}
+	if err := ps[2].Freeze(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = ps[2].Thaw() })
+	// Enough rounds that the client's round robin sends some to the
+	// frozen member.
+	bound := etcd.MembershipTimeout + etcd.StatusTimeout + time.Second
+	// within fails the test if op has not returned after bound, rather
+	// than hanging the test with it.
+	within := func(what string, op func() error) {
+		t.Helper()
+		done := make(chan error, 1)
+		go func() { done <- op() }()
+		select {
+		case err := <-done:
+			t.Logf("%s: %v", what, err)
+		case <-time.After(bound):
+			t.Fatalf("%s still waiting after %s with a member frozen", what, bound)
+		}
+	}
+	for i := range 6 {
+		within(fmt.Sprintf("member list %d", i), func() error { _, err := cli.Members(context.Background()); return err })
+		within(fmt.Sprintf("member list agreement %d", i), func() error {
+			_, err := cli.MemberListAgreement(context.Background())
+			return err
+		})
+	}
+}

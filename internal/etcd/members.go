@@ -45,8 +45,16 @@ func fromPB(ms []*etcdserverpb.Member) []Member {
 	return out
 }
 
+// MembershipTimeout bounds each membership request. A member that is
+// frozen (a hung host) keeps its TCP connection open and answers nothing;
+// without a bound, a request the client happened to send there would wait
+// forever, and with it the control plane's reconcile (#8465).
+const MembershipTimeout = 5 * time.Second
+
 // Members returns the linearizable member list, sorted by ID.
 func (c *Client) Members(ctx context.Context) ([]Member, error) {
+	ctx, cancel := context.WithTimeout(ctx, MembershipTimeout)
+	defer cancel()
 	resp, err := c.cli.MemberList(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("listing etcd members: %w", err)
@@ -58,6 +66,8 @@ func (c *Client) Members(ctx context.Context) ([]Member, error) {
 // with the member list as it stood after the add, which the new process
 // needs for --initial-cluster.
 func (c *Client) AddLearner(ctx context.Context, peerURL string) (Member, []Member, error) {
+	ctx, cancel := context.WithTimeout(ctx, MembershipTimeout)
+	defer cancel()
 	resp, err := c.cli.MemberAddAsLearner(ctx, []string{peerURL})
 	if err != nil {
 		return Member{}, nil, fmt.Errorf("adding learner %s: %w", peerURL, err)
@@ -69,6 +79,8 @@ func (c *Client) AddLearner(ctx context.Context, peerURL string) (Member, []Memb
 // Promote makes learner id a voter. A member that already is a voter counts
 // as promoted, so a retry after a lost reply succeeds.
 func (c *Client) Promote(ctx context.Context, id uint64) error {
+	ctx, cancel := context.WithTimeout(ctx, MembershipTimeout)
+	defer cancel()
 	_, err := c.cli.MemberPromote(ctx, id)
 	if err != nil && !IsMemberNotLearner(err) {
 		return fmt.Errorf("promoting member %x: %w", id, err)
@@ -88,7 +100,9 @@ func (c *Client) Remove(ctx context.Context, id uint64) error {
 			send = p
 		}
 	}
-	_, err := send.MemberRemove(ctx, id)
+	rctx, cancel := context.WithTimeout(ctx, MembershipTimeout)
+	_, err := send.MemberRemove(rctx, id)
+	cancel()
 	if err == nil || IsMemberNotFound(err) {
 		return nil
 	}
@@ -113,7 +127,9 @@ func (c *Client) MoveLeader(ctx context.Context, id uint64) error {
 	if err != nil {
 		return fmt.Errorf("moving leadership to %x: %w", id, err)
 	}
-	if _, err := p.MoveLeader(ctx, id); err != nil {
+	mctx, cancel := context.WithTimeout(ctx, MembershipTimeout)
+	defer cancel()
+	if _, err := p.MoveLeader(mctx, id); err != nil {
 		return fmt.Errorf("moving leadership from %x to %x: %w", leader.ID, id, err)
 	}
 	return nil

@@ -153,6 +153,12 @@ func dial(cfg Config, tlsCfg *tls.Config, endpoints []string, autoSync time.Dura
 		TLS:              tlsCfg.Clone(),
 		DialTimeout:      cfg.DialTimeout,
 		AutoSyncInterval: autoSync,
+		// Keepalive pings find a member that froze with its connection
+		// open, so requests stop going there within seconds; 5 s is the
+		// least interval etcd's server accepts by default
+		// (--grpc-keepalive-min-time).
+		DialKeepAliveTime:    5 * time.Second,
+		DialKeepAliveTimeout: 3 * time.Second,
 		// The client's own logger would interleave gRPC reconnect noise
 		// with test and controller logs; errors reach callers anyway.
 		Logger: zap.NewNop(),

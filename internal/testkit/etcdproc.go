@@ -207,6 +207,26 @@ func (p *EtcdProcess) Stop() error {
 	return nil
 }
 
+// Freeze stops the member (SIGSTOP), as a hung host: its connections stay
+// open and nothing answers. Thaw lets it run again.
+func (p *EtcdProcess) Freeze() error { return p.signalOnly(syscall.SIGSTOP) }
+
+// Thaw continues a frozen member (SIGCONT).
+func (p *EtcdProcess) Thaw() error { return p.signalOnly(syscall.SIGCONT) }
+
+func (p *EtcdProcess) signalOnly(sig syscall.Signal) error {
+	p.mu.Lock()
+	cmd := p.cmd
+	p.mu.Unlock()
+	if cmd == nil {
+		return fmt.Errorf("etcd member %s was never started", p.Name)
+	}
+	if err := syscall.Kill(-cmd.Process.Pid, sig); err != nil {
+		return fmt.Errorf("signalling etcd member %s: %w", p.Name, err)
+	}
+	return nil
+}
+
 func (p *EtcdProcess) signal(sig syscall.Signal, wait time.Duration) error {
 	p.mu.Lock()
 	cmd, done := p.cmd, p.done

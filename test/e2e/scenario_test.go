@@ -131,27 +131,6 @@ func (s *scenario) eventually(timeout time.Duration, what string, cond func(cont
 	}
 }
 
-// holds checks cond every half second for d, failing the scenario the
-// first time it does not hold: how a test shows that something does not
-// happen.
-func (s *scenario) holds(d time.Duration, what string, cond func(context.Context) error) {
-	s.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	defer cancel()
-	t := time.NewTicker(500 * time.Millisecond)
-	defer t.Stop()
-	for {
-		if err := cond(ctx); err != nil && ctx.Err() == nil {
-			s.t.Fatalf("%s: %v", what, err)
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-	}
-}
-
 // controlPlane reads the QuorumControlPlane.
 func (s *scenario) controlPlane(ctx context.Context) (*controlplanev1.QuorumControlPlane, error) {
 	cp := &controlplanev1.QuorumControlPlane{}
