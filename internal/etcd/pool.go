@@ -154,11 +154,11 @@ func dial(cfg Config, tlsCfg *tls.Config, endpoints []string, autoSync time.Dura
 		DialTimeout:      cfg.DialTimeout,
 		AutoSyncInterval: autoSync,
 		// Keepalive pings find a member that froze with its connection
-		// open, so requests stop going there within seconds; 5 s is the
-		// least interval etcd's server accepts by default
-		// (--grpc-keepalive-min-time).
-		DialKeepAliveTime:    5 * time.Second,
-		DialKeepAliveTimeout: 3 * time.Second,
+		// open, so requests stop going there within seconds. etcd's server
+		// refuses pings more often than every 5 s by default
+		// (--grpc-keepalive-min-time); 10 s stays well clear of that.
+		DialKeepAliveTime:    10 * time.Second,
+		DialKeepAliveTimeout: 5 * time.Second,
 		// The client's own logger would interleave gRPC reconnect noise
 		// with test and controller logs; errors reach callers anyway.
 		Logger: zap.NewNop(),
