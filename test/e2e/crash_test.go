@@ -48,7 +48,11 @@ var crashPoints = []string{
 // short-lived client certificate is issued again and keeps working.
 func TestCrashesAndRotation(t *testing.T) {
 	requireShared(t)
-	t.Parallel()
+	// Not parallel: it runs first, alone, before the other scenarios'
+	// machines hold the host's inotify instances (128 per user by
+	// default), which this scenario's own management cluster also needs.
+	// Beside them, CAPI core failed to start twice in a row.
+	//
 	// A second management cluster starting beside the shared one has been
 	// seen to fail once (CAPI core exiting before it was ready, its log
 	// gone with the directory); that is the test environment, not QCP, so
