@@ -51,9 +51,14 @@ func fromPB(ms []*etcdserverpb.Member) []Member {
 // forever, and with it the control plane's reconcile (#8465).
 const MembershipTimeout = 5 * time.Second
 
+// bounded is ctx limited to MembershipTimeout.
+func bounded(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, MembershipTimeout)
+}
+
 // Members returns the linearizable member list, sorted by ID.
 func (c *Client) Members(ctx context.Context) ([]Member, error) {
-	ctx, cancel := context.WithTimeout(ctx, MembershipTimeout)
+	ctx, cancel := bounded(ctx)
 	defer cancel()
 	resp, err := c.cli.MemberList(ctx)
 	if err != nil {
@@ -66,7 +71,7 @@ func (c *Client) Members(ctx context.Context) ([]Member, error) {
 // with the member list as it stood after the add, which the new process
 // needs for --initial-cluster.
 func (c *Client) AddLearner(ctx context.Context, peerURL string) (Member, []Member, error) {
-	ctx, cancel := context.WithTimeout(ctx, MembershipTimeout)
+	ctx, cancel := bounded(ctx)
 	defer cancel()
 	resp, err := c.cli.MemberAddAsLearner(ctx, []string{peerURL})
 	if err != nil {
@@ -79,7 +84,7 @@ func (c *Client) AddLearner(ctx context.Context, peerURL string) (Member, []Memb
 // Promote makes learner id a voter. A member that already is a voter counts
 // as promoted, so a retry after a lost reply succeeds.
 func (c *Client) Promote(ctx context.Context, id uint64) error {
-	ctx, cancel := context.WithTimeout(ctx, MembershipTimeout)
+	ctx, cancel := bounded(ctx)
 	defer cancel()
 	_, err := c.cli.MemberPromote(ctx, id)
 	if err != nil && !IsMemberNotLearner(err) {
@@ -100,7 +105,7 @@ func (c *Client) Remove(ctx context.Context, id uint64) error {
 			send = p
 		}
 	}
-	rctx, cancel := context.WithTimeout(ctx, MembershipTimeout)
+	rctx, cancel := bounded(ctx)
 	_, err := send.MemberRemove(rctx, id)
 	cancel()
 	if err == nil || IsMemberNotFound(err) {
@@ -127,7 +132,7 @@ func (c *Client) MoveLeader(ctx context.Context, id uint64) error {
 	if err != nil {
 		return fmt.Errorf("moving leadership to %x: %w", id, err)
 	}
-	mctx, cancel := context.WithTimeout(ctx, MembershipTimeout)
+	mctx, cancel := bounded(ctx)
 	defer cancel()
 	if _, err := p.MoveLeader(mctx, id); err != nil {
 		return fmt.Errorf("moving leadership from %x to %x: %w", leader.ID, id, err)

@@ -281,7 +281,7 @@ func (p planner) waitForHealthyVoters(what string) (Decision, bool) {
 
 func (p planner) waitForVoters(what string, skipQueued bool) (Decision, bool) {
 	for _, m := range p.voters() {
-		if mc, ok := p.machineOf(m); skipQueued && ok && mc.HoldRemediation && mc.RemediationQueued {
+		if mc, ok := p.machineOf(m); skipQueued && ok && mc.RemediationQueued {
 			continue
 		}
 		if !m.Healthy {
