@@ -198,8 +198,12 @@ func keepRecords(m *clusterv1.Machine, obs *observation, now time.Time) {
 	if expiry, ok := obs.certExpiry[m.Name]; ok {
 		setRecord(m, clusterv1.MachineCertificatesExpiryDateAnnotation, expiry.UTC().Format(time.RFC3339))
 	}
+	if obs.membersErr != nil {
+		return
+	}
 	mb, ok := obs.memberOn(m)
-	if !ok || obs.membersErr != nil {
+	setRoleLabel(m, mb, ok)
+	if !ok {
 		return
 	}
 	if r.memberID != mb.ID {
@@ -214,6 +218,18 @@ func keepRecords(m *clusterv1.Machine, obs *observation, now time.Time) {
 	case mb.Healthy && !r.unhealthySince.IsZero():
 		delete(m.Annotations, UnhealthySinceAnnotation)
 	}
+}
+
+// setRoleLabel keeps EtcdRoleLabel on the role of m's member.
+func setRoleLabel(m *clusterv1.Machine, mb quorum.Member, hasMember bool) {
+	if !hasMember {
+		delete(m.Labels, EtcdRoleLabel)
+		return
+	}
+	if m.Labels == nil {
+		m.Labels = map[string]string{}
+	}
+	m.Labels[EtcdRoleLabel] = strings.ToLower(string(memberRole(mb)))
 }
 
 // propagate sets what QCP changes on a machine in place, never by a

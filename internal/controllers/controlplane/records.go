@@ -30,6 +30,12 @@ const (
 	UnhealthySinceAnnotation = "controlplane.cluster.x-k8s.io/qcp-etcd-unhealthy-since"
 )
 
+// EtcdRoleLabel is the role of the machine's etcd member (leader, voter or
+// learner), absent while it hosts none: `kubectl get machines -L` shows
+// at a glance what status.etcd.members says in full. It is kept for
+// people, never read back.
+const EtcdRoleLabel = "controlplane.cluster.x-k8s.io/qcp-etcd-role"
+
 // records are a machine's annotations as the planner reads them.
 type records struct {
 	memberID       uint64

@@ -1,6 +1,7 @@
 package controlplane
 
 import (
+	"errors"
 	"testing"
 	"time"
 
@@ -36,5 +37,30 @@ func TestDamagedRecordsAreUnknown(t *testing.T) {
 	r := readRecords(m)
 	if r.memberID != 0 || !r.infraReady.IsZero() || !r.unhealthySince.IsZero() || r.joinStarted {
 		t.Fatalf("damaged records read as %+v, want all unknown", r)
+	}
+}
+
+// The role label follows the member: set, changed with the leadership,
+// kept while the membership cannot be read, and removed with the member.
+func TestEtcdRoleLabel(t *testing.T) {
+	now := time.Date(2026, 11, 23, 1, 2, 3, 0, time.UTC)
+	m := observedMachine("cp-1")
+	obs := &observation{members: []quorum.Member{{ID: 0xa1, Name: "cp-1", Learner: true}}}
+	for _, step := range []struct {
+		member quorum.Member
+		err    error
+		want   string
+	}{
+		{quorum.Member{ID: 0xa1, Name: "cp-1", Learner: true}, nil, "learner"},
+		{quorum.Member{ID: 0xa1, Name: "cp-1", Leader: true, Healthy: true}, nil, "leader"},
+		{quorum.Member{ID: 0xa1, Name: "cp-1", Healthy: true}, nil, "voter"},
+		{quorum.Member{ID: 0xb2, Name: "cp-2"}, errors.New("no quorum"), "voter"},
+		{quorum.Member{ID: 0xb2, Name: "cp-2"}, nil, ""},
+	} {
+		obs.members, obs.membersErr = []quorum.Member{step.member}, step.err
+		keepRecords(m, obs, now)
+		if got := m.Labels[EtcdRoleLabel]; got != step.want {
+			t.Errorf("member %+v (read error %v): role label %q, want %q", step.member, step.err, got, step.want)
+		}
 	}
 }

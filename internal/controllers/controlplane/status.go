@@ -94,14 +94,8 @@ func memberStatuses(obs *observation) []controlplanev1.EtcdMemberStatus {
 	}
 	var out []controlplanev1.EtcdMemberStatus
 	for _, mb := range obs.members {
-		s := controlplanev1.EtcdMemberStatus{ID: formatMemberID(mb.ID), Name: mb.Name, Role: controlplanev1.EtcdMemberRoleVoter,
+		s := controlplanev1.EtcdMemberStatus{ID: formatMemberID(mb.ID), Name: mb.Name, Role: memberRole(mb),
 			Healthy: mb.Healthy, Revision: mb.Revision}
-		switch {
-		case mb.Learner:
-			s.Role = controlplanev1.EtcdMemberRoleLearner
-		case mb.Leader:
-			s.Role = controlplanev1.EtcdMemberRoleLeader
-		}
 		for _, m := range obs.machines {
 			if on, ok := obs.memberOn(m); ok && on.ID == mb.ID {
 				s.Machine = m.Name
@@ -111,6 +105,16 @@ func memberStatuses(obs *observation) []controlplanev1.EtcdMemberStatus {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	return out
+}
+
+func memberRole(mb quorum.Member) controlplanev1.EtcdMemberRole {
+	switch {
+	case mb.Learner:
+		return controlplanev1.EtcdMemberRoleLearner
+	case mb.Leader:
+		return controlplanev1.EtcdMemberRoleLeader
+	}
+	return controlplanev1.EtcdMemberRoleVoter
 }
 
 // recordDecision keeps status.lastOperation on the latest decision: a Wait
