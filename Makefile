@@ -74,6 +74,7 @@ verify-generate: generate
 # skipped tests, which plain `go test` does not show.
 test: binaries $(KUBE_PREVIOUS) verify-generate
 	go vet ./...
+	@hack/inotify-limit.sh
 	@go build -o $(BIN)/testreport ./hack/testreport
 	@run=qcp-test-$$$$-$$(date +%s); status=0; \
 	QCP_REQUIRE_BINARIES=1 QCP_TEST_RUN=$$run go test -json -count=1 -p $(TEST_PARALLEL) -timeout $(TEST_TIMEOUT) $(TEST_FLAGS) ./... 2>&1 \
@@ -97,8 +98,9 @@ lint:
 check-strays:
 	hack/check-strays.sh $(BIN)
 
-## up: a local management cluster (etcd, kube-apiserver, CAPI core, qcp-manager); no workload cluster yet.
+## up: a local management cluster (etcd, kube-apiserver, CAPI core, qcp-manager) in the background, and the sample 3-machine cluster demo.
 up: binaries
+	@hack/inotify-limit.sh
 	$(BIN)/qcpctl up
 
 down:

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"strconv"
@@ -16,127 +17,294 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/qcp-dev/qcp/internal/localenv"
+	"github.com/qcp-dev/qcp/internal/machinehost"
 )
 
-const pidFile = "qcpctl.pid"
+// Files of the state directory.
+const (
+	pidFile   = "qcpctl.pid"
+	readyFile = "ready"
+	logFile   = "qcpctl.log"
+	// stateMark marks a directory qcpctl made, so that up and down never
+	// clear a directory that holds anything else.
+	stateMark = ".qcp-state"
+)
 
-// sampleTimeout bounds the wait for the sample control plane.
-const sampleTimeout = 10 * time.Minute
+// Bounds of up's waits.
+const (
+	managementTimeout = 5 * time.Minute
+	sampleTimeout     = 10 * time.Minute
+	downTimeout       = 2 * time.Minute
+)
 
-func newUpCommand(dir *string) *cobra.Command {
-	sample := true
+func newUpCommand(g *globals) *cobra.Command {
+	sample, addressRange := true, ""
 	cmd := &cobra.Command{
 		Use:   "up",
-		Short: "Start a local management cluster (etcd, kube-apiserver, CAPI core, qcp-manager) with a sample 3-machine control plane",
-		Long: "up starts the management cluster in the foreground, creates the sample cluster demo " +
-			"(config/samples/demo.yaml: 3 control plane machines over 3 failure domains) and waits until it is " +
-			"Available, then keeps running until interrupted (Ctrl-C) or until `qcpctl down` is run from another terminal.",
+		Short: "Start a local management cluster with a sample 3-machine control plane, in the background",
+		Long: "up starts the management cluster (etcd, kube-apiserver, CAPI core, qcp-manager) as background " +
+			"processes that outlive the command, creates the sample cluster demo (config/samples/demo.yaml: " +
+			"3 control plane machines over 3 failure domains), shows its machines joining, and returns once " +
+			"its control plane is Available. Running it again while the cluster is up changes nothing. " +
+			"'qcpctl down' stops and removes everything it started.",
+		Example: `  qcpctl up
+  qcpctl up --sample=false            # the management cluster alone
+  qcpctl up --state-dir /tmp/qcp-demo`,
+		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			return up(ctx, cmd, *dir, sample)
+			return up(ctx, cmd.OutOrStdout(), g, sample, addressRange)
 		},
 	}
 	cmd.Flags().BoolVar(&sample, "sample", true, "create the sample cluster demo and wait until its control plane is Available")
+	cmd.Flags().StringVar(&addressRange, "address-range", "", "loopback prefix the machines' and load balancers' addresses come from (default qcp-manager's, 127.20.0.0/16)")
 	return cmd
 }
 
-func up(ctx context.Context, cmd *cobra.Command, dir string, sample bool) error {
+func up(ctx context.Context, out io.Writer, g *globals, sample bool, addressRange string) error {
+	dir := g.stateDir
+	start := time.Now()
 	if pid, ok := runningPID(dir); ok {
-		return fmt.Errorf("a management cluster already runs from %s (qcpctl pid %d): run `qcpctl down` first", dir, pid)
+		fmt.Fprintf(out, "QCP is already up in %s (pid %d); nothing to do.\n", dir, pid)
+		printManagement(out, dir)
+		return nil
 	}
-	if err := os.RemoveAll(dir); err != nil {
-		return fmt.Errorf("clearing %s: %w", dir, err)
+	if err := claimStateDir(dir); err != nil {
+		return err
+	}
+	phase := newPhases(out, start)
+	phase.begin("starting the management cluster: etcd, kube-apiserver, CAPI core, qcp-manager")
+	if err := startServer(ctx, dir, addressRange); err != nil {
+		return err
+	}
+	phase.end()
+	printManagement(out, dir)
+	if !sample {
+		return nil
+	}
+	g.kubeconfig = filepath.Join(dir, "kubeconfig")
+	c, err := g.connect()
+	if err != nil {
+		return err
+	}
+	phase.begin(fmt.Sprintf("creating the sample cluster %s (config/%s): %d control plane machines over 3 failure domains",
+		sampleCluster, sampleFile, sampleReplicas))
+	if err := applySample(ctx, c); err != nil {
+		return fmt.Errorf("the sample cluster was not created: %w", err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, sampleTimeout)
+	defer cancel()
+	if err := waitForSample(wctx, out, c, start); err != nil {
+		return fmt.Errorf("the sample control plane is not Available after %s (%w); the management cluster "+
+			"keeps running: inspect it with 'qcpctl describe cluster %s', stop it with 'qcpctl down'",
+			sampleTimeout, err, sampleCluster)
+	}
+	phase.end()
+	fmt.Fprintf(out, `
+The sample control plane is Available: 3 etcd voters, one machine per failure domain.
+  Its kubeconfig:  qcpctl kubeconfig %[1]s -o %[1]s.kubeconfig
+  Then try:        KUBECONFIG=%[1]s.kubeconfig kubectl get nodes
+                   qcpctl describe cluster %[1]s --watch
+                   qcpctl scale %[1]s --replicas 5
+                   qcpctl machine kill <a machine from describe>
+  Stop it all:     qcpctl down
+`, sampleCluster)
+	return nil
+}
+
+// claimStateDir empties dir for a new management cluster, refusing a
+// directory qcpctl did not make.
+func claimStateDir(dir string) error {
+	entries, err := os.ReadDir(dir)
+	if err != nil && !os.IsNotExist(err) {
+		return fmt.Errorf("reading the state directory %s: %w", dir, err)
+	}
+	if len(entries) > 0 {
+		if _, err := os.Stat(filepath.Join(dir, stateMark)); err != nil {
+			return fmt.Errorf("state directory %s is not empty and was not made by qcpctl: choose another with --state-dir or %s", dir, StateDirEnv)
+		}
+		// A management cluster that ended without down may have left machines.
+		if err := (&machinehost.Host{Root: filepath.Join(dir, "machines")}).StopAll(); err != nil {
+			return fmt.Errorf("stopping the machines left in %s: %w", dir, err)
+		}
+		if err := os.RemoveAll(dir); err != nil {
+			return fmt.Errorf("clearing %s: %w", dir, err)
+		}
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return err
 	}
-	out := cmd.OutOrStdout()
-	start := time.Now()
-	fmt.Fprintln(out, "starting etcd, kube-apiserver and CAPI core ...")
+	return os.WriteFile(filepath.Join(dir, stateMark), nil, 0o600)
+}
+
+// startServer starts `qcpctl serve` in a session of its own, so that it
+// outlives this command and the terminal's Ctrl-C, and waits until it
+// reports the management cluster ready.
+func startServer(ctx context.Context, dir, addressRange string) error {
+	self, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	log, err := os.OpenFile(filepath.Join(dir, logFile), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o600)
+	if err != nil {
+		return err
+	}
+	defer log.Close()
+	cmd := exec.Command(self, "serve", "--state-dir", dir, "--address-range", addressRange)
+	cmd.Stdout, cmd.Stderr = log, log
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("starting qcpctl serve: %w", err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	ctx, cancel := context.WithTimeout(ctx, managementTimeout)
+	defer cancel()
+	tick := time.NewTicker(200 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if _, err := os.Stat(filepath.Join(dir, readyFile)); err == nil {
+			return nil
+		}
+		select {
+		case err := <-exited:
+			return fmt.Errorf("the management cluster did not start (%v); the end of %s:\n%s",
+				err, filepath.Join(dir, logFile), logTail(filepath.Join(dir, logFile), 20))
+		case <-ctx.Done():
+			return fmt.Errorf("the management cluster is not ready after %s (%w): read %s, then run 'qcpctl down'",
+				managementTimeout, ctx.Err(), filepath.Join(dir, logFile))
+		case <-tick.C:
+		}
+	}
+}
+
+// logTail returns the last n lines of the file at path.
+func logTail(path string, n int) string {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+}
+
+// printManagement says how to reach the management cluster in dir.
+func printManagement(out io.Writer, dir string) {
+	fmt.Fprintf(out, `QCP management cluster (state and logs in %[1]s):
+  export KUBECONFIG=%[2]s
+`, dir, filepath.Join(dir, "kubeconfig"))
+}
+
+// phases prints each phase of up with its elapsed time.
+type phases struct {
+	out        io.Writer
+	start, now time.Time
+}
+
+func newPhases(out io.Writer, start time.Time) *phases { return &phases{out: out, start: start} }
+
+func (p *phases) begin(what string) {
+	p.now = time.Now()
+	fmt.Fprintf(p.out, "[%6.1fs] %s ...\n", time.Since(p.start).Seconds(), what)
+}
+
+func (p *phases) end() {
+	fmt.Fprintf(p.out, "[%6.1fs] done in %s\n", time.Since(p.start).Seconds(), time.Since(p.now).Round(100*time.Millisecond))
+}
+
+// newServeCommand is the background half of up: it runs the management
+// cluster until down signals it.
+func newServeCommand(g *globals) *cobra.Command {
+	addressRange := ""
+	cmd := &cobra.Command{
+		Use:    "serve",
+		Short:  "Run the management cluster in the foreground (what up starts in the background)",
+		Hidden: true,
+		Args:   cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
+			defer stop()
+			return serve(ctx, g.stateDir, addressRange)
+		},
+	}
+	cmd.Flags().StringVar(&addressRange, "address-range", "", "passed on to qcp-manager")
+	return cmd
+}
+
+func serve(ctx context.Context, dir, addressRange string) (err error) {
+	if err := os.WriteFile(filepath.Join(dir, pidFile), []byte(strconv.Itoa(os.Getpid())), 0o600); err != nil {
+		return err
+	}
 	env, err := localenv.Start(ctx, localenv.Options{Dir: dir})
 	if err != nil {
 		return err
 	}
 	defer func() {
-		fmt.Fprintln(out, "stopping the management cluster ...")
-		if err := env.Stop(); err != nil {
-			fmt.Fprintln(cmd.ErrOrStderr(), err)
-		}
+		err = errors.Join(err, env.Stop())
+		_ = os.Remove(filepath.Join(dir, readyFile))
 		_ = os.Remove(filepath.Join(dir, pidFile))
 	}()
-	fmt.Fprintln(out, "starting qcp-manager ...")
-	if _, err := env.StartManager(ctx, localenv.ManagerOptions{}); err != nil {
+	var args []string
+	if addressRange != "" {
+		args = append(args, "--address-range="+addressRange)
+	}
+	if _, err := env.StartManager(ctx, localenv.ManagerOptions{ExtraArgs: args}); err != nil {
 		return err
 	}
-	if err := os.WriteFile(filepath.Join(dir, pidFile), []byte(strconv.Itoa(os.Getpid())), 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, readyFile), []byte(env.Config.Host), 0o600); err != nil {
 		return err
-	}
-	fmt.Fprintf(out, `
-QCP management cluster is up (%s).
-  kubeconfig:  %s
-  API server:  %s
-  logs:        %s/*.log
-Reach it with:  export KUBECONFIG=%s
-Stop it with Ctrl-C, or run `+"`make down`"+` from another terminal.
-`, time.Since(start).Round(100*time.Millisecond), env.Kubeconfig, env.Config.Host, dir, env.Kubeconfig)
-	if sample {
-		createSample(ctx, out, env, start)
 	}
 	<-ctx.Done()
 	return nil
 }
 
-// createSample creates the demo cluster and waits for its control plane,
-// showing progress. A sample that does not come up is reported, and the
-// management cluster stays up so that it can be inspected.
-func createSample(ctx context.Context, out io.Writer, env *localenv.Env, start time.Time) {
-	fmt.Fprintf(out, "creating the sample cluster %s (%s): %d control plane machines over 3 failure domains ...\n",
-		sampleCluster, "config/"+sampleFile, sampleReplicas)
-	if err := applySample(ctx, env.Client); err != nil {
-		fmt.Fprintf(out, "the sample cluster was not created: %v\n", err)
-		return
-	}
-	wctx, cancel := context.WithTimeout(ctx, sampleTimeout)
-	defer cancel()
-	if err := waitForSample(wctx, out, env.Client, start); err != nil {
-		fmt.Fprintf(out, "the sample control plane is not Available after %s (%v); inspect it with kubectl (see below)\n", sampleTimeout, err)
-		return
-	}
-	fmt.Fprintf(out, `
-The sample control plane is Available: 3 etcd voters, one machine per failure domain.
-With the management cluster's KUBECONFIG above:
-  Its kubeconfig:  kubectl get secret %s-kubeconfig -o jsonpath='{.data.value}' | base64 -d > %s.kubeconfig
-  Then try:        KUBECONFIG=%s.kubeconfig kubectl get nodes
-                   kubectl get quorumcontrolplane,machines -o wide
-                   kubectl scale quorumcontrolplane %s --replicas 5
-`, sampleCluster, sampleCluster, sampleCluster, sampleControlPlane)
-}
-
-func newDownCommand(dir *string) *cobra.Command {
+func newDownCommand(g *globals) *cobra.Command {
 	return &cobra.Command{
 		Use:   "down",
-		Short: "Stop the local management cluster started by `qcpctl up`",
+		Short: "Stop and remove everything qcpctl up started: management cluster, machines, load balancers, files",
+		Args:  cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			pid, ok := runningPID(*dir)
-			if !ok {
-				fmt.Fprintf(cmd.OutOrStdout(), "no management cluster runs from %s\n", *dir)
-				return nil
-			}
-			if err := syscall.Kill(pid, syscall.SIGTERM); err != nil {
-				return fmt.Errorf("signalling qcpctl up (pid %d): %w", pid, err)
-			}
-			deadline := time.Now().Add(2 * time.Minute)
-			for time.Now().Before(deadline) {
-				if syscall.Kill(pid, 0) != nil {
-					fmt.Fprintln(cmd.OutOrStdout(), "management cluster stopped")
-					return nil
-				}
-				time.Sleep(200 * time.Millisecond)
-			}
-			return errors.New("qcpctl up did not stop within 2 minutes; see its terminal")
+			return down(cmd.OutOrStdout(), g.stateDir)
 		},
 	}
+}
+
+func down(out io.Writer, dir string) error {
+	if _, err := os.Stat(filepath.Join(dir, stateMark)); err != nil {
+		fmt.Fprintf(out, "no management cluster at %s; nothing to do\n", dir)
+		return nil
+	}
+	if pid, ok := runningPID(dir); ok {
+		if err := syscall.Kill(pid, syscall.SIGTERM); err != nil {
+			return fmt.Errorf("signalling qcpctl serve (pid %d): %w", pid, err)
+		}
+		if !waitGone(pid, downTimeout) {
+			return fmt.Errorf("the management cluster (qcpctl serve, pid %d) did not stop within %s; read %s",
+				pid, downTimeout, filepath.Join(dir, logFile))
+		}
+	}
+	// serve stops the machines it knows; these are the ones a crashed
+	// serve left behind.
+	if err := (&machinehost.Host{Root: filepath.Join(dir, "machines")}).StopAll(); err != nil {
+		return fmt.Errorf("stopping machines: %w", err)
+	}
+	if err := os.RemoveAll(dir); err != nil {
+		return fmt.Errorf("removing %s: %w", dir, err)
+	}
+	fmt.Fprintf(out, "management cluster stopped; %s removed\n", dir)
+	return nil
+}
+
+func waitGone(pid int, timeout time.Duration) bool {
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		if syscall.Kill(pid, 0) != nil {
+			return true
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	return false
 }
 
 func runningPID(dir string) (int, bool) {

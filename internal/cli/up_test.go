@@ -1,61 +1,332 @@
 package cli_test
 
 import (
-	"bufio"
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/clientcmd"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
-	"sigs.k8s.io/cluster-api/util/conditions"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
-	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
 	"github.com/qcp-dev/qcp/internal/binaries"
+	"github.com/qcp-dev/qcp/internal/cli"
 	"github.com/qcp-dev/qcp/internal/localenv"
 	"github.com/qcp-dev/qcp/internal/machinehost"
 	"github.com/qcp-dev/qcp/internal/scheme"
 )
 
-// TestUpAndDown runs `qcpctl up` as a newcomer would, checks the printed
-// kubeconfig reaches a management cluster that serves CAPI's API and runs
-// the qcp-manager built from this tree, then ends it the two ways the README
-// names: `qcpctl down` from another terminal, and Ctrl-C. Either way every
-// process up started must end.
-func TestUpAndDown(t *testing.T) {
+// TestNewcomerTour is issue 10's tour, as a newcomer types it: qcpctl up on
+// a fresh state directory returns once the sample control plane is
+// Available; the workload cluster has 3 Ready nodes; up again changes
+// nothing; a killed voter is replaced; describe shows etcd roles, the
+// learner and what the control plane waits for in the middle of a 3 -> 5
+// scale-up; and down leaves no process and no file.
+func TestNewcomerTour(t *testing.T) {
 	if testing.Short() {
-		t.Skip("starts a management cluster; not run with -short")
+		t.Skip("starts a management cluster and machines; not run with -short")
 	}
-	bin := binDir(t)
-	t.Run("qcpctl down", func(t *testing.T) {
-		state := t.TempDir()
-		up := startUp(t, bin, state)
-		up.waitForSample(t)
-		down := exec.Command(filepath.Join(bin, "qcpctl"), "down", "--dir", state)
-		if out, err := down.CombinedOutput(); err != nil {
-			t.Fatalf("qcpctl down: %v\n%s", err, out)
+	q := &tour{t: t, bin: binDir(t), state: filepath.Join(t.TempDir(), "state")}
+	t.Cleanup(q.killAll)
+
+	// Clear of the default range, which a newcomer's make up uses.
+	out := q.must(12*time.Minute, "up", "--address-range", "127.25.0.0/16")
+	mgmt := filepath.Join(q.state, "kubeconfig")
+	for _, want := range []string{"export KUBECONFIG=" + mgmt, "The sample control plane is Available", "qcpctl kubeconfig demo"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("qcpctl up printed no %q:\n%s", want, out)
 		}
-		up.waitEnded(t)
-	})
-	t.Run("Ctrl-C", func(t *testing.T) {
-		state := t.TempDir()
-		up := startUp(t, bin, state, "--sample=false")
-		// A terminal sends SIGINT to the foreground process group.
-		if err := syscall.Kill(-up.cmd.Process.Pid, syscall.SIGINT); err != nil {
-			t.Fatal(err)
+	}
+	serve := q.servePID()
+	checkUp(t, mgmt, q.bin, q.processes(serve))
+	workload := filepath.Join(t.TempDir(), "demo.kubeconfig")
+	q.must(time.Minute, "kubeconfig", "demo", "-o", workload)
+	if fi, err := os.Stat(workload); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("workload kubeconfig %s: %v, mode %v; want 0600, it holds admin credentials", workload, err, fi.Mode())
+	}
+	waitForReadyNodes(t, workload, 3)
+
+	if out := q.must(time.Minute, "up"); !strings.Contains(out, "already up") || q.servePID() != serve {
+		t.Errorf("a second qcpctl up (serve pid now %d, was %d) printed:\n%s", q.servePID(), serve, out)
+	}
+
+	victim := ""
+	for _, m := range q.describe().ControlPlane.Machines {
+		if m.EtcdRole == "voter" {
+			victim = m.Name
 		}
-		up.waitEnded(t)
-		if _, err := os.Stat(filepath.Join(state, "qcpctl.pid")); !os.IsNotExist(err) {
-			t.Errorf("pid file left after Ctrl-C (%v): the next up would think one runs", err)
+	}
+	if victim == "" {
+		t.Fatalf("no voter to kill in %+v", q.describe().ControlPlane.Machines)
+	}
+	q.must(time.Minute, "machine", "kill", victim)
+	q.waitForVoters(3, victim)
+
+	q.checkScaleUpDescribed()
+
+	started := q.processes(serve)
+	q.must(3*time.Minute, "down")
+	left, err := machinehost.StillRunning(started)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range left {
+		t.Errorf("%s (pid %d) still runs after qcpctl down", p.Comm, p.PID)
+	}
+	if _, err := os.Stat(q.state); !os.IsNotExist(err) {
+		t.Errorf("state directory %s still there after qcpctl down (%v)", q.state, err)
+	}
+	if out := q.must(time.Minute, "down"); !strings.Contains(out, "nothing to do") {
+		t.Errorf("a second qcpctl down printed %q", out)
+	}
+}
+
+// checkScaleUpDescribed scales the sample to 5 with two describe --watch
+// running, plain and JSON, and checks that their frames show each
+// machine's etcd role, the learner and the control plane's waiting reason.
+func (q *tour) checkScaleUpDescribed() {
+	t := q.t
+	plain, js := q.start("describe", "cluster", "demo", "--watch", "--interval", "200ms"),
+		q.start("describe", "cluster", "demo", "--watch", "--interval", "200ms", "-o", "json")
+	q.must(time.Minute, "scale", "demo", "--replicas", "5")
+	q.waitForVoters(5, "")
+	var sawLearner, sawWaiting bool
+	frames := strings.Split(plain.stop(), "\n\n")
+	t.Logf("describe --watch: %d frames, the last:\n%s", len(frames), frames[len(frames)-1])
+	for _, frame := range frames {
+		for _, line := range strings.Split(frame, "\n") {
+			sawLearner = sawLearner || strings.Contains(line, "Machine/") && slices.Contains(strings.Fields(line), "learner")
+			sawWaiting = sawWaiting || strings.Contains(line, "Waiting for: ")
 		}
-	})
+	}
+	if !sawLearner || !sawWaiting {
+		t.Errorf("describe --watch showed a learner: %v, a waiting reason: %v; want both during a scale-up", sawLearner, sawWaiting)
+	}
+	sawLearner, sawWaiting = false, false
+	for dec := json.NewDecoder(strings.NewReader(js.stop())); dec.More(); {
+		var tree cli.ClusterTree
+		if err := dec.Decode(&tree); err != nil {
+			t.Fatalf("describe -o json --watch wrote a frame that is not JSON: %v", err)
+		}
+		for _, m := range tree.ControlPlane.Machines {
+			sawLearner = sawLearner || m.EtcdRole == "learner"
+		}
+		op := tree.ControlPlane.Operation
+		sawWaiting = sawWaiting || op != nil && op.Kind == "Wait" && op.Reason != ""
+	}
+	if !sawLearner || !sawWaiting {
+		t.Errorf("describe -o json --watch showed a learner: %v, a waiting reason: %v; want both during a scale-up", sawLearner, sawWaiting)
+	}
+	roles := map[string]int{}
+	// The watch may stop before its frame of the end; ask once more.
+	for _, m := range q.describe().ControlPlane.Machines {
+		roles[m.EtcdRole]++
+	}
+	if roles["leader"] != 1 || roles["voter"] != 4 {
+		t.Errorf("after the scale-up describe -o json shows roles %v; want 1 leader and 4 voters", roles)
+	}
+}
+
+// tour runs qcpctl as a newcomer does, with its state in one directory.
+type tour struct {
+	t          *testing.T
+	bin, state string
+}
+
+func (q *tour) command(ctx context.Context, args ...string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, filepath.Join(q.bin, "qcpctl"), args...)
+	// The state directory comes from the environment, as cli.StateDirEnv
+	// promises; KUBECONFIG would override the management cluster.
+	cmd.Env = slices.DeleteFunc(os.Environ(), func(e string) bool { return strings.HasPrefix(e, "KUBECONFIG=") })
+	cmd.Env = append(cmd.Env, binaries.DirEnv+"="+q.bin, cli.StateDirEnv+"="+q.state)
+	return cmd
+}
+
+// must runs qcpctl to completion and returns its output; a failure or
+// timeout fails the test.
+func (q *tour) must(timeout time.Duration, args ...string) string {
+	q.t.Helper()
+	out := q.quiet(timeout, args...)
+	q.t.Logf("qcpctl %s:\n%s", strings.Join(args, " "), out)
+	return out
+}
+
+// quiet is must without logging the output.
+func (q *tour) quiet(timeout time.Duration, args ...string) string {
+	q.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	var stdout, stderr bytes.Buffer
+	cmd := q.command(ctx, args...)
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		q.t.Fatalf("qcpctl %s: %v\nstdout:\n%s\nstderr:\n%s", strings.Join(args, " "), err, stdout.String(), stderr.String())
+	}
+	return stdout.String()
+}
+
+// background is a qcpctl command left running.
+type background struct {
+	cmd    *exec.Cmd
+	cancel context.CancelFunc
+	out    bytes.Buffer
+}
+
+func (q *tour) start(args ...string) *background {
+	ctx, cancel := context.WithCancel(context.Background())
+	b := &background{cancel: cancel}
+	b.cmd = q.command(ctx, args...)
+	// Interrupted, describe --watch finishes the frame it writes.
+	b.cmd.Cancel = func() error { return b.cmd.Process.Signal(os.Interrupt) }
+	b.cmd.WaitDelay = 10 * time.Second
+	b.cmd.Stdout, b.cmd.Stderr = &b.out, os.Stderr
+	if err := b.cmd.Start(); err != nil {
+		q.t.Fatal(err)
+	}
+	q.t.Cleanup(cancel)
+	return b
+}
+
+func (b *background) stop() string {
+	b.cancel()
+	_ = b.cmd.Wait()
+	return b.out.String()
+}
+
+func (q *tour) describe() cli.ClusterTree {
+	q.t.Helper()
+	var tree cli.ClusterTree
+	if err := json.Unmarshal([]byte(q.quiet(time.Minute, "describe", "cluster", "demo", "-o", "json")), &tree); err != nil {
+		q.t.Fatalf("describe -o json: %v", err)
+	}
+	if tree.ControlPlane == nil {
+		q.t.Fatalf("describe -o json shows no control plane: %+v", tree)
+	}
+	return tree
+}
+
+// waitForVoters waits, through describe, for n machines that are healthy
+// voters (one the leader), none of them gone, and the control plane
+// Available.
+func (q *tour) waitForVoters(n int, gone string) {
+	q.t.Helper()
+	deadline := time.Now().Add(10 * time.Minute)
+	why := ""
+	for time.Now().Before(deadline) {
+		tree := q.describe()
+		if why = votersMissing(tree, n, gone); why == "" {
+			return
+		}
+		time.Sleep(time.Second)
+	}
+	q.t.Fatalf("not %d healthy voters without %q within 10 minutes: %s", n, gone, why)
+}
+
+func votersMissing(tree cli.ClusterTree, n int, gone string) string {
+	cp := tree.ControlPlane
+	if cp.Status != metav1.ConditionTrue {
+		return fmt.Sprintf("control plane Available is %s (%s)", cp.Status, cp.Message)
+	}
+	voters := 0
+	for _, m := range cp.Machines {
+		switch {
+		case m.Name == gone:
+			return m.Name + " is still there"
+		case (m.EtcdRole == "leader" || m.EtcdRole == "voter") && m.MemberHealthy != nil && *m.MemberHealthy:
+			voters++
+		}
+	}
+	if voters != n || len(cp.Machines) != n {
+		return fmt.Sprintf("%d machines, %d healthy voters", len(cp.Machines), voters)
+	}
+	return ""
+}
+
+func (q *tour) servePID() int {
+	q.t.Helper()
+	data, err := os.ReadFile(filepath.Join(q.state, "qcpctl.pid"))
+	if err != nil {
+		q.t.Fatalf("no qcpctl serve pid file: %v", err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(data)))
+	if err != nil {
+		q.t.Fatal(err)
+	}
+	return pid
+}
+
+// processes lists what up started: serve, its children, and the machines
+// (which outlive their manager by design).
+func (q *tour) processes(serve int) []machinehost.Proc {
+	q.t.Helper()
+	procs, err := machinehost.Descendants(serve)
+	if err != nil {
+		q.t.Fatal(err)
+	}
+	machines, err := machinehost.ProcessesMatching(q.state)
+	if err != nil {
+		q.t.Fatal(err)
+	}
+	return append(procs, machines...)
+}
+
+// killAll ends whatever a failed tour left running.
+func (q *tour) killAll() {
+	if _, err := os.Stat(filepath.Join(q.state, "qcpctl.pid")); err != nil {
+		return
+	}
+	data, _ := os.ReadFile(filepath.Join(q.state, "qcpctl.pid"))
+	if pid, err := strconv.Atoi(strings.TrimSpace(string(data))); err == nil {
+		procs, _ := machinehost.Descendants(pid)
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+		for _, p := range procs {
+			_ = syscall.Kill(p.PID, syscall.SIGKILL)
+		}
+	}
+	machines, _ := machinehost.ProcessesMatching(q.state)
+	for _, p := range machines {
+		_ = syscall.Kill(p.PID, syscall.SIGKILL)
+	}
+}
+
+// waitForReadyNodes waits until the workload cluster has n Ready Nodes.
+func waitForReadyNodes(t *testing.T, kubeconfig string, n int) {
+	t.Helper()
+	c := managementClient(t, kubeconfig)
+	deadline := time.Now().Add(3 * time.Minute)
+	got := ""
+	for time.Now().Before(deadline) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		nodes := &corev1.NodeList{}
+		err := c.List(ctx, nodes)
+		cancel()
+		ready := 0
+		for _, node := range nodes.Items {
+			for _, cond := range node.Status.Conditions {
+				if cond.Type == corev1.NodeReady && cond.Status == corev1.ConditionTrue {
+					ready++
+				}
+			}
+		}
+		if err == nil && ready == n && len(nodes.Items) == n {
+			return
+		}
+		got = fmt.Sprintf("%d of %d nodes Ready (%v)", ready, len(nodes.Items), err)
+		time.Sleep(time.Second)
+	}
+	t.Fatalf("the workload cluster never had %d Ready nodes: %s", n, got)
 }
 
 // binDir builds qcpctl, qcp-manager and qcp-agent from this tree into a
@@ -79,111 +350,6 @@ func binDir(t *testing.T) string {
 		}
 	}
 	return bin
-}
-
-// upProcess is a running `qcpctl up` and what it started.
-type upProcess struct {
-	cmd        *exec.Cmd
-	state      string
-	exited     chan error
-	started    []machinehost.Proc
-	lines      chan string
-	kubeconfig string
-}
-
-// startUp runs `qcpctl up` in its own process group, waits for the
-// kubeconfig it prints, checks the cluster through it, and records every
-// process up started. Whatever survives the test is killed.
-func startUp(t *testing.T, bin, state string, args ...string) *upProcess {
-	t.Helper()
-	up := &upProcess{cmd: exec.Command(filepath.Join(bin, "qcpctl"), append([]string{"up", "--dir", state}, args...)...), exited: make(chan error, 1), state: state}
-	up.cmd.Env = append(os.Environ(), binaries.DirEnv+"="+bin)
-	stdout, err := up.cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	up.cmd.Stderr = os.Stderr
-	up.cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
-	if err := up.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	lines := make(chan string, 100)
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			lines <- sc.Text()
-		}
-		close(lines)
-		up.exited <- up.cmd.Wait()
-	}()
-	t.Cleanup(up.killAll)
-
-	var kubeconfig string
-	timeout := time.After(3 * time.Minute)
-	for kubeconfig == "" {
-		select {
-		case line, ok := <-lines:
-			if !ok {
-				t.Fatalf("qcpctl up exited before it was up: %v", <-up.exited)
-			}
-			if k, found := strings.CutPrefix(strings.TrimSpace(line), "kubeconfig:"); found {
-				kubeconfig = strings.TrimSpace(k)
-			}
-		case <-timeout:
-			t.Fatal("qcpctl up did not print a kubeconfig within 3 minutes")
-		}
-	}
-	up.lines, up.kubeconfig = lines, kubeconfig
-	if up.started, err = machinehost.Descendants(up.cmd.Process.Pid); err != nil {
-		t.Fatal(err)
-	}
-	checkUp(t, kubeconfig, bin, up.started)
-	return up
-}
-
-// waitForSample waits for up to report the sample control plane Available,
-// checks it through the management cluster, and adds the machines'
-// processes to those that must end with up.
-func (up *upProcess) waitForSample(t *testing.T) {
-	t.Helper()
-	timeout := time.After(8 * time.Minute)
-	for done := false; !done; {
-		select {
-		case line, ok := <-up.lines:
-			if !ok {
-				t.Fatalf("qcpctl up exited before the sample was Available: %v", <-up.exited)
-			}
-			t.Log(line)
-			if strings.Contains(line, "is not Available") || strings.Contains(line, "was not created") {
-				t.Fatal(line)
-			}
-			done = strings.HasPrefix(line, "The sample control plane is Available")
-		case <-timeout:
-			t.Fatal("qcpctl up did not report the sample control plane Available within 8 minutes")
-		}
-	}
-	c := managementClient(t, up.kubeconfig)
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	cp := &controlplanev1.QuorumControlPlane{}
-	if err := c.Get(ctx, client.ObjectKey{Namespace: "default", Name: "demo-control-plane"}, cp); err != nil {
-		t.Fatal(err)
-	}
-	if !conditions.IsTrue(cp, controlplanev1.AvailableCondition) || len(cp.Status.Etcd.Members) != 3 {
-		t.Errorf("sample control plane: Available %v, members %+v; want Available with 3", conditions.IsTrue(cp, controlplanev1.AvailableCondition), cp.Status.Etcd.Members)
-	}
-	var err error
-	if up.started, err = machinehost.Descendants(up.cmd.Process.Pid); err != nil {
-		t.Fatal(err)
-	}
-	machines, err := machinehost.ProcessesMatching(filepath.Join(up.state, "machines"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(machines) == 0 {
-		t.Error("no machine process runs for the sample cluster")
-	}
-	up.started = append(up.started, machines...)
 }
 
 // checkUp lists CAPI Clusters through the printed kubeconfig and checks
@@ -221,36 +387,4 @@ func managementClient(t *testing.T, kubeconfig string) client.Client {
 		t.Fatal(err)
 	}
 	return c
-}
-
-// waitEnded waits for up to exit cleanly and checks that nothing it started
-// still runs.
-func (up *upProcess) waitEnded(t *testing.T) {
-	t.Helper()
-	select {
-	case err := <-up.exited:
-		up.exited <- err
-		if err != nil {
-			t.Errorf("qcpctl up exited with %v", err)
-		}
-	case <-time.After(2 * time.Minute):
-		t.Fatal("qcpctl up still runs")
-	}
-	left, err := machinehost.StillRunning(up.started)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, p := range left {
-		t.Errorf("%s (pid %d) still runs after qcpctl up ended", p.Comm, p.PID)
-	}
-}
-
-// killAll kills qcpctl up and whatever it started that still runs, so that
-// a failed test leaves no process behind.
-func (up *upProcess) killAll() {
-	_ = syscall.Kill(-up.cmd.Process.Pid, syscall.SIGKILL)
-	left, _ := machinehost.StillRunning(up.started)
-	for _, p := range left {
-		_ = syscall.Kill(p.PID, syscall.SIGKILL)
-	}
 }

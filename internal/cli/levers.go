@@ -1,0 +1,205 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/spf13/cobra"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/utils/ptr"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/kubeconfig"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
+	"github.com/qcp-dev/qcp/internal/machinehost"
+)
+
+func newKubeconfigCommand(g *globals) *cobra.Command {
+	var namespace, file string
+	var management bool
+	cmd := &cobra.Command{
+		Use:   "kubeconfig [CLUSTER]",
+		Short: "Print a workload cluster's kubeconfig (default: the sample cluster demo)",
+		Example: `  qcpctl kubeconfig > demo.kubeconfig
+  qcpctl kubeconfig demo -o demo.kubeconfig && KUBECONFIG=demo.kubeconfig kubectl get nodes
+  qcpctl kubeconfig --management          # the path of the management cluster's kubeconfig`,
+		Args: cobra.MaximumNArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if management {
+				p, err := g.managementKubeconfig()
+				if err != nil {
+					return err
+				}
+				fmt.Fprintln(cmd.OutOrStdout(), p)
+				return nil
+			}
+			name := sampleCluster
+			if len(args) == 1 {
+				name = args[0]
+			}
+			c, err := g.connect()
+			if err != nil {
+				return err
+			}
+			data, err := kubeconfig.FromSecret(cmd.Context(), c, client.ObjectKey{Namespace: namespace, Name: name})
+			if err != nil {
+				return fmt.Errorf("no kubeconfig for cluster %s/%s yet (%w): its control plane writes it once the first API server answers; check 'qcpctl describe cluster %s'", namespace, name, err, name)
+			}
+			if file == "" {
+				_, err = cmd.OutOrStdout().Write(data)
+				return err
+			}
+			// It holds the workload cluster's admin credentials.
+			if err := os.WriteFile(file, data, 0o600); err != nil {
+				return fmt.Errorf("writing the kubeconfig of %s/%s: %w", namespace, name, err)
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringVarP(&namespace, "namespace", "n", "default", "namespace of the cluster")
+	cmd.Flags().StringVarP(&file, "output", "o", "", "write the kubeconfig to this file (mode 0600) instead of printing it")
+	cmd.Flags().BoolVar(&management, "management", false, "print the path of the management cluster's kubeconfig instead")
+	return cmd
+}
+
+func newScaleCommand(g *globals) *cobra.Command {
+	var namespace string
+	var replicas int32
+	cmd := &cobra.Command{
+		Use:     "scale CLUSTER --replicas N",
+		Short:   "Set the number of control plane machines of a cluster",
+		Example: "  qcpctl scale demo --replicas 5",
+		Args:    cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if !cmd.Flags().Changed("replicas") {
+				return fmt.Errorf("--replicas is required: for example 'qcpctl scale %s --replicas 5'", args[0])
+			}
+			c, err := g.connect()
+			if err != nil {
+				return err
+			}
+			cp, err := controlPlaneOf(cmd.Context(), c, namespace, args[0])
+			if err != nil {
+				return err
+			}
+			from := ptr.Deref(cp.Spec.Replicas, 0)
+			patch := client.MergeFrom(cp.DeepCopy())
+			cp.Spec.Replicas = ptr.To(replicas)
+			// The webhook's refusal names the field and the fix; pass it on whole.
+			if err := c.Patch(cmd.Context(), cp, patch); err != nil {
+				return fmt.Errorf("scaling %s/%s: %w", namespace, cp.Name, err)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "control plane %s/%s: replicas %d -> %d\n", namespace, cp.Name, from, replicas)
+			return nil
+		},
+	}
+	cmd.Flags().StringVarP(&namespace, "namespace", "n", "default", "namespace of the cluster")
+	cmd.Flags().Int32Var(&replicas, "replicas", 0, "the number of control plane machines (odd, at least 1)")
+	return cmd
+}
+
+// controlPlaneOf returns the QuorumControlPlane of the cluster name.
+func controlPlaneOf(ctx context.Context, c client.Client, namespace, name string) (*controlplanev1.QuorumControlPlane, error) {
+	cluster := &clusterv1.Cluster{}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, cluster); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, fmt.Errorf("cluster %s/%s not found: list clusters with 'kubectl get clusters -A'", namespace, name)
+		}
+		return nil, fmt.Errorf("reading cluster %s/%s: %w", namespace, name, err)
+	}
+	ref := cluster.Spec.ControlPlaneRef
+	if ref.Kind != "QuorumControlPlane" {
+		return nil, fmt.Errorf("cluster %s/%s has no QuorumControlPlane (its control plane is %q)", namespace, name, ref.Kind)
+	}
+	cp := &controlplanev1.QuorumControlPlane{}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: ref.Name}, cp); err != nil {
+		return nil, fmt.Errorf("reading the control plane %s/%s of cluster %s: %w", namespace, ref.Name, name, err)
+	}
+	return cp, nil
+}
+
+// newMachineCommand returns the demo levers that act on one control plane
+// Machine, named as CAPI names it.
+func newMachineCommand(g *globals) *cobra.Command {
+	var namespace string
+	machine := &cobra.Command{
+		Use:   "machine",
+		Short: "Delete, kill, freeze or thaw a machine, by its CAPI Machine name",
+	}
+	machine.PersistentFlags().StringVarP(&namespace, "namespace", "n", "default", "namespace of the machine")
+	machine.AddCommand(&cobra.Command{
+		Use:     "delete MACHINE",
+		Short:   "Delete a Machine the way a user does; its control plane replaces it",
+		Example: "  qcpctl machine delete demo-control-plane-abcde",
+		Args:    cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			c, err := g.connect()
+			if err != nil {
+				return err
+			}
+			m, err := getMachine(cmd.Context(), c, namespace, args[0])
+			if err != nil {
+				return err
+			}
+			if err := c.Delete(cmd.Context(), m); err != nil {
+				return fmt.Errorf("deleting machine %s/%s: %w", namespace, m.Name, err)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "machine %s/%s deleted\n", namespace, m.Name)
+			return nil
+		},
+	})
+	faults := []struct {
+		use, short string
+		act        func(h *machinehost.Host, ns, name string) error
+		done       string
+	}{
+		{"kill MACHINE", "Kill a machine: SIGKILL to its whole process group, as a power cut",
+			(*machinehost.Host).Kill, "killed"},
+		{"freeze MACHINE", "Freeze a machine: SIGSTOP to its process group, as a hung host",
+			(*machinehost.Host).Freeze, "frozen"},
+		{"thaw MACHINE", "Thaw a frozen machine: SIGCONT to its process group",
+			(*machinehost.Host).Thaw, "thawed"},
+	}
+	for _, f := range faults {
+		machine.AddCommand(&cobra.Command{
+			Use:     f.use,
+			Short:   f.short,
+			Example: "  qcpctl machine " + f.use[:len(f.use)-len(" MACHINE")] + " demo-control-plane-abcde",
+			Args:    cobra.ExactArgs(1),
+			RunE: func(cmd *cobra.Command, args []string) error {
+				c, err := g.connect()
+				if err != nil {
+					return err
+				}
+				m, err := getMachine(cmd.Context(), c, namespace, args[0])
+				if err != nil {
+					return err
+				}
+				if m.Spec.InfrastructureRef.Kind != "ProcessMachine" {
+					return fmt.Errorf("machine %s/%s is a %s, not a process machine: qcpctl can only break process machines", namespace, m.Name, m.Spec.InfrastructureRef.Kind)
+				}
+				h := &machinehost.Host{Root: filepath.Join(g.stateDir, "machines")}
+				if err := f.act(h, namespace, m.Spec.InfrastructureRef.Name); err != nil {
+					return fmt.Errorf("machine %s/%s: %w", namespace, m.Name, err)
+				}
+				fmt.Fprintf(cmd.OutOrStdout(), "machine %s/%s %s\n", namespace, m.Name, f.done)
+				return nil
+			},
+		})
+	}
+	return machine
+}
+
+func getMachine(ctx context.Context, c client.Client, namespace, name string) (*clusterv1.Machine, error) {
+	m := &clusterv1.Machine{}
+	if err := c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, m); err != nil {
+		if apierrors.IsNotFound(err) {
+			return nil, fmt.Errorf("machine %s/%s not found: list them with 'qcpctl describe cluster %s'", namespace, name, sampleCluster)
+		}
+		return nil, fmt.Errorf("reading machine %s/%s: %w", namespace, name, err)
+	}
+	return m, nil
+}
