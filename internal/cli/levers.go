@@ -130,44 +130,33 @@ func newMachineCommand(g *globals) *cobra.Command {
 		Short: "Delete, kill, freeze or thaw a machine, by its CAPI Machine name",
 	}
 	machine.PersistentFlags().StringVarP(&namespace, "namespace", "n", "default", "namespace of the machine")
-	machine.AddCommand(&cobra.Command{
-		Use:     "delete MACHINE",
-		Short:   "Delete a Machine the way a user does; its control plane replaces it",
-		Example: "  qcpctl machine delete demo-control-plane-abcde",
-		Args:    cobra.ExactArgs(1),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.connect()
-			if err != nil {
-				return err
+	// signal acts on the process machine behind m.
+	signal := func(act func(h *machinehost.Host, ns, name string) error) func(context.Context, client.Client, *clusterv1.Machine) error {
+		return func(_ context.Context, _ client.Client, m *clusterv1.Machine) error {
+			if m.Spec.InfrastructureRef.Kind != "ProcessMachine" {
+				return fmt.Errorf("machine %s/%s is a %s, not a process machine: qcpctl can only break process machines", m.Namespace, m.Name, m.Spec.InfrastructureRef.Kind)
 			}
-			m, err := getMachine(cmd.Context(), c, namespace, args[0])
-			if err != nil {
-				return err
-			}
-			if err := c.Delete(cmd.Context(), m); err != nil {
-				return fmt.Errorf("deleting machine %s/%s: %w", namespace, m.Name, err)
-			}
-			fmt.Fprintf(cmd.OutOrStdout(), "machine %s/%s deleted\n", namespace, m.Name)
-			return nil
-		},
-	})
-	faults := []struct {
-		use, short string
-		act        func(h *machinehost.Host, ns, name string) error
-		done       string
-	}{
-		{"kill MACHINE", "Kill a machine: SIGKILL to its whole process group, as a power cut",
-			(*machinehost.Host).Kill, "killed"},
-		{"freeze MACHINE", "Freeze a machine: SIGSTOP to its process group, as a hung host",
-			(*machinehost.Host).Freeze, "frozen"},
-		{"thaw MACHINE", "Thaw a frozen machine: SIGCONT to its process group",
-			(*machinehost.Host).Thaw, "thawed"},
+			return act(&machinehost.Host{Root: filepath.Join(g.stateDir, "machines")}, m.Namespace, m.Spec.InfrastructureRef.Name)
+		}
 	}
-	for _, f := range faults {
+	levers := []struct {
+		verb, short, done string
+		act               func(context.Context, client.Client, *clusterv1.Machine) error
+	}{
+		{"delete", "Delete a Machine the way a user does; its control plane replaces it", "deleted",
+			func(ctx context.Context, c client.Client, m *clusterv1.Machine) error { return c.Delete(ctx, m) }},
+		{"kill", "Kill a machine: SIGKILL to its whole process group, as a power cut", "killed",
+			signal((*machinehost.Host).Kill)},
+		{"freeze", "Freeze a machine: SIGSTOP to its process group, as a hung host", "frozen",
+			signal((*machinehost.Host).Freeze)},
+		{"thaw", "Thaw a frozen machine: SIGCONT to its process group", "thawed",
+			signal((*machinehost.Host).Thaw)},
+	}
+	for _, l := range levers {
 		machine.AddCommand(&cobra.Command{
-			Use:     f.use,
-			Short:   f.short,
-			Example: "  qcpctl machine " + f.use[:len(f.use)-len(" MACHINE")] + " demo-control-plane-abcde",
+			Use:     l.verb + " MACHINE",
+			Short:   l.short,
+			Example: "  qcpctl machine " + l.verb + " demo-control-plane-abcde",
 			Args:    cobra.ExactArgs(1),
 			RunE: func(cmd *cobra.Command, args []string) error {
 				c, err := g.connect()
@@ -178,14 +167,10 @@ func newMachineCommand(g *globals) *cobra.Command {
 				if err != nil {
 					return err
 				}
-				if m.Spec.InfrastructureRef.Kind != "ProcessMachine" {
-					return fmt.Errorf("machine %s/%s is a %s, not a process machine: qcpctl can only break process machines", namespace, m.Name, m.Spec.InfrastructureRef.Kind)
-				}
-				h := &machinehost.Host{Root: filepath.Join(g.stateDir, "machines")}
-				if err := f.act(h, namespace, m.Spec.InfrastructureRef.Name); err != nil {
+				if err := l.act(cmd.Context(), c, m); err != nil {
 					return fmt.Errorf("machine %s/%s: %w", namespace, m.Name, err)
 				}
-				fmt.Fprintf(cmd.OutOrStdout(), "machine %s/%s %s\n", namespace, m.Name, f.done)
+				fmt.Fprintf(cmd.OutOrStdout(), "machine %s/%s %s\n", namespace, m.Name, l.done)
 				return nil
 			},
 		})

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,12 +18,14 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/qcp-dev/qcp/internal/binaries"
 	"github.com/qcp-dev/qcp/internal/cli"
+	"github.com/qcp-dev/qcp/internal/controllers/controlplane"
 	"github.com/qcp-dev/qcp/internal/localenv"
 	"github.com/qcp-dev/qcp/internal/machinehost"
 	"github.com/qcp-dev/qcp/internal/scheme"
@@ -129,14 +132,72 @@ func (q *tour) checkScaleUpDescribed() {
 	if !sawLearner || !sawWaiting {
 		t.Errorf("describe -o json --watch showed a learner: %v, a waiting reason: %v; want both during a scale-up", sawLearner, sawWaiting)
 	}
-	roles := map[string]int{}
 	// The watch may stop before its frame of the end; ask once more.
-	for _, m := range q.describe().ControlPlane.Machines {
+	tree := q.describe()
+	roles := map[string]int{}
+	for _, m := range tree.ControlPlane.Machines {
 		roles[m.EtcdRole]++
 	}
 	if roles["leader"] != 1 || roles["voter"] != 4 {
 		t.Errorf("after the scale-up describe -o json shows roles %v; want 1 leader and 4 voters", roles)
 	}
+	checkAtAGlance(t, filepath.Join(q.state, "kubeconfig"), tree)
+}
+
+// checkAtAGlance checks that what kubectl shows without describe agrees
+// with it: each Machine's etcd role label, and the control plane's Leader
+// printer column, read as the Table kubectl get prints.
+func checkAtAGlance(t *testing.T, kubeconfig string, tree cli.ClusterTree) {
+	t.Helper()
+	c := managementClient(t, kubeconfig)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	leader := ""
+	for _, row := range tree.ControlPlane.Machines {
+		m := &clusterv1.Machine{}
+		if err := c.Get(ctx, client.ObjectKey{Namespace: "default", Name: row.Name}, m); err != nil {
+			t.Fatal(err)
+		}
+		if got := m.Labels[controlplane.EtcdRoleLabel]; got != row.EtcdRole {
+			t.Errorf("machine %s: label %s=%q, describe says %q", m.Name, controlplane.EtcdRoleLabel, got, row.EtcdRole)
+		}
+		if row.EtcdRole == "leader" {
+			leader = row.Name
+		}
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hc, err := rest.HTTPClientFor(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet,
+		cfg.Host+"/apis/controlplane.cluster.x-k8s.io/v1alpha1/namespaces/default/quorumcontrolplanes/"+tree.ControlPlane.Name, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Accept", "application/json;as=Table;v=v1;g=meta.k8s.io")
+	resp, err := hc.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	table := &metav1.Table{}
+	if err := json.NewDecoder(resp.Body).Decode(table); err != nil || len(table.Rows) != 1 {
+		t.Fatalf("kubectl get qcp's table: %v, %d rows", err, len(table.Rows))
+	}
+	for i, col := range table.ColumnDefinitions {
+		if col.Name != "Leader" {
+			continue
+		}
+		if table.Rows[0].Cells[i] != leader {
+			t.Errorf("kubectl get qcp shows Leader %v, describe says %q", table.Rows[0].Cells[i], leader)
+		}
+		return
+	}
+	t.Errorf("kubectl get qcp has no Leader column: %+v", table.ColumnDefinitions)
 }
 
 // tour runs qcpctl as a newcomer does, with its state in one directory.

@@ -317,10 +317,12 @@ type RemediationSpec struct {
 // +kubebuilder:printcolumn:name="Current",type="integer",JSONPath=".status.replicas",description="The number of machines"
 // +kubebuilder:printcolumn:name="Ready",type="integer",JSONPath=".status.readyReplicas",description="Machines whose Ready condition is true"
 // +kubebuilder:printcolumn:name="Up-to-date",type="integer",JSONPath=".status.upToDateReplicas",description="Machines whose UpToDate condition is true"
+// +kubebuilder:printcolumn:name="Leader",type="string",JSONPath=`.status.etcd.members[?(@.role=="Leader")].machine`,description="The machine of the etcd leader"
 // +kubebuilder:printcolumn:name="Initialized",type="boolean",JSONPath=".status.initialization.controlPlaneInitialized",description="Whether the first API server has answered"
 // +kubebuilder:printcolumn:name="Paused",type="string",JSONPath=`.status.conditions[?(@.type=="Paused")].status`,description="Whether reconciliation is paused",priority=10
 // +kubebuilder:printcolumn:name="Operation",type="string",JSONPath=".status.lastOperation.kind",description="The quorum engine's latest step",priority=10
 // +kubebuilder:printcolumn:name="Target",type="string",JSONPath=".status.lastOperation.target",description="What the latest step acts on",priority=10
+// +kubebuilder:printcolumn:name="Reason",type="string",JSONPath=".status.lastOperation.reason",description="Why the latest step, or what the control plane waits for",priority=10
 // +kubebuilder:printcolumn:name="Age",type="date",JSONPath=".metadata.creationTimestamp",description="Time since creation"
 // +kubebuilder:printcolumn:name="Version",type="string",JSONPath=".spec.version",description="The desired Kubernetes version"
 
