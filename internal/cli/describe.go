@@ -357,14 +357,19 @@ func renderTree(w io.Writer, t *ClusterTree, color bool) error {
 		cpRow = len(rows)
 		add("└─", cp.Row, cp.Version)
 		if op := cp.Operation; op != nil {
-			label, what := "Operation:", strings.TrimSpace(string(op.Kind)+" "+op.Target)
-			if op.Kind == controlplanev1.OperationWait {
-				label, what = "Waiting for:", op.Target
+			label, what, reason := "Operation:", strings.TrimSpace(string(op.Kind)+" "+op.Target), op.Reason
+			switch {
+			case op.Kind == controlplanev1.OperationWait && strings.HasPrefix(op.Reason, "nothing to do"):
+				// The planner's steady state is a Wait too; it waits for nothing.
+				label, what = "Steady:", op.Target
+			case op.Kind == controlplanev1.OperationWait:
+				// The planner's reasons say "waiting for ..." themselves.
+				label, what, reason = "Waiting for:", op.Target, strings.TrimPrefix(op.Reason, "waiting for ")
 			}
 			if what != "" {
 				what += ": "
 			}
-			note = fmt.Sprintf("%s %s%s (since %s)", label, what, op.Reason, op.Since)
+			note = fmt.Sprintf("%s %s%s (since %s)", label, what, reason, op.Since)
 			if !op.FinishTime.IsZero() {
 				note = strings.TrimSuffix(note, ")") + ", finished)"
 			}

@@ -265,6 +265,25 @@ func TestDescribeMachineWithoutMemberIsNone(t *testing.T) {
 	}
 }
 
+// The planner's steady state is a Wait with nothing to wait for; describe
+// must not say it waits.
+func TestDescribeSteadyIsNotWaiting(t *testing.T) {
+	objs := scaleUp(time.Now())
+	op := &objs[2].(*controlplanev1.QuorumControlPlane).Status.LastOperation
+	op.Target, op.Reason = "", "nothing to do: 3 healthy, up-to-date voters as desired"
+	tree, err := collect(context.Background(), fakeClient(objs...), "default", "demo", time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b bytes.Buffer
+	if err := renderTree(&b, tree, false); err != nil {
+		t.Fatal(err)
+	}
+	if out := b.String(); strings.Contains(out, "Waiting for:") || !strings.Contains(out, "Steady: nothing to do") {
+		t.Errorf("steady state rendered as:\n%s", out)
+	}
+}
+
 func TestDescribeMissingClusterSaysWhatToDo(t *testing.T) {
 	_, err := runDescribe(t, fakeClient(), "demo")
 	if err == nil {

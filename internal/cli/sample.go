@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -69,8 +70,10 @@ func waitForSample(ctx context.Context, out io.Writer, c client.Client, start ti
 			}
 		}
 		op := cp.Status.LastOperation
-		line := fmt.Sprintf("%d/%d machines, %d etcd voters, %d learners; %s %s: %s",
-			ptr.Deref(cp.Status.Replicas, 0), sampleReplicas, voters, learners, op.Kind, op.Target, op.Reason)
+		line := fmt.Sprintf("%d/%d machines, %d etcd voters, %d learners", ptr.Deref(cp.Status.Replicas, 0), sampleReplicas, voters, learners)
+		if op.Kind != "" {
+			line += "; " + strings.TrimSpace(string(op.Kind)+" "+op.Target) + ": " + op.Reason
+		}
 		if line != last {
 			fmt.Fprintf(out, "  [%5.1fs] %s\n", time.Since(start).Seconds(), line)
 			last = line
