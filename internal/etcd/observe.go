@@ -3,13 +3,17 @@ package etcd
 import (
 	"context"
 	"fmt"
-	"time"
 
 	"github.com/qcp-dev/qcp/internal/quorum"
 )
 
 // ObserveTimeout bounds the member list and alarm reads of ObserveMembers.
-const ObserveTimeout = 2 * time.Second
+// Both are linearizable, so they wait for a leader: with two of five
+// members killed at once on a loaded 2-core host, an election and the
+// read behind it took more than 2 s, and the planner, told the membership
+// was unknown, called for a human. The client retries within this bound,
+// so a longer one costs nothing while etcd answers.
+const ObserveTimeout = MembershipTimeout
 
 // ObserveMembers reads the member list, each member's status and the alarm
 // list, and returns the members as the planner sees them. An error means
