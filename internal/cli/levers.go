@@ -139,21 +139,32 @@ func newMachineCommand(g *globals) *cobra.Command {
 			return act(&machinehost.Host{Root: filepath.Join(g.stateDir, "machines")}, m.Namespace, m.Spec.InfrastructureRef.Name)
 		}
 	}
+	// process narrows freeze and thaw to one process of the machine.
+	var process string
+	oneOrAll := func(one func(h *machinehost.Host, ns, name, process string) error, all func(h *machinehost.Host, ns, name string) error) func(context.Context, client.Client, *clusterv1.Machine) error {
+		return signal(func(h *machinehost.Host, ns, name string) error {
+			if process != "" {
+				return one(h, ns, name, process)
+			}
+			return all(h, ns, name)
+		})
+	}
 	levers := []struct {
 		verb, short, done string
 		act               func(context.Context, client.Client, *clusterv1.Machine) error
+		oneProcess        bool
 	}{
 		{"delete", "Delete a Machine the way a user does; its control plane replaces it", "deleted",
-			func(ctx context.Context, c client.Client, m *clusterv1.Machine) error { return c.Delete(ctx, m) }},
+			func(ctx context.Context, c client.Client, m *clusterv1.Machine) error { return c.Delete(ctx, m) }, false},
 		{"kill", "Kill a machine: SIGKILL to its whole process group, as a power cut", "killed",
-			signal((*machinehost.Host).Kill)},
-		{"freeze", "Freeze a machine: SIGSTOP to its process group, as a hung host", "frozen",
-			signal((*machinehost.Host).Freeze)},
-		{"thaw", "Thaw a frozen machine: SIGCONT to its process group", "thawed",
-			signal((*machinehost.Host).Thaw)},
+			signal((*machinehost.Host).Kill), false},
+		{"freeze", "Freeze a machine: SIGSTOP to its process group, as a hung host, or with --process to one process", "frozen",
+			oneOrAll((*machinehost.Host).FreezeProcess, (*machinehost.Host).Freeze), true},
+		{"thaw", "Thaw a frozen machine: SIGCONT to its process group, or with --process to one process", "thawed",
+			oneOrAll((*machinehost.Host).ThawProcess, (*machinehost.Host).Thaw), true},
 	}
 	for _, l := range levers {
-		machine.AddCommand(&cobra.Command{
+		cmd := &cobra.Command{
 			Use:     l.verb + " MACHINE",
 			Short:   l.short,
 			Example: "  qcpctl machine " + l.verb + " demo-control-plane-abcde",
@@ -173,7 +184,11 @@ func newMachineCommand(g *globals) *cobra.Command {
 				fmt.Fprintf(cmd.OutOrStdout(), "machine %s/%s %s\n", namespace, m.Name, l.done)
 				return nil
 			},
-		})
+		}
+		if l.oneProcess {
+			cmd.Flags().StringVar(&process, "process", "", "only this process of the machine: etcd, kube-apiserver, kube-controller-manager, kube-scheduler or "+machinehost.AgentProcess)
+		}
+		machine.AddCommand(cmd)
 	}
 	return machine
 }

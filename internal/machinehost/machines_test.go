@@ -5,12 +5,14 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/qcp-dev/qcp/internal/agent"
 	"github.com/qcp-dev/qcp/internal/bootstrap"
 	"github.com/qcp-dev/qcp/internal/testkit"
 )
@@ -175,6 +177,41 @@ func TestProcessMachines(t *testing.T) {
 		c.waitNodeReady("m3", corev1.ConditionUnknown, 2*time.Minute)
 		t.Logf("m3 NotReady %v after freeze", time.Since(frozen).Round(time.Second))
 		if err := h.Thaw("ns1", "m3"); err != nil {
+			t.Fatal(err)
+		}
+		c.waitNodeReady("m3", corev1.ConditionTrue, time.Minute)
+	})
+
+	t.Run("freezing only etcd fails its probe, the Node stays Ready; thaw heals it", func(t *testing.T) {
+		if err := h.FreezeProcess("ns1", "m3", "etcd"); err != nil {
+			t.Fatal(err)
+		}
+		c.eventually("m3's EtcdHealthy False while its Node stays Ready", time.Minute, func() error {
+			ready, n, err := c.nodeCondition("m3")
+			if err != nil {
+				return err
+			}
+			if ready != corev1.ConditionTrue {
+				return fmt.Errorf("Ready=%q: freezing etcd froze more than etcd", ready)
+			}
+			for _, cond := range n.Status.Conditions {
+				if cond.Type == agent.ComponentConditionTypes[bootstrap.Etcd] && cond.Status == corev1.ConditionFalse {
+					return nil
+				}
+			}
+			return fmt.Errorf("conditions %+v", n.Status.Conditions)
+		})
+		if procs, err := h.Processes("ns1", "m3"); err == nil {
+			for _, p := range procs {
+				if stopped := p.State == "T"; stopped != (processName(p.Cmdline) == "etcd") {
+					t.Errorf("process %d (%s) state %s: only etcd should be stopped", p.PID, p.Comm, p.State)
+				}
+			}
+		}
+		if err := h.FreezeProcess("ns1", "m3", "etcdctl"); err == nil || !strings.Contains(err.Error(), "runs no etcdctl process") {
+			t.Errorf("freezing a process the machine does not run: %v", err)
+		}
+		if err := h.ThawProcess("ns1", "m3", "etcd"); err != nil {
 			t.Fatal(err)
 		}
 		c.waitNodeReady("m3", corev1.ConditionTrue, time.Minute)

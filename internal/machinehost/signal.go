@@ -3,6 +3,8 @@ package machinehost
 import (
 	"fmt"
 	"os"
+	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 )
@@ -83,6 +85,73 @@ func (h *Host) Freeze(namespace, name string) error {
 // Thaw resumes a frozen machine (SIGCONT).
 func (h *Host) Thaw(namespace, name string) error {
 	return h.signal(namespace, name, syscall.SIGCONT)
+}
+
+// AgentProcess names the machine's agent to FreezeProcess and
+// ThawProcess; any other name is a component the agent runs.
+const AgentProcess = "qcp-agent"
+
+// FreezeProcess stops one process of the machine (SIGSTOP): AgentProcess,
+// or a component by its binary's name ("etcd", "kube-apiserver", ...). The
+// rest of the machine runs on, as when one process hangs on a live host.
+func (h *Host) FreezeProcess(namespace, name, process string) error {
+	return h.signalProcess(namespace, name, process, syscall.SIGSTOP)
+}
+
+// ThawProcess resumes a process FreezeProcess stopped (SIGCONT).
+func (h *Host) ThawProcess(namespace, name, process string) error {
+	return h.signalProcess(namespace, name, process, syscall.SIGCONT)
+}
+
+func (h *Host) signalProcess(namespace, name, process string, sig syscall.Signal) error {
+	st, err := h.Status(namespace, name)
+	if err != nil {
+		return err
+	}
+	if !st.Running {
+		return fmt.Errorf("machine %s/%s is not running: start it before sending %v to its %s", namespace, name, sig, process)
+	}
+	pid := st.PID
+	if process != AgentProcess {
+		procs, err := GroupProcesses(st.PID)
+		if err != nil {
+			return err
+		}
+		pid = 0
+		var running []string
+		for _, p := range procs {
+			name := processName(p.Cmdline)
+			running = append(running, name)
+			if name == process && p.PID != st.PID {
+				pid = p.PID
+			}
+		}
+		if pid == 0 {
+			return fmt.Errorf("machine %s/%s runs no %s process (it runs %s)", namespace, name, process, strings.Join(running, ", "))
+		}
+	}
+	if err := syscall.Kill(pid, sig); err != nil {
+		return fmt.Errorf("sending %v to the %s of machine %s/%s: %w", sig, process, namespace, name, err)
+	}
+	return nil
+}
+
+// processName is the name a machine's process goes by: its binary's name
+// without the pinned version suffix (etcd-v3.6.16 runs etcd), or, for the
+// multi-call kube binary, the component it was asked to run.
+func processName(cmdline string) string {
+	f := strings.Fields(cmdline)
+	if len(f) == 0 {
+		return ""
+	}
+	name := filepath.Base(f[0])
+	if i := strings.Index(name, "-v"); i > 0 {
+		name = name[:i]
+	}
+	if name == "kube" && len(f) > 1 {
+		return f[1]
+	}
+	return name
 }
 
 func (h *Host) signal(namespace, name string, sig syscall.Signal) error {
