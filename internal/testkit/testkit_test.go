@@ -3,6 +3,7 @@ package testkit
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -25,6 +26,41 @@ func TestKVModelRejectsStaleRead(t *testing.T) {
 	stale := []porcupine.Operation{put("a", 0, 10), put("b", 11, 20), get("a", 21, 22)}
 	if porcupine.CheckOperations(kvModel, stale) {
 		t.Error("a stale read was accepted")
+	}
+}
+
+// TestUnobservedUnknownWritesAreDropped: writes of unknown outcome that no
+// read saw leave the check, which then finishes at once however many there
+// are, and still rejects a stale read; one a read saw stays.
+func TestUnobservedUnknownWritesAreDropped(t *testing.T) {
+	put := func(v string, call, ret int64) porcupine.Operation {
+		return porcupine.Operation{Input: kvInput{Put: true, Key: "k", Value: v}, Output: kvOutput{}, Call: call, Return: ret}
+	}
+	get := func(v string, call, ret int64) porcupine.Operation {
+		return porcupine.Operation{Input: kvInput{Key: "k"}, Output: kvOutput{Value: v}, Call: call, Return: ret}
+	}
+	const end = 1 << 40 // an open end, as Stop sets it
+	var history []porcupine.Operation
+	var unknown []int
+	at := int64(0)
+	for i := range 200 {
+		history = append(history, put(fmt.Sprintf("a%d", i), at, at+1), get(fmt.Sprintf("a%d", i), at+2, at+3))
+		unknown = append(unknown, len(history))
+		history = append(history, put(fmt.Sprintf("u%d", i), at+4, end))
+		at += 10
+	}
+	// One unknown write was seen: it took effect, and must stay.
+	history = append(history, get("u199", at, at+1))
+	checked := withoutUnobservedUnknowns(history, unknown)
+	if want := len(history) - 199; len(checked) != want {
+		t.Fatalf("%d operations kept, want %d (the 199 unseen unknown writes dropped)", len(checked), want)
+	}
+	if res, _ := porcupine.CheckOperationsVerbose(kvModel, checked, 10*time.Second); res != porcupine.Ok {
+		t.Errorf("verdict %s, want Ok", res)
+	}
+	stale := append(slices.Clone(history), get("a3", at+2, at+3))
+	if res, _ := porcupine.CheckOperationsVerbose(kvModel, withoutUnobservedUnknowns(stale, unknown), 10*time.Second); res != porcupine.Illegal {
+		t.Errorf("a stale read after the unknown writes: verdict %s, want Illegal", res)
 	}
 }
 
