@@ -67,6 +67,16 @@ func TestPlanDecisions(t *testing.T) {
 				down(s, 1, time.Minute)
 				s.Machines = append(s.Machines, Machine{Name: "m-09", PeerURL: "https://m9:2380", UpToDate: true, CreatedAt: s.Now})
 			}), Wait, "", "waiting for member m-02 to become healthy"},
+		{"a marked machine whose member is healthy is not replaced while another member is down (seed 000, scenario 3)",
+			edit(cluster(3, 3), func(s *State) {
+				down(s, 0, 10*time.Second)
+				s.Machines[1].Remediate = true
+			}), Wait, "", "waiting for member m-01 to become healthy"},
+		{"nor is its member removed once the down one is past UnhealthyTimeout: the down one goes first",
+			edit(cluster(3, 3), func(s *State) {
+				down(s, 0, time.Hour)
+				s.Machines[1].Remediate = true
+			}), RemoveMember, "1", "has been unhealthy for 1h0m0s"},
 		{"a dead voter waiting its turn for remediation does not block the replacement ahead of it (#10125)",
 			edit(cluster(5, 4), func(s *State) {
 				down(s, 1, time.Minute)

@@ -14,6 +14,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/annotations"
 	"sigs.k8s.io/cluster-api/util/conditions"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -68,6 +69,33 @@ func (s *scenario) setPaused(ctx context.Context, paused bool) {
 	if err := s.c.Patch(ctx, cluster, client.MergeFrom(before)); err != nil {
 		s.t.Fatal(err)
 	}
+	s.waitPaused(paused)
+}
+
+// pauseControlPlane pauses or resumes the control plane alone, with CAPI's
+// paused annotation on it: unlike the Cluster's spec.paused, this leaves
+// CAPI core's MachineHealthCheck running.
+func (s *scenario) pauseControlPlane(ctx context.Context, paused bool) {
+	s.t.Helper()
+	cp, err := s.controlPlane(ctx)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	before := cp.DeepCopy()
+	if paused {
+		annotations.AddAnnotations(cp, map[string]string{clusterv1.PausedAnnotation: ""})
+	} else {
+		delete(cp.Annotations, clusterv1.PausedAnnotation)
+	}
+	if err := s.c.Patch(ctx, cp, client.MergeFrom(before)); err != nil {
+		s.t.Fatal(err)
+	}
+	s.waitPaused(paused)
+}
+
+// waitPaused waits for the control plane to report Paused=paused.
+func (s *scenario) waitPaused(paused bool) {
+	s.t.Helper()
 	s.eventually(time.Minute, fmt.Sprintf("Paused=%v on the control plane", paused), func(ctx context.Context) error {
 		cp, err := s.controlPlane(ctx)
 		if err != nil {

@@ -65,6 +65,18 @@ func newScenario(t testing.TB, mgmt *management, name string, replicas int32, ed
 // newScenarioIn is newScenario with the ProcessCluster's failure domains.
 func newScenarioIn(t testing.TB, mgmt *management, name string, replicas int32, domains []string, edits ...func(*controlplanev1.QuorumControlPlane)) *scenario {
 	t.Helper()
+	s, cp := newScenarioWithoutControlPlane(t, mgmt, name, replicas, domains, edits...)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	s.create(ctx, cp)
+	return s
+}
+
+// newScenarioWithoutControlPlane creates what newScenarioIn does but the
+// QuorumControlPlane, which it returns for the caller to create.
+func newScenarioWithoutControlPlane(t testing.TB, mgmt *management, name string, replicas int32, domains []string,
+	edits ...func(*controlplanev1.QuorumControlPlane)) (*scenario, *controlplanev1.QuorumControlPlane) {
+	t.Helper()
 	testkit.RequireBinaries(t, "etcd", "kube", "capi-manager")
 	s := &scenario{t: t, mgmt: mgmt, c: mgmt.env.Client, name: name}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -90,7 +102,6 @@ func newScenarioIn(t testing.TB, mgmt *management, name string, replicas int32, 
 		&infrav1.ProcessCluster{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
 			Spec: infrav1.ProcessClusterSpec{FailureDomains: domains}},
 		&infrav1.ProcessMachineTemplate{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}},
-		cp,
 		&clusterv1.Cluster{
 			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
 			Spec: clusterv1.ClusterSpec{
@@ -109,7 +120,7 @@ func newScenarioIn(t testing.TB, mgmt *management, name string, replicas int32, 
 	}
 	s.bound = startMachineBound(s, int(replicas), surge)
 	t.Cleanup(s.dumpOnFailure)
-	return s
+	return s, cp
 }
 
 func (s *scenario) create(ctx context.Context, objs ...client.Object) {
@@ -128,6 +139,27 @@ func (s *scenario) eventually(timeout time.Duration, what string, cond func(cont
 	defer cancel()
 	if err := testkit.Eventually(ctx, 250*time.Millisecond, what, cond); err != nil {
 		s.t.Fatal(err)
+	}
+}
+
+// holds checks cond every half second for d, failing the scenario the
+// first time it does not hold: how a test shows that something does not
+// happen.
+func (s *scenario) holds(d time.Duration, what string, cond func(context.Context) error) {
+	s.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	t := time.NewTicker(500 * time.Millisecond)
+	defer t.Stop()
+	for {
+		if err := cond(ctx); err != nil && ctx.Err() == nil {
+			s.t.Fatalf("%s: %v", what, err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
 	}
 }
 

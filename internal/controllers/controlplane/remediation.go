@@ -132,10 +132,13 @@ func setRemediating(cp *controlplanev1.QuorumControlPlane, obs *observation, d q
 			continue
 		}
 		why := obs.remediationRefused[m.Name]
-		if why == "" {
-			why = "remediating: " + d.Reason
-		} else {
+		switch {
+		case why != "":
 			refused = true
+		case d.Kind == quorum.Wait:
+			why = d.Reason // what the step waits for, such as another member's health (seed 000's scenario 3)
+		default:
+			why = "remediating, next step: " + d.Reason
 		}
 		lines = append(lines, fmt.Sprintf("* Machine %s: %s", m.Name, why))
 	}

@@ -9,8 +9,10 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/conditions"
 
 	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
+	"github.com/qcp-dev/qcp/internal/quorum"
 )
 
 // TestRemediationPolicy checks seed 000's rules the control plane applies
@@ -79,5 +81,45 @@ func TestHealthCheckNeverAsksForMoreThanEtcdTolerates(t *testing.T) {
 		if spec.Selector.MatchLabels[clusterv1.MachineControlPlaneNameLabel] != "cp" || spec.ClusterName != "c" {
 			t.Errorf("selects %v in cluster %s", spec.Selector.MatchLabels, spec.ClusterName)
 		}
+	}
+}
+
+// TestRemediatingSaysWhatItWaitsFor: each marked machine's line on the
+// Remediating condition gives the policy's refusal, or the planner's wait
+// (seed 000's scenario 3: another member is unhealthy), or the next step.
+func TestRemediatingSaysWhatItWaitsFor(t *testing.T) {
+	marked := func(name string) *clusterv1.Machine {
+		m := &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Name: name}}
+		conditions.Set(m, metav1.Condition{Type: clusterv1.MachineOwnerRemediatedCondition, Status: metav1.ConditionFalse,
+			Reason: clusterv1.MachineOwnerRemediatedWaitingForRemediationReason})
+		return m
+	}
+	wait := quorum.Decision{Kind: quorum.Wait, Reason: "waiting for member m-1 to become healthy (unhealthy for 10s, replaced after 5m0s) before creating a machine"}
+	for _, tc := range []struct {
+		name       string
+		refused    map[string]string
+		d          quorum.Decision
+		wantReason string
+		wantLine   string
+	}{
+		{"the planner waits for another member", nil, wait, controlplanev1.RemediatingReason,
+			"* Machine m-2: waiting for member m-1 to become healthy"},
+		{"the next step", nil, quorum.Decision{Kind: quorum.CreateMachine, Reason: "replacing marked machine m-2"}, controlplanev1.RemediatingReason,
+			"* Machine m-2: remediating, next step: replacing marked machine m-2"},
+		{"refused by the policy", map[string]string{"m-2": "remediation.maxRetry (1) is used up"}, wait, controlplanev1.RemediationBlockedReason,
+			"* Machine m-2: remediation.maxRetry (1) is used up"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cp := &controlplanev1.QuorumControlPlane{}
+			obs := &observation{machines: []*clusterv1.Machine{{ObjectMeta: metav1.ObjectMeta{Name: "m-1"}}, marked("m-2")}, remediationRefused: tc.refused}
+			setRemediating(cp, obs, tc.d)
+			c := conditions.Get(cp, controlplanev1.RemediatingCondition)
+			if c == nil || c.Status != metav1.ConditionTrue || c.Reason != tc.wantReason || !strings.HasPrefix(c.Message, tc.wantLine) {
+				t.Fatalf("Remediating %+v, want %s with %q", c, tc.wantReason, tc.wantLine)
+			}
+			if strings.Contains(c.Message, "m-1:") {
+				t.Errorf("the unmarked machine has a line: %q", c.Message)
+			}
+		})
 	}
 }
