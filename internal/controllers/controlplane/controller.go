@@ -177,6 +177,9 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Clu
 	if err := r.ensureHealthCheck(ctx, cluster, cp); err != nil {
 		return ctrl.Result{}, err
 	}
+	if err := r.adoptMachines(ctx, cluster, cp); err != nil {
+		return ctrl.Result{}, err
+	}
 	obs, err := r.observe(ctx, cluster, cp, secrets)
 	if err != nil {
 		return ctrl.Result{}, err

@@ -1,0 +1,99 @@
+package controlplane
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	utilversion "k8s.io/apimachinery/pkg/util/version"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/collections"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
+)
+
+// adoptMachines makes cp the controller of the cluster's control plane
+// Machines that have none (made by hand, or left behind by another
+// provider), as KCP adopts its machines. An adopted machine keeps running
+// as it is: without QCP's spec record it rolls out only for its version
+// (see rollout.go). A machine QCP cannot adopt stops the round with an
+// error that names it: creating machines beside it would start a second
+// etcd cluster.
+func (r *Reconciler) adoptMachines(ctx context.Context, cluster *clusterv1.Cluster, cp *controlplanev1.QuorumControlPlane) error {
+	orphans, err := collections.GetFilteredMachinesForCluster(ctx, r.APIReader, cluster, collections.AdoptableControlPlaneMachines(cluster.Name))
+	if err != nil {
+		return fmt.Errorf("listing the control plane machines of cluster %s without an owner: %w", klogRef(cluster), err)
+	}
+	var refused []error
+	for _, m := range sortedByName(orphans.UnsortedList()) {
+		if !m.DeletionTimestamp.IsZero() {
+			continue
+		}
+		if why := adoptionRefusal(m, cp); why != "" {
+			r.Recorder.Eventf(cp, corev1.EventTypeWarning, "AdoptionRefused", "Not adopting machine %s: %s", m.Name, why)
+			refused = append(refused, fmt.Errorf("not adopting machine %s: %s", m.Name, why))
+			continue
+		}
+		if err := r.adopt(ctx, cp, m); err != nil {
+			return err
+		}
+		log.FromContext(ctx).Info("Adopted machine", "Machine", klogRef(m))
+		r.Recorder.Eventf(cp, corev1.EventTypeNormal, "Adopted", "Adopted machine %s", m.Name)
+	}
+	return errors.Join(refused...)
+}
+
+// adoptionRefusal says why QCP may not adopt m, or "" if it may: it must
+// bootstrap from a data Secret, as QCP's machines do, and run a version
+// within one minor of spec.version, the skew a rollout can close.
+func adoptionRefusal(m *clusterv1.Machine, cp *controlplanev1.QuorumControlPlane) string {
+	if name, ok := m.Labels[clusterv1.MachineControlPlaneNameLabel]; ok && name != cp.Name {
+		return fmt.Sprintf("its label %s names control plane %q, not %q; fix the label or delete the machine", clusterv1.MachineControlPlaneNameLabel, name, cp.Name)
+	}
+	if m.Spec.Bootstrap.DataSecretName == nil || *m.Spec.Bootstrap.DataSecretName == "" {
+		return "it has no spec.bootstrap.dataSecretName; QCP adopts machines that bootstrap from a qcp-agent data Secret"
+	}
+	have, err := utilversion.ParseSemantic(m.Spec.Version)
+	if err != nil {
+		return fmt.Sprintf("its spec.version %q is not a semantic version", m.Spec.Version)
+	}
+	want, err := utilversion.ParseSemantic(cp.Spec.Version)
+	if err != nil {
+		return fmt.Sprintf("the control plane's spec.version %q is not a semantic version", cp.Spec.Version)
+	}
+	if have.Major() != want.Major() || max(have.Minor(), want.Minor())-min(have.Minor(), want.Minor()) > 1 {
+		return fmt.Sprintf("its spec.version %s is more than one minor version from spec.version %s; upgrade it by hand first", m.Spec.Version, cp.Spec.Version)
+	}
+	return ""
+}
+
+// adopt makes cp m's controller and gives m the control plane's name
+// label, which the control plane's MachineHealthCheck selects on; an
+// unowned bootstrap data Secret goes to m, to be deleted with it.
+func (r *Reconciler) adopt(ctx context.Context, cp *controlplanev1.QuorumControlPlane, m *clusterv1.Machine) error {
+	before := m.DeepCopy()
+	m.OwnerReferences = append(m.OwnerReferences, controlPlaneOwnerRef(cp))
+	m.Labels = mergeInto(m.Labels, map[string]string{clusterv1.MachineControlPlaneNameLabel: cp.Name})
+	// Optimistic: a machine another controller took meanwhile is not
+	// taken from it.
+	if err := r.Client.Patch(ctx, m, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})); err != nil {
+		return fmt.Errorf("adopting machine %s: %w", m.Name, err)
+	}
+	data := &corev1.Secret{}
+	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: m.Namespace, Name: *m.Spec.Bootstrap.DataSecretName}, data); err != nil {
+		return client.IgnoreNotFound(err) // the machine has bootstrapped; its data may be gone
+	}
+	if len(data.OwnerReferences) > 0 {
+		return nil
+	}
+	beforeData := data.DeepCopy()
+	data.OwnerReferences = []metav1.OwnerReference{*metav1.NewControllerRef(m, clusterv1.GroupVersion.WithKind("Machine"))}
+	if err := r.Client.Patch(ctx, data, client.MergeFrom(beforeData)); err != nil {
+		return fmt.Errorf("handing the bootstrap data of adopted machine %s to it: %w", m.Name, err)
+	}
+	return nil
+}
