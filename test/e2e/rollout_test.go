@@ -161,8 +161,7 @@ func (s *scenario) checkRolloutAfterAndCertificateExpiry() {
 
 // checkOnDelete switches the control plane to OnDelete: a spec change
 // alone replaces nothing; deleting 2 of 3 machines at once replaces them
-// one at a time. How long the API went unanswered meanwhile is logged, not
-// asserted (see below).
+// one at a time, and the API server answers throughout.
 func (s *scenario) checkOnDelete() {
 	s.t.Helper()
 	t := s.t
@@ -235,13 +234,20 @@ func (s *scenario) checkOnDelete() {
 		return nil
 	})
 	s.waitAvailable(3*time.Minute, 3)
-	// Measured, not asserted: the issue's "the API server answers
-	// throughout" does not hold yet. A request that reaches the API server
-	// whose own etcd member was just removed can hang until its client
-	// times out (gaps of 6.3–6.4 s were seen on a loaded host), so the
-	// figure is recorded for docs/measurements.md until that is fixed.
-	t.Logf("longest time the API server did not answer while 2 machines were replaced: %s", probe.stop())
+	// The API server answers throughout: no gap longer than the bound
+	// issue 12 sets for the workload API during an etcd upgrade. A
+	// deleted machine leaves the load balancer, which closes its
+	// connections, before its member is removed.
+	gap := probe.stop()
+	t.Logf("longest time the API server did not answer while 2 machines were replaced: %s", gap)
+	if gap > maxAPIGap {
+		t.Errorf("the API server went %s without answering while 2 machines were replaced, more than %s", gap.Round(time.Millisecond), maxAPIGap)
+	}
 }
+
+// maxAPIGap is the longest a client polling the workload API may go
+// without an answer while the control plane changes.
+const maxAPIGap = 5 * time.Second
 
 // TestRebalancing starts 3 machines in one failure domain, then offers
 // three: the control plane moves two of them, one at a time, and ends with
