@@ -28,7 +28,8 @@ import (
 // and three Machines with the control plane labels and qcp-agent bootstrap
 // data, the first starting etcd and the others joining it as learners
 // that this test adds and promotes. A QuorumControlPlane created then
-// adopts all three, and neither replaces nor adds a machine.
+// adopts all three (its owner reference, its name label, a recorded member
+// ID on each), and neither replaces nor adds a machine.
 func TestAdoption(t *testing.T) {
 	mgmt := requireShared(t)
 	t.Parallel()
@@ -93,6 +94,9 @@ func TestAdoption(t *testing.T) {
 	for _, m := range ms {
 		if owner := metav1.GetControllerOf(&m); owner == nil || owner.Kind != "QuorumControlPlane" || owner.Name != s.name {
 			t.Errorf("machine %s's controller is %+v, want QuorumControlPlane %s", m.Name, owner, s.name)
+		}
+		if m.Annotations[controlplane.MemberIDAnnotation] == "" {
+			t.Errorf("adopted machine %s has no recorded etcd member ID (%s)", m.Name, controlplane.MemberIDAnnotation)
 		}
 		if got := m.Labels[clusterv1.MachineControlPlaneNameLabel]; got != s.name {
 			t.Errorf("machine %s's %s label is %q, want %q (the health check selects on it)", m.Name, clusterv1.MachineControlPlaneNameLabel, got, s.name)
