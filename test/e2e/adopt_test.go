@@ -158,13 +158,10 @@ func (s *scenario) handMadeMachine(ctx context.Context, cas *certs.ClusterCAs, e
 		if err := s.c.Get(ctx, client.ObjectKeyFromObject(m), m); err != nil {
 			return err
 		}
-		for _, a := range m.Status.Addresses {
-			if a.Type == clusterv1.MachineInternalIP {
-				addr = a.Address
-				return nil
-			}
+		if addr = internalIP(m); addr == "" {
+			return fmt.Errorf("no address yet")
 		}
-		return fmt.Errorf("no address yet")
+		return nil
 	})
 	return addr
 }

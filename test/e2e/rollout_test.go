@@ -373,12 +373,7 @@ func (s *scenario) checkAPIServerVersions(want string) {
 			if err != nil {
 				return err
 			}
-			ip := ""
-			for _, a := range m.Status.Addresses {
-				if a.Type == clusterv1.MachineInternalIP {
-					ip = a.Address
-				}
-			}
+			ip := internalIP(&m)
 			cfg.Host, cfg.Timeout = "https://"+net.JoinHostPort(ip, "6443"), 5*time.Second
 			dc, err := discovery.NewDiscoveryClientForConfig(cfg)
 			if err != nil {

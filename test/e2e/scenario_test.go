@@ -273,10 +273,8 @@ func (s *scenario) etcdConfig(ctx context.Context) (etcd.Config, error) {
 	}
 	var endpoints []string
 	for _, m := range machines {
-		for _, a := range m.Status.Addresses {
-			if a.Type == clusterv1.MachineInternalIP {
-				endpoints = append(endpoints, "https://"+net.JoinHostPort(a.Address, "2379"))
-			}
+		if ip := internalIP(&m); ip != "" {
+			endpoints = append(endpoints, "https://"+net.JoinHostPort(ip, "2379"))
 		}
 	}
 	if len(endpoints) == 0 {
@@ -506,6 +504,16 @@ func (b *machineBound) stop() error {
 		return fmt.Errorf("more than desired + %d machines:\n%s", b.surge, strings.Join(b.violations, "\n"))
 	}
 	return nil
+}
+
+// internalIP is machine's first internal address, "" before it has one.
+func internalIP(m *clusterv1.Machine) string {
+	for _, a := range m.Status.Addresses {
+		if a.Type == clusterv1.MachineInternalIP {
+			return a.Address
+		}
+	}
+	return ""
 }
 
 func isNotFound(err error) bool { return apierrors.IsNotFound(err) }
