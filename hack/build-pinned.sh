@@ -21,8 +21,15 @@ if ! grep -q "$module $version\$" "$src/go.mod"; then
   [ -f "$src/gomod.sh" ] && cp "$src/gomod.sh" "$work/"
   src=$work
   echo ">> rewriting the $tool wrapper module for $module $version"
-  (cd "$src" && if [ "$tool" = kube ]; then rm -f go.mod go.sum; ./gomod.sh "$version"; else
-     go mod edit -require="$module@$version"; [ "$tool" = capi ] && go mod edit -require="sigs.k8s.io/cluster-api/api@$version"; go mod tidy; fi)
+  # etcd's modules (pkg, api, client, raft) move in lockstep: an older
+  # server needs their matching versions, so its go.mod starts afresh and
+  # takes exactly what that server requires.
+  (cd "$src" && case $tool in
+     kube) rm -f go.mod go.sum; ./gomod.sh "$version" ;;
+     etcd) rm -f go.mod go.sum; go mod init github.com/qcp-dev/qcp/hack/tools/etcd
+           go mod edit -require="$module@$version"; go mod tidy ;;
+     capi) go mod edit -require="$module@$version" -require="sigs.k8s.io/cluster-api/api@$version"; go mod tidy ;;
+   esac)
 fi
 
 ldflags="-s -w"

@@ -103,6 +103,8 @@ func TestAdmissionThroughAPIServer(t *testing.T) {
 			t.Errorf("scaling external etcd to 4 was refused: %v", err)
 		}
 	})
+
+	t.Run("EtcdCluster", func(t *testing.T) { testEtcdClusterAdmission(ctx, t, c) })
 }
 
 // createOld stores the starting object of an update case, or does nothing

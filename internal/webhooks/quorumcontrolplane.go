@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
 	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
+	etcdv1 "github.com/qcp-dev/qcp/api/etcd/v1alpha1"
 )
 
 // The paths follow controller-runtime's generated names, so that the
@@ -30,8 +31,15 @@ func Setup(mgr ctrl.Manager) error {
 		Complete(); err != nil {
 		return fmt.Errorf("setting up the QuorumControlPlane webhooks: %w", err)
 	}
-	mgr.GetWebhookServer().Register(scaleValidationPath,
-		admission.WithValidator(mgr.GetScheme(), &ScaleValidator{Reader: mgr.GetAPIReader()}))
+	if err := ctrl.NewWebhookManagedBy(mgr, &etcdv1.EtcdCluster{}).
+		WithDefaulter(EtcdCluster{}).
+		WithValidator(EtcdCluster{}).
+		Complete(); err != nil {
+		return fmt.Errorf("setting up the EtcdCluster webhooks: %w", err)
+	}
+	server := mgr.GetWebhookServer()
+	server.Register(scaleValidationPath, admission.WithValidator(mgr.GetScheme(), ScaleValidatorForControlPlane(mgr.GetAPIReader())))
+	server.Register(etcdScaleValidationPath, admission.WithValidator(mgr.GetScheme(), ScaleValidatorForEtcdCluster(mgr.GetAPIReader())))
 	return nil
 }
 

@@ -181,13 +181,7 @@ func validateExtraArgs(spec *controlplanev1.QuorumControlPlaneSpec) field.ErrorL
 		{specPath.Child("scheduler", "extraArgs"), bootstrap.KubeScheduler, spec.Scheduler.ExtraArgs},
 	} {
 		for i, a := range c.args {
-			for _, e := range bootstrap.CheckArg(c.component, bootstrap.Arg{Name: a.Name, Value: a.Value}) {
-				value := a.Name
-				if e.Field == "value" {
-					value = a.Value
-				}
-				errs = append(errs, field.Invalid(c.path.Index(i).Child(e.Field), value, e.Problem+"; "+e.Fix))
-			}
+			errs = append(errs, argErrors(c.path.Index(i), c.component, a)...)
 		}
 	}
 	return errs

@@ -3,21 +3,35 @@ package v1alpha1
 import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+
+	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
 )
+
+// EtcdClusterFinalizer lets the controller remove the members' machines
+// before the EtcdCluster goes.
+const EtcdClusterFinalizer = "etcdcluster.etcd.cluster.x-k8s.io"
+
+// MaxReplicas bounds an EtcdCluster: every voter slows each write.
+const MaxReplicas = 7
+
+// DefaultUnhealthyMemberTimeoutSeconds is how long a member may stay
+// unhealthy before it is replaced, when the spec does not say.
+const DefaultUnhealthyMemberTimeoutSeconds = 300
 
 // EtcdClusterSpec defines the desired state of an EtcdCluster.
 type EtcdClusterSpec struct {
-	// replicas is the number of etcd members; odd numbers tolerate the most
-	// failures for their size.
+	// replicas is the number of etcd members: 1, 3, 5 or 7. Defaults to 3.
+	// Changing it adds or removes members one at a time, new members as
+	// learners first.
 	// +optional
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=7
 	Replicas *int32 `json:"replicas,omitempty"`
 
-	// version is the etcd version, e.g. v3.6.16. Changing it rolls the
-	// members one at a time.
+	// version is the etcd version, e.g. v3.6.16; machines run
+	// bin/etcd-<version>. Changing it replaces the members one at a time.
 	// +required
-	// +kubebuilder:validation:Pattern=`^v\d+\.\d+\.\d+$`
+	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=64
 	Version string `json:"version"`
 
@@ -26,51 +40,105 @@ type EtcdClusterSpec struct {
 	// +required
 	InfrastructureRef clusterv1.ContractVersionedObjectReference `json:"infrastructureRef"`
 
+	// extraArgs are added to every member's etcd command line.
+	// +optional
+	// +listType=map
+	// +listMapKey=name
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=100
+	ExtraArgs []controlplanev1.Arg `json:"extraArgs,omitempty"`
+
 	// unhealthyMemberTimeoutSeconds is how long a member may stay unhealthy
-	// before it is replaced.
+	// (its machine's process down, or the member not answering) before it
+	// is removed and then replaced. A member that recovers sooner is left
+	// alone. Defaults to 300.
 	// +optional
 	// +kubebuilder:validation:Minimum=10
+	// +kubebuilder:validation:Maximum=86400
 	UnhealthyMemberTimeoutSeconds *int32 `json:"unhealthyMemberTimeoutSeconds,omitempty"`
-}
 
-// EtcdClusterInitializationStatus reports when the cluster first served.
-// +kubebuilder:validation:MinProperties=1
-type EtcdClusterInitializationStatus struct {
-	// provisioned is true once the first member serves.
+	// rollout controls when members are replaced although nothing in the
+	// spec changed.
 	// +optional
-	Provisioned *bool `json:"provisioned,omitempty"`
+	Rollout EtcdRolloutSpec `json:"rollout,omitempty,omitzero"`
 }
 
-// EtcdClusterStatus defines the observed state of an EtcdCluster.
+// EtcdRolloutSpec controls rollouts of an EtcdCluster.
+// +kubebuilder:validation:MinProperties=1
+type EtcdRolloutSpec struct {
+	// after replaces every member whose machine was created before this
+	// time, one at a time.
+	// +optional
+	After metav1.Time `json:"after,omitempty,omitzero"`
+}
+
+// EtcdClusterStatus defines the observed state of an EtcdCluster. The
+// initialized, creationComplete, endpoints and ready fields are the etcd
+// provider contract of the managed external etcd proposal: control plane
+// providers read them.
 type EtcdClusterStatus struct {
-	// conditions follow the CAPI v1beta2 conventions.
+	// conditions follow the CAPI v1beta2 conventions; the types and reasons
+	// are the constants in this package.
 	// +optional
 	// +listType=map
 	// +listMapKey=type
 	// +kubebuilder:validation:MaxItems=32
 	Conditions []metav1.Condition `json:"conditions,omitempty"`
 
-	// initialization reports when the cluster first served.
+	// initialized is true once the first member runs.
 	// +optional
-	Initialization EtcdClusterInitializationStatus `json:"initialization,omitempty,omitzero"`
+	Initialized bool `json:"initialized,omitempty"`
 
-	// ready is true when every member is healthy.
+	// creationComplete is true once every member of the initial cluster
+	// has passed its health check; it stays true afterwards. A control
+	// plane that uses this cluster waits for it.
+	// +optional
+	CreationComplete bool `json:"creationComplete,omitempty"`
+
+	// endpoints are the voting members' client URLs, comma separated, as
+	// the contract has them (https://10.0.0.1:2379,https://10.0.0.2:2379).
+	// +optional
+	// +kubebuilder:validation:MaxLength=4096
+	Endpoints string `json:"endpoints,omitempty"`
+
+	// ready is true when every member is a healthy voter and there are as
+	// many as spec.replicas.
 	// +optional
 	Ready bool `json:"ready,omitempty"`
 
-	// endpoints are the members' client URLs.
+	// selector selects the members' machines, for the scale subresource.
 	// +optional
-	// +listType=atomic
-	Endpoints []string `json:"endpoints,omitempty"`
+	// +kubebuilder:validation:MaxLength=4096
+	Selector string `json:"selector,omitempty"`
 
-	// replicas is the number of members.
+	// replicas is the number of machines.
 	// +optional
 	Replicas *int32 `json:"replicas,omitempty"`
 
-	// lastDecision is the quorum engine's latest step and why.
+	// readyReplicas counts machines whose member is a healthy voter.
 	// +optional
-	// +kubebuilder:validation:MaxLength=1024
-	LastDecision string `json:"lastDecision,omitempty"`
+	ReadyReplicas *int32 `json:"readyReplicas,omitempty"`
+
+	// upToDateReplicas counts machines that match the spec.
+	// +optional
+	UpToDateReplicas *int32 `json:"upToDateReplicas,omitempty"`
+
+	// version is the lowest etcd version the members report.
+	// +optional
+	// +kubebuilder:validation:MaxLength=64
+	Version string `json:"version,omitempty"`
+
+	// members are the etcd members, as the cluster reports them.
+	// +optional
+	// +listType=map
+	// +listMapKey=id
+	// +kubebuilder:validation:MaxItems=16
+	Members []controlplanev1.EtcdMemberStatus `json:"members,omitempty"`
+
+	// lastOperation is the quorum engine's latest step: what, on what, why,
+	// and when it started and finished.
+	// +optional
+	LastOperation controlplanev1.LastOperation `json:"lastOperation,omitempty,omitzero"`
 
 	// observedGeneration is the generation last reconciled.
 	// +optional
@@ -79,12 +147,16 @@ type EtcdClusterStatus struct {
 
 // +kubebuilder:object:root=true
 // +kubebuilder:subresource:status
+// +kubebuilder:subresource:scale:specpath=.spec.replicas,statuspath=.status.replicas,selectorpath=.status.selector
 // +kubebuilder:resource:path=etcdclusters,scope=Namespaced,categories=cluster-api
 // +kubebuilder:metadata:labels="cluster.x-k8s.io/v1beta2=v1alpha1"
-// +kubebuilder:printcolumn:name="Cluster",type="string",JSONPath=".metadata.labels['cluster\\.x-k8s\\.io/cluster-name']"
-// +kubebuilder:printcolumn:name="Ready",type="boolean",JSONPath=".status.ready"
-// +kubebuilder:printcolumn:name="Replicas",type="integer",JSONPath=".status.replicas"
-// +kubebuilder:printcolumn:name="Version",type="string",JSONPath=".spec.version"
+// +kubebuilder:printcolumn:name="Cluster",type="string",JSONPath=".metadata.labels['cluster\\.x-k8s\\.io/cluster-name']",description="The Cluster this etcd cluster belongs to"
+// +kubebuilder:printcolumn:name="Available",type="string",JSONPath=`.status.conditions[?(@.type=="Available")].status`,description="Whether etcd has quorum"
+// +kubebuilder:printcolumn:name="Desired",type="integer",JSONPath=".spec.replicas",description="The desired number of members"
+// +kubebuilder:printcolumn:name="Current",type="integer",JSONPath=".status.replicas",description="The number of machines"
+// +kubebuilder:printcolumn:name="Ready",type="integer",JSONPath=".status.readyReplicas",description="Machines whose member is a healthy voter"
+// +kubebuilder:printcolumn:name="Leader",type="string",JSONPath=`.status.members[?(@.role=="Leader")].machine`,description="The machine of the etcd leader"
+// +kubebuilder:printcolumn:name="Version",type="string",JSONPath=".spec.version",description="The desired etcd version"
 // +kubebuilder:printcolumn:name="Age",type="date",JSONPath=".metadata.creationTimestamp"
 
 // EtcdCluster is a managed external etcd cluster on its own CAPI machines.
