@@ -61,6 +61,9 @@ func (a *machineCtx) etcdProcess(initialCluster, state string) Process {
 }
 
 func (a *machineCtx) etcdServers() string {
+	if a.etcdEndpoint != "" {
+		return a.etcdEndpoint
+	}
 	if ext := a.doc.Etcd.External; ext != nil {
 		return strings.Join(ext.Endpoints, ",")
 	}

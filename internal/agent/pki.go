@@ -87,6 +87,13 @@ func IssuePKI(dir string, m Machine, doc *bootstrap.Document, now time.Time) (*P
 		}
 	}
 	if ext := doc.Etcd.External; ext != nil {
+		// The agent reads the member list with the API server's identity:
+		// it has no etcd CA key to issue one of its own.
+		client, err := certs.ParseKeyPair([]byte(ext.ClientCert), []byte(ext.ClientKey))
+		if err != nil {
+			return nil, fmt.Errorf("etcd.external.clientCert and clientKey: %w", err)
+		}
+		p.EtcdClient = client
 		p.EtcdCAPEM = []byte(ext.CACert)
 		w.cert("etcd/ca.crt", []byte(ext.CACert))
 		w.cert("apiserver-etcd-client.crt", []byte(ext.ClientCert))

@@ -47,6 +47,9 @@ type machineCtx struct {
 	sup     *supervisor
 	prober  *prober
 	node    *nodeAgent
+	// etcdEndpoint is the local etcd endpoint's URL, when the API server
+	// follows an etcd cluster's membership through one.
+	etcdEndpoint string
 }
 
 // Preflight reads and validates everything Run needs without starting or
@@ -161,6 +164,12 @@ func (a *machineCtx) startComponents(ctx context.Context) error {
 		if a.doc.Runs(bootstrap.Etcd) && a.doc.Etcd.Local.Mode == bootstrap.EtcdModeExisting {
 			if err := a.waitVoter(ctx); err != nil {
 				return fmt.Errorf("waiting for etcd promotion: %w", err)
+			}
+		}
+		if ext := a.doc.Etcd.External; ext != nil && ext.FollowMembership {
+			var err error
+			if a.etcdEndpoint, err = a.startEtcdEndpoint(ctx); err != nil {
+				return fmt.Errorf("starting the local etcd endpoint: %w", err)
 			}
 		}
 		a.sup.Start(ctx, a.apiserverProcess())

@@ -113,7 +113,13 @@ type LocalEtcd struct {
 // not run a member of.
 type ExternalEtcd struct {
 	Endpoints []string `json:"endpoints"`
-	CACert    string   `json:"caCert"`
+	// FollowMembership makes Endpoints a starting point only: the agent
+	// serves kube-apiserver a local etcd endpoint that forwards to the
+	// cluster's healthy voters as the member list says (an EtcdCluster,
+	// whose members are replaced), so the API server's configuration never
+	// changes when they do.
+	FollowMembership bool   `json:"followMembership,omitempty"`
+	CACert           string `json:"caCert"`
 	// ClientCert and ClientKey are the apiserver-etcd-client pair.
 	ClientCert string `json:"clientCert"`
 	ClientKey  string `json:"clientKey"`

@@ -1,7 +1,9 @@
-// Package lb is the control plane load balancer of a process cluster: a
-// TCP forwarder on a stable address that sends connections only to the API
-// servers whose /readyz passes, so traffic moves off a killed or frozen
-// machine within a few seconds.
+// Package lb is a TCP forwarder on a stable address that sends connections
+// only to backends whose probe passes, so traffic moves off a killed or
+// frozen machine within a few seconds. It is the control plane load
+// balancer of a process cluster (API servers, probed at /readyz), and the
+// local etcd endpoint qcp-agent gives an API server whose etcd is an
+// EtcdCluster (members, probed at /health).
 package lb
 
 import (
@@ -16,6 +18,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -63,85 +66,199 @@ func ReadConfig(dir string) (Config, error) {
 	return c, nil
 }
 
+// Source lists the backends, as host:port. ok false keeps the previous
+// list: nothing changed, or the source cannot be read right now.
+type Source func(ctx context.Context) (backends []string, ok bool)
+
+// Probe reports whether backend serves. It is called for every backend
+// once a second, and must return within probeTimeout.
+type Probe func(ctx context.Context, backend string) bool
+
 // Balancer forwards connections to ready backends.
 type Balancer struct {
-	dir    string
 	log    *slog.Logger
-	client *http.Client
+	listen func() (string, error)
+	source Source
+	probe  Probe
 
 	mu       sync.Mutex
 	addr     string          // where Run listens, once it does
-	backends []string        // as listed in backends.json
+	backends []string        // as the source last listed them
 	ready    map[string]bool // by backend
 	failures map[string]int  // consecutive failed probes, by backend
 	conns    map[string]map[net.Conn]struct{}
 	next     int
-	modTime  time.Time
-
-	caModTime time.Time // of ca.crt when client was built
 }
 
-// New prepares a balancer for dir. The CA in dir verifies backends; it may
-// be missing or empty at first (the control plane creates the cluster CA
-// after the infrastructure is up), in which case no backend counts as ready
-// until it appears.
+// NewBalancer returns a balancer that will listen on listen (port 0: one
+// the system chooses; Addr names it) and forward to the backends source
+// lists that pass probe.
+func NewBalancer(listen string, source Source, probe Probe, log *slog.Logger) *Balancer {
+	b := newBalancer(source, probe, log)
+	b.listen = func() (string, error) { return listen, nil }
+	return b
+}
+
+func newBalancer(source Source, probe Probe, log *slog.Logger) *Balancer {
+	return &Balancer{
+		log: log, source: source, probe: probe,
+		ready: map[string]bool{}, failures: map[string]int{},
+		conns: map[string]map[net.Conn]struct{}{},
+	}
+}
+
+// New prepares the control plane load balancer of dir: it listens where
+// lb.json says, forwards to the API servers backends.json lists, and probes
+// their /readyz with the CA in dir. The CA may be missing or empty at first
+// (the control plane creates the cluster CA after the infrastructure is
+// up), in which case no backend counts as ready until it appears.
 func New(dir string, log *slog.Logger) (*Balancer, error) {
 	if _, err := os.Stat(dir); err != nil {
 		return nil, fmt.Errorf("load balancer directory: %w", err)
 	}
-	b := &Balancer{
-		dir: dir, log: log,
-		ready: map[string]bool{}, failures: map[string]int{},
-		conns: map[string]map[net.Conn]struct{}{},
+	d := &dirFiles{dir: dir, log: log}
+	d.reloadCA()
+	b := newBalancer(d.backends, d.probe, log)
+	b.listen = func() (string, error) {
+		cfg, err := ReadConfig(dir)
+		return cfg.Listen, err
 	}
-	b.reloadCA()
 	return b, nil
+}
+
+// dirFiles is a load balancer directory: the backends in backends.json, and
+// the CA in ca.crt that verifies their /readyz.
+type dirFiles struct {
+	dir string
+	log *slog.Logger
+
+	mu        sync.Mutex
+	client    *http.Client
+	modTime   time.Time // of backends.json when last read
+	caModTime time.Time // of ca.crt when client was built
 }
 
 // reloadCA rebuilds the probe client when ca.crt changed. Until a valid CA
 // is present the client is nil and every probe fails closed.
-func (b *Balancer) reloadCA() {
-	path := filepath.Join(b.dir, CAFile)
+func (d *dirFiles) reloadCA() {
+	path := filepath.Join(d.dir, CAFile)
 	st, err := os.Stat(path)
-	if err != nil || st.ModTime().Equal(b.caModTime) {
+	if err != nil || st.ModTime().Equal(d.caModTime) {
 		return
 	}
-	b.caModTime = st.ModTime()
+	d.caModTime = st.ModTime()
 	caPEM, err := os.ReadFile(path)
 	if err != nil {
 		return
 	}
 	pool, err := certs.CertPool(caPEM)
 	if err != nil {
-		b.log.Info("no usable cluster CA yet; no backend is ready until one is written", "file", path)
-		b.setClient(nil)
+		d.log.Info("no usable cluster CA yet; no backend is ready until one is written", "file", path)
+		d.setClient(nil)
 		return
 	}
 	tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}, DisableKeepAlives: true}
-	b.setClient(&http.Client{Transport: tr, Timeout: probeTimeout})
-	b.log.Info("cluster CA loaded", "file", path)
+	d.setClient(&http.Client{Transport: tr, Timeout: probeTimeout})
+	d.log.Info("cluster CA loaded", "file", path)
 }
 
-func (b *Balancer) setClient(c *http.Client) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.client = c
+func (d *dirFiles) setClient(c *http.Client) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.client = c
 }
 
-// Run listens on the configured address until ctx ends.
+// probe asks an API server's /readyz.
+func (d *dirFiles) probe(ctx context.Context, backend string) bool {
+	d.mu.Lock()
+	client := d.client
+	d.mu.Unlock()
+	return HTTPProbe(ctx, client, "https://"+backend+"/readyz")
+}
+
+// HTTPProbe reports whether GET url answers 200 OK through client; a nil
+// client fails closed.
+func HTTPProbe(ctx context.Context, client *http.Client, url string) bool {
+	if client == nil {
+		return false
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return false
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return false
+	}
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
+}
+
+// backends re-reads backends.json when it changed, and the CA with it. A
+// missing or corrupt file keeps the previous list: the writer replaces it
+// atomically, so that is a transient state or an operator error worth
+// logging.
+func (d *dirFiles) backends(context.Context) ([]string, bool) {
+	d.reloadCA()
+	path := filepath.Join(d.dir, BackendsFile)
+	fi, err := os.Stat(path)
+	if err != nil || fi.ModTime().Equal(d.modTime) {
+		return nil, false
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, false
+	}
+	var list []string
+	if err := json.Unmarshal(data, &list); err != nil {
+		d.log.Error("ignoring corrupt backends file", "file", path, "err", err)
+		return nil, false
+	}
+	d.modTime = fi.ModTime()
+	return list, true
+}
+
+// Run listens and serves until ctx ends.
 func (b *Balancer) Run(ctx context.Context) error {
-	cfg, err := ReadConfig(b.dir)
+	ln, err := b.listenNow()
 	if err != nil {
 		return err
 	}
-	ln, err := net.Listen("tcp", cfg.Listen)
+	return b.serve(ctx, ln)
+}
+
+// Start listens, serves in the background until ctx ends, and returns the
+// address it listens on.
+func (b *Balancer) Start(ctx context.Context) (string, error) {
+	ln, err := b.listenNow()
 	if err != nil {
-		return fmt.Errorf("load balancer listening on %s: %w", cfg.Listen, err)
+		return "", err
+	}
+	go func() {
+		if err := b.serve(ctx, ln); err != nil {
+			b.log.Error("load balancer stopped", "err", err)
+		}
+	}()
+	return b.Addr(), nil
+}
+
+func (b *Balancer) listenNow() (net.Listener, error) {
+	listen, err := b.listen()
+	if err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", listen)
+	if err != nil {
+		return nil, fmt.Errorf("load balancer listening on %s: %w", listen, err)
 	}
 	b.mu.Lock()
 	b.addr = ln.Addr().String()
 	b.mu.Unlock()
 	b.log.Info("load balancer listening", "address", b.Addr())
+	return ln, nil
+}
+
+func (b *Balancer) serve(ctx context.Context, ln net.Listener) error {
 	go func() {
 		<-ctx.Done()
 		ln.Close()
@@ -246,11 +363,11 @@ func pipe(a, b net.Conn) {
 
 func (b *Balancer) probeLoop(ctx context.Context) {
 	for {
-		b.reloadBackends()
-		b.reloadCA()
+		if list, ok := b.source(ctx); ok {
+			b.setBackends(list)
+		}
 		b.mu.Lock()
 		backends := append([]string(nil), b.backends...)
-		client := b.client
 		b.mu.Unlock()
 		var wg sync.WaitGroup
 		results := make([]bool, len(backends))
@@ -258,7 +375,9 @@ func (b *Balancer) probeLoop(ctx context.Context) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				results[i] = probe(ctx, client, be)
+				pctx, cancel := context.WithTimeout(ctx, probeTimeout)
+				defer cancel()
+				results[i] = b.probe(pctx, be)
 			}()
 		}
 		wg.Wait()
@@ -271,22 +390,6 @@ func (b *Balancer) probeLoop(ctx context.Context) {
 		case <-time.After(probeEvery):
 		}
 	}
-}
-
-func probe(ctx context.Context, client *http.Client, backend string) bool {
-	if client == nil {
-		return false
-	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "https://"+backend+"/readyz", nil)
-	if err != nil {
-		return false
-	}
-	resp, err := client.Do(req)
-	if err != nil {
-		return false
-	}
-	resp.Body.Close()
-	return resp.StatusCode == http.StatusOK
 }
 
 // setReady records a probe result. A backend turns ready on its first
@@ -313,33 +416,14 @@ func (b *Balancer) setReady(be string, ok bool) {
 	}
 }
 
-// reloadBackends re-reads backends.json when it changed. A missing or
-// corrupt file keeps the previous list: the writer replaces it atomically,
-// so that is a transient state or an operator error worth logging.
-func (b *Balancer) reloadBackends() {
-	path := filepath.Join(b.dir, BackendsFile)
-	fi, err := os.Stat(path)
-	if err != nil {
-		return
-	}
-	b.mu.Lock()
-	unchanged := fi.ModTime().Equal(b.modTime)
-	b.mu.Unlock()
-	if unchanged {
-		return
-	}
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return
-	}
-	var list []string
-	if err := json.Unmarshal(data, &list); err != nil {
-		b.log.Error("ignoring corrupt backends file", "file", path, "err", err)
-		return
-	}
+// setBackends replaces the backend list, and closes the connections to
+// backends no longer on it.
+func (b *Balancer) setBackends(list []string) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.modTime = fi.ModTime()
+	if slices.Equal(b.backends, list) {
+		return
+	}
 	b.backends = list
 	keep := map[string]bool{}
 	for _, be := range list {
