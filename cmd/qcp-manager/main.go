@@ -23,6 +23,7 @@ import (
 
 	"github.com/qcp-dev/qcp/internal/binaries"
 	"github.com/qcp-dev/qcp/internal/controllers/controlplane"
+	"github.com/qcp-dev/qcp/internal/controllers/engine"
 	"github.com/qcp-dev/qcp/internal/controllers/process"
 	"github.com/qcp-dev/qcp/internal/etcd"
 	"github.com/qcp-dev/qcp/internal/quorum"
@@ -177,9 +178,9 @@ func setupControlPlane(ctx context.Context, mgr ctrl.Manager, o controlPlaneOpti
 	if err != nil {
 		return fmt.Errorf("setting up the cluster cache: %w", err)
 	}
-	failpoints := controlplane.FailpointsFromEnv()
+	failpoints := engine.FailpointsFromEnv()
 	if len(failpoints) > 0 {
-		ctrl.Log.Info("Failpoints armed: qcp-manager kills itself on reaching one", "failpoints", os.Getenv(controlplane.FailpointsEnv))
+		ctrl.Log.Info("Failpoints armed: qcp-manager kills itself on reaching one", "failpoints", os.Getenv(engine.FailpointsEnv))
 	}
 	r := &controlplane.Reconciler{
 		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), ClusterCache: cache, Etcd: etcd.NewPool(),

@@ -25,7 +25,7 @@ import (
 
 	"github.com/qcp-dev/qcp/internal/binaries"
 	"github.com/qcp-dev/qcp/internal/cli"
-	"github.com/qcp-dev/qcp/internal/controllers/controlplane"
+	"github.com/qcp-dev/qcp/internal/controllers/engine"
 	"github.com/qcp-dev/qcp/internal/localenv"
 	"github.com/qcp-dev/qcp/internal/machinehost"
 	"github.com/qcp-dev/qcp/internal/scheme"
@@ -158,8 +158,8 @@ func checkAtAGlance(t *testing.T, kubeconfig string, tree cli.ClusterTree) {
 		if err := c.Get(ctx, client.ObjectKey{Namespace: "default", Name: row.Name}, m); err != nil {
 			t.Fatal(err)
 		}
-		if got := m.Labels[controlplane.EtcdRoleLabel]; got != row.EtcdRole {
-			t.Errorf("machine %s: label %s=%q, describe says %q", m.Name, controlplane.EtcdRoleLabel, got, row.EtcdRole)
+		if got := m.Labels[engine.EtcdRoleLabel]; got != row.EtcdRole {
+			t.Errorf("machine %s: label %s=%q, describe says %q", m.Name, engine.EtcdRoleLabel, got, row.EtcdRole)
 		}
 		if row.EtcdRole == "leader" {
 			leader = row.Name

@@ -20,6 +20,7 @@ import (
 	"github.com/qcp-dev/qcp/internal/bootstrap"
 	"github.com/qcp-dev/qcp/internal/certs"
 	"github.com/qcp-dev/qcp/internal/controllers/controlplane"
+	"github.com/qcp-dev/qcp/internal/controllers/engine"
 	"github.com/qcp-dev/qcp/internal/etcd"
 )
 
@@ -95,8 +96,8 @@ func TestAdoption(t *testing.T) {
 		if owner := metav1.GetControllerOf(&m); owner == nil || owner.Kind != "QuorumControlPlane" || owner.Name != s.name {
 			t.Errorf("machine %s's controller is %+v, want QuorumControlPlane %s", m.Name, owner, s.name)
 		}
-		if m.Annotations[controlplane.MemberIDAnnotation] == "" {
-			t.Errorf("adopted machine %s has no recorded etcd member ID (%s)", m.Name, controlplane.MemberIDAnnotation)
+		if m.Annotations[engine.MemberIDAnnotation] == "" {
+			t.Errorf("adopted machine %s has no recorded etcd member ID (%s)", m.Name, engine.MemberIDAnnotation)
 		}
 		if got := m.Labels[clusterv1.MachineControlPlaneNameLabel]; got != s.name {
 			t.Errorf("machine %s's %s label is %q, want %q (the health check selects on it)", m.Name, clusterv1.MachineControlPlaneNameLabel, got, s.name)

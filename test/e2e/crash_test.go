@@ -15,7 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/qcp-dev/qcp/internal/certs"
-	"github.com/qcp-dev/qcp/internal/controllers/controlplane"
+	"github.com/qcp-dev/qcp/internal/controllers/engine"
 )
 
 // crashAddressRange and kubeconfigLifetime are the crash scenario's own:
@@ -32,13 +32,13 @@ const (
 // one before and one after adding a learner (the member ID not yet
 // recorded), one after the hook and one after the promotion.
 var crashPoints = []string{
-	controlplane.FailpointAfterBootstrapData,
-	controlplane.FailpointAfterInfraMachine,
-	controlplane.FailpointAfterMachine,
-	controlplane.FailpointBeforeMemberAdd,
-	controlplane.FailpointAfterMemberAdd,
-	controlplane.FailpointAfterHook,
-	controlplane.FailpointAfterPromote,
+	engine.FailpointAfterBootstrapData,
+	engine.FailpointAfterInfraMachine,
+	engine.FailpointAfterMachine,
+	engine.FailpointBeforeMemberAdd,
+	engine.FailpointAfterMemberAdd,
+	engine.FailpointAfterHook,
+	engine.FailpointAfterPromote,
 }
 
 // TestCrashesAndRotation kills qcp-manager (SIGKILL, from a failpoint) at
@@ -103,7 +103,7 @@ func (s *scenario) restartManager(ctx context.Context, failpoint string) {
 	}
 	var env []string
 	if failpoint != "" {
-		env = []string{controlplane.FailpointsEnv + "=" + failpoint}
+		env = []string{engine.FailpointsEnv + "=" + failpoint}
 	}
 	if err := s.mgmt.startManager(ctx, env); err != nil {
 		s.t.Fatal(err)

@@ -25,6 +25,7 @@ import (
 
 	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
 	infrav1 "github.com/qcp-dev/qcp/api/infrastructure/v1alpha1"
+	"github.com/qcp-dev/qcp/internal/controllers/engine"
 	"github.com/qcp-dev/qcp/internal/etcd"
 	"github.com/qcp-dev/qcp/internal/quorum"
 )
@@ -68,12 +69,12 @@ type Reconciler struct {
 	// zero.
 	HealthCheckTimeout time.Duration
 	// Failpoints, when set, stop the process at named points (crash tests).
-	Failpoints Failpoints
+	Failpoints engine.Failpoints
 	// Now is the clock; time.Now if nil.
 	Now func() time.Time
 
 	metrics    *metrics
-	wakeups    *wakeups
+	wakeups    *engine.Wakeups
 	controller controller.Controller
 }
 
@@ -98,13 +99,13 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) err
 		r.KubeconfigLifetime = DefaultKubeconfigLifetime
 	}
 	r.metrics = newMetrics().register()
-	r.wakeups = newWakeups(r.Now)
+	r.wakeups = engine.NewWakeups(r.Now)
 	c, err := ctrl.NewControllerManagedBy(mgr).
 		For(&controlplanev1.QuorumControlPlane{}).
-		Watches(&clusterv1.Machine{}, handler.EnqueueRequestsFromMapFunc(r.wakeups.mapped(r.machineToControlPlane))).
-		Watches(&infrav1.ProcessMachine{}, handler.EnqueueRequestsFromMapFunc(r.wakeups.mapped(r.processMachineToControlPlane))).
-		Watches(&clusterv1.Cluster{}, handler.EnqueueRequestsFromMapFunc(r.wakeups.mapped(r.clusterToControlPlane))).
-		WatchesRawSource(r.ClusterCache.GetClusterSource("quorumcontrolplane", r.wakeups.mapped(r.clusterToControlPlane))).
+		Watches(&clusterv1.Machine{}, handler.EnqueueRequestsFromMapFunc(r.wakeups.Mapped(r.machineToControlPlane))).
+		Watches(&infrav1.ProcessMachine{}, handler.EnqueueRequestsFromMapFunc(r.wakeups.Mapped(r.processMachineToControlPlane))).
+		Watches(&clusterv1.Cluster{}, handler.EnqueueRequestsFromMapFunc(r.wakeups.Mapped(r.clusterToControlPlane))).
+		WatchesRawSource(r.ClusterCache.GetClusterSource("quorumcontrolplane", r.wakeups.Mapped(r.clusterToControlPlane))).
 		Build(r)
 	if err != nil {
 		return fmt.Errorf("setting up the QuorumControlPlane controller: %w", err)
@@ -119,11 +120,11 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 	start := r.Now()
 	defer func() { r.metrics.observeReconcile(req.Namespace, req.Name, reterr, r.Now().Sub(start)) }()
 
-	learned := r.wakeups.learned(req.NamespacedName)
+	learned := r.wakeups.Learned(req.NamespacedName)
 	cp := &controlplanev1.QuorumControlPlane{}
 	if err := r.Client.Get(ctx, req.NamespacedName, cp); err != nil {
 		if apierrors.IsNotFound(err) {
-			r.wakeups.forget(req.NamespacedName)
+			r.wakeups.Forget(req.NamespacedName)
 		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
 	}
@@ -191,7 +192,7 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Clu
 		wake = at
 	}
 	idle := ctrl.Result{RequeueAfter: max(wake.Sub(r.Now()), time.Second)}
-	r.wakeups.looked(client.ObjectKeyFromObject(cp), r.Now())
+	r.wakeups.Looked(client.ObjectKeyFromObject(cp), r.Now())
 	forgetFinishedRemediation(cp, obs)
 	if err := r.tendMachines(ctx, cluster, cp, obs); err != nil {
 		return ctrl.Result{}, err
@@ -249,11 +250,11 @@ func (r *Reconciler) act(ctx context.Context, cluster *clusterv1.Cluster, cp *co
 	if d.Kind == quorum.CreateMachine {
 		err = r.createMachine(ctx, cluster, cp, secrets, fresh, d)
 	} else {
-		err = executor{client: r.Client, etcd: fresh.etcd, now: r.Now, failpoints: r.Failpoints}.execute(ctx, d, fresh.machine(d.Machine))
+		err = engine.Executor{Client: r.Client, Etcd: fresh.etcd, Now: r.Now, Failpoints: r.Failpoints}.Execute(ctx, d, fresh.machine(d.Machine))
 	}
 	var learnerAdded time.Time
 	if m := fresh.machine(d.Machine); m != nil {
-		learnerAdded = readRecords(m).learnerAdded
+		learnerAdded = engine.ReadRecords(m).LearnerAdded
 	}
 	r.metrics.observeDecision(cp, d, err, trigger, startedAt, r.Now(), learnerAdded)
 	if err != nil {

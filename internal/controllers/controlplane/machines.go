@@ -23,6 +23,7 @@ import (
 
 	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
 	"github.com/qcp-dev/qcp/internal/bootstrap"
+	"github.com/qcp-dev/qcp/internal/controllers/engine"
 	"github.com/qcp-dev/qcp/internal/quorum"
 )
 
@@ -48,7 +49,7 @@ func (r *Reconciler) createMachine(ctx context.Context, cluster *clusterv1.Clust
 	if err := r.Client.Create(ctx, data); err != nil {
 		return fmt.Errorf("creating the bootstrap data of machine %s: %w", name, err)
 	}
-	r.Failpoints.Hit(FailpointAfterBootstrapData)
+	r.Failpoints.Hit(engine.FailpointAfterBootstrapData)
 
 	ref := cp.Spec.MachineTemplate.Spec.InfrastructureRef
 	infra, err := r.cloneInfrastructure(ctx, cluster, cp, name, labels)
@@ -56,7 +57,7 @@ func (r *Reconciler) createMachine(ctx context.Context, cluster *clusterv1.Clust
 		r.cleanUp(ctx, data)
 		return fmt.Errorf("cloning %s %s for machine %s (check spec.machineTemplate.spec.infrastructureRef): %w", ref.Kind, ref.Name, name, err)
 	}
-	r.Failpoints.Hit(FailpointAfterInfraMachine)
+	r.Failpoints.Hit(engine.FailpointAfterInfraMachine)
 
 	machine := &clusterv1.Machine{
 		ObjectMeta: metav1.ObjectMeta{
@@ -78,7 +79,7 @@ func (r *Reconciler) createMachine(ctx context.Context, cluster *clusterv1.Clust
 		r.cleanUp(ctx, data, infra)
 		return fmt.Errorf("creating machine %s: %w", name, err)
 	}
-	r.Failpoints.Hit(FailpointAfterMachine)
+	r.Failpoints.Hit(engine.FailpointAfterMachine)
 	if _, ok := readRemediation(cp, RemediationInProgressAnnotation); ok {
 		delete(cp.Annotations, RemediationInProgressAnnotation) // the replacement carries it now
 	}
@@ -191,12 +192,12 @@ func (r *Reconciler) tendMachines(ctx context.Context, cluster *clusterv1.Cluste
 // when its infrastructure became ready, when its learner was added (if
 // the add was never recorded), and since when its member has been down.
 func keepRecords(m *clusterv1.Machine, obs *observation, now time.Time) {
-	r := readRecords(m)
-	if r.infraReady.IsZero() && peerURL(m) != "" {
-		setRecord(m, InfraReadyAnnotation, formatTime(now))
+	r := engine.ReadRecords(m)
+	if r.InfraReady.IsZero() && peerURL(m) != "" {
+		engine.SetRecord(m, engine.InfraReadyAnnotation, engine.FormatTime(now))
 	}
 	if expiry, ok := obs.certExpiry[m.Name]; ok {
-		setRecord(m, clusterv1.MachineCertificatesExpiryDateAnnotation, expiry.UTC().Format(time.RFC3339))
+		engine.SetRecord(m, clusterv1.MachineCertificatesExpiryDateAnnotation, expiry.UTC().Format(time.RFC3339))
 	}
 	if obs.membersErr != nil {
 		return
@@ -206,30 +207,30 @@ func keepRecords(m *clusterv1.Machine, obs *observation, now time.Time) {
 	if !ok {
 		return
 	}
-	if r.memberID != mb.ID {
-		setRecord(m, MemberIDAnnotation, formatMemberID(mb.ID))
+	if r.MemberID != mb.ID {
+		engine.SetRecord(m, engine.MemberIDAnnotation, engine.FormatMemberID(mb.ID))
 	}
-	if mb.Learner && r.learnerAdded.IsZero() {
-		setRecord(m, LearnerAddedAnnotation, formatTime(now))
+	if mb.Learner && r.LearnerAdded.IsZero() {
+		engine.SetRecord(m, engine.LearnerAddedAnnotation, engine.FormatTime(now))
 	}
 	switch {
-	case !mb.Healthy && r.unhealthySince.IsZero():
-		setRecord(m, UnhealthySinceAnnotation, formatTime(now))
-	case mb.Healthy && !r.unhealthySince.IsZero():
-		delete(m.Annotations, UnhealthySinceAnnotation)
+	case !mb.Healthy && r.UnhealthySince.IsZero():
+		engine.SetRecord(m, engine.UnhealthySinceAnnotation, engine.FormatTime(now))
+	case mb.Healthy && !r.UnhealthySince.IsZero():
+		delete(m.Annotations, engine.UnhealthySinceAnnotation)
 	}
 }
 
-// setRoleLabel keeps EtcdRoleLabel on the role of m's member.
+// setRoleLabel keeps engine.EtcdRoleLabel on the role of m's member.
 func setRoleLabel(m *clusterv1.Machine, mb quorum.Member, hasMember bool) {
 	if !hasMember {
-		delete(m.Labels, EtcdRoleLabel)
+		delete(m.Labels, engine.EtcdRoleLabel)
 		return
 	}
 	if m.Labels == nil {
 		m.Labels = map[string]string{}
 	}
-	m.Labels[EtcdRoleLabel] = strings.ToLower(string(memberRole(mb)))
+	m.Labels[engine.EtcdRoleLabel] = strings.ToLower(string(memberRole(mb)))
 }
 
 // propagate sets what QCP changes on a machine in place, never by a

@@ -20,6 +20,7 @@ import (
 	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
 	"github.com/qcp-dev/qcp/internal/agent"
 	"github.com/qcp-dev/qcp/internal/certs"
+	"github.com/qcp-dev/qcp/internal/controllers/engine"
 	"github.com/qcp-dev/qcp/internal/etcd"
 	"github.com/qcp-dev/qcp/internal/quorum"
 )
@@ -44,7 +45,7 @@ func plannerMachine(machine *clusterv1.Machine, node *corev1.Node, upToDate bool
 		Remediate: conditions.IsFalse(machine, clusterv1.MachineOwnerRemediatedCondition),
 	}
 	m.NodeReady, m.ComponentsHealthy = nodeHealth(node)
-	readRecords(machine).apply(&m)
+	engine.ReadRecords(machine).Apply(&m)
 	return m
 }
 
@@ -91,11 +92,11 @@ func plannerMembers(members []quorum.Member, machines []*clusterv1.Machine) []qu
 	for i, m := range members {
 		out[i] = m
 		for _, machine := range machines {
-			r := readRecords(machine)
-			if r.memberID == m.ID || (r.memberID == 0 && m.Name != "" && m.Name == machine.Name) {
-				out[i].AddedAt = r.learnerAdded
+			r := engine.ReadRecords(machine)
+			if r.MemberID == m.ID || (r.MemberID == 0 && m.Name != "" && m.Name == machine.Name) {
+				out[i].AddedAt = r.LearnerAdded
 				if !m.Healthy {
-					out[i].UnhealthySince = r.unhealthySince
+					out[i].UnhealthySince = r.UnhealthySince
 				}
 				break
 			}
@@ -299,7 +300,7 @@ func (o *observation) machine(name string) *clusterv1.Machine {
 // name, then by peer URL (a learner added just before a crash has neither
 // a record nor a name yet).
 func (o *observation) memberOn(m *clusterv1.Machine) (quorum.Member, bool) {
-	id, url := readRecords(m).memberID, peerURL(m)
+	id, url := engine.ReadRecords(m).MemberID, peerURL(m)
 	for _, pass := range []func(quorum.Member) bool{
 		func(mb quorum.Member) bool { return id != 0 && mb.ID == id },
 		func(mb quorum.Member) bool { return mb.Name != "" && mb.Name == m.Name },

@@ -1,6 +1,7 @@
 package controlplane
 
 import (
+	"errors"
 	"testing"
 	"time"
 
@@ -8,13 +9,14 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
+	"github.com/qcp-dev/qcp/internal/controllers/engine"
 	"github.com/qcp-dev/qcp/internal/quorum"
 )
 
 func observedMachine(name string) *clusterv1.Machine {
 	return &clusterv1.Machine{
 		ObjectMeta: metav1.ObjectMeta{Name: name, ResourceVersion: "7", CreationTimestamp: metav1.NewTime(time.Date(2026, 11, 23, 0, 0, 0, 0, time.UTC)),
-			Annotations: map[string]string{quorum.HookAnnotation: "", MemberIDAnnotation: "a1"}},
+			Annotations: map[string]string{quorum.HookAnnotation: "", engine.MemberIDAnnotation: "a1"}},
 		Spec: clusterv1.MachineSpec{FailureDomain: "fd-b"},
 		Status: clusterv1.MachineStatus{Addresses: clusterv1.MachineAddresses{
 			{Type: clusterv1.MachineHostName, Address: name}, {Type: clusterv1.MachineInternalIP, Address: "127.20.0.7"}}},
@@ -71,10 +73,10 @@ func TestPlannerMembersCarryRecords(t *testing.T) {
 	added := time.Date(2026, 11, 23, 0, 1, 0, 0, time.UTC)
 	down := added.Add(time.Minute)
 	byID := observedMachine("cp-1")
-	setRecord(byID, LearnerAddedAnnotation, formatTime(added))
+	engine.SetRecord(byID, engine.LearnerAddedAnnotation, engine.FormatTime(added))
 	byName := observedMachine("cp-2")
-	delete(byName.Annotations, MemberIDAnnotation)
-	setRecord(byName, UnhealthySinceAnnotation, formatTime(down))
+	delete(byName.Annotations, engine.MemberIDAnnotation)
+	engine.SetRecord(byName, engine.UnhealthySinceAnnotation, engine.FormatTime(down))
 	got := plannerMembers([]quorum.Member{
 		{ID: 0xa1, Name: "cp-1", Learner: true, Healthy: true},
 		{ID: 0xb2, Name: "cp-2"},
@@ -88,5 +90,30 @@ func TestPlannerMembersCarryRecords(t *testing.T) {
 	}
 	if !got[2].AddedAt.IsZero() || !got[2].UnhealthySince.IsZero() {
 		t.Errorf("member on no machine got records: %+v", got[2])
+	}
+}
+
+// The role label follows the member: set, changed with the leadership,
+// kept while the membership cannot be read, and removed with the member.
+func TestEtcdRoleLabel(t *testing.T) {
+	now := time.Date(2026, 11, 23, 1, 2, 3, 0, time.UTC)
+	m := observedMachine("cp-1")
+	obs := &observation{members: []quorum.Member{{ID: 0xa1, Name: "cp-1", Learner: true}}}
+	for _, step := range []struct {
+		member quorum.Member
+		err    error
+		want   string
+	}{
+		{quorum.Member{ID: 0xa1, Name: "cp-1", Learner: true}, nil, "learner"},
+		{quorum.Member{ID: 0xa1, Name: "cp-1", Leader: true, Healthy: true}, nil, "leader"},
+		{quorum.Member{ID: 0xa1, Name: "cp-1", Healthy: true}, nil, "voter"},
+		{quorum.Member{ID: 0xb2, Name: "cp-2"}, errors.New("no quorum"), "voter"},
+		{quorum.Member{ID: 0xb2, Name: "cp-2"}, nil, ""},
+	} {
+		obs.members, obs.membersErr = []quorum.Member{step.member}, step.err
+		keepRecords(m, obs, now)
+		if got := m.Labels[engine.EtcdRoleLabel]; got != step.want {
+			t.Errorf("member %+v (read error %v): role label %q, want %q", step.member, step.err, got, step.want)
+		}
 	}
 }

@@ -17,6 +17,7 @@ import (
 	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
 	"github.com/qcp-dev/qcp/internal/agent"
 	"github.com/qcp-dev/qcp/internal/bootstrap"
+	"github.com/qcp-dev/qcp/internal/controllers/engine"
 	"github.com/qcp-dev/qcp/internal/quorum"
 )
 
@@ -94,7 +95,7 @@ func memberStatuses(obs *observation) []controlplanev1.EtcdMemberStatus {
 	}
 	var out []controlplanev1.EtcdMemberStatus
 	for _, mb := range obs.members {
-		s := controlplanev1.EtcdMemberStatus{ID: formatMemberID(mb.ID), Name: mb.Name, Role: memberRole(mb),
+		s := controlplanev1.EtcdMemberStatus{ID: engine.FormatMemberID(mb.ID), Name: mb.Name, Role: memberRole(mb),
 			Healthy: mb.Healthy, Revision: mb.Revision}
 		for _, m := range obs.machines {
 			if on, ok := obs.memberOn(m); ok && on.ID == mb.ID {
@@ -143,9 +144,9 @@ func target(d quorum.Decision) string {
 		return "failure domain " + quoteFD(d.FailureDomain)
 	case quorum.Promote, quorum.MoveLeader, quorum.RemoveMember:
 		if d.Machine == "" {
-			return formatMemberID(d.MemberID)
+			return engine.FormatMemberID(d.MemberID)
 		}
-		return formatMemberID(d.MemberID) + " on " + d.Machine
+		return engine.FormatMemberID(d.MemberID) + " on " + d.Machine
 	case quorum.Wait, quorum.Degraded:
 		return ""
 	}
@@ -235,10 +236,10 @@ func setEtcdHealthy(cp *controlplanev1.QuorumControlPlane, obs *observation) {
 func memberName(obs *observation, mb quorum.Member) string {
 	for _, m := range obs.machines {
 		if on, ok := obs.memberOn(m); ok && on.ID == mb.ID {
-			return fmt.Sprintf("%s (machine %s)", formatMemberID(mb.ID), m.Name)
+			return fmt.Sprintf("%s (machine %s)", engine.FormatMemberID(mb.ID), m.Name)
 		}
 	}
-	return formatMemberID(mb.ID)
+	return engine.FormatMemberID(mb.ID)
 }
 
 // setComponentsHealthy reads each machine's component conditions, which the

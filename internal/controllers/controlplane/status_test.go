@@ -13,6 +13,7 @@ import (
 	"sigs.k8s.io/cluster-api/util/conditions"
 
 	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
+	"github.com/qcp-dev/qcp/internal/controllers/engine"
 	"github.com/qcp-dev/qcp/internal/quorum"
 )
 
@@ -23,7 +24,7 @@ var t0 = time.Date(2026, 11, 23, 1, 0, 0, 0, time.UTC)
 func twoMachineObservation() *observation {
 	m1, m2 := observedMachine("cp-1"), observedMachine("cp-2")
 	m2.Status.Addresses[1].Address = "127.20.0.8"
-	delete(m2.Annotations, MemberIDAnnotation)
+	delete(m2.Annotations, engine.MemberIDAnnotation)
 	delete(m2.Annotations, quorum.HookAnnotation)
 	obs := &observation{
 		machines: []*clusterv1.Machine{m1, m2},
@@ -67,27 +68,27 @@ func TestKeepRecords(t *testing.T) {
 	obs := twoMachineObservation()
 	m2 := obs.machines[1].DeepCopy()
 	keepRecords(m2, obs, t0)
-	if r := readRecords(m2); r.memberID != 0xb2 || !r.learnerAdded.Equal(t0) {
+	if r := engine.ReadRecords(m2); r.MemberID != 0xb2 || !r.LearnerAdded.Equal(t0) {
 		t.Errorf("records %+v: want member b2 and learner added at %s", r, t0)
 	}
-	if _, ok := m2.Annotations[UnhealthySinceAnnotation]; !ok {
+	if _, ok := m2.Annotations[engine.UnhealthySinceAnnotation]; !ok {
 		t.Errorf("an unstarted learner is not healthy; want its unhealthy-since recorded")
 	}
 
 	obs.members[1].Healthy, obs.members[1].Name = true, "cp-2"
 	keepRecords(m2, obs, t0.Add(time.Minute))
-	if _, ok := m2.Annotations[UnhealthySinceAnnotation]; ok {
+	if _, ok := m2.Annotations[engine.UnhealthySinceAnnotation]; ok {
 		t.Errorf("the learner is healthy again; want its unhealthy-since record gone")
 	}
-	if r := readRecords(m2); !r.learnerAdded.Equal(t0) {
-		t.Errorf("learner added %s, want the first record %s kept", r.learnerAdded, t0)
+	if r := engine.ReadRecords(m2); !r.LearnerAdded.Equal(t0) {
+		t.Errorf("learner added %s, want the first record %s kept", r.LearnerAdded, t0)
 	}
 
 	obs.membersErr = errors.New("no member answered")
 	m1 := obs.machines[0].DeepCopy()
-	delete(m1.Annotations, MemberIDAnnotation)
+	delete(m1.Annotations, engine.MemberIDAnnotation)
 	keepRecords(m1, obs, t0)
-	if _, ok := m1.Annotations[MemberIDAnnotation]; ok {
+	if _, ok := m1.Annotations[engine.MemberIDAnnotation]; ok {
 		t.Errorf("a member ID was recorded from an unreadable member list")
 	}
 }

@@ -70,7 +70,7 @@ func (r *Reconciler) watchNodes(ctx context.Context, cluster *clusterv1.Cluster,
 		Name:    "quorumcontrolplane-watch-nodes",
 		Watcher: r.controller,
 		Kind:    &corev1.Node{},
-		EventHandler: handler.EnqueueRequestsFromMapFunc(r.wakeups.mapped(func(context.Context, client.Object) []ctrl.Request {
+		EventHandler: handler.EnqueueRequestsFromMapFunc(r.wakeups.Mapped(func(context.Context, client.Object) []ctrl.Request {
 			return []ctrl.Request{req}
 		})),
 		Predicates: []predicate.Predicate{nodeConditionsChanged{}},

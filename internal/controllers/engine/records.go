@@ -1,4 +1,8 @@
-package controlplane
+// Package engine is what the QuorumControlPlane and EtcdCluster controllers
+// share: the records the quorum planner needs kept on each machine, the
+// executor that takes the planner's membership steps, and the bookkeeping
+// of a reconciler built as observe → plan → verify → act.
+package engine
 
 import (
 	"strconv"
@@ -36,39 +40,39 @@ const (
 // people, never read back.
 const EtcdRoleLabel = "controlplane.cluster.x-k8s.io/qcp-etcd-role"
 
-// records are a machine's annotations as the planner reads them.
-type records struct {
-	memberID       uint64
-	joinStarted    bool
-	learnerAdded   time.Time
-	infraReady     time.Time
-	unhealthySince time.Time
+// Records are a machine's annotations as the planner reads them.
+type Records struct {
+	MemberID       uint64
+	JoinStarted    bool
+	LearnerAdded   time.Time
+	InfraReady     time.Time
+	UnhealthySince time.Time
 }
 
-// readRecords reads obj's records. A record that does not parse counts as
+// ReadRecords reads obj's records. A record that does not parse counts as
 // unknown (zero), which the planner treats as "now": a damaged annotation
 // restarts a timeout instead of firing it, and is written again.
-func readRecords(obj client.Object) records {
+func ReadRecords(obj client.Object) Records {
 	a := obj.GetAnnotations()
-	r := records{
-		learnerAdded:   parseTime(a[LearnerAddedAnnotation]),
-		infraReady:     parseTime(a[InfraReadyAnnotation]),
-		unhealthySince: parseTime(a[UnhealthySinceAnnotation]),
+	r := Records{
+		LearnerAdded:   ParseTime(a[LearnerAddedAnnotation]),
+		InfraReady:     ParseTime(a[InfraReadyAnnotation]),
+		UnhealthySince: ParseTime(a[UnhealthySinceAnnotation]),
 	}
-	_, r.joinStarted = a[JoinStartedAnnotation]
+	_, r.JoinStarted = a[JoinStartedAnnotation]
 	if id, err := strconv.ParseUint(a[MemberIDAnnotation], 16, 64); err == nil {
-		r.memberID = id
+		r.MemberID = id
 	}
 	return r
 }
 
-// apply copies the records into the planner's view of the machine.
-func (r records) apply(m *quorum.Machine) {
-	m.MemberID, m.JoinStarted, m.InfraReadyAt = r.memberID, r.joinStarted, r.infraReady
+// Apply copies the records into the planner's view of the machine.
+func (r Records) Apply(m *quorum.Machine) {
+	m.MemberID, m.JoinStarted, m.InfraReadyAt = r.MemberID, r.JoinStarted, r.InfraReady
 }
 
-// setRecord sets one record on obj; the caller writes obj.
-func setRecord(obj client.Object, key, value string) {
+// SetRecord sets one record on obj; the caller writes obj.
+func SetRecord(obj client.Object, key, value string) {
 	a := obj.GetAnnotations()
 	if a == nil {
 		a = map[string]string{}
@@ -77,11 +81,11 @@ func setRecord(obj client.Object, key, value string) {
 	obj.SetAnnotations(a)
 }
 
-func formatTime(t time.Time) string { return t.UTC().Format(time.RFC3339) }
+func FormatTime(t time.Time) string { return t.UTC().Format(time.RFC3339) }
 
-func formatMemberID(id uint64) string { return strconv.FormatUint(id, 16) }
+func FormatMemberID(id uint64) string { return strconv.FormatUint(id, 16) }
 
-func parseTime(s string) time.Time {
+func ParseTime(s string) time.Time {
 	t, err := time.Parse(time.RFC3339, s)
 	if err != nil {
 		return time.Time{}

@@ -1,4 +1,4 @@
-package controlplane
+package engine
 
 import (
 	"context"
@@ -18,22 +18,22 @@ import (
 // Degraded are not steps.
 var errNotHere = errors.New("not a step the executor takes")
 
-// executor carries out one planner decision on the management cluster
+// Executor carries out one planner decision on the management cluster
 // (Machines) and on etcd. The reconciler has already observed again and
 // checked the decision with quorum.Decision.Verify; the executor closes the
 // rest of the gap: every write to a Machine is conditional on the
 // resourceVersion the plan saw, so a machine that changed since (a user
 // started deleting it, say) refuses the step instead of taking it.
-type executor struct {
-	client     client.Client
-	etcd       *etcd.Client
-	now        func() time.Time
-	failpoints Failpoints
+type Executor struct {
+	Client     client.Client
+	Etcd       *etcd.Client
+	Now        func() time.Time
+	Failpoints Failpoints
 }
 
-// execute takes decision d. machine is the Machine d names, as observed (nil
+// Execute takes decision d. machine is the Machine d names, as observed (nil
 // for steps that name none).
-func (x executor) execute(ctx context.Context, d quorum.Decision, machine *clusterv1.Machine) error {
+func (x Executor) Execute(ctx context.Context, d quorum.Decision, machine *clusterv1.Machine) error {
 	switch d.Kind {
 	case quorum.AddHook, quorum.RemoveHook, quorum.DeleteMachine, quorum.AddLearner:
 		if machine == nil || machine.Name != d.Machine {
@@ -45,25 +45,25 @@ func (x executor) execute(ctx context.Context, d quorum.Decision, machine *clust
 	}
 	switch d.Kind {
 	case quorum.AddHook:
-		defer x.failpoints.Hit(FailpointAfterHook)
+		defer x.Failpoints.Hit(FailpointAfterHook)
 		return x.annotate(ctx, machine, func(a map[string]string) { a[quorum.HookAnnotation] = "" })
 	case quorum.RemoveHook:
 		return x.annotate(ctx, machine, func(a map[string]string) { delete(a, quorum.HookAnnotation) })
 	case quorum.DeleteMachine:
 		rv, uid := machine.ResourceVersion, machine.UID
-		if err := x.client.Delete(ctx, machine, client.Preconditions{ResourceVersion: &rv, UID: &uid}); err != nil {
+		if err := x.Client.Delete(ctx, machine, client.Preconditions{ResourceVersion: &rv, UID: &uid}); err != nil {
 			return fmt.Errorf("deleting machine %s: %w", machine.Name, err)
 		}
 		return nil
 	case quorum.AddLearner:
 		return x.addLearner(ctx, d, machine)
 	case quorum.Promote:
-		defer x.failpoints.Hit(FailpointAfterPromote)
-		return x.etcd.Promote(ctx, d.MemberID)
+		defer x.Failpoints.Hit(FailpointAfterPromote)
+		return x.Etcd.Promote(ctx, d.MemberID)
 	case quorum.MoveLeader:
-		return x.etcd.MoveLeader(ctx, d.MemberID)
+		return x.Etcd.MoveLeader(ctx, d.MemberID)
 	case quorum.RemoveMember:
-		return x.etcd.Remove(ctx, d.MemberID)
+		return x.Etcd.Remove(ctx, d.MemberID)
 	}
 	return fmt.Errorf("%s: %w", d.Kind, errNotHere)
 }
@@ -73,13 +73,13 @@ func (x executor) execute(ctx context.Context, d quorum.Decision, machine *clust
 // a crash right after the add leaves a machine the planner never joins
 // again; the learner itself is then found by its peer URL. A refusal that
 // certainly added nothing takes the first record back.
-func (x executor) addLearner(ctx context.Context, d quorum.Decision, machine *clusterv1.Machine) error {
-	if err := x.annotate(ctx, machine, func(a map[string]string) { a[JoinStartedAnnotation] = formatTime(x.now()) }); err != nil {
+func (x Executor) addLearner(ctx context.Context, d quorum.Decision, machine *clusterv1.Machine) error {
+	if err := x.annotate(ctx, machine, func(a map[string]string) { a[JoinStartedAnnotation] = FormatTime(x.Now()) }); err != nil {
 		return err
 	}
-	x.failpoints.Hit(FailpointBeforeMemberAdd)
-	added, _, err := x.etcd.AddLearner(ctx, d.PeerURL)
-	x.failpoints.Hit(FailpointAfterMemberAdd)
+	x.Failpoints.Hit(FailpointBeforeMemberAdd)
+	added, _, err := x.Etcd.AddLearner(ctx, d.PeerURL)
+	x.Failpoints.Hit(FailpointAfterMemberAdd)
 	if etcd.IsRefused(err) {
 		// Certainly not added ("unhealthy cluster" for a few seconds after
 		// every membership change): the join has not started after all.
@@ -93,21 +93,21 @@ func (x executor) addLearner(ctx context.Context, d quorum.Decision, machine *cl
 		return fmt.Errorf("adding machine %s to etcd: %w", machine.Name, err)
 	}
 	return x.annotate(ctx, machine, func(a map[string]string) {
-		a[MemberIDAnnotation] = formatMemberID(added.ID)
-		a[LearnerAddedAnnotation] = formatTime(x.now())
+		a[MemberIDAnnotation] = FormatMemberID(added.ID)
+		a[LearnerAddedAnnotation] = FormatTime(x.Now())
 	})
 }
 
 // annotate changes machine's annotations with a patch that fails if the
 // machine changed since it was read, and leaves machine as written.
-func (x executor) annotate(ctx context.Context, machine *clusterv1.Machine, change func(map[string]string)) error {
+func (x Executor) annotate(ctx context.Context, machine *clusterv1.Machine, change func(map[string]string)) error {
 	before := machine.DeepCopy()
 	if machine.Annotations == nil {
 		machine.Annotations = map[string]string{}
 	}
 	change(machine.Annotations)
 	patch := client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{})
-	if err := x.client.Patch(ctx, machine, patch); err != nil {
+	if err := x.Client.Patch(ctx, machine, patch); err != nil {
 		return fmt.Errorf("annotating machine %s: %w", machine.Name, err)
 	}
 	return nil

@@ -1,4 +1,4 @@
-package controlplane
+package engine
 
 import (
 	"context"
@@ -26,7 +26,7 @@ type actWorld struct {
 	cl  *testkit.EtcdCluster
 	ps  []*testkit.EtcdProcess
 	cli *etcd.Client
-	x   executor
+	x   Executor
 }
 
 func newActWorld(t *testing.T) *actWorld {
@@ -34,7 +34,7 @@ func newActWorld(t *testing.T) *actWorld {
 	defer cancel()
 	env := localenv.StartForTest(t, localenv.Options{})
 	cl, ps, cli := testkit.StartEtcdCluster(ctx, t, "act", 3)
-	return &actWorld{t: t, c: env.Client, cl: cl, ps: ps, cli: cli, x: executor{client: env.Client, etcd: cli, now: time.Now}}
+	return &actWorld{t: t, c: env.Client, cl: cl, ps: ps, cli: cli, x: Executor{Client: env.Client, Etcd: cli, Now: time.Now}}
 }
 
 func (w *actWorld) machine(ctx context.Context, name string) *clusterv1.Machine {
@@ -73,7 +73,7 @@ func (w *actWorld) settle(ctx context.Context, d quorum.Decision) {
 			m = w.get(ctx, d.Machine)
 			d.Expect.MachineResourceVersion = m.ResourceVersion
 		}
-		return w.x.execute(ctx, d, m)
+		return w.x.Execute(ctx, d, m)
 	}); err != nil {
 		w.t.Fatal(err)
 	}
@@ -95,7 +95,7 @@ func TestExecutorAgainstRealParts(t *testing.T) {
 		t.Fatal("AddHook did not put the hook on act-m1")
 	}
 	stale := quorum.Decision{Kind: quorum.RemoveHook, Machine: "act-m1", Expect: quorum.Expectation{MachineResourceVersion: planned.ResourceVersion}}
-	if err := w.x.execute(ctx, stale, planned); err == nil {
+	if err := w.x.Execute(ctx, stale, planned); err == nil {
 		t.Fatal("RemoveHook planned on an older act-m1 was carried out")
 	}
 	if _, ok := w.get(ctx, "act-m1").Annotations[quorum.HookAnnotation]; !ok {
@@ -105,7 +105,7 @@ func TestExecutorAgainstRealParts(t *testing.T) {
 	// A machine is deleted only as it was planned.
 	m2 := w.machine(ctx, "act-m2")
 	w.settle(ctx, quorum.Decision{Kind: quorum.AddHook, Machine: "act-m2"})
-	err := w.x.execute(ctx, quorum.Decision{Kind: quorum.DeleteMachine, Machine: "act-m2", Expect: quorum.Expectation{MachineResourceVersion: m2.ResourceVersion}}, m2)
+	err := w.x.Execute(ctx, quorum.Decision{Kind: quorum.DeleteMachine, Machine: "act-m2", Expect: quorum.Expectation{MachineResourceVersion: m2.ResourceVersion}}, m2)
 	if !apierrors.IsConflict(err) {
 		t.Fatalf("DeleteMachine of act-m2 planned before its hook was added: %v, want a conflict", err)
 	}
@@ -132,8 +132,8 @@ func TestExecutorAgainstRealParts(t *testing.T) {
 	}
 	w.machine(ctx, "act-m3")
 	w.settle(ctx, quorum.Decision{Kind: quorum.AddLearner, Machine: "act-m3", PeerURL: newcomer.PeerURL()})
-	r := readRecords(w.get(ctx, "act-m3"))
-	if !r.joinStarted || r.memberID == 0 || r.learnerAdded.IsZero() {
+	r := ReadRecords(w.get(ctx, "act-m3"))
+	if !r.JoinStarted || r.MemberID == 0 || r.LearnerAdded.IsZero() {
 		t.Fatalf("act-m3's records after AddLearner: %+v", r)
 	}
 	second, err := w.cl.NewMember("act-second")
@@ -141,30 +141,30 @@ func TestExecutorAgainstRealParts(t *testing.T) {
 		t.Fatal(err)
 	}
 	m4 := w.machine(ctx, "act-m4")
-	err = w.x.execute(ctx, quorum.Decision{Kind: quorum.AddLearner, Machine: "act-m4", PeerURL: second.PeerURL()}, m4)
+	err = w.x.Execute(ctx, quorum.Decision{Kind: quorum.AddLearner, Machine: "act-m4", PeerURL: second.PeerURL()}, m4)
 	if !etcd.IsRefused(err) {
 		t.Fatalf("a second learner: %v, want a refusal", err)
 	}
-	if r := readRecords(w.get(ctx, "act-m4")); r.joinStarted {
+	if r := ReadRecords(w.get(ctx, "act-m4")); r.JoinStarted {
 		t.Fatal("a refused join left act-m4 marked as started; the planner would replace a good machine")
 	}
 
 	if err := newcomer.Start(testkit.InitialCluster(append(w.ps, newcomer)...), "existing"); err != nil {
 		t.Fatal(err)
 	}
-	promote := quorum.Decision{Kind: quorum.Promote, MemberID: r.memberID}
+	promote := quorum.Decision{Kind: quorum.Promote, MemberID: r.MemberID}
 	if err := testkit.Eventually(ctx, 500*time.Millisecond, "learner promoted", func(ctx context.Context) error {
-		return w.x.execute(ctx, promote, nil)
+		return w.x.Execute(ctx, promote, nil)
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if err := w.x.execute(ctx, promote, nil); err != nil {
+	if err := w.x.Execute(ctx, promote, nil); err != nil {
 		t.Fatalf("promoting a voter again: %v, want success", err)
 	}
-	remove := quorum.Decision{Kind: quorum.RemoveMember, MemberID: r.memberID}
+	remove := quorum.Decision{Kind: quorum.RemoveMember, MemberID: r.MemberID}
 	for range 2 {
 		if err := testkit.Eventually(ctx, 500*time.Millisecond, "member removed", func(ctx context.Context) error {
-			return w.x.execute(ctx, remove, nil)
+			return w.x.Execute(ctx, remove, nil)
 		}); err != nil {
 			t.Fatal(err)
 		}

@@ -1,4 +1,4 @@
-package controlplane
+package engine
 
 import (
 	"context"
@@ -11,27 +11,28 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 )
 
-// wakeups remembers, per control plane, when the controller last learned
+// Wakeups remembers, per control plane, when the controller last learned
 // something: a watch event arriving for it, or a round's look at it ending.
 // The reaction latency of a step counts from the later of the two (or from
 // the previous step's end): a change seen in the API is observable when its
 // event arrives, and a change only etcd shows (a learner catching up) came
 // after the previous look ended without it, so the figure is an upper
 // bound for those.
-type wakeups struct {
+type Wakeups struct {
 	mu     sync.Mutex
 	events map[types.NamespacedName]time.Time
 	rounds map[types.NamespacedName]time.Time
 	now    func() time.Time
 }
 
-func newWakeups(now func() time.Time) *wakeups {
-	return &wakeups{events: map[types.NamespacedName]time.Time{}, rounds: map[types.NamespacedName]time.Time{}, now: now}
+// NewWakeups returns Wakeups on the clock now.
+func NewWakeups(now func() time.Time) *Wakeups {
+	return &Wakeups{events: map[types.NamespacedName]time.Time{}, rounds: map[types.NamespacedName]time.Time{}, now: now}
 }
 
-// mapped wraps a map function so that every request it returns is noted
+// Mapped wraps a map function so that every request it returns is noted
 // as woken now.
-func (w *wakeups) mapped(fn handler.MapFunc) handler.MapFunc {
+func (w *Wakeups) Mapped(fn handler.MapFunc) handler.MapFunc {
 	return func(ctx context.Context, o client.Object) []ctrl.Request {
 		reqs := fn(ctx, o)
 		at := w.now()
@@ -44,9 +45,9 @@ func (w *wakeups) mapped(fn handler.MapFunc) handler.MapFunc {
 	}
 }
 
-// learned returns the moment the controller last learned something about
+// Learned returns the moment the controller last learned something about
 // key: its last event, or the end of its last look.
-func (w *wakeups) learned(key types.NamespacedName) time.Time {
+func (w *Wakeups) Learned(key types.NamespacedName) time.Time {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	last := w.rounds[key]
@@ -56,15 +57,15 @@ func (w *wakeups) learned(key types.NamespacedName) time.Time {
 	return last
 }
 
-// looked records that a look at key ended at.
-func (w *wakeups) looked(key types.NamespacedName, at time.Time) {
+// Looked records that a look at key ended at.
+func (w *Wakeups) Looked(key types.NamespacedName, at time.Time) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	w.rounds[key] = at
 }
 
-// forget drops key, once its control plane is gone.
-func (w *wakeups) forget(key types.NamespacedName) {
+// Forget drops key, once its control plane is gone.
+func (w *Wakeups) Forget(key types.NamespacedName) {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	delete(w.events, key)
