@@ -14,6 +14,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
+	"github.com/qcp-dev/qcp/internal/controllers/engine"
 )
 
 // adoptMachines makes cp the controller of the cluster's control plane
@@ -29,7 +30,7 @@ func (r *Reconciler) adoptMachines(ctx context.Context, cluster *clusterv1.Clust
 		return fmt.Errorf("listing the control plane machines of cluster %s without an owner: %w", klogRef(cluster), err)
 	}
 	var refused []error
-	for _, m := range sortedByName(orphans.UnsortedList()) {
+	for _, m := range engine.SortedByName(orphans.UnsortedList()) {
 		if !m.DeletionTimestamp.IsZero() {
 			continue
 		}

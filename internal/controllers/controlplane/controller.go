@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/record"
@@ -73,7 +72,8 @@ type Reconciler struct {
 	// Now is the clock; time.Now if nil.
 	Now func() time.Time
 
-	metrics    *metrics
+	metrics    *engine.Metrics
+	stepper    *engine.Stepper
 	wakeups    *engine.Wakeups
 	controller controller.Controller
 }
@@ -98,7 +98,8 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) err
 	if r.KubeconfigLifetime == 0 {
 		r.KubeconfigLifetime = DefaultKubeconfigLifetime
 	}
-	r.metrics = newMetrics().register()
+	r.metrics = engine.NewMetrics("qcp_controlplane", "QuorumControlPlane")
+	r.stepper = &engine.Stepper{Client: r.Client, Recorder: r.Recorder, Metrics: r.metrics, Failpoints: r.Failpoints, Now: r.Now}
 	r.wakeups = engine.NewWakeups(r.Now)
 	c, err := ctrl.NewControllerManagedBy(mgr).
 		For(&controlplanev1.QuorumControlPlane{}).
@@ -118,7 +119,7 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) err
 // what it saw and did in cp's status.
 func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.Result, reterr error) {
 	start := r.Now()
-	defer func() { r.metrics.observeReconcile(req.Namespace, req.Name, reterr, r.Now().Sub(start)) }()
+	defer func() { r.metrics.ObserveReconcile(req.Namespace, req.Name, reterr, r.Now().Sub(start)) }()
 
 	learned := r.wakeups.Learned(req.NamespacedName)
 	cp := &controlplanev1.QuorumControlPlane{}
@@ -188,7 +189,7 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Clu
 	// With nothing in flight, the next wake-up no watch brings is the
 	// kubeconfig's renewal, or a machine going out of date with time.
 	wake := secrets.renewAt
-	if at := obs.rollout.next(obs.machines); !at.IsZero() && at.Before(wake) {
+	if at := obs.rollout.next(obs.Machines); !at.IsZero() && at.Before(wake) {
 		wake = at
 	}
 	idle := ctrl.Result{RequeueAfter: max(wake.Sub(r.Now()), time.Second)}
@@ -200,10 +201,10 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Clu
 	r.initialize(ctx, cluster, cp, obs)
 	r.watchNodes(ctx, cluster, cp, obs)
 
-	d := quorum.Plan(obs.state)
-	acted, replan, err := r.act(ctx, cluster, cp, secrets, obs, d, learned)
+	d := quorum.Plan(obs.State)
+	acted, replan, err := r.act(ctx, cluster, cp, secrets, d, learned)
 	setStatus(cp, obs, d, acted, r.Now())
-	r.metrics.observeState(cp, obs)
+	r.metrics.ObserveState(cp, &obs.Observation)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
@@ -216,54 +217,30 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Clu
 	return idle, nil
 }
 
-// act verifies d against a fresh observation and takes it. It reports
-// whether a step was taken, and whether the step was dropped because the
-// control plane changed since the plan (the caller plans again soon). Its
-// reaction latency counts from learned, or from the end of the previous
-// step if that is later.
+// act verifies d against a fresh observation and takes it, through the
+// engine's Stepper. The first step on a machine a health check marked
+// starts its remediation.
 func (r *Reconciler) act(ctx context.Context, cluster *clusterv1.Cluster, cp *controlplanev1.QuorumControlPlane, secrets *clusterSecrets,
-	obs *observation, d quorum.Decision, learned time.Time) (acted, replan bool, err error) {
-	logger := log.FromContext(ctx).WithValues("decision", d.Kind, "machine", d.Machine)
-	if d.Kind == quorum.Wait || d.Kind == quorum.Degraded {
-		logger.V(1).Info(d.Reason)
-		return false, false, nil
-	}
-	fresh, err := r.observe(ctx, cluster, cp, secrets)
-	if err != nil {
-		return false, false, err
-	}
-	if err := d.Verify(fresh.state); err != nil {
-		logger.Info("Not taking the planned step: the control plane changed since the plan; planning again", "why", err.Error())
-		return false, true, nil
-	}
-	trigger := learned
-	if f := cp.Status.LastOperation.FinishTime.Time; f.After(trigger) {
-		trigger = f
-	}
-	startedAt := r.Now()
-	setLastOperation(cp, d, startedAt)
-	if next, ok := fresh.remediationNext[d.Machine]; ok && d.Kind != quorum.CreateMachine {
-		// The first step on a marked machine starts its remediation.
-		cp.Annotations = mergeInto(cp.Annotations, map[string]string{RemediationInProgressAnnotation: next.String()})
-	}
-	logger.Info("Taking step", "reason", d.Reason, "reactionLatency", startedAt.Sub(trigger).String())
-	if d.Kind == quorum.CreateMachine {
-		err = r.createMachine(ctx, cluster, cp, secrets, fresh, d)
-	} else {
-		err = engine.Executor{Client: r.Client, Etcd: fresh.etcd, Now: r.Now, Failpoints: r.Failpoints}.Execute(ctx, d, fresh.machine(d.Machine))
-	}
-	var learnerAdded time.Time
-	if m := fresh.machine(d.Machine); m != nil {
-		learnerAdded = engine.ReadRecords(m).LearnerAdded
-	}
-	r.metrics.observeDecision(cp, d, err, trigger, startedAt, r.Now(), learnerAdded)
-	if err != nil {
-		r.Recorder.Eventf(cp, corev1.EventTypeWarning, "StepFailed", "%s: %v", d, err)
-		return false, false, fmt.Errorf("taking step %s: %w", d, err)
-	}
-	cp.Status.LastOperation.FinishTime = metav1.NewTime(r.Now())
-	r.Recorder.Event(cp, corev1.EventTypeNormal, string(d.Kind), d.String())
-	return true, false, nil
+	d quorum.Decision, learned time.Time) (acted, replan bool, err error) {
+	var fresh *observation
+	return r.stepper.Take(ctx, engine.Step{
+		Owner: cp, LastOperation: &cp.Status.LastOperation, Decision: d, Learned: learned,
+		Observe: func(ctx context.Context) (*engine.Observation, error) {
+			var err error
+			if fresh, err = r.observe(ctx, cluster, cp, secrets); err != nil {
+				return nil, err
+			}
+			return &fresh.Observation, nil
+		},
+		CreateMachine: func(ctx context.Context, _ *engine.Observation) error {
+			return r.createMachine(ctx, cluster, cp, secrets, fresh, d)
+		},
+		Starting: func(*engine.Observation) {
+			if next, ok := fresh.remediationNext[d.Machine]; ok && d.Kind != quorum.CreateMachine {
+				cp.Annotations = mergeInto(cp.Annotations, map[string]string{RemediationInProgressAnnotation: next.String()})
+			}
+		},
+	})
 }
 
 // clusterToControlPlane maps a Cluster to the QuorumControlPlane it names.

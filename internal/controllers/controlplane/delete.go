@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
+	"github.com/qcp-dev/qcp/internal/controllers/engine"
 	"github.com/qcp-dev/qcp/internal/quorum"
 )
 
@@ -78,7 +79,7 @@ func setDeleting(cp *controlplanev1.QuorumControlPlane, reason, msg string) {
 
 func sortedNames(ms collections.Machines) []string {
 	out := []string{}
-	for _, m := range sortedByName(ms.UnsortedList()) {
+	for _, m := range engine.SortedByName(ms.UnsortedList()) {
 		out = append(out, m.Name)
 	}
 	return out

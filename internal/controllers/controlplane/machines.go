@@ -132,11 +132,11 @@ func (r *Reconciler) cleanUp(ctx context.Context, objs ...client.Object) {
 // joins through the client URLs of the started members.
 func bootstrapDocument(cluster *clusterv1.Cluster, cp *controlplanev1.QuorumControlPlane, secrets *clusterSecrets, obs *observation) *bootstrap.Document {
 	member := bootstrap.NewMember()
-	if obs.state.Bootstrapped {
+	if obs.State.Bootstrapped {
 		var endpoints []string
-		for _, m := range obs.machines {
-			if mb, ok := obs.memberOn(m); ok && mb.Started() && mb.Voter() {
-				endpoints = append(endpoints, clientURL(m))
+		for _, m := range obs.Machines {
+			if mb, ok := obs.MemberOn(m); ok && mb.Started() && mb.Voter() {
+				endpoints = append(endpoints, engine.ClientURL(m))
 			}
 		}
 		member = bootstrap.JoinMember(endpoints...)
@@ -162,7 +162,7 @@ func bootstrapDocument(cluster *clusterv1.Cluster, cp *controlplanev1.QuorumCont
 // machines, so the plan sees them as they now are.
 func (r *Reconciler) tendMachines(ctx context.Context, cluster *clusterv1.Cluster, cp *controlplanev1.QuorumControlPlane, obs *observation) error {
 	changed := false
-	for i, m := range obs.machines {
+	for i, m := range obs.Machines {
 		want := m.DeepCopy()
 		keepRecords(want, obs, r.Now())
 		if want.DeletionTimestamp.IsZero() {
@@ -179,7 +179,7 @@ func (r *Reconciler) tendMachines(ctx context.Context, cluster *clusterv1.Cluste
 		if err := helper.Patch(ctx, want, patch.WithOwnedConditions{Conditions: []string{clusterv1.MachineUpToDateCondition, clusterv1.MachineOwnerRemediatedCondition}}); err != nil {
 			return fmt.Errorf("updating machine %s: %w", m.Name, err)
 		}
-		obs.machines[i], changed = want, true
+		obs.Machines[i], changed = want, true
 	}
 	if changed {
 		obs.rebuild(cp, cluster)
@@ -187,50 +187,13 @@ func (r *Reconciler) tendMachines(ctx context.Context, cluster *clusterv1.Cluste
 	return nil
 }
 
-// keepRecords sets the records the planner needs on m: its member's ID
-// (found by name, or by peer URL for a learner added just before a crash),
-// when its infrastructure became ready, when its learner was added (if
-// the add was never recorded), and since when its member has been down.
+// keepRecords sets the records the planner needs on m (see
+// engine.KeepRecords), and when its certificates expire.
 func keepRecords(m *clusterv1.Machine, obs *observation, now time.Time) {
-	r := engine.ReadRecords(m)
-	if r.InfraReady.IsZero() && peerURL(m) != "" {
-		engine.SetRecord(m, engine.InfraReadyAnnotation, engine.FormatTime(now))
-	}
 	if expiry, ok := obs.certExpiry[m.Name]; ok {
 		engine.SetRecord(m, clusterv1.MachineCertificatesExpiryDateAnnotation, expiry.UTC().Format(time.RFC3339))
 	}
-	if obs.membersErr != nil {
-		return
-	}
-	mb, ok := obs.memberOn(m)
-	setRoleLabel(m, mb, ok)
-	if !ok {
-		return
-	}
-	if r.MemberID != mb.ID {
-		engine.SetRecord(m, engine.MemberIDAnnotation, engine.FormatMemberID(mb.ID))
-	}
-	if mb.Learner && r.LearnerAdded.IsZero() {
-		engine.SetRecord(m, engine.LearnerAddedAnnotation, engine.FormatTime(now))
-	}
-	switch {
-	case !mb.Healthy && r.UnhealthySince.IsZero():
-		engine.SetRecord(m, engine.UnhealthySinceAnnotation, engine.FormatTime(now))
-	case mb.Healthy && !r.UnhealthySince.IsZero():
-		delete(m.Annotations, engine.UnhealthySinceAnnotation)
-	}
-}
-
-// setRoleLabel keeps engine.EtcdRoleLabel on the role of m's member.
-func setRoleLabel(m *clusterv1.Machine, mb quorum.Member, hasMember bool) {
-	if !hasMember {
-		delete(m.Labels, engine.EtcdRoleLabel)
-		return
-	}
-	if m.Labels == nil {
-		m.Labels = map[string]string{}
-	}
-	m.Labels[engine.EtcdRoleLabel] = strings.ToLower(string(memberRole(mb)))
+	engine.KeepRecords(m, &obs.Observation, now)
 }
 
 // propagate sets what QCP changes on a machine in place, never by a

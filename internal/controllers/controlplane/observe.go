@@ -2,11 +2,7 @@ package controlplane
 
 import (
 	"context"
-	"errors"
 	"fmt"
-	"net"
-	"slices"
-	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -19,7 +15,6 @@ import (
 
 	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
 	"github.com/qcp-dev/qcp/internal/agent"
-	"github.com/qcp-dev/qcp/internal/certs"
 	"github.com/qcp-dev/qcp/internal/controllers/engine"
 	"github.com/qcp-dev/qcp/internal/etcd"
 	"github.com/qcp-dev/qcp/internal/quorum"
@@ -33,7 +28,7 @@ func plannerMachine(machine *clusterv1.Machine, node *corev1.Node, upToDate bool
 	m := quorum.Machine{
 		Name:            machine.Name,
 		FailureDomain:   machine.Spec.FailureDomain,
-		PeerURL:         peerURL(machine),
+		PeerURL:         engine.PeerURL(machine),
 		UpToDate:        upToDate,
 		CreatedAt:       machine.CreationTimestamp.Time,
 		ResourceVersion: machine.ResourceVersion,
@@ -47,18 +42,6 @@ func plannerMachine(machine *clusterv1.Machine, node *corev1.Node, upToDate bool
 	m.NodeReady, m.ComponentsHealthy = nodeHealth(node)
 	engine.ReadRecords(machine).Apply(&m)
 	return m
-}
-
-// peerURL is the etcd peer URL of machine: its first internal IP on the
-// standard peer port. Empty while the infrastructure has published no
-// address, which the planner reads as "still provisioning".
-func peerURL(machine *clusterv1.Machine) string {
-	for _, a := range machine.Status.Addresses {
-		if a.Type == clusterv1.MachineInternalIP && net.ParseIP(a.Address) != nil {
-			return "https://" + net.JoinHostPort(a.Address, "2380")
-		}
-	}
-	return ""
 }
 
 // nodeHealth reads the Node's Ready condition and the agent's component
@@ -84,33 +67,12 @@ func nodeHealth(node *corev1.Node) (ready, components bool) {
 	return ready, components && seen > 0
 }
 
-// plannerMembers adds the caller's records to the observed members: when
-// each learner was added and since when each member has been unhealthy, as
-// recorded on the machine hosting it (found by member ID, then by name).
-func plannerMembers(members []quorum.Member, machines []*clusterv1.Machine) []quorum.Member {
-	out := make([]quorum.Member, len(members))
-	for i, m := range members {
-		out[i] = m
-		for _, machine := range machines {
-			r := engine.ReadRecords(machine)
-			if r.MemberID == m.ID || (r.MemberID == 0 && m.Name != "" && m.Name == machine.Name) {
-				out[i].AddedAt = r.LearnerAdded
-				if !m.Healthy {
-					out[i].UnhealthySince = r.UnhealthySince
-				}
-				break
-			}
-		}
-	}
-	return out
-}
-
 // observation is one look at a control plane: the objects it was built
 // from, and the planner's State built from them.
 type observation struct {
-	// machines are the control plane's Machines, read live (never from the
-	// cache), sorted by name.
-	machines []*clusterv1.Machine
+	// Observation holds the control plane's Machines (read live, never
+	// from the cache, sorted by name), its etcd members and the State.
+	engine.Observation
 	// nodes are the workload Nodes by name; nil while the workload cluster
 	// cannot be reached (nodesErr says why).
 	nodes    map[string]*corev1.Node
@@ -118,13 +80,6 @@ type observation struct {
 	// nodesDirect: the Nodes were read without the ClusterCache, which has
 	// not connected yet, so no Node watch wakes the controller.
 	nodesDirect bool
-	// etcd is the client the members were read through; nil with no
-	// machine address to dial.
-	etcd *etcd.Client
-	// members as observed, with the caller's records; membersErr is why
-	// they are unknown.
-	members    []quorum.Member
-	membersErr error
 	// initialized is whether the first API server has answered.
 	initialized bool
 	// rollout judges which machines are outdated.
@@ -138,7 +93,6 @@ type observation struct {
 	// certExpiry is when the certificates of machines that have no
 	// certificates-expiry record yet expire, for those that answered.
 	certExpiry map[string]time.Time
-	state      quorum.State
 }
 
 // observe reads everything the planner needs: the Machines (live), the
@@ -152,13 +106,13 @@ func (r *Reconciler) observe(ctx context.Context, cluster *clusterv1.Cluster, cp
 		return nil, fmt.Errorf("listing the control plane machines of cluster %s: %w", klogRef(cluster), err)
 	}
 	obs := &observation{
-		machines:    sortedByName(machines.UnsortedList()),
+		Observation: engine.Observation{Machines: engine.SortedByName(machines.UnsortedList())},
 		initialized: ptr.Deref(cp.Status.Initialization.ControlPlaneInitialized, false),
 	}
 	if obs.initialized {
 		obs.nodes, obs.nodesDirect, obs.nodesErr = r.workloadNodes(ctx, cluster)
 	}
-	obs.etcd, obs.members, obs.membersErr = r.observeEtcd(ctx, cluster, secrets, obs.machines)
+	obs.Etcd, obs.Members, obs.MembersErr = r.observeEtcd(ctx, cluster, secrets, obs.Machines)
 	obs.rollout = r.newRollout(ctx, cp)
 	obs.remediation = newRemediationPolicy(cp, r.Now())
 	obs.certExpiry = observeCertificatesExpiry(ctx, secrets, obs)
@@ -198,46 +152,10 @@ func byName(list []corev1.Node) map[string]*corev1.Node {
 	return nodes
 }
 
-// observeEtcd reads the member list through the machines' client URLs,
-// each member's status, the alarms, and whether every voter reports the
-// same member list. An error means the membership is unknown.
+// observeEtcd reads the stacked members through the machines' client
+// URLs, with a client certificate QCP issues itself from the etcd CA.
 func (r *Reconciler) observeEtcd(ctx context.Context, cluster *clusterv1.Cluster, secrets *clusterSecrets, machines []*clusterv1.Machine) (*etcd.Client, []quorum.Member, error) {
-	var endpoints []string
-	for _, m := range machines {
-		if u := clientURL(m); u != "" {
-			endpoints = append(endpoints, u)
-		}
-	}
-	if len(endpoints) == 0 {
-		return nil, nil, errors.New("no machine has an address yet, so no etcd member can be asked")
-	}
-	cli, err := r.Etcd.GetFunc(klogRef(cluster), func() (etcd.Config, error) {
-		pair, err := certs.IssueEtcdClient(secrets.cas.Etcd, "qcp-manager", r.Now())
-		if err != nil {
-			return etcd.Config{}, err
-		}
-		return etcd.Config{Endpoints: endpoints, CAPEM: secrets.cas.Etcd.CertPEM, CertPEM: pair.CertPEM, KeyPEM: pair.KeyPEM}, nil
-	})
-	if err != nil {
-		return nil, nil, err
-	}
-	if !slices.Equal(cli.Endpoints(), endpoints) {
-		cli.SetEndpoints(endpoints...)
-	}
-	members, err := cli.ObserveMembers(ctx)
-	if err != nil {
-		return cli, nil, fmt.Errorf("reading the etcd member list: %w", err)
-	}
-	agreement, err := cli.MemberListAgreement(ctx)
-	if err != nil {
-		return cli, nil, fmt.Errorf("comparing the voters' member lists: %w", err)
-	}
-	// A voter that does not answer is down, which its health says; only
-	// voters that answer with different lists make the membership unknown.
-	if !agreement.Consistent() {
-		return cli, nil, fmt.Errorf("the voters report different member lists: %v", agreement.Views)
-	}
-	return cli, plannerMembers(members, machines), nil
+	return engine.ObserveEtcd(ctx, r.Etcd, klogRef(cluster), secrets.cas.Etcd, machines, r.Now())
 }
 
 // build turns the observation into the planner's State.
@@ -247,14 +165,14 @@ func (o *observation) build(cp *controlplanev1.QuorumControlPlane, cluster *clus
 		Topology:       quorum.Stacked,
 		Strategy:       strategy(cp.Spec.Rollout.Strategy),
 		FailureDomains: controlPlaneFailureDomains(cluster),
-		Members:        o.members,
-		MembersUnknown: o.membersErr != nil,
-		Bootstrapped:   o.initialized || len(o.members) > 0,
+		Members:        o.Members,
+		MembersUnknown: o.MembersErr != nil,
+		Bootstrapped:   o.initialized || len(o.Members) > 0,
 		Now:            now,
 		Tunables:       tun,
 	}
 	o.remediationRefused, o.remediationNext = map[string]string{}, map[string]remediationData{}
-	for _, m := range o.machines {
+	for _, m := range o.Machines {
 		pm := plannerMachine(m, o.node(m), len(o.rollout.outdated(m)) == 0)
 		if pm.Remediate {
 			next, why, queued := o.remediation.verdict(m)
@@ -267,12 +185,12 @@ func (o *observation) build(cp *controlplanev1.QuorumControlPlane, cluster *clus
 		}
 		s.Machines = append(s.Machines, pm)
 	}
-	o.state = s
+	o.State = s
 }
 
 // rebuild builds the State again after the caller wrote some machines.
 func (o *observation) rebuild(cp *controlplanev1.QuorumControlPlane, cluster *clusterv1.Cluster) {
-	o.build(cp, cluster, o.state.Now, o.state.Tunables)
+	o.build(cp, cluster, o.State.Now, o.State.Tunables)
 }
 
 // node is machine's Node: the one CAPI core linked, else the one named
@@ -286,54 +204,11 @@ func (o *observation) node(m *clusterv1.Machine) *corev1.Node {
 	return o.nodes[m.Name]
 }
 
-// machine returns the observed Machine named name, or nil.
-func (o *observation) machine(name string) *clusterv1.Machine {
-	for _, m := range o.machines {
-		if m.Name == name {
-			return m
-		}
-	}
-	return nil
-}
-
-// memberOn returns the member hosted on machine m: by recorded ID, then by
-// name, then by peer URL (a learner added just before a crash has neither
-// a record nor a name yet).
-func (o *observation) memberOn(m *clusterv1.Machine) (quorum.Member, bool) {
-	id, url := engine.ReadRecords(m).MemberID, peerURL(m)
-	for _, pass := range []func(quorum.Member) bool{
-		func(mb quorum.Member) bool { return id != 0 && mb.ID == id },
-		func(mb quorum.Member) bool { return mb.Name != "" && mb.Name == m.Name },
-		func(mb quorum.Member) bool { return url != "" && mb.PeerURL == url },
-	} {
-		for _, mb := range o.members {
-			if pass(mb) {
-				return mb, true
-			}
-		}
-	}
-	return quorum.Member{}, false
-}
-
-// inFlight reports whether something no watch reports is under way: a
-// learner, a member that is down, a machine that hosts no member yet, a
-// machine being deleted, a membership that cannot be read, or Nodes read
-// without a watch. The reconciler then polls instead of waiting for one.
+// inFlight reports whether something no watch reports is under way: the
+// engine's membership changes, or Nodes read without a watch. The
+// reconciler then polls instead of waiting for one.
 func (o *observation) inFlight() bool {
-	if o.membersErr != nil || o.nodesDirect || (o.initialized && o.nodes == nil) {
-		return true
-	}
-	for _, mb := range o.members {
-		if mb.Learner || !mb.Healthy {
-			return true
-		}
-	}
-	for _, m := range o.machines {
-		if _, ok := o.memberOn(m); !ok || !m.DeletionTimestamp.IsZero() {
-			return true
-		}
-	}
-	return false
+	return o.MembershipInFlight() || o.nodesDirect || (o.initialized && o.nodes == nil)
 }
 
 // controlPlaneFailureDomains are the Cluster's failure domains flagged for
@@ -346,17 +221,4 @@ func controlPlaneFailureDomains(cluster *clusterv1.Cluster) []string {
 		}
 	}
 	return fds
-}
-
-// clientURL is machine's etcd client URL, or "" without an address.
-func clientURL(machine *clusterv1.Machine) string {
-	if u := peerURL(machine); u != "" {
-		return strings.TrimSuffix(u, ":2380") + ":2379"
-	}
-	return ""
-}
-
-func sortedByName(ms []*clusterv1.Machine) []*clusterv1.Machine {
-	slices.SortFunc(ms, func(a, b *clusterv1.Machine) int { return strings.Compare(a.Name, b.Name) })
-	return ms
 }

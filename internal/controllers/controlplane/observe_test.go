@@ -77,7 +77,7 @@ func TestPlannerMembersCarryRecords(t *testing.T) {
 	byName := observedMachine("cp-2")
 	delete(byName.Annotations, engine.MemberIDAnnotation)
 	engine.SetRecord(byName, engine.UnhealthySinceAnnotation, engine.FormatTime(down))
-	got := plannerMembers([]quorum.Member{
+	got := engine.PlannerMembers([]quorum.Member{
 		{ID: 0xa1, Name: "cp-1", Learner: true, Healthy: true},
 		{ID: 0xb2, Name: "cp-2"},
 		{ID: 0xc3, Name: "elsewhere"},
@@ -98,7 +98,7 @@ func TestPlannerMembersCarryRecords(t *testing.T) {
 func TestEtcdRoleLabel(t *testing.T) {
 	now := time.Date(2026, 11, 23, 1, 2, 3, 0, time.UTC)
 	m := observedMachine("cp-1")
-	obs := &observation{members: []quorum.Member{{ID: 0xa1, Name: "cp-1", Learner: true}}}
+	obs := &observation{Observation: engine.Observation{Members: []quorum.Member{{ID: 0xa1, Name: "cp-1", Learner: true}}}}
 	for _, step := range []struct {
 		member quorum.Member
 		err    error
@@ -110,7 +110,7 @@ func TestEtcdRoleLabel(t *testing.T) {
 		{quorum.Member{ID: 0xb2, Name: "cp-2"}, errors.New("no quorum"), "voter"},
 		{quorum.Member{ID: 0xb2, Name: "cp-2"}, nil, ""},
 	} {
-		obs.members, obs.membersErr = []quorum.Member{step.member}, step.err
+		obs.Members, obs.MembersErr = []quorum.Member{step.member}, step.err
 		keepRecords(m, obs, now)
 		if got := m.Labels[engine.EtcdRoleLabel]; got != step.want {
 			t.Errorf("member %+v (read error %v): role label %q, want %q", step.member, step.err, got, step.want)

@@ -127,7 +127,7 @@ func setRemediating(cp *controlplanev1.QuorumControlPlane, obs *observation, d q
 	cond := metav1.Condition{Type: controlplanev1.RemediatingCondition, Status: metav1.ConditionFalse, Reason: controlplanev1.NotRemediatingReason}
 	var lines []string
 	refused := false
-	for _, m := range obs.machines {
+	for _, m := range obs.Machines {
 		if !marked(m) {
 			continue
 		}
@@ -159,11 +159,11 @@ func setRemediating(cp *controlplanev1.QuorumControlPlane, obs *observation, d q
 // remediation back.
 func forgetFinishedRemediation(cp *controlplanev1.QuorumControlPlane, obs *observation) {
 	d, ok := readRemediation(cp, RemediationInProgressAnnotation)
-	if !ok || obs.machine(d.Machine) != nil {
+	if !ok || obs.Machine(d.Machine) != nil {
 		return
 	}
 	kept := 0
-	for _, m := range obs.machines {
+	for _, m := range obs.Machines {
 		if m.DeletionTimestamp.IsZero() {
 			kept++
 		}

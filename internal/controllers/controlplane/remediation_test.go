@@ -12,6 +12,7 @@ import (
 	"sigs.k8s.io/cluster-api/util/conditions"
 
 	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
+	"github.com/qcp-dev/qcp/internal/controllers/engine"
 	"github.com/qcp-dev/qcp/internal/quorum"
 )
 
@@ -111,7 +112,7 @@ func TestRemediatingSaysWhatItWaitsFor(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cp := &controlplanev1.QuorumControlPlane{}
-			obs := &observation{machines: []*clusterv1.Machine{{ObjectMeta: metav1.ObjectMeta{Name: "m-1"}}, marked("m-2")}, remediationRefused: tc.refused}
+			obs := &observation{Observation: engine.Observation{Machines: []*clusterv1.Machine{{ObjectMeta: metav1.ObjectMeta{Name: "m-1"}}, marked("m-2")}}, remediationRefused: tc.refused}
 			setRemediating(cp, obs, tc.d)
 			c := conditions.Get(cp, controlplanev1.RemediatingCondition)
 			if c == nil || c.Status != metav1.ConditionTrue || c.Reason != tc.wantReason || !strings.HasPrefix(c.Message, tc.wantLine) {

@@ -25,6 +25,7 @@ import (
 	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
 	"github.com/qcp-dev/qcp/internal/agent"
 	"github.com/qcp-dev/qcp/internal/bootstrap"
+	"github.com/qcp-dev/qcp/internal/controllers/engine"
 	"github.com/qcp-dev/qcp/internal/quorum"
 )
 
@@ -231,7 +232,7 @@ func readCertificatesExpiry(ctx context.Context, caPEM []byte, m *clusterv1.Mach
 
 // machineIP is the machine's first internal IP, or "".
 func machineIP(m *clusterv1.Machine) string {
-	u := peerURL(m)
+	u := engine.PeerURL(m)
 	if u == "" {
 		return ""
 	}
@@ -255,7 +256,7 @@ func strategy(s controlplanev1.RolloutStrategy) quorum.Strategy {
 // then serves). A machine that does not answer is asked again next time.
 func observeCertificatesExpiry(ctx context.Context, secrets *clusterSecrets, obs *observation) map[string]time.Time {
 	out := map[string]time.Time{}
-	for _, m := range obs.machines {
+	for _, m := range obs.Machines {
 		if _, ok := certificatesExpiry(m); ok || !m.DeletionTimestamp.IsZero() {
 			continue
 		}

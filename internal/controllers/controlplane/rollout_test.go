@@ -12,6 +12,7 @@ import (
 	"sigs.k8s.io/cluster-api/util/conditions"
 
 	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
+	"github.com/qcp-dev/qcp/internal/controllers/engine"
 	"github.com/qcp-dev/qcp/internal/quorum"
 )
 
@@ -168,7 +169,7 @@ func TestRollingOutNamesWhyAndWhatBlocks(t *testing.T) {
 	blocked.Status.Addresses = nil
 	fix := "binary kube v1.36.3 not found at bin/kube-v1.36.3: run `make binaries KUBE_VERSION=v1.36.3`"
 	conditions.Set(blocked, metav1.Condition{Type: clusterv1.MachineInfrastructureReadyCondition, Status: metav1.ConditionFalse, Reason: "BinaryMissing", Message: fix})
-	obs := &observation{machines: []*clusterv1.Machine{old, blocked}, rollout: rollout{version: "v1.36.3", now: t0}}
+	obs := &observation{Observation: engine.Observation{Machines: []*clusterv1.Machine{old, blocked}}, rollout: rollout{version: "v1.36.3", now: t0}}
 	wait := quorum.Decision{Kind: quorum.Wait, Reason: "waiting for machine cp-2 to join before creating another"}
 
 	cp := &controlplanev1.QuorumControlPlane{}
@@ -183,13 +184,13 @@ func TestRollingOutNamesWhyAndWhatBlocks(t *testing.T) {
 		}
 	}
 
-	obs.state.Strategy = quorum.OnDelete
+	obs.State.Strategy = quorum.OnDelete
 	setRollingOut(cp, obs, wait)
 	if c := conditions.Get(cp, controlplanev1.RollingOutCondition); c.Status != metav1.ConditionFalse || c.Reason != controlplanev1.WaitingForDeleteReason {
 		t.Errorf("with OnDelete RollingOut = %+v, want False, %s", c, controlplanev1.WaitingForDeleteReason)
 	}
 
-	obs.machines = []*clusterv1.Machine{blocked}
+	obs.Machines = []*clusterv1.Machine{blocked}
 	setRollingOut(cp, obs, wait)
 	if c := conditions.Get(cp, controlplanev1.RollingOutCondition); c.Status != metav1.ConditionFalse || c.Reason != controlplanev1.NotRollingOutReason {
 		t.Errorf("with every machine up to date RollingOut = %+v, want False, %s", c, controlplanev1.NotRollingOutReason)
@@ -203,11 +204,11 @@ func TestRollingOutSaysRebalancing(t *testing.T) {
 	for _, name := range []string{"cp-1", "cp-2", "cp-3"} {
 		m := observedMachine(name)
 		m.Spec.Version, m.Spec.FailureDomain = "v1.36.3", "fd-a"
-		obs.machines = append(obs.machines, m)
-		obs.state.Machines = append(obs.state.Machines, quorum.Machine{Name: name, FailureDomain: "fd-a", UpToDate: true, PeerURL: "https://" + name + ":2380", MemberID: uint64(len(obs.machines))})
-		obs.state.Members = append(obs.state.Members, quorum.Member{ID: uint64(len(obs.machines)), Name: name, PeerURL: "https://" + name + ":2380", Healthy: true})
+		obs.Machines = append(obs.Machines, m)
+		obs.State.Machines = append(obs.State.Machines, quorum.Machine{Name: name, FailureDomain: "fd-a", UpToDate: true, PeerURL: "https://" + name + ":2380", MemberID: uint64(len(obs.Machines))})
+		obs.State.Members = append(obs.State.Members, quorum.Member{ID: uint64(len(obs.Machines)), Name: name, PeerURL: "https://" + name + ":2380", Healthy: true})
 	}
-	obs.state.Desired, obs.state.FailureDomains = 3, []string{"fd-a", "fd-b", "fd-c"}
+	obs.State.Desired, obs.State.FailureDomains = 3, []string{"fd-a", "fd-b", "fd-c"}
 	cp := &controlplanev1.QuorumControlPlane{}
 	setRollingOut(cp, obs, quorum.Decision{Kind: quorum.CreateMachine})
 	c := conditions.Get(cp, controlplanev1.RollingOutCondition)
@@ -215,7 +216,7 @@ func TestRollingOutSaysRebalancing(t *testing.T) {
 		!strings.Contains(c.Message, "failure domain fd-a holds 3 machines, more than an even spread's 1") {
 		t.Fatalf("RollingOut = %+v, want True, %s, naming fd-a's 3 machines", c, controlplanev1.RebalancingReason)
 	}
-	obs.state.FailureDomains = []string{"fd-a"}
+	obs.State.FailureDomains = []string{"fd-a"}
 	setRollingOut(cp, obs, quorum.Decision{Kind: quorum.Wait})
 	if c := conditions.Get(cp, controlplanev1.RollingOutCondition); c.Status != metav1.ConditionFalse {
 		t.Errorf("with one domain RollingOut = %+v, want False", c)

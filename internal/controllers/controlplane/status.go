@@ -3,7 +3,6 @@ package controlplane
 import (
 	"fmt"
 	"slices"
-	"sort"
 	"strings"
 	"time"
 
@@ -52,15 +51,15 @@ func setWaitingForInfrastructure(cp *controlplanev1.QuorumControlPlane, cluster 
 // setStatus reports an observation and the planner's decision on it.
 func setStatus(cp *controlplanev1.QuorumControlPlane, obs *observation, d quorum.Decision, acted bool, now time.Time) {
 	setReplicas(cp, obs)
-	cp.Status.Etcd.Members = memberStatuses(obs)
+	cp.Status.Etcd.Members = engine.MemberStatuses(&obs.Observation)
 	if !acted {
-		recordDecision(cp, d, now)
+		engine.RecordDecision(&cp.Status.LastOperation, d, now)
 	}
 	setInitialized(cp, obs)
 	setAvailable(cp, obs)
 	setEtcdHealthy(cp, obs)
 	setComponentsHealthy(cp, obs)
-	machines := collections.FromMachines(obs.machines...).UnsortedList()
+	machines := collections.FromMachines(obs.Machines...).UnsortedList()
 	setAggregate(cp, machines, clusterv1.ReadyCondition, controlplanev1.MachinesReadyCondition, controlplanev1.MachinesReadyNoReplicasReason)
 	setAggregate(cp, machines, clusterv1.MachineUpToDateCondition, controlplanev1.MachinesUpToDateCondition, controlplanev1.MachinesUpToDateNoReplicasReason)
 	setScaling(cp, obs, d)
@@ -71,8 +70,8 @@ func setStatus(cp *controlplanev1.QuorumControlPlane, obs *observation, d quorum
 
 func setReplicas(cp *controlplanev1.QuorumControlPlane, obs *observation) {
 	var ready, available, upToDate int32
-	versions := collections.FromMachines(obs.machines...)
-	for _, m := range obs.machines {
+	versions := collections.FromMachines(obs.Machines...)
+	for _, m := range obs.Machines {
 		if conditions.IsTrue(m, clusterv1.ReadyCondition) {
 			ready++
 		}
@@ -83,81 +82,9 @@ func setReplicas(cp *controlplanev1.QuorumControlPlane, obs *observation) {
 			upToDate++
 		}
 	}
-	cp.Status.Replicas = ptr.To(int32(len(obs.machines)))
+	cp.Status.Replicas = ptr.To(int32(len(obs.Machines)))
 	cp.Status.ReadyReplicas, cp.Status.AvailableReplicas, cp.Status.UpToDateReplicas = &ready, &available, &upToDate
 	cp.Status.Version = versions.LowestVersion()
-}
-
-// memberStatuses lists the members by ID, each with its machine and role.
-func memberStatuses(obs *observation) []controlplanev1.EtcdMemberStatus {
-	if obs.membersErr != nil {
-		return nil
-	}
-	var out []controlplanev1.EtcdMemberStatus
-	for _, mb := range obs.members {
-		s := controlplanev1.EtcdMemberStatus{ID: engine.FormatMemberID(mb.ID), Name: mb.Name, Role: memberRole(mb),
-			Healthy: mb.Healthy, Revision: mb.Revision}
-		for _, m := range obs.machines {
-			if on, ok := obs.memberOn(m); ok && on.ID == mb.ID {
-				s.Machine = m.Name
-			}
-		}
-		out = append(out, s)
-	}
-	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
-	return out
-}
-
-func memberRole(mb quorum.Member) controlplanev1.EtcdMemberRole {
-	switch {
-	case mb.Learner:
-		return controlplanev1.EtcdMemberRoleLearner
-	case mb.Leader:
-		return controlplanev1.EtcdMemberRoleLeader
-	}
-	return controlplanev1.EtcdMemberRoleVoter
-}
-
-// recordDecision keeps status.lastOperation on the latest decision: a Wait
-// or Degraded that repeats keeps its start time, so that it says since
-// when the control plane has been waiting.
-func recordDecision(cp *controlplanev1.QuorumControlPlane, d quorum.Decision, now time.Time) {
-	last := cp.Status.LastOperation
-	if string(last.Kind) == string(d.Kind) && last.Reason == d.Reason {
-		return
-	}
-	setLastOperation(cp, d, now)
-	if d.Kind == quorum.Wait || d.Kind == quorum.Degraded {
-		cp.Status.LastOperation.FinishTime = metav1.Time{}
-	}
-}
-
-// setLastOperation records that step d started at now.
-func setLastOperation(cp *controlplanev1.QuorumControlPlane, d quorum.Decision, now time.Time) {
-	cp.Status.LastOperation = controlplanev1.LastOperation{Kind: controlplanev1.OperationKind(d.Kind), Target: target(d),
-		Reason: d.Reason, StartTime: metav1.NewTime(now)}
-}
-
-func target(d quorum.Decision) string {
-	switch d.Kind {
-	case quorum.CreateMachine:
-		return "failure domain " + quoteFD(d.FailureDomain)
-	case quorum.Promote, quorum.MoveLeader, quorum.RemoveMember:
-		if d.Machine == "" {
-			return engine.FormatMemberID(d.MemberID)
-		}
-		return engine.FormatMemberID(d.MemberID) + " on " + d.Machine
-	case quorum.Wait, quorum.Degraded:
-		return ""
-	}
-	return d.Machine
-}
-
-func quoteFD(fd string) string {
-	if fd == "" {
-		return `""`
-	}
-	return fd
 }
 
 func setInitialized(cp *controlplanev1.QuorumControlPlane, obs *observation) {
@@ -173,7 +100,7 @@ func setInitialized(cp *controlplanev1.QuorumControlPlane, obs *observation) {
 // has quorum.
 func setAvailable(cp *controlplanev1.QuorumControlPlane, obs *observation) {
 	voters, healthy := 0, 0
-	for _, mb := range obs.members {
+	for _, mb := range obs.Members {
 		if mb.Voter() {
 			voters++
 			if mb.Healthy {
@@ -185,8 +112,8 @@ func setAvailable(cp *controlplanev1.QuorumControlPlane, obs *observation) {
 	switch {
 	case !obs.initialized:
 		msg = "Control plane not initialized yet"
-	case obs.membersErr != nil:
-		msg = "etcd membership cannot be read: " + obs.membersErr.Error()
+	case obs.MembersErr != nil:
+		msg = "etcd membership cannot be read: " + obs.MembersErr.Error()
 	case healthy*2 <= voters:
 		msg = fmt.Sprintf("etcd has no quorum: %d of %d voters healthy", healthy, voters)
 	}
@@ -200,17 +127,17 @@ func setAvailable(cp *controlplanev1.QuorumControlPlane, obs *observation) {
 // setEtcdHealthy: every member healthy and started, the voters agree on
 // the list, no alarm.
 func setEtcdHealthy(cp *controlplanev1.QuorumControlPlane, obs *observation) {
-	if obs.membersErr != nil {
+	if obs.MembersErr != nil {
 		reason := controlplanev1.EtcdClusterInspectionFailedReason
-		if len(obs.machines) == 0 {
+		if len(obs.Machines) == 0 {
 			reason = controlplanev1.EtcdClusterHealthUnknownReason
 		}
 		conditions.Set(cp, metav1.Condition{Type: controlplanev1.EtcdClusterHealthyCondition, Status: metav1.ConditionUnknown,
-			Reason: reason, Message: "Cannot observe etcd: " + obs.membersErr.Error()})
+			Reason: reason, Message: "Cannot observe etcd: " + obs.MembersErr.Error()})
 		return
 	}
 	var problems []string
-	for _, mb := range obs.members {
+	for _, mb := range obs.Members {
 		name := memberName(obs, mb)
 		switch {
 		case !mb.Started():
@@ -222,7 +149,7 @@ func setEtcdHealthy(cp *controlplanev1.QuorumControlPlane, obs *observation) {
 			problems = append(problems, fmt.Sprintf("* Member %s: alarm %s raised", name, a))
 		}
 	}
-	if len(obs.members) == 0 {
+	if len(obs.Members) == 0 {
 		problems = append(problems, "* No etcd member yet")
 	}
 	if len(problems) > 0 {
@@ -234,8 +161,8 @@ func setEtcdHealthy(cp *controlplanev1.QuorumControlPlane, obs *observation) {
 }
 
 func memberName(obs *observation, mb quorum.Member) string {
-	for _, m := range obs.machines {
-		if on, ok := obs.memberOn(m); ok && on.ID == mb.ID {
+	for _, m := range obs.Machines {
+		if on, ok := obs.MemberOn(m); ok && on.ID == mb.ID {
 			return fmt.Sprintf("%s (machine %s)", engine.FormatMemberID(mb.ID), m.Name)
 		}
 	}
@@ -256,7 +183,7 @@ func setComponentsHealthy(cp *controlplanev1.QuorumControlPlane, obs *observatio
 	}
 	components := []bootstrap.Component{bootstrap.Etcd, bootstrap.KubeAPIServer, bootstrap.KubeControllerManager, bootstrap.KubeScheduler}
 	var problems []string
-	for _, m := range obs.machines {
+	for _, m := range obs.Machines {
 		if !m.DeletionTimestamp.IsZero() {
 			continue
 		}
@@ -309,7 +236,7 @@ func setAggregate(cp *controlplanev1.QuorumControlPlane, machines []*clusterv1.M
 // the planner waits, its message says for what.
 func setScaling(cp *controlplanev1.QuorumControlPlane, obs *observation, d quorum.Decision) {
 	desired, current := int(ptr.Deref(cp.Spec.Replicas, 1)), 0
-	for _, m := range obs.machines {
+	for _, m := range obs.Machines {
 		if m.DeletionTimestamp.IsZero() {
 			current++
 		}
@@ -338,7 +265,7 @@ func setScaling(cp *controlplanev1.QuorumControlPlane, obs *observation, d quoru
 // message, which names the fix.
 func setRollingOut(cp *controlplanev1.QuorumControlPlane, obs *observation, d quorum.Decision) {
 	var outdated, lines []string
-	for _, m := range obs.machines {
+	for _, m := range obs.Machines {
 		if !m.DeletionTimestamp.IsZero() {
 			continue
 		}
@@ -350,12 +277,12 @@ func setRollingOut(cp *controlplanev1.QuorumControlPlane, obs *observation, d qu
 				}
 			}
 		}
-		if peerURL(m) == "" && conditions.IsFalse(m, clusterv1.MachineInfrastructureReadyCondition) {
+		if engine.PeerURL(m) == "" && conditions.IsFalse(m, clusterv1.MachineInfrastructureReadyCondition) {
 			lines = append(lines, fmt.Sprintf("* Machine %s: %s", m.Name, conditions.GetMessage(m, clusterv1.MachineInfrastructureReadyCondition)))
 		}
 	}
 	cond := metav1.Condition{Type: controlplanev1.RollingOutCondition, Status: metav1.ConditionFalse, Reason: controlplanev1.NotRollingOutReason}
-	rebalancing := quorum.Rebalancing(obs.state)
+	rebalancing := quorum.Rebalancing(obs.State)
 	switch {
 	case len(outdated) == 0 && rebalancing != "":
 		cond.Status, cond.Reason = metav1.ConditionTrue, controlplanev1.RebalancingReason
@@ -364,7 +291,7 @@ func setRollingOut(cp *controlplanev1.QuorumControlPlane, obs *observation, d qu
 			cond.Message += "\n* " + d.Reason
 		}
 	case len(outdated) == 0:
-	case obs.state.Strategy == quorum.OnDelete:
+	case obs.State.Strategy == quorum.OnDelete:
 		cond.Reason = controlplanev1.WaitingForDeleteReason
 		cond.Message = fmt.Sprintf("%d not up-to-date replicas (%s) wait to be deleted (strategy OnDelete)\n%s", len(outdated), strings.Join(outdated, ", "), strings.Join(lines, "\n"))
 	default:

@@ -27,10 +27,12 @@ func twoMachineObservation() *observation {
 	delete(m2.Annotations, engine.MemberIDAnnotation)
 	delete(m2.Annotations, quorum.HookAnnotation)
 	obs := &observation{
-		machines: []*clusterv1.Machine{m1, m2},
-		members: []quorum.Member{
-			{ID: 0xa1, Name: "cp-1", PeerURL: "https://127.20.0.7:2380", Healthy: true, Leader: true, Revision: 40},
-			{ID: 0xb2, PeerURL: "https://127.20.0.8:2380", Learner: true},
+		Observation: engine.Observation{
+			Machines: []*clusterv1.Machine{m1, m2},
+			Members: []quorum.Member{
+				{ID: 0xa1, Name: "cp-1", PeerURL: "https://127.20.0.7:2380", Healthy: true, Leader: true, Revision: 40},
+				{ID: 0xb2, PeerURL: "https://127.20.0.8:2380", Learner: true},
+			},
 		},
 		nodes: map[string]*corev1.Node{
 			"cp-1": healthyNode(corev1.NodeCondition{Type: "SchedulerHealthy", Status: corev1.ConditionFalse, Message: "kube-scheduler is not running"}),
@@ -41,7 +43,7 @@ func twoMachineObservation() *observation {
 }
 
 func TestMemberStatuses(t *testing.T) {
-	got := memberStatuses(twoMachineObservation())
+	got := engine.MemberStatuses(&twoMachineObservation().Observation)
 	want := []controlplanev1.EtcdMemberStatus{
 		{ID: "a1", Name: "cp-1", Machine: "cp-1", Role: controlplanev1.EtcdMemberRoleLeader, Healthy: true, Revision: 40},
 		{ID: "b2", Machine: "cp-2", Role: controlplanev1.EtcdMemberRoleLearner},
@@ -55,8 +57,8 @@ func TestMemberStatuses(t *testing.T) {
 		}
 	}
 	obs := twoMachineObservation()
-	obs.membersErr = errors.New("no member answered")
-	if got := memberStatuses(obs); got != nil {
+	obs.MembersErr = errors.New("no member answered")
+	if got := engine.MemberStatuses(&obs.Observation); got != nil {
 		t.Errorf("members %+v with an unreadable list; want none rather than a guess", got)
 	}
 }
@@ -66,7 +68,7 @@ func TestMemberStatuses(t *testing.T) {
 // going down is recorded, and the record goes when it is back.
 func TestKeepRecords(t *testing.T) {
 	obs := twoMachineObservation()
-	m2 := obs.machines[1].DeepCopy()
+	m2 := obs.Machines[1].DeepCopy()
 	keepRecords(m2, obs, t0)
 	if r := engine.ReadRecords(m2); r.MemberID != 0xb2 || !r.LearnerAdded.Equal(t0) {
 		t.Errorf("records %+v: want member b2 and learner added at %s", r, t0)
@@ -75,7 +77,7 @@ func TestKeepRecords(t *testing.T) {
 		t.Errorf("an unstarted learner is not healthy; want its unhealthy-since recorded")
 	}
 
-	obs.members[1].Healthy, obs.members[1].Name = true, "cp-2"
+	obs.Members[1].Healthy, obs.Members[1].Name = true, "cp-2"
 	keepRecords(m2, obs, t0.Add(time.Minute))
 	if _, ok := m2.Annotations[engine.UnhealthySinceAnnotation]; ok {
 		t.Errorf("the learner is healthy again; want its unhealthy-since record gone")
@@ -84,8 +86,8 @@ func TestKeepRecords(t *testing.T) {
 		t.Errorf("learner added %s, want the first record %s kept", r.LearnerAdded, t0)
 	}
 
-	obs.membersErr = errors.New("no member answered")
-	m1 := obs.machines[0].DeepCopy()
+	obs.MembersErr = errors.New("no member answered")
+	m1 := obs.Machines[0].DeepCopy()
 	delete(m1.Annotations, engine.MemberIDAnnotation)
 	keepRecords(m1, obs, t0)
 	if _, ok := m1.Annotations[engine.MemberIDAnnotation]; ok {
@@ -128,13 +130,13 @@ func TestScalingNamesTheWait(t *testing.T) {
 func TestRecordDecisionKeepsWaitStart(t *testing.T) {
 	cp := &controlplanev1.QuorumControlPlane{}
 	wait := quorum.Decision{Kind: quorum.Wait, Reason: "waiting for machine cp-2 to be provisioned"}
-	recordDecision(cp, wait, t0)
-	recordDecision(cp, wait, t0.Add(time.Minute))
+	engine.RecordDecision(&cp.Status.LastOperation, wait, t0)
+	engine.RecordDecision(&cp.Status.LastOperation, wait, t0.Add(time.Minute))
 	if got := cp.Status.LastOperation; !got.StartTime.Time.Equal(t0) || got.Kind != controlplanev1.OperationWait {
 		t.Errorf("lastOperation %+v, want the wait since %s", got, t0)
 	}
 	degraded := quorum.Decision{Kind: quorum.Degraded, Reason: "2 of 3 voters down"}
-	recordDecision(cp, degraded, t0.Add(2*time.Minute))
+	engine.RecordDecision(&cp.Status.LastOperation, degraded, t0.Add(2*time.Minute))
 	if got := cp.Status.LastOperation; !got.StartTime.Time.Equal(t0.Add(2*time.Minute)) || got.Reason != degraded.Reason {
 		t.Errorf("lastOperation %+v, want the new decision", got)
 	}

@@ -29,7 +29,7 @@ const initializeProbeTimeout = 2 * time.Second
 // the workload cluster (and watches its Nodes) only after that, so this
 // probe uses the kubeconfig directly rather than the ClusterCache.
 func (r *Reconciler) initialize(ctx context.Context, cluster *clusterv1.Cluster, cp *controlplanev1.QuorumControlPlane, obs *observation) {
-	if obs.initialized || len(obs.members) == 0 {
+	if obs.initialized || len(obs.Members) == 0 {
 		return
 	}
 	cs, err := r.directWorkloadClient(ctx, cluster)
@@ -42,7 +42,7 @@ func (r *Reconciler) initialize(ctx context.Context, cluster *clusterv1.Cluster,
 		return
 	}
 	cp.Status.Initialization.ControlPlaneInitialized = ptr.To(true)
-	obs.initialized, obs.state.Bootstrapped = true, true
+	obs.initialized, obs.State.Bootstrapped = true, true
 	r.Recorder.Event(cp, corev1.EventTypeNormal, "Initialized", "The first API server answers through the control plane endpoint")
 }
 

@@ -6,8 +6,10 @@ package engine
 
 import (
 	"strconv"
+	"strings"
 	"time"
 
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/qcp-dev/qcp/internal/quorum"
@@ -91,4 +93,48 @@ func ParseTime(s string) time.Time {
 		return time.Time{}
 	}
 	return t
+}
+
+// KeepRecords sets the records the planner needs on m: its member's ID
+// (found by name, or by peer URL for a learner added just before a crash),
+// when its infrastructure became ready, when its learner was added (if
+// the add was never recorded), and since when its member has been down;
+// and EtcdRoleLabel. The caller writes m.
+func KeepRecords(m *clusterv1.Machine, obs *Observation, now time.Time) {
+	r := ReadRecords(m)
+	if r.InfraReady.IsZero() && PeerURL(m) != "" {
+		SetRecord(m, InfraReadyAnnotation, FormatTime(now))
+	}
+	if obs.MembersErr != nil {
+		return
+	}
+	mb, ok := obs.MemberOn(m)
+	setRoleLabel(m, mb, ok)
+	if !ok {
+		return
+	}
+	if r.MemberID != mb.ID {
+		SetRecord(m, MemberIDAnnotation, FormatMemberID(mb.ID))
+	}
+	if mb.Learner && r.LearnerAdded.IsZero() {
+		SetRecord(m, LearnerAddedAnnotation, FormatTime(now))
+	}
+	switch {
+	case !mb.Healthy && r.UnhealthySince.IsZero():
+		SetRecord(m, UnhealthySinceAnnotation, FormatTime(now))
+	case mb.Healthy && !r.UnhealthySince.IsZero():
+		delete(m.Annotations, UnhealthySinceAnnotation)
+	}
+}
+
+// setRoleLabel keeps EtcdRoleLabel on the role of m's member.
+func setRoleLabel(m *clusterv1.Machine, mb quorum.Member, hasMember bool) {
+	if !hasMember {
+		delete(m.Labels, EtcdRoleLabel)
+		return
+	}
+	if m.Labels == nil {
+		m.Labels = map[string]string{}
+	}
+	m.Labels[EtcdRoleLabel] = strings.ToLower(string(MemberRole(mb)))
 }

@@ -1,0 +1,113 @@
+package engine
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	qcpmetrics "github.com/qcp-dev/qcp/internal/metrics"
+	"github.com/qcp-dev/qcp/internal/quorum"
+)
+
+// Metrics of one kind of owner, served on qcp-manager's metrics endpoint
+// next to controller-runtime's own: qcp_controlplane_* for
+// QuorumControlPlanes, qcp_etcdcluster_* for EtcdClusters.
+type Metrics struct {
+	reconciles      *prometheus.CounterVec
+	decisions       *prometheus.CounterVec
+	membershipSteps *prometheus.HistogramVec
+	members         *prometheus.GaugeVec
+	reaction        *prometheus.SummaryVec
+}
+
+// NewMetrics returns the metrics named prefix_*, for owners of kind (for
+// the help texts), registered with controller-runtime's registry; a
+// collector another Setup in the same process registered first is reused.
+func NewMetrics(prefix, kind string) *Metrics {
+	return (&Metrics{
+		reconciles: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: prefix + "_reconciles_total",
+			Help: "Reconciles of " + kind + "s, by outcome (success or error).",
+		}, []string{"namespace", "name", "outcome"}),
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: prefix + "_steps_total",
+			Help: "Steps the quorum engine decided and the controller took, by kind and outcome (success or error).",
+		}, []string{"namespace", "name", "kind", "outcome"}),
+		membershipSteps: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    prefix + "_membership_step_duration_seconds",
+			Help:    "Duration of etcd membership steps: learner added to promoted (promote), leadership transfer (move_leader), member removal (remove).",
+			Buckets: []float64{0.01, 0.05, 0.1, 0.25, 0.5, 1, 2, 5, 10, 30, 60, 120, 300},
+		}, []string{"namespace", "name", "step"}),
+		members: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: prefix + "_etcd_members",
+			Help: "etcd members of a " + kind + " as last observed, by role (voter or learner).",
+		}, []string{"namespace", "name", "role"}),
+		reaction: prometheus.NewSummaryVec(prometheus.SummaryOpts{
+			Name:       prefix + "_reaction_latency_seconds",
+			Help:       "Time from the latest observable change (a machine's or Node's condition turning, or the previous step finishing) to the controller starting its next step.",
+			Objectives: map[float64]float64{0.5: 0.01, 0.9: 0.01, 0.99: 0.001},
+			MaxAge:     time.Hour,
+		}, []string{"namespace", "name"}),
+	}).register()
+}
+
+func (m *Metrics) register() *Metrics {
+	m.reconciles = qcpmetrics.RegisterOrReuse(m.reconciles)
+	m.decisions = qcpmetrics.RegisterOrReuse(m.decisions)
+	m.membershipSteps = qcpmetrics.RegisterOrReuse(m.membershipSteps)
+	m.members = qcpmetrics.RegisterOrReuse(m.members)
+	m.reaction = qcpmetrics.RegisterOrReuse(m.reaction)
+	return m
+}
+
+// ObserveReconcile counts a reconcile of namespace/name.
+func (m *Metrics) ObserveReconcile(namespace, name string, err error, _ time.Duration) {
+	m.reconciles.WithLabelValues(namespace, name, outcome(err)).Inc()
+}
+
+// ObserveDecision counts a step of owner and times it: its reaction latency
+// from trigger to start, and for membership steps how long they took.
+func (m *Metrics) ObserveDecision(owner client.Object, d quorum.Decision, err error, trigger, start, end time.Time, learnerAdded time.Time) {
+	m.decisions.WithLabelValues(owner.GetNamespace(), owner.GetName(), string(d.Kind), outcome(err)).Inc()
+	if err != nil {
+		return
+	}
+	if !trigger.IsZero() && !start.Before(trigger) {
+		m.reaction.WithLabelValues(owner.GetNamespace(), owner.GetName()).Observe(start.Sub(trigger).Seconds())
+	}
+	switch d.Kind {
+	case quorum.Promote:
+		if !learnerAdded.IsZero() {
+			m.membershipSteps.WithLabelValues(owner.GetNamespace(), owner.GetName(), "promote").Observe(end.Sub(learnerAdded).Seconds())
+		}
+	case quorum.MoveLeader:
+		m.membershipSteps.WithLabelValues(owner.GetNamespace(), owner.GetName(), "move_leader").Observe(end.Sub(start).Seconds())
+	case quorum.RemoveMember:
+		m.membershipSteps.WithLabelValues(owner.GetNamespace(), owner.GetName(), "remove").Observe(end.Sub(start).Seconds())
+	}
+}
+
+// ObserveState sets owner's member gauges from an observation.
+func (m *Metrics) ObserveState(owner client.Object, obs *Observation) {
+	if obs.MembersErr != nil {
+		return
+	}
+	voters, learners := 0, 0
+	for _, mb := range obs.Members {
+		if mb.Learner {
+			learners++
+		} else {
+			voters++
+		}
+	}
+	m.members.WithLabelValues(owner.GetNamespace(), owner.GetName(), "voter").Set(float64(voters))
+	m.members.WithLabelValues(owner.GetNamespace(), owner.GetName(), "learner").Set(float64(learners))
+}
+
+func outcome(err error) string {
+	if err != nil {
+		return "error"
+	}
+	return "success"
+}

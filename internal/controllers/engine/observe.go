@@ -1,0 +1,173 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+	"strings"
+	"time"
+
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+
+	"github.com/qcp-dev/qcp/internal/certs"
+	"github.com/qcp-dev/qcp/internal/etcd"
+	"github.com/qcp-dev/qcp/internal/quorum"
+)
+
+// Observation is what every owner's look at its machines has: the Machines
+// (read live, never from the cache, sorted by name), the etcd members as
+// observed with the records kept on the machines, and the planner's State
+// built from them.
+type Observation struct {
+	Machines []*clusterv1.Machine
+	// Etcd is the client the members were read through; nil with no
+	// machine address to dial.
+	Etcd *etcd.Client
+	// Members as observed, with the caller's records; MembersErr is why
+	// they are unknown.
+	Members    []quorum.Member
+	MembersErr error
+	State      quorum.State
+}
+
+// Machine returns the observed Machine named name, or nil.
+func (o *Observation) Machine(name string) *clusterv1.Machine {
+	for _, m := range o.Machines {
+		if m.Name == name {
+			return m
+		}
+	}
+	return nil
+}
+
+// MemberOn returns the member hosted on machine m: by recorded ID, then by
+// name, then by peer URL (a learner added just before a crash has neither
+// a record nor a name yet).
+func (o *Observation) MemberOn(m *clusterv1.Machine) (quorum.Member, bool) {
+	id, url := ReadRecords(m).MemberID, PeerURL(m)
+	for _, pass := range []func(quorum.Member) bool{
+		func(mb quorum.Member) bool { return id != 0 && mb.ID == id },
+		func(mb quorum.Member) bool { return mb.Name != "" && mb.Name == m.Name },
+		func(mb quorum.Member) bool { return url != "" && mb.PeerURL == url },
+	} {
+		for _, mb := range o.Members {
+			if pass(mb) {
+				return mb, true
+			}
+		}
+	}
+	return quorum.Member{}, false
+}
+
+// MembershipInFlight reports whether a membership change no watch reports
+// is under way: a learner, a member that is down, a machine that hosts no
+// member yet, a machine being deleted, or a membership that cannot be
+// read. The reconciler then polls instead of waiting for a watch.
+func (o *Observation) MembershipInFlight() bool {
+	if o.MembersErr != nil {
+		return true
+	}
+	for _, mb := range o.Members {
+		if mb.Learner || !mb.Healthy {
+			return true
+		}
+	}
+	for _, m := range o.Machines {
+		if _, ok := o.MemberOn(m); !ok || !m.DeletionTimestamp.IsZero() {
+			return true
+		}
+	}
+	return false
+}
+
+// ObserveEtcd reads the member list through the machines' client URLs,
+// each member's status, the alarms, and whether every voter reports the
+// same member list, with a client certificate issued from ca. The client
+// is kept in pool under key. An error means the membership is unknown.
+func ObserveEtcd(ctx context.Context, pool *etcd.Pool, key string, ca *certs.KeyPair, machines []*clusterv1.Machine, now time.Time) (*etcd.Client, []quorum.Member, error) {
+	var endpoints []string
+	for _, m := range machines {
+		if u := ClientURL(m); u != "" {
+			endpoints = append(endpoints, u)
+		}
+	}
+	if len(endpoints) == 0 {
+		return nil, nil, errors.New("no machine has an address yet, so no etcd member can be asked")
+	}
+	cli, err := pool.GetFunc(key, func() (etcd.Config, error) {
+		pair, err := certs.IssueEtcdClient(ca, "qcp-manager", now)
+		if err != nil {
+			return etcd.Config{}, err
+		}
+		return etcd.Config{Endpoints: endpoints, CAPEM: ca.CertPEM, CertPEM: pair.CertPEM, KeyPEM: pair.KeyPEM}, nil
+	})
+	if err != nil {
+		return nil, nil, err
+	}
+	if !slices.Equal(cli.Endpoints(), endpoints) {
+		cli.SetEndpoints(endpoints...)
+	}
+	members, err := cli.ObserveMembers(ctx)
+	if err != nil {
+		return cli, nil, fmt.Errorf("reading the etcd member list: %w", err)
+	}
+	agreement, err := cli.MemberListAgreement(ctx)
+	if err != nil {
+		return cli, nil, fmt.Errorf("comparing the voters' member lists: %w", err)
+	}
+	// A voter that does not answer is down, which its health says; only
+	// voters that answer with different lists make the membership unknown.
+	if !agreement.Consistent() {
+		return cli, nil, fmt.Errorf("the voters report different member lists: %v", agreement.Views)
+	}
+	return cli, PlannerMembers(members, machines), nil
+}
+
+// PlannerMembers adds the caller's records to the observed members: when
+// each learner was added and since when each member has been unhealthy, as
+// recorded on the machine hosting it (found by member ID, then by name).
+func PlannerMembers(members []quorum.Member, machines []*clusterv1.Machine) []quorum.Member {
+	out := make([]quorum.Member, len(members))
+	for i, m := range members {
+		out[i] = m
+		for _, machine := range machines {
+			r := ReadRecords(machine)
+			if r.MemberID == m.ID || (r.MemberID == 0 && m.Name != "" && m.Name == machine.Name) {
+				out[i].AddedAt = r.LearnerAdded
+				if !m.Healthy {
+					out[i].UnhealthySince = r.UnhealthySince
+				}
+				break
+			}
+		}
+	}
+	return out
+}
+
+// PeerURL is the etcd peer URL of machine: its first internal IP on the
+// standard peer port. Empty while the infrastructure has published no
+// address, which the planner reads as "still provisioning".
+func PeerURL(machine *clusterv1.Machine) string {
+	for _, a := range machine.Status.Addresses {
+		if a.Type == clusterv1.MachineInternalIP && net.ParseIP(a.Address) != nil {
+			return "https://" + net.JoinHostPort(a.Address, "2380")
+		}
+	}
+	return ""
+}
+
+// ClientURL is machine's etcd client URL, or "" without an address.
+func ClientURL(machine *clusterv1.Machine) string {
+	if u := PeerURL(machine); u != "" {
+		return strings.TrimSuffix(u, ":2380") + ":2379"
+	}
+	return ""
+}
+
+// SortedByName sorts ms by name, in place, and returns it.
+func SortedByName(ms []*clusterv1.Machine) []*clusterv1.Machine {
+	slices.SortFunc(ms, func(a, b *clusterv1.Machine) int { return strings.Compare(a.Name, b.Name) })
+	return ms
+}
