@@ -143,11 +143,11 @@ func (s *scenario) handMadeMachine(ctx context.Context, cas *certs.ClusterCAs, e
 		}},
 		Spec: clusterv1.MachineSpec{
 			ClusterName: s.name, Version: version, FailureDomain: fd,
-			Bootstrap:         clusterv1.Bootstrap{DataSecretName: ptr.To(controlplane.BootstrapDataSecretName(name))},
+			Bootstrap:         clusterv1.Bootstrap{DataSecretName: ptr.To(engine.BootstrapDataSecretName(name))},
 			InfrastructureRef: clusterv1.ContractVersionedObjectReference{APIGroup: infrav1.GroupVersion.Group, Kind: "ProcessMachine", Name: name},
 		},
 	}
-	data, err := controlplane.BootstrapDataSecret(m, doc)
+	data, err := engine.BootstrapDataSecret(m, doc)
 	if err != nil {
 		s.t.Fatal(err)
 	}

@@ -8,18 +8,13 @@ import (
 	"strings"
 	"time"
 
-	corev1 "k8s.io/api/core/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
-	"sigs.k8s.io/cluster-api/controllers/external"
 	"sigs.k8s.io/cluster-api/util"
 	"sigs.k8s.io/cluster-api/util/conditions"
 	"sigs.k8s.io/cluster-api/util/patch"
-	"sigs.k8s.io/controller-runtime/pkg/client"
-	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
 	"github.com/qcp-dev/qcp/internal/bootstrap"
@@ -27,104 +22,28 @@ import (
 	"github.com/qcp-dev/qcp/internal/quorum"
 )
 
-// createMachine carries out CreateMachine: the machine's bootstrap data,
-// its infrastructure machine cloned from the template, and the Machine. The
-// first two are owned by the control plane until the Machine exists, so a
-// crash in between leaves nothing that outlives the control plane; CAPI
-// core then makes the infrastructure machine the Machine's, and the
-// bootstrap Secret is handed to the Machine here.
+// createMachine carries out CreateMachine through the engine: a machine
+// cloned from spec.machineTemplate, with the records it starts with. The
+// replacement of a marked machine carries the remediation in progress.
 func (r *Reconciler) createMachine(ctx context.Context, cluster *clusterv1.Cluster, cp *controlplanev1.QuorumControlPlane,
 	secrets *clusterSecrets, obs *observation, d quorum.Decision) error {
-	name := cp.Name + "-" + util.RandomString(5)
-	owner := controlPlaneOwnerRef(cp)
-	labels := machineLabels(cluster, cp)
-
-	doc := bootstrapDocument(cluster, cp, secrets, obs)
-	data, err := BootstrapDataSecret(&clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: cp.Namespace},
-		Spec: clusterv1.MachineSpec{ClusterName: cluster.Name}}, doc)
-	if err != nil {
-		return err
-	}
-	data.OwnerReferences = []metav1.OwnerReference{owner}
-	if err := r.Client.Create(ctx, data); err != nil {
-		return fmt.Errorf("creating the bootstrap data of machine %s: %w", name, err)
-	}
-	r.Failpoints.Hit(engine.FailpointAfterBootstrapData)
-
-	ref := cp.Spec.MachineTemplate.Spec.InfrastructureRef
-	infra, err := r.cloneInfrastructure(ctx, cluster, cp, name, labels)
-	if err != nil {
-		r.cleanUp(ctx, data)
-		return fmt.Errorf("cloning %s %s for machine %s (check spec.machineTemplate.spec.infrastructureRef): %w", ref.Kind, ref.Name, name, err)
-	}
-	r.Failpoints.Hit(engine.FailpointAfterInfraMachine)
-
-	machine := &clusterv1.Machine{
-		ObjectMeta: metav1.ObjectMeta{
-			Name: name, Namespace: cp.Namespace, Labels: labels,
-			Annotations:     mergeInto(maps.Clone(cp.Spec.MachineTemplate.ObjectMeta.Annotations), machineRecords(cp, obs)),
-			OwnerReferences: []metav1.OwnerReference{owner},
-		},
-		Spec: clusterv1.MachineSpec{
-			ClusterName:       cluster.Name,
-			Version:           cp.Spec.Version,
-			FailureDomain:     d.FailureDomain,
-			Bootstrap:         clusterv1.Bootstrap{DataSecretName: ptr.To(data.Name)},
-			InfrastructureRef: clusterv1.ContractVersionedObjectReference{APIGroup: ref.APIGroup, Kind: infra.GetKind(), Name: infra.GetName()},
-			MinReadySeconds:   ptr.To[int32](0),
-			Deletion:          machineDeletion(cp),
-		},
-	}
-	if err := r.Client.Create(ctx, machine); err != nil {
-		r.cleanUp(ctx, data, infra)
-		return fmt.Errorf("creating machine %s: %w", name, err)
-	}
-	r.Failpoints.Hit(engine.FailpointAfterMachine)
-	if _, ok := readRemediation(cp, RemediationInProgressAnnotation); ok {
+	tmpl := cp.Spec.MachineTemplate
+	machine, err := engine.CreateMachine(ctx, r.Client, r.Failpoints, engine.NewMachine{
+		Owner: cp, OwnerRef: controlPlaneOwnerRef(cp), Cluster: cluster,
+		Name:             cp.Name + "-" + util.RandomString(5),
+		Labels:           machineLabels(cluster, cp),
+		Annotations:      mergeInto(maps.Clone(tmpl.ObjectMeta.Annotations), machineRecords(cp, obs)),
+		InfraAnnotations: tmpl.ObjectMeta.Annotations,
+		InfraTemplate:    tmpl.Spec.InfrastructureRef, InfraTemplatePath: "spec.machineTemplate.spec.infrastructureRef",
+		Version:       cp.Spec.Version,
+		FailureDomain: d.FailureDomain,
+		Bootstrap:     bootstrapDocument(cluster, cp, secrets, obs),
+		Deletion:      machineDeletion(cp),
+	})
+	if _, ok := readRemediation(cp, RemediationInProgressAnnotation); ok && machine != nil {
 		delete(cp.Annotations, RemediationInProgressAnnotation) // the replacement carries it now
 	}
-
-	before := data.DeepCopy()
-	data.OwnerReferences = []metav1.OwnerReference{*metav1.NewControllerRef(machine, clusterv1.GroupVersion.WithKind("Machine"))}
-	if err := r.Client.Patch(ctx, data, client.MergeFrom(before)); err != nil {
-		return fmt.Errorf("handing the bootstrap data of machine %s to the machine: %w", name, err)
-	}
-	return nil
-}
-
-// cloneInfrastructure creates the machine's infrastructure machine from
-// the template, owned by the control plane (CAPI core moves it to the
-// Machine, as it does for KubeadmControlPlane).
-func (r *Reconciler) cloneInfrastructure(ctx context.Context, cluster *clusterv1.Cluster, cp *controlplanev1.QuorumControlPlane,
-	name string, labels map[string]string) (*unstructured.Unstructured, error) {
-	tmpl, err := external.GetObjectFromContractVersionedRef(ctx, r.Client, cp.Spec.MachineTemplate.Spec.InfrastructureRef, cp.Namespace)
-	if err != nil {
-		return nil, err
-	}
-	owner := controlPlaneOwnerRef(cp)
-	infra, err := external.GenerateTemplate(&external.GenerateTemplateInput{
-		Template:    tmpl,
-		TemplateRef: &corev1.ObjectReference{APIVersion: tmpl.GetAPIVersion(), Kind: tmpl.GetKind(), Name: tmpl.GetName(), Namespace: tmpl.GetNamespace()},
-		Namespace:   cp.Namespace, Name: name, ClusterName: cluster.Name, OwnerRef: &owner,
-		Labels: labels, Annotations: cp.Spec.MachineTemplate.ObjectMeta.Annotations,
-	})
-	if err != nil {
-		return nil, err
-	}
-	if err := r.Client.Create(ctx, infra); err != nil {
-		return nil, err
-	}
-	return infra, nil
-}
-
-// cleanUp deletes what a failed createMachine made; what it cannot delete
-// the control plane still owns, and garbage collection takes with it.
-func (r *Reconciler) cleanUp(ctx context.Context, objs ...client.Object) {
-	for _, o := range objs {
-		if err := r.Client.Delete(ctx, o); client.IgnoreNotFound(err) != nil {
-			log.FromContext(ctx).Error(err, "Cleaning up after a failed machine creation", "object", o.GetName())
-		}
-	}
+	return err
 }
 
 // bootstrapDocument is the agent's bootstrap data for the next machine: it

@@ -22,7 +22,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
-	"github.com/qcp-dev/qcp/internal/bootstrap"
 	"github.com/qcp-dev/qcp/internal/certs"
 )
 
@@ -107,29 +106,6 @@ func kubeconfigCurrent(data []byte, clusterName, endpoint string, ca *certs.KeyP
 	}
 	return time.Time{}, false
 }
-
-// BootstrapDataSecret returns the bootstrap data Secret of machine: doc in
-// the agent's format under CAPI's "value" key, owned by the Machine, named
-// after it. The caller names it in the Machine's
-// spec.bootstrap.dataSecretName.
-func BootstrapDataSecret(machine *clusterv1.Machine, doc *bootstrap.Document) (*corev1.Secret, error) {
-	data, err := bootstrap.Marshal(doc)
-	if err != nil {
-		return nil, fmt.Errorf("bootstrap data of machine %s: %w", machine.Name, err)
-	}
-	return &corev1.Secret{
-		ObjectMeta: metav1.ObjectMeta{
-			Name: BootstrapDataSecretName(machine.Name), Namespace: machine.Namespace,
-			Labels:          map[string]string{clusterv1.ClusterNameLabel: machine.Spec.ClusterName},
-			OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(machine, clusterv1.GroupVersion.WithKind("Machine"))},
-		},
-		Type: clusterv1.ClusterSecretType,
-		Data: map[string][]byte{"value": data, "format": []byte(bootstrap.Format)},
-	}, nil
-}
-
-// BootstrapDataSecretName is the name of machine's bootstrap data Secret.
-func BootstrapDataSecretName(machine string) string { return machine + "-bootstrap" }
 
 // clusterSecrets is what reconciling the control plane's Secrets yields.
 type clusterSecrets struct {

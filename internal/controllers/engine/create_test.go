@@ -1,0 +1,40 @@
+package engine
+
+import (
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+
+	"github.com/qcp-dev/qcp/internal/bootstrap"
+	"github.com/qcp-dev/qcp/internal/certs"
+)
+
+func TestBootstrapDataSecret(t *testing.T) {
+	cas, err := certs.NewClusterCAs(time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := bootstrap.NewStacked("demo", cas, "127.0.9.1:6443", bootstrap.NewMember())
+	doc.Versions = bootstrap.Versions{Kubernetes: "v1.36.3", Etcd: "v3.6.16"}
+	m := &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Name: "demo-cp-1", Namespace: "default", UID: "u1"},
+		Spec: clusterv1.MachineSpec{ClusterName: "demo"}}
+	s, err := BootstrapDataSecret(m, doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s.Name != "demo-cp-1-bootstrap" || s.Type != clusterv1.ClusterSecretType || s.Labels[clusterv1.ClusterNameLabel] != "demo" {
+		t.Errorf("secret %s of type %s with labels %v", s.Name, s.Type, s.Labels)
+	}
+	if len(s.OwnerReferences) != 1 || s.OwnerReferences[0].UID != "u1" || s.OwnerReferences[0].Kind != "Machine" {
+		t.Errorf("owner references %v, want the Machine", s.OwnerReferences)
+	}
+	back, err := bootstrap.Parse(s.Data["value"])
+	if err != nil {
+		t.Fatalf("the agent cannot read the bootstrap data: %v", err)
+	}
+	if back.ClusterName != "demo" || string(s.Data["format"]) != bootstrap.Format {
+		t.Errorf("bootstrap data for cluster %q, format %q", back.ClusterName, s.Data["format"])
+	}
+}
