@@ -24,6 +24,7 @@ import (
 	"github.com/qcp-dev/qcp/internal/binaries"
 	"github.com/qcp-dev/qcp/internal/controllers/controlplane"
 	"github.com/qcp-dev/qcp/internal/controllers/engine"
+	"github.com/qcp-dev/qcp/internal/controllers/etcdcluster"
 	"github.com/qcp-dev/qcp/internal/controllers/process"
 	"github.com/qcp-dev/qcp/internal/etcd"
 	"github.com/qcp-dev/qcp/internal/quorum"
@@ -182,11 +183,20 @@ func setupControlPlane(ctx context.Context, mgr ctrl.Manager, o controlPlaneOpti
 	if len(failpoints) > 0 {
 		ctrl.Log.Info("Failpoints armed: qcp-manager kills itself on reaching one", "failpoints", os.Getenv(engine.FailpointsEnv))
 	}
+	pool := etcd.NewPool()
 	r := &controlplane.Reconciler{
-		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), ClusterCache: cache, Etcd: etcd.NewPool(),
+		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), ClusterCache: cache, Etcd: pool,
 		Recorder:           mgr.GetEventRecorderFor("quorumcontrolplane-controller"),
 		KubeconfigLifetime: o.kubeconfigLifetime, Tunables: o.tunables, Failpoints: failpoints,
 		HealthCheckTimeout: o.healthCheckTimeout,
 	}
-	return r.SetupWithManager(ctx, mgr)
+	if err := r.SetupWithManager(ctx, mgr); err != nil {
+		return err
+	}
+	ec := &etcdcluster.Reconciler{
+		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Etcd: pool,
+		Recorder: mgr.GetEventRecorderFor("etcdcluster-controller"),
+		Tunables: o.tunables, Failpoints: failpoints,
+	}
+	return ec.SetupWithManager(ctx, mgr)
 }

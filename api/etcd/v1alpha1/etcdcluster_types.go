@@ -11,6 +11,10 @@ import (
 // before the EtcdCluster goes.
 const EtcdClusterFinalizer = "etcdcluster.etcd.cluster.x-k8s.io"
 
+// EtcdClusterNameLabel is on every machine of an EtcdCluster, with its
+// name; status.selector selects on it.
+const EtcdClusterNameLabel = "etcd.cluster.x-k8s.io/etcd-cluster-name"
+
 // MaxReplicas bounds an EtcdCluster: every voter slows each write.
 const MaxReplicas = 7
 

@@ -11,12 +11,10 @@ import (
 	"sigs.k8s.io/cluster-api/util/collections"
 	"sigs.k8s.io/cluster-api/util/conditions"
 	ctrl "sigs.k8s.io/controller-runtime"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
 	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
 	"github.com/qcp-dev/qcp/internal/controllers/engine"
-	"github.com/qcp-dev/qcp/internal/quorum"
 )
 
 // reconcileDelete deletes the control plane: first it waits until the
@@ -28,14 +26,16 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, cluster *clusterv1.Clu
 	if err != nil {
 		return ctrl.Result{}, fmt.Errorf("listing the machines of cluster %s: %w", klogRef(cluster), err)
 	}
-	if workers := all.Filter(collections.Not(collections.ControlPlaneMachines(cluster.Name))); workers.Len() > 0 {
+	// An EtcdCluster's machines are not workers: they go after the
+	// control plane, whose data they hold.
+	if workers := all.Filter(collections.Not(collections.ControlPlaneMachines(cluster.Name)), collections.Not(engine.EtcdMachines)); workers.Len() > 0 {
 		setDeleting(cp, controlplanev1.DeletingWaitingForWorkersReason,
 			fmt.Sprintf("Waiting for worker machines to be deleted: %s", strings.Join(sortedNames(workers), ", ")))
 		return ctrl.Result{}, nil
 	}
 	mine := all.Filter(collections.ControlPlaneMachines(cluster.Name), collections.OwnedMachines(cp, controlplanev1.GroupVersion.WithKind("QuorumControlPlane").GroupKind()))
 	for _, m := range mine.UnsortedList() {
-		if err := r.releaseAndDelete(ctx, m); err != nil {
+		if err := engine.ReleaseAndDelete(ctx, r.Client, r.Recorder, m, "control plane"); err != nil {
 			return ctrl.Result{}, err
 		}
 	}
@@ -51,26 +51,6 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, cluster *clusterv1.Clu
 	controllerutil.RemoveFinalizer(cp, controlplanev1.QuorumControlPlaneFinalizer)
 	r.Recorder.Event(cp, corev1.EventTypeNormal, "Deleted", "Every control plane machine is gone")
 	return ctrl.Result{}, nil
-}
-
-// releaseAndDelete removes the quorum hook from m (the whole etcd cluster
-// goes, so no member needs protecting) and deletes it.
-func (r *Reconciler) releaseAndDelete(ctx context.Context, m *clusterv1.Machine) error {
-	if _, ok := m.Annotations[quorum.HookAnnotation]; ok {
-		before := m.DeepCopy()
-		delete(m.Annotations, quorum.HookAnnotation)
-		if err := r.Client.Patch(ctx, m, client.MergeFrom(before)); err != nil {
-			return fmt.Errorf("releasing the hook of machine %s: %w", m.Name, err)
-		}
-	}
-	if !m.DeletionTimestamp.IsZero() {
-		return nil
-	}
-	if err := r.Client.Delete(ctx, m); client.IgnoreNotFound(err) != nil {
-		return fmt.Errorf("deleting machine %s: %w", m.Name, err)
-	}
-	r.Recorder.Eventf(m, corev1.EventTypeNormal, "DeletingMachine", "Deleting control plane machine %s with its control plane", m.Name)
-	return nil
 }
 
 func setDeleting(cp *controlplanev1.QuorumControlPlane, reason, msg string) {

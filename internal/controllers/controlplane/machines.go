@@ -50,18 +50,8 @@ func (r *Reconciler) createMachine(ctx context.Context, cluster *clusterv1.Clust
 // starts a new etcd cluster when etcd never had a member, and otherwise
 // joins through the client URLs of the started members.
 func bootstrapDocument(cluster *clusterv1.Cluster, cp *controlplanev1.QuorumControlPlane, secrets *clusterSecrets, obs *observation) *bootstrap.Document {
-	member := bootstrap.NewMember()
-	if obs.State.Bootstrapped {
-		var endpoints []string
-		for _, m := range obs.Machines {
-			if mb, ok := obs.MemberOn(m); ok && mb.Started() && mb.Voter() {
-				endpoints = append(endpoints, engine.ClientURL(m))
-			}
-		}
-		member = bootstrap.JoinMember(endpoints...)
-	}
 	endpoint := cluster.Spec.ControlPlaneEndpoint
-	doc := bootstrap.NewStacked(cluster.Name, secrets.cas, endpoint.Host+":"+strconv.Itoa(int(endpoint.Port)), member)
+	doc := bootstrap.NewStacked(cluster.Name, secrets.cas, endpoint.Host+":"+strconv.Itoa(int(endpoint.Port)), obs.LocalMember())
 	doc.Versions.Kubernetes = cp.Spec.Version
 	if v := cp.Spec.Etcd.Stacked.Version; v != "" {
 		doc.Versions.Etcd = v

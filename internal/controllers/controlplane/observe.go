@@ -23,24 +23,11 @@ import (
 // plannerMachine is what machine, and its Node (nil until it registers),
 // tell the planner. upToDate is the caller's rollout verdict on the machine.
 func plannerMachine(machine *clusterv1.Machine, node *corev1.Node, upToDate bool) quorum.Machine {
-	_, hook := machine.Annotations[quorum.HookAnnotation]
-	_, deleteMe := machine.Annotations[quorum.DeleteAnnotation]
-	m := quorum.Machine{
-		Name:            machine.Name,
-		FailureDomain:   machine.Spec.FailureDomain,
-		PeerURL:         engine.PeerURL(machine),
-		UpToDate:        upToDate,
-		CreatedAt:       machine.CreationTimestamp.Time,
-		ResourceVersion: machine.ResourceVersion,
-		Deleting:        !machine.DeletionTimestamp.IsZero(),
-		DeleteAnnotated: deleteMe,
-		HasHook:         hook,
-		// A MachineHealthCheck asks the machine's owner to remediate it by
-		// setting OwnerRemediated to False.
-		Remediate: conditions.IsFalse(machine, clusterv1.MachineOwnerRemediatedCondition),
-	}
+	m := engine.PlannerMachine(machine, upToDate)
+	// A MachineHealthCheck asks the machine's owner to remediate it by
+	// setting OwnerRemediated to False.
+	m.Remediate = conditions.IsFalse(machine, clusterv1.MachineOwnerRemediatedCondition)
 	m.NodeReady, m.ComponentsHealthy = nodeHealth(node)
-	engine.ReadRecords(machine).Apply(&m)
 	return m
 }
 
@@ -164,7 +151,7 @@ func (o *observation) build(cp *controlplanev1.QuorumControlPlane, cluster *clus
 		Desired:        int(ptr.Deref(cp.Spec.Replicas, 1)),
 		Topology:       quorum.Stacked,
 		Strategy:       strategy(cp.Spec.Rollout.Strategy),
-		FailureDomains: controlPlaneFailureDomains(cluster),
+		FailureDomains: engine.ControlPlaneFailureDomains(cluster),
 		Members:        o.Members,
 		MembersUnknown: o.MembersErr != nil,
 		Bootstrapped:   o.initialized || len(o.Members) > 0,
@@ -209,16 +196,4 @@ func (o *observation) node(m *clusterv1.Machine) *corev1.Node {
 // reconciler then polls instead of waiting for one.
 func (o *observation) inFlight() bool {
 	return o.MembershipInFlight() || o.nodesDirect || (o.initialized && o.nodes == nil)
-}
-
-// controlPlaneFailureDomains are the Cluster's failure domains flagged for
-// the control plane, as the infrastructure provider reports them.
-func controlPlaneFailureDomains(cluster *clusterv1.Cluster) []string {
-	var fds []string
-	for _, fd := range cluster.Status.FailureDomains {
-		if ptr.Deref(fd.ControlPlane, false) {
-			fds = append(fds, fd.Name)
-		}
-	}
-	return fds
 }

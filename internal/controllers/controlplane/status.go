@@ -57,12 +57,12 @@ func setStatus(cp *controlplanev1.QuorumControlPlane, obs *observation, d quorum
 	}
 	setInitialized(cp, obs)
 	setAvailable(cp, obs)
-	setEtcdHealthy(cp, obs)
+	engine.SetEtcdHealthy(cp, &obs.Observation)
 	setComponentsHealthy(cp, obs)
 	machines := collections.FromMachines(obs.Machines...).UnsortedList()
 	setAggregate(cp, machines, clusterv1.ReadyCondition, controlplanev1.MachinesReadyCondition, controlplanev1.MachinesReadyNoReplicasReason)
 	setAggregate(cp, machines, clusterv1.MachineUpToDateCondition, controlplanev1.MachinesUpToDateCondition, controlplanev1.MachinesUpToDateNoReplicasReason)
-	setScaling(cp, obs, d)
+	engine.SetScaling(cp, &obs.Observation, int(ptr.Deref(cp.Spec.Replicas, 1)), d)
 	setRollingOut(cp, obs, d)
 	setRemediating(cp, obs, d)
 	conditions.Set(cp, metav1.Condition{Type: controlplanev1.DeletingCondition, Status: metav1.ConditionFalse, Reason: controlplanev1.NotDeletingReason})
@@ -122,51 +122,6 @@ func setAvailable(cp *controlplanev1.QuorumControlPlane, obs *observation) {
 		return
 	}
 	conditions.Set(cp, metav1.Condition{Type: controlplanev1.AvailableCondition, Status: metav1.ConditionTrue, Reason: controlplanev1.AvailableReason})
-}
-
-// setEtcdHealthy: every member healthy and started, the voters agree on
-// the list, no alarm.
-func setEtcdHealthy(cp *controlplanev1.QuorumControlPlane, obs *observation) {
-	if obs.MembersErr != nil {
-		reason := controlplanev1.EtcdClusterInspectionFailedReason
-		if len(obs.Machines) == 0 {
-			reason = controlplanev1.EtcdClusterHealthUnknownReason
-		}
-		conditions.Set(cp, metav1.Condition{Type: controlplanev1.EtcdClusterHealthyCondition, Status: metav1.ConditionUnknown,
-			Reason: reason, Message: "Cannot observe etcd: " + obs.MembersErr.Error()})
-		return
-	}
-	var problems []string
-	for _, mb := range obs.Members {
-		name := memberName(obs, mb)
-		switch {
-		case !mb.Started():
-			problems = append(problems, fmt.Sprintf("* Member %s: added, not started yet", name))
-		case !mb.Healthy:
-			problems = append(problems, fmt.Sprintf("* Member %s: not healthy", name))
-		}
-		for _, a := range mb.Alarms {
-			problems = append(problems, fmt.Sprintf("* Member %s: alarm %s raised", name, a))
-		}
-	}
-	if len(obs.Members) == 0 {
-		problems = append(problems, "* No etcd member yet")
-	}
-	if len(problems) > 0 {
-		conditions.Set(cp, metav1.Condition{Type: controlplanev1.EtcdClusterHealthyCondition, Status: metav1.ConditionFalse,
-			Reason: controlplanev1.EtcdClusterNotHealthyReason, Message: strings.Join(problems, "\n")})
-		return
-	}
-	conditions.Set(cp, metav1.Condition{Type: controlplanev1.EtcdClusterHealthyCondition, Status: metav1.ConditionTrue, Reason: controlplanev1.EtcdClusterHealthyReason})
-}
-
-func memberName(obs *observation, mb quorum.Member) string {
-	for _, m := range obs.Machines {
-		if on, ok := obs.MemberOn(m); ok && on.ID == mb.ID {
-			return fmt.Sprintf("%s (machine %s)", engine.FormatMemberID(mb.ID), m.Name)
-		}
-	}
-	return engine.FormatMemberID(mb.ID)
 }
 
 // setComponentsHealthy reads each machine's component conditions, which the
@@ -230,33 +185,6 @@ func setAggregate(cp *controlplanev1.QuorumControlPlane, machines []*clusterv1.M
 		conditions.Set(cp, metav1.Condition{Type: target, Status: metav1.ConditionUnknown, Reason: clusterv1.InternalErrorReason,
 			Message: "Please check controller logs for errors"})
 	}
-}
-
-// setScaling reports ScalingUp and ScalingDown; while one is under way and
-// the planner waits, its message says for what.
-func setScaling(cp *controlplanev1.QuorumControlPlane, obs *observation, d quorum.Decision) {
-	desired, current := int(ptr.Deref(cp.Spec.Replicas, 1)), 0
-	for _, m := range obs.Machines {
-		if m.DeletionTimestamp.IsZero() {
-			current++
-		}
-	}
-	detail := ""
-	if d.Kind == quorum.Wait || d.Kind == quorum.Degraded {
-		detail = "; " + d.Reason
-	}
-	up := metav1.Condition{Type: controlplanev1.ScalingUpCondition, Status: metav1.ConditionFalse, Reason: controlplanev1.NotScalingUpReason}
-	down := metav1.Condition{Type: controlplanev1.ScalingDownCondition, Status: metav1.ConditionFalse, Reason: controlplanev1.NotScalingDownReason}
-	switch {
-	case current < desired:
-		up.Status, up.Reason = metav1.ConditionTrue, controlplanev1.ScalingUpReason
-		up.Message = fmt.Sprintf("Scaling up from %d to %d replicas%s", current, desired, detail)
-	case current > desired:
-		down.Status, down.Reason = metav1.ConditionTrue, controlplanev1.ScalingDownReason
-		down.Message = fmt.Sprintf("Scaling down from %d to %d replicas%s", current, desired, detail)
-	}
-	conditions.Set(cp, up)
-	conditions.Set(cp, down)
 }
 
 // setRollingOut reports the machines that are not up to date, why, and

@@ -115,7 +115,7 @@ func TestComponentsHealthyNamesMachineAndComponent(t *testing.T) {
 func TestScalingNamesTheWait(t *testing.T) {
 	cp := &controlplanev1.QuorumControlPlane{Spec: controlplanev1.QuorumControlPlaneSpec{Replicas: ptr.To[int32](3)}}
 	d := quorum.Decision{Kind: quorum.Wait, Reason: "waiting for learner cp-2 to start"}
-	setScaling(cp, twoMachineObservation(), d)
+	engine.SetScaling(cp, &twoMachineObservation().Observation, int(ptr.Deref(cp.Spec.Replicas, 1)), d)
 	up := conditions.Get(cp, controlplanev1.ScalingUpCondition)
 	if up.Status != metav1.ConditionTrue || !strings.Contains(up.Message, "from 2 to 3") || !strings.Contains(up.Message, d.Reason) {
 		t.Errorf("ScalingUp %+v; want True, from 2 to 3, naming the wait", up)

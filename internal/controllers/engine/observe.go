@@ -9,8 +9,10 @@ import (
 	"strings"
 	"time"
 
+	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
+	"github.com/qcp-dev/qcp/internal/bootstrap"
 	"github.com/qcp-dev/qcp/internal/certs"
 	"github.com/qcp-dev/qcp/internal/etcd"
 	"github.com/qcp-dev/qcp/internal/quorum"
@@ -30,6 +32,28 @@ type Observation struct {
 	Members    []quorum.Member
 	MembersErr error
 	State      quorum.State
+}
+
+// PlannerMachine is what every owner's machine tells the planner: where it
+// is, its address, its age and records, and whether it is being deleted or
+// carries the hook. upToDate is the owner's rollout verdict on it; the
+// owner adds the machine's health.
+func PlannerMachine(machine *clusterv1.Machine, upToDate bool) quorum.Machine {
+	_, hook := machine.Annotations[quorum.HookAnnotation]
+	_, deleteMe := machine.Annotations[quorum.DeleteAnnotation]
+	m := quorum.Machine{
+		Name:            machine.Name,
+		FailureDomain:   machine.Spec.FailureDomain,
+		PeerURL:         PeerURL(machine),
+		UpToDate:        upToDate,
+		CreatedAt:       machine.CreationTimestamp.Time,
+		ResourceVersion: machine.ResourceVersion,
+		Deleting:        !machine.DeletionTimestamp.IsZero(),
+		DeleteAnnotated: deleteMe,
+		HasHook:         hook,
+	}
+	ReadRecords(machine).Apply(&m)
+	return m
 }
 
 // Machine returns the observed Machine named name, or nil.
@@ -80,6 +104,22 @@ func (o *Observation) MembershipInFlight() bool {
 		}
 	}
 	return false
+}
+
+// LocalMember is the etcd section of the next machine's bootstrap data: a
+// new cluster when etcd never had a member, and otherwise a join through
+// the client URLs of the started voters.
+func (o *Observation) LocalMember() bootstrap.LocalEtcd {
+	if !o.State.Bootstrapped {
+		return bootstrap.NewMember()
+	}
+	var endpoints []string
+	for _, m := range o.Machines {
+		if mb, ok := o.MemberOn(m); ok && mb.Started() && mb.Voter() {
+			endpoints = append(endpoints, ClientURL(m))
+		}
+	}
+	return bootstrap.JoinMember(endpoints...)
 }
 
 // ObserveEtcd reads the member list through the machines' client URLs,
@@ -170,4 +210,17 @@ func ClientURL(machine *clusterv1.Machine) string {
 func SortedByName(ms []*clusterv1.Machine) []*clusterv1.Machine {
 	slices.SortFunc(ms, func(a, b *clusterv1.Machine) int { return strings.Compare(a.Name, b.Name) })
 	return ms
+}
+
+// ControlPlaneFailureDomains are the Cluster's failure domains flagged for
+// the control plane, as the infrastructure provider reports them; etcd
+// machines are spread over the same ones.
+func ControlPlaneFailureDomains(cluster *clusterv1.Cluster) []string {
+	var fds []string
+	for _, fd := range cluster.Status.FailureDomains {
+		if ptr.Deref(fd.ControlPlane, false) {
+			fds = append(fds, fd.Name)
+		}
+	}
+	return fds
 }

@@ -1,10 +1,13 @@
 package engine
 
 import (
+	"fmt"
 	"sort"
+	"strings"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"sigs.k8s.io/cluster-api/util/conditions"
 
 	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
 	"github.com/qcp-dev/qcp/internal/quorum"
@@ -81,4 +84,76 @@ func quoteFD(fd string) string {
 		return `""`
 	}
 	return fd
+}
+
+// SetEtcdHealthy sets owner's EtcdClusterHealthy: every member healthy and started, the voters agree on
+// the list, no alarm.
+func SetEtcdHealthy(owner conditions.Setter, obs *Observation) {
+	if obs.MembersErr != nil {
+		reason := controlplanev1.EtcdClusterInspectionFailedReason
+		if len(obs.Machines) == 0 {
+			reason = controlplanev1.EtcdClusterHealthUnknownReason
+		}
+		conditions.Set(owner, metav1.Condition{Type: controlplanev1.EtcdClusterHealthyCondition, Status: metav1.ConditionUnknown,
+			Reason: reason, Message: "Cannot observe etcd: " + obs.MembersErr.Error()})
+		return
+	}
+	var problems []string
+	for _, mb := range obs.Members {
+		name := memberName(obs, mb)
+		switch {
+		case !mb.Started():
+			problems = append(problems, fmt.Sprintf("* Member %s: added, not started yet", name))
+		case !mb.Healthy:
+			problems = append(problems, fmt.Sprintf("* Member %s: not healthy", name))
+		}
+		for _, a := range mb.Alarms {
+			problems = append(problems, fmt.Sprintf("* Member %s: alarm %s raised", name, a))
+		}
+	}
+	if len(obs.Members) == 0 {
+		problems = append(problems, "* No etcd member yet")
+	}
+	if len(problems) > 0 {
+		conditions.Set(owner, metav1.Condition{Type: controlplanev1.EtcdClusterHealthyCondition, Status: metav1.ConditionFalse,
+			Reason: controlplanev1.EtcdClusterNotHealthyReason, Message: strings.Join(problems, "\n")})
+		return
+	}
+	conditions.Set(owner, metav1.Condition{Type: controlplanev1.EtcdClusterHealthyCondition, Status: metav1.ConditionTrue, Reason: controlplanev1.EtcdClusterHealthyReason})
+}
+
+func memberName(obs *Observation, mb quorum.Member) string {
+	for _, m := range obs.Machines {
+		if on, ok := obs.MemberOn(m); ok && on.ID == mb.ID {
+			return fmt.Sprintf("%s (machine %s)", FormatMemberID(mb.ID), m.Name)
+		}
+	}
+	return FormatMemberID(mb.ID)
+}
+
+// SetScaling reports owner's ScalingUp and ScalingDown; while one is under way and
+// the planner waits, its message says for what.
+func SetScaling(owner conditions.Setter, obs *Observation, desired int, d quorum.Decision) {
+	current := 0
+	for _, m := range obs.Machines {
+		if m.DeletionTimestamp.IsZero() {
+			current++
+		}
+	}
+	detail := ""
+	if d.Kind == quorum.Wait || d.Kind == quorum.Degraded {
+		detail = "; " + d.Reason
+	}
+	up := metav1.Condition{Type: controlplanev1.ScalingUpCondition, Status: metav1.ConditionFalse, Reason: controlplanev1.NotScalingUpReason}
+	down := metav1.Condition{Type: controlplanev1.ScalingDownCondition, Status: metav1.ConditionFalse, Reason: controlplanev1.NotScalingDownReason}
+	switch {
+	case current < desired:
+		up.Status, up.Reason = metav1.ConditionTrue, controlplanev1.ScalingUpReason
+		up.Message = fmt.Sprintf("Scaling up from %d to %d replicas%s", current, desired, detail)
+	case current > desired:
+		down.Status, down.Reason = metav1.ConditionTrue, controlplanev1.ScalingDownReason
+		down.Message = fmt.Sprintf("Scaling down from %d to %d replicas%s", current, desired, detail)
+	}
+	conditions.Set(owner, up)
+	conditions.Set(owner, down)
 }

@@ -1,0 +1,281 @@
+// Package etcdcluster is the EtcdCluster provider: a managed external etcd
+// cluster on its own CAPI machines (seed 002). It is built like the
+// control plane provider, on the same engine: each round observes the
+// machines and the members, asks the quorum planner for one step, checks
+// the step against a fresh observation, and takes it.
+package etcdcluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/utils/ptr"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/conditions"
+	"sigs.k8s.io/cluster-api/util/patch"
+	"sigs.k8s.io/cluster-api/util/paused"
+	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
+	"sigs.k8s.io/controller-runtime/pkg/handler"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+
+	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
+	etcdv1 "github.com/qcp-dev/qcp/api/etcd/v1alpha1"
+	infrav1 "github.com/qcp-dev/qcp/api/infrastructure/v1alpha1"
+	"github.com/qcp-dev/qcp/internal/controllers/engine"
+	"github.com/qcp-dev/qcp/internal/etcd"
+	"github.com/qcp-dev/qcp/internal/quorum"
+)
+
+// membershipPoll is how often a round looks again while a membership
+// change is under way, which no watch reports.
+const membershipPoll = 200 * time.Millisecond
+
+// Reconciler reconciles EtcdClusters.
+type Reconciler struct {
+	// Client reads through the manager's cache and writes.
+	Client client.Client
+	// APIReader reads Machines live, so that no plan is made on a cache
+	// that has not seen the reconciler's own last write.
+	APIReader client.Reader
+	Etcd      *etcd.Pool
+	Recorder  record.EventRecorder
+	// Tunables are the planner's thresholds; an EtcdCluster's
+	// unhealthyMemberTimeoutSeconds overrides UnhealthyTimeout.
+	Tunables   quorum.Tunables
+	Failpoints engine.Failpoints
+	// Now is the clock; time.Now if nil.
+	Now func() time.Time
+
+	metrics *engine.Metrics
+	stepper *engine.Stepper
+	wakeups *engine.Wakeups
+}
+
+// +kubebuilder:rbac:groups=etcd.cluster.x-k8s.io,resources=etcdclusters;etcdclusters/status;etcdclusters/finalizers,verbs=get;list;watch;update;patch
+// +kubebuilder:rbac:groups=controlplane.cluster.x-k8s.io,resources=quorumcontrolplanes,verbs=get;list;watch
+// +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=clusters;clusters/status,verbs=get;list;watch
+// +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=machines,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=processmachines,verbs=get;list;watch;create;delete
+// +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=processmachinetemplates,verbs=get;list;watch
+// +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
+
+// SetupWithManager registers the controller: its Machines, their process
+// machines and its Cluster wake an EtcdCluster.
+func (r *Reconciler) SetupWithManager(_ context.Context, mgr ctrl.Manager) error {
+	if r.Now == nil {
+		r.Now = time.Now
+	}
+	r.metrics = engine.NewMetrics("qcp_etcdcluster", "EtcdCluster")
+	r.stepper = &engine.Stepper{Client: r.Client, Recorder: r.Recorder, Metrics: r.metrics, Failpoints: r.Failpoints, Now: r.Now}
+	r.wakeups = engine.NewWakeups(r.Now)
+	err := ctrl.NewControllerManagedBy(mgr).
+		For(&etcdv1.EtcdCluster{}).
+		Watches(&clusterv1.Machine{}, handler.EnqueueRequestsFromMapFunc(r.wakeups.Mapped(machineToEtcdCluster))).
+		Watches(&infrav1.ProcessMachine{}, handler.EnqueueRequestsFromMapFunc(r.wakeups.Mapped(r.processMachineToEtcdCluster))).
+		Watches(&clusterv1.Cluster{}, handler.EnqueueRequestsFromMapFunc(r.wakeups.Mapped(r.clusterToEtcdClusters))).
+		Complete(r)
+	if err != nil {
+		return fmt.Errorf("setting up the EtcdCluster controller: %w", err)
+	}
+	return nil
+}
+
+// Reconcile takes at most one step toward ec's desired state, and reports
+// what it saw and did in ec's status.
+func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.Result, reterr error) {
+	defer func() { r.metrics.ObserveReconcile(req.Namespace, req.Name, reterr, 0) }()
+	learned := r.wakeups.Learned(req.NamespacedName)
+	ec := &etcdv1.EtcdCluster{}
+	if err := r.Client.Get(ctx, req.NamespacedName, ec); err != nil {
+		if apierrors.IsNotFound(err) {
+			r.wakeups.Forget(req.NamespacedName)
+		}
+		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	helper, err := patch.NewHelper(ec, r.Client)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	defer func() {
+		if err := helper.Patch(ctx, ec, patch.WithOwnedConditions{Conditions: ownedConditions}); err != nil {
+			reterr = errors.Join(reterr, fmt.Errorf("writing the status of EtcdCluster %s: %w", req, err))
+		}
+	}()
+	cluster, err := r.cluster(ctx, ec)
+	if err != nil || cluster == nil {
+		return ctrl.Result{}, err
+	}
+	ctx = log.IntoContext(ctx, log.FromContext(ctx).WithValues("Cluster", klogRef(cluster)))
+	if isPaused, requeue, err := paused.EnsurePausedCondition(ctx, r.Client, cluster, ec); err != nil || isPaused || requeue {
+		return ctrl.Result{}, err
+	}
+	if !ec.DeletionTimestamp.IsZero() {
+		return r.reconcileDelete(ctx, cluster, ec)
+	}
+	if controllerutil.AddFinalizer(ec, etcdv1.EtcdClusterFinalizer) {
+		return ctrl.Result{}, nil // written by the deferred patch, which wakes the next round
+	}
+	return r.reconcileNormal(ctx, cluster, ec, learned)
+}
+
+// cluster is the Cluster ec belongs to, named by CAPI's cluster-name label
+// (no CAPI contract makes a Cluster reference its etcd); nil, with
+// EtcdInitialized saying so, while the label or the Cluster is missing.
+func (r *Reconciler) cluster(ctx context.Context, ec *etcdv1.EtcdCluster) (*clusterv1.Cluster, error) {
+	name := ec.Labels[clusterv1.ClusterNameLabel]
+	if name == "" {
+		conditions.Set(ec, metav1.Condition{Type: etcdv1.EtcdInitializedCondition, Status: metav1.ConditionFalse, Reason: etcdv1.EtcdNotInitializedReason,
+			Message: fmt.Sprintf("Waiting for the %s label naming the Cluster this etcd belongs to", clusterv1.ClusterNameLabel)})
+		return nil, nil
+	}
+	cluster := &clusterv1.Cluster{}
+	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: ec.Namespace, Name: name}, cluster); err != nil {
+		if apierrors.IsNotFound(err) {
+			conditions.Set(ec, metav1.Condition{Type: etcdv1.EtcdInitializedCondition, Status: metav1.ConditionFalse, Reason: etcdv1.EtcdNotInitializedReason,
+				Message: fmt.Sprintf("Waiting for Cluster %s, which the %s label names", name, clusterv1.ClusterNameLabel)})
+			return nil, nil
+		}
+		return nil, fmt.Errorf("reading Cluster %s of EtcdCluster %s: %w", name, klogRef(ec), err)
+	}
+	return cluster, nil
+}
+
+// reconcileNormal is one round of observe → plan → verify → act.
+func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Cluster, ec *etcdv1.EtcdCluster, learned time.Time) (ctrl.Result, error) {
+	ec.Status.ObservedGeneration = ec.Generation
+	ec.Status.Selector = machineSelector(cluster, ec)
+	// The failure domains come with the infrastructure: a machine placed
+	// before they are known would be moved at once.
+	if !ptr.Deref(cluster.Status.Initialization.InfrastructureProvisioned, false) {
+		conditions.Set(ec, metav1.Condition{Type: etcdv1.EtcdInitializedCondition, Status: metav1.ConditionFalse, Reason: etcdv1.WaitingForInfrastructureReason,
+			Message: fmt.Sprintf("Waiting for Cluster %s's infrastructure to be provisioned", cluster.Name)})
+		return ctrl.Result{}, nil
+	}
+	ca, err := r.ensureSecrets(ctx, cluster, ec)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	obs, err := r.observe(ctx, cluster, ec, ca)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	r.wakeups.Looked(client.ObjectKeyFromObject(ec), r.Now())
+	if err := r.tendMachines(ctx, cluster, ec, obs); err != nil {
+		return ctrl.Result{}, err
+	}
+	d := quorum.Plan(obs.State)
+	var fresh *observation
+	acted, replan, err := r.stepper.Take(ctx, engine.Step{
+		Owner: ec, LastOperation: &ec.Status.LastOperation, Decision: d, Learned: learned,
+		Observe: func(ctx context.Context) (*engine.Observation, error) {
+			var err error
+			if fresh, err = r.observe(ctx, cluster, ec, ca); err != nil {
+				return nil, err
+			}
+			return &fresh.Observation, nil
+		},
+		CreateMachine: func(ctx context.Context, _ *engine.Observation) error {
+			return r.createMachine(ctx, cluster, ec, ca, fresh, d)
+		},
+	})
+	setStatus(ec, obs, d, acted, r.Now())
+	r.metrics.ObserveState(ec, &obs.Observation)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	if acted || replan || obs.MembershipInFlight() {
+		return ctrl.Result{RequeueAfter: membershipPoll}, nil
+	}
+	// A machine goes out of date with time (rollout.after).
+	if at := obs.rollout.next(obs.Machines); !at.IsZero() {
+		return ctrl.Result{RequeueAfter: max(at.Sub(r.Now()), time.Second)}, nil
+	}
+	return ctrl.Result{}, nil
+}
+
+// reconcileDelete waits until no QuorumControlPlane uses ec (its data is
+// the cluster's), then deletes the machines and lets ec go.
+func (r *Reconciler) reconcileDelete(ctx context.Context, cluster *clusterv1.Cluster, ec *etcdv1.EtcdCluster) (ctrl.Result, error) {
+	var cps controlplanev1.QuorumControlPlaneList
+	if err := r.Client.List(ctx, &cps, client.InNamespace(ec.Namespace)); err != nil {
+		return ctrl.Result{}, err
+	}
+	for _, cp := range cps.Items {
+		if ref := cp.Spec.Etcd.ClusterRef; ref != nil && ref.Name == ec.Name {
+			conditions.Set(ec, metav1.Condition{Type: etcdv1.DeletingCondition, Status: metav1.ConditionTrue, Reason: controlplanev1.DeletingWaitingForWorkersReason,
+				Message: fmt.Sprintf("Waiting for QuorumControlPlane %s, which stores its data here, to be deleted", cp.Name)})
+			return ctrl.Result{RequeueAfter: 5 * time.Second}, nil
+		}
+	}
+	machines, err := r.machines(ctx, cluster, ec)
+	if err != nil {
+		return ctrl.Result{}, err
+	}
+	if len(machines) > 0 {
+		for _, m := range machines {
+			if m.DeletionTimestamp.IsZero() {
+				if err := r.Client.Delete(ctx, m); client.IgnoreNotFound(err) != nil {
+					return ctrl.Result{}, fmt.Errorf("deleting machine %s: %w", m.Name, err)
+				}
+				r.Recorder.Eventf(ec, "Normal", "DeleteMachine", "Deleting machine %s with the EtcdCluster", m.Name)
+			}
+		}
+		conditions.Set(ec, metav1.Condition{Type: etcdv1.DeletingCondition, Status: metav1.ConditionTrue, Reason: controlplanev1.DeletingWaitingForMachinesReason,
+			Message: fmt.Sprintf("Waiting for %d machines to be deleted", len(machines))})
+		return ctrl.Result{RequeueAfter: time.Second}, nil
+	}
+	if err := r.Etcd.Forget(poolKey(ec)); err != nil {
+		log.FromContext(ctx).Error(err, "Closing the etcd client")
+	}
+	controllerutil.RemoveFinalizer(ec, etcdv1.EtcdClusterFinalizer)
+	return ctrl.Result{}, nil
+}
+
+// machineToEtcdCluster maps a Machine to the EtcdCluster controlling it.
+func machineToEtcdCluster(_ context.Context, o client.Object) []ctrl.Request {
+	if owner := metav1.GetControllerOf(o); owner != nil && owner.Kind == "EtcdCluster" {
+		return []ctrl.Request{{NamespacedName: client.ObjectKey{Namespace: o.GetNamespace(), Name: owner.Name}}}
+	}
+	return nil
+}
+
+// processMachineToEtcdCluster maps a ProcessMachine to the EtcdCluster of
+// its Machine.
+func (r *Reconciler) processMachineToEtcdCluster(ctx context.Context, o client.Object) []ctrl.Request {
+	owner := metav1.GetControllerOf(o)
+	if owner == nil || owner.Kind != "Machine" {
+		return machineToEtcdCluster(ctx, o) // still owned by the EtcdCluster, before CAPI core moves it
+	}
+	m := &clusterv1.Machine{}
+	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: o.GetNamespace(), Name: owner.Name}, m); err != nil {
+		return nil
+	}
+	return machineToEtcdCluster(ctx, m)
+}
+
+// clusterToEtcdClusters maps a Cluster to the EtcdClusters labelled with
+// its name.
+func (r *Reconciler) clusterToEtcdClusters(ctx context.Context, o client.Object) []ctrl.Request {
+	var list etcdv1.EtcdClusterList
+	if err := r.Client.List(ctx, &list, client.InNamespace(o.GetNamespace()), client.MatchingLabels{clusterv1.ClusterNameLabel: o.GetName()}); err != nil {
+		return nil
+	}
+	var reqs []ctrl.Request
+	for _, ec := range list.Items {
+		reqs = append(reqs, ctrl.Request{NamespacedName: client.ObjectKeyFromObject(&ec)})
+	}
+	return reqs
+}
+
+// poolKey names ec's client in the etcd pool, apart from any stacked etcd.
+func poolKey(ec *etcdv1.EtcdCluster) string { return "etcdcluster/" + klogRef(ec) }
+
+func klogRef(o client.Object) string { return o.GetNamespace() + "/" + o.GetName() }

@@ -1,0 +1,89 @@
+package etcdcluster
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/utils/ptr"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/collections"
+
+	etcdv1 "github.com/qcp-dev/qcp/api/etcd/v1alpha1"
+	"github.com/qcp-dev/qcp/internal/certs"
+	"github.com/qcp-dev/qcp/internal/controllers/engine"
+	"github.com/qcp-dev/qcp/internal/quorum"
+)
+
+// observation is one look at an EtcdCluster: the engine's (machines,
+// members, State) and which machines are out of date.
+type observation struct {
+	engine.Observation
+	rollout rollout
+}
+
+// machines lists ec's Machines, live (never from the cache), by name.
+func (r *Reconciler) machines(ctx context.Context, cluster *clusterv1.Cluster, ec *etcdv1.EtcdCluster) ([]*clusterv1.Machine, error) {
+	ms, err := collections.GetFilteredMachinesForCluster(ctx, r.APIReader, cluster,
+		collections.OwnedMachines(ec, etcdv1.GroupVersion.WithKind("EtcdCluster").GroupKind()))
+	if err != nil {
+		return nil, fmt.Errorf("listing the machines of EtcdCluster %s: %w", klogRef(ec), err)
+	}
+	return engine.SortedByName(ms.UnsortedList()), nil
+}
+
+// observe reads everything the planner needs: the machines and the members
+// (over TLS, with a client certificate QCP issues itself from ca).
+func (r *Reconciler) observe(ctx context.Context, cluster *clusterv1.Cluster, ec *etcdv1.EtcdCluster, ca *certs.KeyPair) (*observation, error) {
+	machines, err := r.machines(ctx, cluster, ec)
+	if err != nil {
+		return nil, err
+	}
+	obs := &observation{Observation: engine.Observation{Machines: machines}, rollout: newRollout(ec, r.Now())}
+	obs.Etcd, obs.Members, obs.MembersErr = engine.ObserveEtcd(ctx, r.Etcd, poolKey(ec), ca, machines, r.Now())
+	obs.build(ec, cluster, r.Now(), r.tunables(ec))
+	return obs, nil
+}
+
+// tunables are the manager's, with ec's unhealthy-member timeout.
+func (r *Reconciler) tunables(ec *etcdv1.EtcdCluster) quorum.Tunables {
+	t := r.Tunables
+	if s := ec.Spec.UnhealthyMemberTimeoutSeconds; s != nil {
+		t.UnhealthyTimeout = time.Duration(*s) * time.Second
+	}
+	return t
+}
+
+// build turns the observation into the planner's State. An etcd machine
+// has no Node: it is healthy when its member is.
+func (o *observation) build(ec *etcdv1.EtcdCluster, cluster *clusterv1.Cluster, now time.Time, tun quorum.Tunables) {
+	s := quorum.State{
+		Desired:        int(ptr.Deref(ec.Spec.Replicas, 3)),
+		Topology:       quorum.External,
+		Strategy:       quorum.SurgeFirst,
+		FailureDomains: engine.ControlPlaneFailureDomains(cluster),
+		Members:        o.Members,
+		MembersUnknown: o.MembersErr != nil,
+		Bootstrapped:   ec.Status.Initialized || len(o.Members) > 0,
+		Now:            now,
+		Tunables:       tun,
+	}
+	for _, m := range o.Machines {
+		pm := engine.PlannerMachine(m, len(o.rollout.outdated(m)) == 0)
+		mb, ok := o.MemberOn(m)
+		pm.ComponentsHealthy = ok && mb.Healthy
+		s.Machines = append(s.Machines, pm)
+	}
+	o.State = s
+}
+
+// machineLabels are on every machine of ec: the cluster's name, and ec's,
+// which status.selector selects.
+func machineLabels(cluster *clusterv1.Cluster, ec *etcdv1.EtcdCluster) map[string]string {
+	return map[string]string{clusterv1.ClusterNameLabel: cluster.Name, etcdv1.EtcdClusterNameLabel: ec.Name}
+}
+
+func machineSelector(cluster *clusterv1.Cluster, ec *etcdv1.EtcdCluster) string {
+	return labels.SelectorFromSet(machineLabels(cluster, ec)).String()
+}

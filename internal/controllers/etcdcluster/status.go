@@ -1,0 +1,134 @@
+package etcdcluster
+
+import (
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	utilversion "k8s.io/apimachinery/pkg/util/version"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/cluster-api/util/conditions"
+
+	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
+	etcdv1 "github.com/qcp-dev/qcp/api/etcd/v1alpha1"
+	"github.com/qcp-dev/qcp/internal/controllers/engine"
+	"github.com/qcp-dev/qcp/internal/quorum"
+)
+
+// ownedConditions are the conditions this controller writes.
+var ownedConditions = []string{
+	etcdv1.AvailableCondition, etcdv1.EtcdCACertificatesAvailableCondition, etcdv1.EtcdInitializedCondition,
+	etcdv1.EtcdClusterHealthyCondition, etcdv1.ScalingUpCondition, etcdv1.ScalingDownCondition, etcdv1.RollingOutCondition,
+	etcdv1.DeletingCondition,
+}
+
+// setStatus reports an observation and the planner's decision on it,
+// including the contract fields control plane providers read.
+func setStatus(ec *etcdv1.EtcdCluster, obs *observation, d quorum.Decision, acted bool, now time.Time) {
+	if !acted {
+		engine.RecordDecision(&ec.Status.LastOperation, d, now)
+	}
+	desired := int(ptr.Deref(ec.Spec.Replicas, 3))
+	var ready, upToDate int32
+	var lowest *utilversion.Version
+	for _, m := range obs.Machines {
+		if mb, ok := obs.MemberOn(m); ok && mb.Voter() && mb.Healthy {
+			ready++
+		}
+		if len(obs.rollout.outdated(m)) == 0 {
+			upToDate++
+		}
+		var had machineSpec
+		if json.Unmarshal([]byte(m.Annotations[MachineSpecAnnotation]), &had) == nil {
+			if v, err := utilversion.ParseSemantic(had.Version); err == nil && (lowest == nil || v.LessThan(lowest)) {
+				lowest, ec.Status.Version = v, had.Version
+			}
+		}
+	}
+	ec.Status.Replicas = ptr.To(int32(len(obs.Machines)))
+	ec.Status.ReadyReplicas, ec.Status.UpToDateReplicas = &ready, &upToDate
+	if obs.MembersErr == nil {
+		ec.Status.Members = engine.MemberStatuses(&obs.Observation)
+		setContract(ec, obs, desired)
+	}
+	engine.SetEtcdHealthy(ec, &obs.Observation)
+	engine.SetScaling(ec, &obs.Observation, desired, d)
+	setRollingOut(ec, obs, d)
+	conditions.Set(ec, metav1.Condition{Type: etcdv1.DeletingCondition, Status: metav1.ConditionFalse, Reason: controlplanev1.NotDeletingReason})
+}
+
+// setContract sets initialized (a member runs), ready (as many healthy
+// voters as desired, no learner), creationComplete (ready once; it stays
+// true) and endpoints (the voters' client URLs), with EtcdInitialized and
+// Available.
+func setContract(ec *etcdv1.EtcdCluster, obs *observation, desired int) {
+	var endpoints []string
+	voters, healthy, learners := 0, 0, 0
+	for _, m := range obs.Machines {
+		mb, ok := obs.MemberOn(m)
+		switch {
+		case !ok:
+		case mb.Learner:
+			learners++
+		default:
+			voters++
+			if mb.Healthy {
+				healthy++
+			}
+			if mb.Started() {
+				endpoints = append(endpoints, engine.ClientURL(m))
+			}
+		}
+	}
+	slices.Sort(endpoints)
+	ec.Status.Endpoints = strings.Join(endpoints, ",")
+	if len(endpoints) > 0 {
+		ec.Status.Initialized = true
+	}
+	ec.Status.Ready = voters == desired && healthy == desired && learners == 0 && len(obs.Machines) == desired
+	if ec.Status.Ready {
+		ec.Status.CreationComplete = true
+	}
+	if ec.Status.Initialized {
+		conditions.Set(ec, metav1.Condition{Type: etcdv1.EtcdInitializedCondition, Status: metav1.ConditionTrue, Reason: etcdv1.EtcdInitializedReason})
+	} else {
+		conditions.Set(ec, metav1.Condition{Type: etcdv1.EtcdInitializedCondition, Status: metav1.ConditionFalse, Reason: etcdv1.EtcdNotInitializedReason,
+			Message: "Waiting for the first member to start"})
+	}
+	if quorumOf := voters/2 + 1; voters > 0 && healthy >= quorumOf {
+		conditions.Set(ec, metav1.Condition{Type: etcdv1.AvailableCondition, Status: metav1.ConditionTrue, Reason: etcdv1.AvailableReason})
+		return
+	}
+	conditions.Set(ec, metav1.Condition{Type: etcdv1.AvailableCondition, Status: metav1.ConditionFalse, Reason: etcdv1.NotAvailableReason,
+		Message: fmt.Sprintf("%d of %d voters healthy; etcd needs a majority", healthy, voters)})
+}
+
+// setRollingOut reports the machines that are not up to date and why.
+func setRollingOut(ec *etcdv1.EtcdCluster, obs *observation, d quorum.Decision) {
+	var outdated, lines []string
+	for _, m := range obs.Machines {
+		if !m.DeletionTimestamp.IsZero() {
+			continue
+		}
+		if why := obs.rollout.outdated(m); len(why) > 0 {
+			outdated = append(outdated, m.Name)
+			for _, w := range why {
+				if line := "* " + w; !slices.Contains(lines, line) {
+					lines = append(lines, line)
+				}
+			}
+		}
+	}
+	if len(outdated) == 0 {
+		conditions.Set(ec, metav1.Condition{Type: etcdv1.RollingOutCondition, Status: metav1.ConditionFalse, Reason: controlplanev1.NotRollingOutReason})
+		return
+	}
+	msg := fmt.Sprintf("Rolling out %d machines not up to date (%s):\n%s", len(outdated), strings.Join(outdated, ", "), strings.Join(lines, "\n"))
+	if d.Kind == quorum.Wait || d.Kind == quorum.Degraded {
+		msg += "\n* Waiting: " + d.Reason
+	}
+	conditions.Set(ec, metav1.Condition{Type: etcdv1.RollingOutCondition, Status: metav1.ConditionTrue, Reason: controlplanev1.RollingOutReason, Message: msg})
+}
