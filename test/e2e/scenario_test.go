@@ -51,6 +51,9 @@ type scenario struct {
 
 	traffic *traffic
 	bound   *machineBound
+	// selector selects the scenario's machines: the control plane's, or
+	// an EtcdCluster's.
+	selector client.MatchingLabels
 }
 
 // newScenario creates a Cluster named name with a ProcessCluster (three
@@ -78,7 +81,8 @@ func newScenarioWithoutControlPlane(t testing.TB, mgmt *management, name string,
 	edits ...func(*controlplanev1.QuorumControlPlane)) (*scenario, *controlplanev1.QuorumControlPlane) {
 	t.Helper()
 	testkit.RequireBinaries(t, "etcd", "kube", "capi-manager")
-	s := &scenario{t: t, mgmt: mgmt, c: mgmt.env.Client, name: name}
+	s := &scenario{t: t, mgmt: mgmt, c: mgmt.env.Client, name: name,
+		selector: client.MatchingLabels{clusterv1.ClusterNameLabel: name, clusterv1.MachineControlPlaneLabel: ""}}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	cp := &controlplanev1.QuorumControlPlane{
@@ -169,12 +173,10 @@ func (s *scenario) controlPlane(ctx context.Context) (*controlplanev1.QuorumCont
 	return cp, s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: s.name}, cp)
 }
 
-// machines lists the control plane's Machines, oldest first.
+// machines lists the scenario's Machines, oldest first.
 func (s *scenario) machines(ctx context.Context) ([]clusterv1.Machine, error) {
 	var list clusterv1.MachineList
-	if err := s.c.List(ctx, &list, client.InNamespace(ns), client.MatchingLabels{
-		clusterv1.ClusterNameLabel: s.name, clusterv1.MachineControlPlaneLabel: "",
-	}); err != nil {
+	if err := s.c.List(ctx, &list, client.InNamespace(ns), s.selector); err != nil {
 		return nil, err
 	}
 	slices.SortFunc(list.Items, func(a, b clusterv1.Machine) int {

@@ -10,6 +10,7 @@
 package e2e
 
 import (
+	"cmp"
 	"context"
 	"flag"
 	"fmt"
@@ -27,8 +28,9 @@ import (
 )
 
 // addressRange keeps this package's machines apart from other packages'
-// tests running at the same time.
-const addressRange = "127.23.0.0/16"
+// tests running at the same time. QCP_E2E_ADDRESS_RANGE moves it, so that
+// a second checkout's end-to-end tests can run beside these.
+var addressRange = cmp.Or(os.Getenv("QCP_E2E_ADDRESS_RANGE"), "127.23.0.0/16")
 
 // shared is the package's management cluster; nil with -short.
 var shared *management

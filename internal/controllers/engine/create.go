@@ -21,6 +21,11 @@ type NewMachine struct {
 	// Owner controls the machine; OwnerRef references it.
 	Owner    client.Object
 	OwnerRef metav1.OwnerReference
+	// InfraOwnerRef owns the infrastructure machine until CAPI core makes
+	// the Machine its controller; OwnerRef if unset. CAPI core takes over
+	// only from a MachineSet or the cluster's control plane, so any other
+	// owner must not be its controller.
+	InfraOwnerRef *metav1.OwnerReference
 	Cluster  *clusterv1.Cluster
 	Name     string
 	Labels   map[string]string
@@ -98,10 +103,14 @@ func cloneInfrastructure(ctx context.Context, c client.Client, nm NewMachine) (*
 	if err != nil {
 		return nil, err
 	}
+	owner := nm.OwnerRef
+	if nm.InfraOwnerRef != nil {
+		owner = *nm.InfraOwnerRef
+	}
 	infra, err := external.GenerateTemplate(&external.GenerateTemplateInput{
 		Template:    tmpl,
 		TemplateRef: &corev1.ObjectReference{APIVersion: tmpl.GetAPIVersion(), Kind: tmpl.GetKind(), Name: tmpl.GetName(), Namespace: tmpl.GetNamespace()},
-		Namespace:   nm.Owner.GetNamespace(), Name: nm.Name, ClusterName: nm.Cluster.Name, OwnerRef: &nm.OwnerRef,
+		Namespace:   nm.Owner.GetNamespace(), Name: nm.Name, ClusterName: nm.Cluster.Name, OwnerRef: &owner,
 		Labels: nm.Labels, Annotations: nm.InfraAnnotations,
 	})
 	if err != nil {

@@ -103,8 +103,10 @@ func (r *Reconciler) createMachine(ctx context.Context, cluster *clusterv1.Clust
 		}
 		doc.ExtraArgs = map[bootstrap.Component][]bootstrap.Arg{bootstrap.Etcd: args}
 	}
+	infraOwner := ownerRef(ec)
+	infraOwner.Controller = nil
 	_, err = engine.CreateMachine(ctx, r.Client, r.Failpoints, engine.NewMachine{
-		Owner: ec, OwnerRef: ownerRef(ec), Cluster: cluster,
+		Owner: ec, OwnerRef: ownerRef(ec), InfraOwnerRef: &infraOwner, Cluster: cluster,
 		Name:          ec.Name + "-" + util.RandomString(5),
 		Labels:        machineLabels(cluster, ec),
 		Annotations:   map[string]string{MachineSpecAnnotation: string(spec)},

@@ -97,10 +97,10 @@ func (w *world) testClusterWaits(ctx context.Context) {
 		t.Errorf("condition %+v does not name the missing CA Secret %s", c, caSecret)
 	}
 	w.waitInfrastructureProvisioned(ctx)
+	// Provisioned means the balancer's process runs; on a loaded host it
+	// listens a moment later.
 	endpoint := w.lbEndpoint(ctx)
-	if err := dial(endpoint); err != nil {
-		t.Errorf("the load balancer does not listen on %s while it waits for the CA: %v", endpoint, err)
-	}
+	w.eventually(ctx, "the load balancer listening on "+endpoint+" while it waits for the CA", func(context.Context) error { return dial(endpoint) })
 
 	for _, s := range certs.Secrets(ns, w.cluster, w.cas) {
 		w.create(ctx, s)

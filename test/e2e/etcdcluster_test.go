@@ -1,0 +1,160 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	autoscalingv1 "k8s.io/api/autoscaling/v1"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/conditions"
+	"sigs.k8s.io/cluster-api/util/secret"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	etcdv1 "github.com/qcp-dev/qcp/api/etcd/v1alpha1"
+	infrav1 "github.com/qcp-dev/qcp/api/infrastructure/v1alpha1"
+	"github.com/qcp-dev/qcp/internal/testkit"
+)
+
+// newEtcdScenario creates a Cluster named name with a ProcessCluster (three
+// failure domains), a ProcessMachineTemplate and an EtcdCluster of
+// replicas members, and registers the end-of-scenario checks on the
+// EtcdCluster's machines.
+func newEtcdScenario(t testing.TB, mgmt *management, name string, replicas int32, edits ...func(*etcdv1.EtcdCluster)) *scenario {
+	t.Helper()
+	testkit.RequireBinaries(t, "etcd", "kube", "capi-manager")
+	s := &scenario{t: t, mgmt: mgmt, c: mgmt.env.Client, name: name,
+		selector: client.MatchingLabels{clusterv1.ClusterNameLabel: name, etcdv1.EtcdClusterNameLabel: name}}
+	ec := &etcdv1.EtcdCluster{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: map[string]string{clusterv1.ClusterNameLabel: name}},
+		Spec: etcdv1.EtcdClusterSpec{
+			Replicas: ptr.To(replicas), Version: "v3.6.16",
+			InfrastructureRef: clusterv1.ContractVersionedObjectReference{APIGroup: infrav1.GroupVersion.Group, Kind: "ProcessMachineTemplate", Name: name},
+		},
+	}
+	for _, edit := range edits {
+		edit(ec)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	s.create(ctx,
+		&infrav1.ProcessCluster{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+			Spec: infrav1.ProcessClusterSpec{FailureDomains: failureDomains}},
+		&infrav1.ProcessMachineTemplate{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}},
+		&clusterv1.Cluster{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+			Spec: clusterv1.ClusterSpec{InfrastructureRef: clusterv1.ContractVersionedObjectReference{
+				APIGroup: infrav1.GroupVersion.Group, Kind: "ProcessCluster", Name: name,
+			}},
+		},
+		ec,
+	)
+	s.bound = startMachineBound(s, int(replicas), 1)
+	t.Cleanup(s.dumpOnFailure)
+	return s
+}
+
+// etcdCluster reads the scenario's EtcdCluster.
+func (s *scenario) etcdCluster(ctx context.Context) (*etcdv1.EtcdCluster, error) {
+	ec := &etcdv1.EtcdCluster{}
+	return ec, s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: s.name}, ec)
+}
+
+// waitEtcdReady waits until the EtcdCluster is ready with replicas healthy
+// voters on as many machines, its endpoints listing each, and returns it.
+func (s *scenario) waitEtcdReady(timeout time.Duration, replicas int) *etcdv1.EtcdCluster {
+	s.t.Helper()
+	var ec *etcdv1.EtcdCluster
+	s.eventually(timeout, fmt.Sprintf("EtcdCluster %s ready with %d healthy voters", s.name, replicas), func(ctx context.Context) error {
+		var err error
+		if ec, err = s.etcdCluster(ctx); err != nil {
+			return err
+		}
+		last := ec.Status.LastOperation
+		if !ec.Status.Ready || !ec.Status.CreationComplete || !conditions.IsTrue(ec, etcdv1.AvailableCondition) {
+			return fmt.Errorf("ready %v, creationComplete %v, Available %q; last operation %s %s: %s", ec.Status.Ready, ec.Status.CreationComplete,
+				conditions.GetMessage(ec, etcdv1.AvailableCondition), last.Kind, last.Target, last.Reason)
+		}
+		if got := ptr.Deref(ec.Status.ReadyReplicas, 0); got != int32(replicas) || ptr.Deref(ec.Status.Replicas, 0) != int32(replicas) {
+			return fmt.Errorf("%d machines, %d with a healthy voter; want %d", ptr.Deref(ec.Status.Replicas, 0), got, replicas)
+		}
+		if eps := strings.Split(ec.Status.Endpoints, ","); len(eps) != replicas {
+			return fmt.Errorf("endpoints %q, want %d", ec.Status.Endpoints, replicas)
+		}
+		return nil
+	})
+	return ec
+}
+
+// scaleEtcd sets the EtcdCluster's replicas through the scale subresource.
+func (s *scenario) scaleEtcd(ctx context.Context, replicas int32) {
+	s.t.Helper()
+	s.bound.setDesired(int(replicas))
+	if s.traffic != nil {
+		s.traffic.monitor.SetDesired(int(replicas))
+	}
+	ec := &etcdv1.EtcdCluster{ObjectMeta: metav1.ObjectMeta{Name: s.name, Namespace: ns}}
+	scale := &autoscalingv1.Scale{Spec: autoscalingv1.ScaleSpec{Replicas: replicas}}
+	if err := s.c.SubResource("scale").Update(ctx, ec, client.WithSubResourceBody(scale)); err != nil {
+		s.t.Fatalf("scaling EtcdCluster %s to %d: %v", s.name, replicas, err)
+	}
+}
+
+// TestEtcdClusterCreateAndScale creates an EtcdCluster of 3 on its own
+// machines, checks the contract (status and Secrets), and scales it to 5
+// and back to 3 with writes going on: learners first, one membership
+// change at a time, nothing lost.
+func TestEtcdClusterCreateAndScale(t *testing.T) {
+	mgmt := requireShared(t)
+	t.Parallel()
+	s := newEtcdScenario(t, mgmt, "etcd-scale", 3)
+	s.startTraffic(3)
+	ec := s.waitEtcdReady(5*time.Minute, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	if !ec.Status.Initialized || !conditions.IsTrue(ec, etcdv1.EtcdInitializedCondition) || !conditions.IsTrue(ec, etcdv1.EtcdCACertificatesAvailableCondition) {
+		t.Errorf("initialized %v, EtcdInitialized %v, EtcdCACertificatesAvailable %v", ec.Status.Initialized,
+			conditions.IsTrue(ec, etcdv1.EtcdInitializedCondition), conditions.IsTrue(ec, etcdv1.EtcdCACertificatesAvailableCondition))
+	}
+	for _, purpose := range []secret.Purpose{secret.EtcdCA, secret.APIServerEtcdClient} {
+		var sec corev1.Secret
+		if err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: secret.Name(s.name, purpose)}, &sec); err != nil {
+			t.Fatalf("contract Secret %s: %v", secret.Name(s.name, purpose), err)
+		}
+		if sec.Type != clusterv1.ClusterSecretType || sec.Labels[clusterv1.ClusterNameLabel] != s.name || len(sec.Data[secret.TLSCrtDataName]) == 0 {
+			t.Errorf("Secret %s: type %s, labels %v, keys %d", sec.Name, sec.Type, sec.Labels, len(sec.Data))
+		}
+	}
+	machines, err := s.machines(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range machines {
+		if ip := internalIP(&m); !strings.Contains(ec.Status.Endpoints, "https://"+ip+":2379") {
+			t.Errorf("endpoints %q do not list machine %s (%s)", ec.Status.Endpoints, m.Name, ip)
+		}
+	}
+
+	s.scaleEtcd(ctx, 5)
+	s.waitEtcdReady(10*time.Minute, 5)
+	s.scaleEtcd(ctx, 3)
+	s.waitEtcdReady(10*time.Minute, 3)
+	wr, mr := s.traffic.stop(ctx)
+	s.traffic = nil
+	t.Logf("writer: %s", wr)
+	if err := wr.Err(); err != nil {
+		t.Error(err)
+	}
+	if err := mr.Err(); err != nil {
+		t.Error(err)
+	}
+	if mr.MaxLearners > 1 || mr.MaxVoters > 5 {
+		t.Errorf("membership went to %d voters and %d learners at once; want at most 5 voters and 1 learner", mr.MaxVoters, mr.MaxLearners)
+	}
+	s.finish()
+}
