@@ -173,7 +173,7 @@ func TestRollingOutNamesWhyAndWhatBlocks(t *testing.T) {
 	wait := quorum.Decision{Kind: quorum.Wait, Reason: "waiting for machine cp-2 to join before creating another"}
 
 	cp := &controlplanev1.QuorumControlPlane{}
-	setRollingOut(cp, obs, wait)
+	engine.SetRollingOut(cp, &obs.Observation, obs.rollout.outdated, wait)
 	c := conditions.Get(cp, controlplanev1.RollingOutCondition)
 	if c == nil || c.Status != metav1.ConditionTrue {
 		t.Fatalf("RollingOut = %+v, want True", c)
@@ -185,13 +185,13 @@ func TestRollingOutNamesWhyAndWhatBlocks(t *testing.T) {
 	}
 
 	obs.State.Strategy = quorum.OnDelete
-	setRollingOut(cp, obs, wait)
+	engine.SetRollingOut(cp, &obs.Observation, obs.rollout.outdated, wait)
 	if c := conditions.Get(cp, controlplanev1.RollingOutCondition); c.Status != metav1.ConditionFalse || c.Reason != controlplanev1.WaitingForDeleteReason {
 		t.Errorf("with OnDelete RollingOut = %+v, want False, %s", c, controlplanev1.WaitingForDeleteReason)
 	}
 
 	obs.Machines = []*clusterv1.Machine{blocked}
-	setRollingOut(cp, obs, wait)
+	engine.SetRollingOut(cp, &obs.Observation, obs.rollout.outdated, wait)
 	if c := conditions.Get(cp, controlplanev1.RollingOutCondition); c.Status != metav1.ConditionFalse || c.Reason != controlplanev1.NotRollingOutReason {
 		t.Errorf("with every machine up to date RollingOut = %+v, want False, %s", c, controlplanev1.NotRollingOutReason)
 	}
@@ -210,14 +210,14 @@ func TestRollingOutSaysRebalancing(t *testing.T) {
 	}
 	obs.State.Desired, obs.State.FailureDomains = 3, []string{"fd-a", "fd-b", "fd-c"}
 	cp := &controlplanev1.QuorumControlPlane{}
-	setRollingOut(cp, obs, quorum.Decision{Kind: quorum.CreateMachine})
+	engine.SetRollingOut(cp, &obs.Observation, obs.rollout.outdated, quorum.Decision{Kind: quorum.CreateMachine})
 	c := conditions.Get(cp, controlplanev1.RollingOutCondition)
 	if c == nil || c.Status != metav1.ConditionTrue || c.Reason != controlplanev1.RebalancingReason ||
 		!strings.Contains(c.Message, "failure domain fd-a holds 3 machines, more than an even spread's 1") {
 		t.Fatalf("RollingOut = %+v, want True, %s, naming fd-a's 3 machines", c, controlplanev1.RebalancingReason)
 	}
 	obs.State.FailureDomains = []string{"fd-a"}
-	setRollingOut(cp, obs, quorum.Decision{Kind: quorum.Wait})
+	engine.SetRollingOut(cp, &obs.Observation, obs.rollout.outdated, quorum.Decision{Kind: quorum.Wait})
 	if c := conditions.Get(cp, controlplanev1.RollingOutCondition); c.Status != metav1.ConditionFalse {
 		t.Errorf("with one domain RollingOut = %+v, want False", c)
 	}

@@ -63,7 +63,7 @@ func setStatus(cp *controlplanev1.QuorumControlPlane, obs *observation, d quorum
 	setAggregate(cp, machines, clusterv1.ReadyCondition, controlplanev1.MachinesReadyCondition, controlplanev1.MachinesReadyNoReplicasReason)
 	setAggregate(cp, machines, clusterv1.MachineUpToDateCondition, controlplanev1.MachinesUpToDateCondition, controlplanev1.MachinesUpToDateNoReplicasReason)
 	engine.SetScaling(cp, &obs.Observation, int(ptr.Deref(cp.Spec.Replicas, 1)), d)
-	setRollingOut(cp, obs, d)
+	engine.SetRollingOut(cp, &obs.Observation, obs.rollout.outdated, d)
 	setRemediating(cp, obs, d)
 	conditions.Set(cp, metav1.Condition{Type: controlplanev1.DeletingCondition, Status: metav1.ConditionFalse, Reason: controlplanev1.NotDeletingReason})
 }
@@ -185,49 +185,4 @@ func setAggregate(cp *controlplanev1.QuorumControlPlane, machines []*clusterv1.M
 		conditions.Set(cp, metav1.Condition{Type: target, Status: metav1.ConditionUnknown, Reason: clusterv1.InternalErrorReason,
 			Message: "Please check controller logs for errors"})
 	}
-}
-
-// setRollingOut reports the machines that are not up to date, why, and
-// what the rollout waits for; a replacement whose infrastructure is not
-// ready (a missing kube binary, for one) shows its infrastructure's
-// message, which names the fix.
-func setRollingOut(cp *controlplanev1.QuorumControlPlane, obs *observation, d quorum.Decision) {
-	var outdated, lines []string
-	for _, m := range obs.Machines {
-		if !m.DeletionTimestamp.IsZero() {
-			continue
-		}
-		if why := obs.rollout.outdated(m); len(why) > 0 {
-			outdated = append(outdated, m.Name)
-			for _, w := range why {
-				if line := "* " + w; !slices.Contains(lines, line) {
-					lines = append(lines, line)
-				}
-			}
-		}
-		if engine.PeerURL(m) == "" && conditions.IsFalse(m, clusterv1.MachineInfrastructureReadyCondition) {
-			lines = append(lines, fmt.Sprintf("* Machine %s: %s", m.Name, conditions.GetMessage(m, clusterv1.MachineInfrastructureReadyCondition)))
-		}
-	}
-	cond := metav1.Condition{Type: controlplanev1.RollingOutCondition, Status: metav1.ConditionFalse, Reason: controlplanev1.NotRollingOutReason}
-	rebalancing := quorum.Rebalancing(obs.State)
-	switch {
-	case len(outdated) == 0 && rebalancing != "":
-		cond.Status, cond.Reason = metav1.ConditionTrue, controlplanev1.RebalancingReason
-		cond.Message = "Rebalancing failure domains, one machine at a time: " + rebalancing
-		if d.Kind == quorum.Wait || d.Kind == quorum.Degraded {
-			cond.Message += "\n* " + d.Reason
-		}
-	case len(outdated) == 0:
-	case obs.State.Strategy == quorum.OnDelete:
-		cond.Reason = controlplanev1.WaitingForDeleteReason
-		cond.Message = fmt.Sprintf("%d not up-to-date replicas (%s) wait to be deleted (strategy OnDelete)\n%s", len(outdated), strings.Join(outdated, ", "), strings.Join(lines, "\n"))
-	default:
-		cond.Status, cond.Reason = metav1.ConditionTrue, controlplanev1.RollingOutReason
-		cond.Message = fmt.Sprintf("Rolling out %d not up-to-date replicas (%s)\n%s", len(outdated), strings.Join(outdated, ", "), strings.Join(lines, "\n"))
-		if d.Kind == quorum.Wait || d.Kind == quorum.Degraded {
-			cond.Message += "\n* " + d.Reason
-		}
-	}
-	conditions.Set(cp, cond)
 }

@@ -26,9 +26,9 @@ type NewMachine struct {
 	// only from a MachineSet or the cluster's control plane, so any other
 	// owner must not be its controller.
 	InfraOwnerRef *metav1.OwnerReference
-	Cluster  *clusterv1.Cluster
-	Name     string
-	Labels   map[string]string
+	Cluster       *clusterv1.Cluster
+	Name          string
+	Labels        map[string]string
 	// Annotations go on the Machine; InfraAnnotations on the
 	// infrastructure machine.
 	Annotations, InfraAnnotations map[string]string

@@ -2,11 +2,13 @@ package engine
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/conditions"
 
 	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
@@ -156,4 +158,49 @@ func SetScaling(owner conditions.Setter, obs *Observation, desired int, d quorum
 	}
 	conditions.Set(owner, up)
 	conditions.Set(owner, down)
+}
+
+// SetRollingOut reports owner's RollingOut: the machines that are not up to date, why, and
+// what the rollout waits for; a replacement whose infrastructure is not
+// ready (a missing kube binary, for one) shows its infrastructure's
+// message, which names the fix.
+func SetRollingOut(owner conditions.Setter, obs *Observation, outdatedBy func(*clusterv1.Machine) []string, d quorum.Decision) {
+	var outdated, lines []string
+	for _, m := range obs.Machines {
+		if !m.DeletionTimestamp.IsZero() {
+			continue
+		}
+		if why := outdatedBy(m); len(why) > 0 {
+			outdated = append(outdated, m.Name)
+			for _, w := range why {
+				if line := "* " + w; !slices.Contains(lines, line) {
+					lines = append(lines, line)
+				}
+			}
+		}
+		if PeerURL(m) == "" && conditions.IsFalse(m, clusterv1.MachineInfrastructureReadyCondition) {
+			lines = append(lines, fmt.Sprintf("* Machine %s: %s", m.Name, conditions.GetMessage(m, clusterv1.MachineInfrastructureReadyCondition)))
+		}
+	}
+	cond := metav1.Condition{Type: controlplanev1.RollingOutCondition, Status: metav1.ConditionFalse, Reason: controlplanev1.NotRollingOutReason}
+	rebalancing := quorum.Rebalancing(obs.State)
+	switch {
+	case len(outdated) == 0 && rebalancing != "":
+		cond.Status, cond.Reason = metav1.ConditionTrue, controlplanev1.RebalancingReason
+		cond.Message = "Rebalancing failure domains, one machine at a time: " + rebalancing
+		if d.Kind == quorum.Wait || d.Kind == quorum.Degraded {
+			cond.Message += "\n* " + d.Reason
+		}
+	case len(outdated) == 0:
+	case obs.State.Strategy == quorum.OnDelete:
+		cond.Reason = controlplanev1.WaitingForDeleteReason
+		cond.Message = fmt.Sprintf("%d not up-to-date replicas (%s) wait to be deleted (strategy OnDelete)\n%s", len(outdated), strings.Join(outdated, ", "), strings.Join(lines, "\n"))
+	default:
+		cond.Status, cond.Reason = metav1.ConditionTrue, controlplanev1.RollingOutReason
+		cond.Message = fmt.Sprintf("Rolling out %d not up-to-date replicas (%s)\n%s", len(outdated), strings.Join(outdated, ", "), strings.Join(lines, "\n"))
+		if d.Kind == quorum.Wait || d.Kind == quorum.Degraded {
+			cond.Message += "\n* " + d.Reason
+		}
+	}
+	conditions.Set(owner, cond)
 }

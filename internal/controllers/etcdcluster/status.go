@@ -56,7 +56,7 @@ func setStatus(ec *etcdv1.EtcdCluster, obs *observation, d quorum.Decision, acte
 	}
 	engine.SetEtcdHealthy(ec, &obs.Observation)
 	engine.SetScaling(ec, &obs.Observation, desired, d)
-	setRollingOut(ec, obs, d)
+	engine.SetRollingOut(ec, &obs.Observation, obs.rollout.outdated, d)
 	conditions.Set(ec, metav1.Condition{Type: etcdv1.DeletingCondition, Status: metav1.ConditionFalse, Reason: controlplanev1.NotDeletingReason})
 }
 
@@ -104,31 +104,4 @@ func setContract(ec *etcdv1.EtcdCluster, obs *observation, desired int) {
 	}
 	conditions.Set(ec, metav1.Condition{Type: etcdv1.AvailableCondition, Status: metav1.ConditionFalse, Reason: etcdv1.NotAvailableReason,
 		Message: fmt.Sprintf("%d of %d voters healthy; etcd needs a majority", healthy, voters)})
-}
-
-// setRollingOut reports the machines that are not up to date and why.
-func setRollingOut(ec *etcdv1.EtcdCluster, obs *observation, d quorum.Decision) {
-	var outdated, lines []string
-	for _, m := range obs.Machines {
-		if !m.DeletionTimestamp.IsZero() {
-			continue
-		}
-		if why := obs.rollout.outdated(m); len(why) > 0 {
-			outdated = append(outdated, m.Name)
-			for _, w := range why {
-				if line := "* " + w; !slices.Contains(lines, line) {
-					lines = append(lines, line)
-				}
-			}
-		}
-	}
-	if len(outdated) == 0 {
-		conditions.Set(ec, metav1.Condition{Type: etcdv1.RollingOutCondition, Status: metav1.ConditionFalse, Reason: controlplanev1.NotRollingOutReason})
-		return
-	}
-	msg := fmt.Sprintf("Rolling out %d machines not up to date (%s):\n%s", len(outdated), strings.Join(outdated, ", "), strings.Join(lines, "\n"))
-	if d.Kind == quorum.Wait || d.Kind == quorum.Degraded {
-		msg += "\n* Waiting: " + d.Reason
-	}
-	conditions.Set(ec, metav1.Condition{Type: etcdv1.RollingOutCondition, Status: metav1.ConditionTrue, Reason: controlplanev1.RollingOutReason, Message: msg})
 }
