@@ -157,4 +157,23 @@ func TestEtcdClusterCreateAndScale(t *testing.T) {
 		t.Errorf("membership went to %d voters and %d learners at once; want at most 5 voters and 1 learner", mr.MaxVoters, mr.MaxLearners)
 	}
 	s.finish()
+
+	// Deleting the EtcdCluster releases its machines' hooks and deletes
+	// them; it goes once they are gone.
+	if err := s.c.Delete(ctx, &etcdv1.EtcdCluster{ObjectMeta: metav1.ObjectMeta{Name: s.name, Namespace: ns}}); err != nil {
+		t.Fatal(err)
+	}
+	s.eventually(3*time.Minute, "the EtcdCluster and its machines gone", func(ctx context.Context) error {
+		ms, err := s.machines(ctx)
+		if err != nil {
+			return err
+		}
+		if ec, err := s.etcdCluster(ctx); !isNotFound(err) {
+			return fmt.Errorf("EtcdCluster still there (%v), %d machines; Deleting: %s", err, len(ms), conditions.GetMessage(ec, etcdv1.DeletingCondition))
+		}
+		if len(ms) > 0 {
+			return fmt.Errorf("%d machines left", len(ms))
+		}
+		return nil
+	})
 }

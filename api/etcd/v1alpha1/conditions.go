@@ -52,3 +52,7 @@ const (
 	DeletingCondition      = controlplanev1.DeletingCondition
 	PausedCondition        = clusterv1.PausedCondition
 )
+
+// DeletingWaitingForControlPlaneReason: an EtcdCluster being deleted waits
+// for the QuorumControlPlanes that store their data in it.
+const DeletingWaitingForControlPlaneReason = "WaitingForControlPlaneDeletion"

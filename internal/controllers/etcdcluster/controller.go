@@ -210,7 +210,7 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, cluster *clusterv1.Clu
 	}
 	for _, cp := range cps.Items {
 		if ref := cp.Spec.Etcd.ClusterRef; ref != nil && ref.Name == ec.Name {
-			conditions.Set(ec, metav1.Condition{Type: etcdv1.DeletingCondition, Status: metav1.ConditionTrue, Reason: controlplanev1.DeletingWaitingForWorkersReason,
+			conditions.Set(ec, metav1.Condition{Type: etcdv1.DeletingCondition, Status: metav1.ConditionTrue, Reason: etcdv1.DeletingWaitingForControlPlaneReason,
 				Message: fmt.Sprintf("Waiting for QuorumControlPlane %s, which stores its data here, to be deleted", cp.Name)})
 			return ctrl.Result{RequeueAfter: 5 * time.Second}, nil
 		}
@@ -221,11 +221,8 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, cluster *clusterv1.Clu
 	}
 	if len(machines) > 0 {
 		for _, m := range machines {
-			if m.DeletionTimestamp.IsZero() {
-				if err := r.Client.Delete(ctx, m); client.IgnoreNotFound(err) != nil {
-					return ctrl.Result{}, fmt.Errorf("deleting machine %s: %w", m.Name, err)
-				}
-				r.Recorder.Eventf(ec, "Normal", "DeleteMachine", "Deleting machine %s with the EtcdCluster", m.Name)
+			if err := engine.ReleaseAndDelete(ctx, r.Client, r.Recorder, m, "etcd cluster"); err != nil {
+				return ctrl.Result{}, err
 			}
 		}
 		conditions.Set(ec, metav1.Condition{Type: etcdv1.DeletingCondition, Status: metav1.ConditionTrue, Reason: controlplanev1.DeletingWaitingForMachinesReason,

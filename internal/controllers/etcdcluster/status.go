@@ -53,6 +53,13 @@ func setStatus(ec *etcdv1.EtcdCluster, obs *observation, d quorum.Decision, acte
 	if obs.MembersErr == nil {
 		ec.Status.Members = engine.MemberStatuses(&obs.Observation)
 		setContract(ec, obs, desired)
+	} else {
+		// Nothing answers: not ready, and availability unknown, until a
+		// member does. initialized, creationComplete and the endpoints stay.
+		ec.Status.Ready = false
+		conditions.Set(ec, metav1.Condition{Type: etcdv1.AvailableCondition, Status: metav1.ConditionUnknown, Reason: etcdv1.NotAvailableReason,
+			Message: "Cannot observe etcd: " + obs.MembersErr.Error()})
+		setInitialized(ec)
 	}
 	engine.SetEtcdHealthy(ec, &obs.Observation)
 	engine.SetScaling(ec, &obs.Observation, desired, d)
@@ -92,16 +99,21 @@ func setContract(ec *etcdv1.EtcdCluster, obs *observation, desired int) {
 	if ec.Status.Ready {
 		ec.Status.CreationComplete = true
 	}
-	if ec.Status.Initialized {
-		conditions.Set(ec, metav1.Condition{Type: etcdv1.EtcdInitializedCondition, Status: metav1.ConditionTrue, Reason: etcdv1.EtcdInitializedReason})
-	} else {
-		conditions.Set(ec, metav1.Condition{Type: etcdv1.EtcdInitializedCondition, Status: metav1.ConditionFalse, Reason: etcdv1.EtcdNotInitializedReason,
-			Message: "Waiting for the first member to start"})
-	}
+	setInitialized(ec)
 	if quorumOf := voters/2 + 1; voters > 0 && healthy >= quorumOf {
 		conditions.Set(ec, metav1.Condition{Type: etcdv1.AvailableCondition, Status: metav1.ConditionTrue, Reason: etcdv1.AvailableReason})
 		return
 	}
 	conditions.Set(ec, metav1.Condition{Type: etcdv1.AvailableCondition, Status: metav1.ConditionFalse, Reason: etcdv1.NotAvailableReason,
 		Message: fmt.Sprintf("%d of %d voters healthy; etcd needs a majority", healthy, voters)})
+}
+
+// setInitialized reports status.initialized in EtcdInitialized.
+func setInitialized(ec *etcdv1.EtcdCluster) {
+	if ec.Status.Initialized {
+		conditions.Set(ec, metav1.Condition{Type: etcdv1.EtcdInitializedCondition, Status: metav1.ConditionTrue, Reason: etcdv1.EtcdInitializedReason})
+		return
+	}
+	conditions.Set(ec, metav1.Condition{Type: etcdv1.EtcdInitializedCondition, Status: metav1.ConditionFalse, Reason: etcdv1.EtcdNotInitializedReason,
+		Message: "Waiting for the first member to start"})
 }
