@@ -18,14 +18,15 @@ import (
 
 	etcdv1 "github.com/qcp-dev/qcp/api/etcd/v1alpha1"
 	infrav1 "github.com/qcp-dev/qcp/api/infrastructure/v1alpha1"
+	"github.com/qcp-dev/qcp/internal/machinehost"
 	"github.com/qcp-dev/qcp/internal/testkit"
 )
 
 // newEtcdScenario creates a Cluster named name with a ProcessCluster (three
 // failure domains), a ProcessMachineTemplate and an EtcdCluster of
 // replicas members, and registers the end-of-scenario checks on the
-// EtcdCluster's machines.
-func newEtcdScenario(t testing.TB, mgmt *management, name string, replicas int32, edits ...func(*etcdv1.EtcdCluster)) *scenario {
+// EtcdCluster's machines, which may never be more than replicas + surge.
+func newEtcdScenario(t testing.TB, mgmt *management, name string, replicas int32, surge int, edits ...func(*etcdv1.EtcdCluster)) *scenario {
 	t.Helper()
 	testkit.RequireBinaries(t, "etcd", "kube", "capi-manager")
 	s := &scenario{t: t, mgmt: mgmt, c: mgmt.env.Client, name: name,
@@ -54,7 +55,7 @@ func newEtcdScenario(t testing.TB, mgmt *management, name string, replicas int32
 		},
 		ec,
 	)
-	s.bound = startMachineBound(s, int(replicas), 1)
+	s.bound = startMachineBound(s, int(replicas), surge)
 	t.Cleanup(s.dumpOnFailure)
 	return s
 }
@@ -112,7 +113,7 @@ func (s *scenario) scaleEtcd(ctx context.Context, replicas int32) {
 func TestEtcdClusterCreateAndScale(t *testing.T) {
 	mgmt := requireShared(t)
 	t.Parallel()
-	s := newEtcdScenario(t, mgmt, "etcd-scale", 3)
+	s := newEtcdScenario(t, mgmt, "etcd-scale", 3, 1)
 	s.startTraffic(3)
 	ec := s.waitEtcdReady(5*time.Minute, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
@@ -176,4 +177,86 @@ func TestEtcdClusterCreateAndScale(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+// TestEtcdClusterFlappingAndReplacement: a member frozen for less than
+// unhealthyMemberTimeoutSeconds and thawed is left alone; a killed member
+// is removed once the timeout passes, and only then replaced (never more
+// than 3 machines), back to 3 healthy members.
+func TestEtcdClusterFlappingAndReplacement(t *testing.T) {
+	mgmt := requireShared(t)
+	t.Parallel()
+	const timeout = 30 * time.Second
+	s := newEtcdScenario(t, mgmt, "etcd-replace", 3, 0, func(ec *etcdv1.EtcdCluster) {
+		ec.Spec.UnhealthyMemberTimeoutSeconds = ptr.To(int32(timeout / time.Second))
+	})
+	s.startTraffic(3)
+	s.waitEtcdReady(5*time.Minute, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	host := &machinehost.Host{Root: s.mgmt.env.MachineRoot()}
+	machines, err := s.machines(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	members := func(ctx context.Context) ([]string, error) {
+		ec, err := s.etcdCluster(ctx)
+		if err != nil {
+			return nil, err
+		}
+		var ids []string
+		for _, m := range ec.Status.Members {
+			ids = append(ids, m.ID)
+		}
+		return ids, nil
+	}
+	before, err := members(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	// Flapping: frozen for a third of the timeout, then thawed.
+	flapper := machines[0].Name
+	s.freeze(host, flapper, "")
+	s.holds(timeout/3, "no machine replaced while "+flapper+" is frozen", s.machinesStay(3))
+	if err := host.Thaw(ns, flapper); err != nil {
+		t.Fatal(err)
+	}
+	s.holds(timeout+20*time.Second, "no machine replaced and no member removed after "+flapper+" was thawed", func(ctx context.Context) error {
+		if err := s.machinesStay(3)(ctx); err != nil {
+			return err
+		}
+		ids, err := members(ctx)
+		if err == nil && len(ids) != len(before) {
+			return fmt.Errorf("members %v, were %v", ids, before)
+		}
+		return nil
+	})
+	s.waitEtcdReady(2*time.Minute, 3)
+
+	// Replacement: killed, removed after the timeout, then replaced.
+	victim := machines[1].Name
+	killed := time.Now()
+	if err := host.Kill(ns, victim); err != nil {
+		t.Fatal(err)
+	}
+	s.holds(timeout/2, "machine "+victim+" kept before its member is unhealthy for "+timeout.String(), s.machinesStay(3))
+	s.eventually(5*time.Minute, "machine "+victim+" replaced", func(ctx context.Context) error {
+		ms, err := s.machines(ctx)
+		if err != nil {
+			return err
+		}
+		for _, m := range ms {
+			if m.Name == victim {
+				return fmt.Errorf("machine %s still there", victim)
+			}
+		}
+		return nil
+	})
+	s.waitEtcdReady(5*time.Minute, 3)
+	if gone := s.bound.departures(); len(gone) != 1 || gone[0] != victim {
+		t.Errorf("machines that left: %v; want only %s", gone, victim)
+	}
+	t.Logf("killed member replaced, 3 healthy members again after %s", time.Since(killed).Round(time.Second))
+	s.finish()
 }
