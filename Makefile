@@ -5,6 +5,8 @@ ETCD_VERSION ?= v3.6.16
 KUBE_VERSION ?= v1.36.3
 # The version the upgrade scenario starts from; only `make test` builds it.
 KUBE_PREVIOUS_VERSION ?= v1.35.4
+# The etcd version the EtcdCluster upgrade starts from; only `make test` builds it.
+ETCD_PREVIOUS_VERSION ?= v3.5.35
 CAPI_VERSION ?= v1.14.2
 CONTROLLER_TOOLS_VERSION ?= v0.21.0
 
@@ -12,6 +14,7 @@ BIN := $(CURDIR)/bin
 ETCD := $(BIN)/etcd-$(ETCD_VERSION)
 KUBE := $(BIN)/kube-$(KUBE_VERSION)
 KUBE_PREVIOUS := $(BIN)/kube-$(KUBE_PREVIOUS_VERSION)
+ETCD_PREVIOUS := $(BIN)/etcd-$(ETCD_PREVIOUS_VERSION)
 CAPI := $(BIN)/capi-manager-$(CAPI_VERSION)
 CONTROLLER_GEN := $(BIN)/controller-gen-$(CONTROLLER_TOOLS_VERSION)
 
@@ -39,6 +42,8 @@ $(KUBE):
 	hack/build-pinned.sh kube $(KUBE_VERSION) $@
 $(KUBE_PREVIOUS):
 	hack/build-pinned.sh kube $(KUBE_PREVIOUS_VERSION) $@
+$(ETCD_PREVIOUS):
+	hack/build-pinned.sh etcd $(ETCD_PREVIOUS_VERSION) $@
 $(CAPI):
 	hack/build-pinned.sh capi $(CAPI_VERSION) $@
 $(CONTROLLER_GEN):
@@ -74,7 +79,7 @@ verify-generate: generate
 # it), so the stray check finds them wherever their binary was built; it runs,
 # and reports, whether the tests passed or not. The report ends with the
 # skipped tests, which plain `go test` does not show.
-test: binaries $(KUBE_PREVIOUS) verify-generate
+test: binaries $(KUBE_PREVIOUS) $(ETCD_PREVIOUS) verify-generate
 	go vet ./...
 	@hack/inotify-limit.sh
 	@go build -o $(BIN)/testreport ./hack/testreport

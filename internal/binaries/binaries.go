@@ -16,6 +16,10 @@ const (
 	// PreviousKubeVersion is the kube version upgrades are tested from; `make
 	// test` builds it too (KUBE_PREVIOUS_VERSION).
 	PreviousKubeVersion = "v1.35.4"
+	// PreviousEtcdVersion is the etcd version EtcdCluster upgrades are
+	// tested from, the newest v3.5 patch the module proxy serves; `make
+	// test` builds it too (ETCD_PREVIOUS_VERSION).
+	PreviousEtcdVersion = "v3.5.35"
 )
 
 // makeVariables name the Makefile variable that picks each pinned binary's version.

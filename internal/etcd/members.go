@@ -153,6 +153,8 @@ type MemberStatus struct {
 	Leader       uint64
 	IsLearner    bool
 	DBSize       int64
+	// Version is the etcd server version the member runs, e.g. 3.6.16.
+	Version string
 	// Errors are the member's own complaints, such as a raised alarm.
 	Errors []string
 }
@@ -170,7 +172,7 @@ func (c *Client) Status(ctx context.Context, endpoint string) (MemberStatus, err
 	return MemberStatus{
 		ID: r.Header.MemberId, Endpoint: endpoint, Revision: r.Header.Revision, RaftIndex: r.RaftIndex,
 		AppliedIndex: r.RaftAppliedIndex, RaftTerm: r.RaftTerm, Leader: r.Leader, IsLearner: r.IsLearner,
-		DBSize: r.DbSize, Errors: r.Errors,
+		DBSize: r.DbSize, Errors: r.Errors, Version: r.Version,
 	}, nil
 }
 

@@ -10,6 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -160,9 +161,14 @@ func testEtcdClusterAdmission(ctx context.Context, t *testing.T, c client.Client
 				if err := c.Create(ctx, old); err != nil {
 					t.Fatalf("creating the starting object: %v", err)
 				}
-				stored = getEC(t, name)
-				obj.ResourceVersion = stored.ResourceVersion
-				err = c.Update(ctx, obj)
+				// qcp-manager's EtcdCluster controller writes the object's
+				// status meanwhile (it waits for a cluster-name label), so
+				// the update goes on the latest version, as a client's would.
+				err = retry.RetryOnConflict(retry.DefaultRetry, func() error {
+					stored = getEC(t, name)
+					obj.ResourceVersion = stored.ResourceVersion
+					return c.Update(ctx, obj)
+				})
 			} else {
 				err = c.Create(ctx, obj)
 			}
@@ -182,8 +188,8 @@ func testEtcdClusterAdmission(ctx context.Context, t *testing.T, c client.Client
 				if err := c.Get(ctx, client.ObjectKeyFromObject(obj), &etcdv1.EtcdCluster{}); !apierrors.IsNotFound(err) {
 					t.Errorf("a rejected create left an object behind: %v", err)
 				}
-			} else if got := getEC(t, name); got.ResourceVersion != stored.ResourceVersion {
-				t.Errorf("a rejected update changed the object: spec %+v, was %+v", got.Spec, stored.Spec)
+			} else if got := getEC(t, name); got.Generation != stored.Generation || !equality.Semantic.DeepEqual(got.Spec, stored.Spec) {
+				t.Errorf("a rejected update changed the object: generation %d, spec %+v; was %d, %+v", got.Generation, got.Spec, stored.Generation, stored.Spec)
 			}
 		})
 	}

@@ -18,6 +18,8 @@ import (
 
 	etcdv1 "github.com/qcp-dev/qcp/api/etcd/v1alpha1"
 	infrav1 "github.com/qcp-dev/qcp/api/infrastructure/v1alpha1"
+	"github.com/qcp-dev/qcp/internal/binaries"
+	"github.com/qcp-dev/qcp/internal/etcd"
 	"github.com/qcp-dev/qcp/internal/machinehost"
 	"github.com/qcp-dev/qcp/internal/testkit"
 )
@@ -259,4 +261,78 @@ func TestEtcdClusterFlappingAndReplacement(t *testing.T) {
 	}
 	t.Logf("killed member replaced, 3 healthy members again after %s", time.Since(killed).Round(time.Second))
 	s.finish()
+}
+
+// TestEtcdClusterUpgrade rolls an EtcdCluster from etcd v3.5 to v3.6: each
+// member is replaced in turn (learner first, promoted, leadership moved off
+// the outgoing member), with writes going on, until every member reports
+// the new version.
+func TestEtcdClusterUpgrade(t *testing.T) {
+	mgmt := requireShared(t)
+	t.Parallel()
+	testkit.RequireBinaries(t, "etcd-previous")
+	from, to := binaries.PreviousEtcdVersion, binaries.EtcdVersion
+	s := newEtcdScenario(t, mgmt, "etcd-upgrade", 3, 1, func(ec *etcdv1.EtcdCluster) { ec.Spec.Version = from })
+	s.startTraffic(3)
+	s.waitEtcdReady(5*time.Minute, 3)
+	s.eventually(time.Minute, "every member reporting "+from, s.membersRun(from))
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
+	ec, err := s.etcdCluster(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	before := ec.DeepCopy()
+	ec.Spec.Version = to
+	if err := s.c.Patch(ctx, ec, client.MergeFrom(before)); err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	s.eventually(15*time.Minute, "every machine up to date", func(ctx context.Context) error {
+		ec, err := s.etcdCluster(ctx)
+		if err != nil {
+			return err
+		}
+		last := ec.Status.LastOperation
+		if got := ptr.Deref(ec.Status.UpToDateReplicas, 0); got != 3 || ptr.Deref(ec.Status.Replicas, 0) != 3 || !ec.Status.Ready {
+			return fmt.Errorf("%d of %d machines up to date, ready %v; last operation %s %s: %s", got, ptr.Deref(ec.Status.Replicas, 0), ec.Status.Ready,
+				last.Kind, last.Target, last.Reason)
+		}
+		return nil
+	})
+	s.eventually(time.Minute, "every member reporting "+to, s.membersRun(to))
+	t.Logf("etcd %s → %s: every member replaced in %s", from, to, time.Since(start).Round(time.Second))
+	if gone := s.bound.departures(); len(gone) != 3 {
+		t.Errorf("machines replaced: %v; want the 3 that ran %s", gone, from)
+	}
+	s.finish()
+}
+
+// membersRun checks that every member answers with etcd version (v-less,
+// as etcd reports it) and that there are 3.
+func (s *scenario) membersRun(version string) func(context.Context) error {
+	return func(ctx context.Context) error {
+		cfg, err := s.etcdConfig(ctx)
+		if err != nil {
+			return err
+		}
+		cli, err := etcd.New(cfg)
+		if err != nil {
+			return err
+		}
+		defer cli.Close()
+		if len(cfg.Endpoints) != 3 {
+			return fmt.Errorf("%d machines with an address, want 3", len(cfg.Endpoints))
+		}
+		for _, ep := range cfg.Endpoints {
+			st, err := cli.Status(ctx, ep)
+			if err != nil {
+				return err
+			}
+			if st.Version != strings.TrimPrefix(version, "v") {
+				return fmt.Errorf("member at %s runs etcd %s, want %s", ep, st.Version, version)
+			}
+		}
+		return nil
+	}
 }

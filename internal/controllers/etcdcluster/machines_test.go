@@ -44,7 +44,9 @@ func TestOutdated(t *testing.T) {
 		want string
 	}{
 		{"version", func(ec *etcdv1.EtcdCluster) { ec.Spec.Version = "v3.6.16" }, "etcd v3.5.35, want v3.6.16"},
-		{"extra args", func(ec *etcdv1.EtcdCluster) { ec.Spec.ExtraArgs = []controlplanev1.Arg{{Name: "quota-backend-bytes", Value: "1"}} }, "spec.extraArgs changed"},
+		{"extra args", func(ec *etcdv1.EtcdCluster) {
+			ec.Spec.ExtraArgs = []controlplanev1.Arg{{Name: "quota-backend-bytes", Value: "1"}}
+		}, "spec.extraArgs changed"},
 		{"template", func(ec *etcdv1.EtcdCluster) { ec.Spec.InfrastructureRef.Name = "etcd-2" }, "infrastructure template ProcessMachineTemplate/etcd, want ProcessMachineTemplate/etcd-2"},
 		{"rollout.after", func(ec *etcdv1.EtcdCluster) { ec.Spec.Rollout.After = metav1.NewTime(t0.Add(time.Minute)) }, "created before spec.rollout.after (2026-11-23T01:01:00Z)"},
 		{"replicas", func(ec *etcdv1.EtcdCluster) { ec.Spec.UnhealthyMemberTimeoutSeconds = new(int32) }, ""},
