@@ -99,6 +99,12 @@ func IsMemberNotLearner(err error) bool {
 	return err != nil && errorDesc(err) == descMemberNotLearner
 }
 
+// IsLearnerRefusal reports whether a learner refused the request: etcd
+// v3.5's learners serve only serializable reads and status.
+func IsLearnerRefusal(err error) bool {
+	return err != nil && errorDesc(err) == errorDesc(rpctypes.ErrGRPCNotSupportedForLearner)
+}
+
 // IsMemberNotFound reports whether the member named in a request no longer
 // exists. For a removal this means the work is done.
 func IsMemberNotFound(err error) bool {

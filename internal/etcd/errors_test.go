@@ -19,6 +19,7 @@ func TestErrorClassification(t *testing.T) {
 		retryable, notLearner  bool
 		notFound, peerURLExist bool
 		refused                bool // certainly not applied
+		learnerRefusal         bool
 	}{
 		{name: "nil", err: nil},
 		{name: "unhealthy cluster (client form)", err: rpctypes.ErrUnhealthy, retryable: true, refused: true},
@@ -45,6 +46,7 @@ func TestErrorClassification(t *testing.T) {
 		{name: "bad transferee", err: rpctypes.ErrBadLeaderTransferee},
 		{name: "permission denied", err: rpctypes.ErrPermissionDenied},
 		{name: "plain error", err: errors.New("boom")},
+		{name: "rpc not supported for learner (etcd v3.5)", err: wrap(rpctypes.ErrGRPCNotSupportedForLearner), learnerRefusal: true},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -56,6 +58,9 @@ func TestErrorClassification(t *testing.T) {
 			}
 			if got := IsMemberNotFound(c.err); got != c.notFound {
 				t.Errorf("IsMemberNotFound(%v) = %v, want %v", c.err, got, c.notFound)
+			}
+			if got := IsLearnerRefusal(c.err); got != c.learnerRefusal {
+				t.Errorf("IsLearnerRefusal(%v) = %v, want %v", c.err, got, c.learnerRefusal)
 			}
 			if got := IsPeerURLExists(c.err); got != c.peerURLExist {
 				t.Errorf("IsPeerURLExists(%v) = %v, want %v", c.err, got, c.peerURLExist)

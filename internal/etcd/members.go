@@ -60,11 +60,37 @@ func bounded(ctx context.Context) (context.Context, context.CancelFunc) {
 func (c *Client) Members(ctx context.Context) ([]Member, error) {
 	ctx, cancel := bounded(ctx)
 	defer cancel()
-	resp, err := c.cli.MemberList(ctx)
+	var resp *clientv3.MemberListResponse
+	err := c.onVoter(func(cli *clientv3.Client) (err error) {
+		resp, err = cli.MemberList(ctx)
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("listing etcd members: %w", err)
 	}
 	return fromPB(resp.Members), nil
+}
+
+// onVoter calls fn with the client, and if a learner refused it (etcd
+// v3.5's learners serve no linearizable request, and the client's balancer
+// may pick one), with each endpoint's own client in turn until one is not
+// refused. A learner refuses before doing anything, so asking again is
+// safe for every request.
+func (c *Client) onVoter(fn func(*clientv3.Client) error) error {
+	err := fn(c.cli)
+	if !IsLearnerRefusal(err) {
+		return err
+	}
+	for _, ep := range c.cli.Endpoints() {
+		p, perr := c.pin(ep)
+		if perr != nil {
+			continue
+		}
+		if err = fn(p); !IsLearnerRefusal(err) {
+			return err
+		}
+	}
+	return err
 }
 
 // AddLearner adds a non-voting member with the given peer URL and returns it
@@ -73,7 +99,11 @@ func (c *Client) Members(ctx context.Context) ([]Member, error) {
 func (c *Client) AddLearner(ctx context.Context, peerURL string) (Member, []Member, error) {
 	ctx, cancel := bounded(ctx)
 	defer cancel()
-	resp, err := c.cli.MemberAddAsLearner(ctx, []string{peerURL})
+	var resp *clientv3.MemberAddResponse
+	err := c.onVoter(func(cli *clientv3.Client) (err error) {
+		resp, err = cli.MemberAddAsLearner(ctx, []string{peerURL})
+		return err
+	})
 	if err != nil {
 		return Member{}, nil, fmt.Errorf("adding learner %s: %w", peerURL, err)
 	}
@@ -86,7 +116,10 @@ func (c *Client) AddLearner(ctx context.Context, peerURL string) (Member, []Memb
 func (c *Client) Promote(ctx context.Context, id uint64) error {
 	ctx, cancel := bounded(ctx)
 	defer cancel()
-	_, err := c.cli.MemberPromote(ctx, id)
+	err := c.onVoter(func(cli *clientv3.Client) error {
+		_, err := cli.MemberPromote(ctx, id)
+		return err
+	})
 	if err != nil && !IsMemberNotLearner(err) {
 		return fmt.Errorf("promoting member %x: %w", id, err)
 	}
@@ -231,15 +264,23 @@ func (c *Client) Leader(ctx context.Context) (MemberStatus, error) {
 
 // Alarms lists the raised alarms (NOSPACE, CORRUPT) with the member raising each.
 func (c *Client) Alarms(ctx context.Context) ([]Alarm, error) {
-	resp, err := c.cli.AlarmList(ctx)
+	var resp *clientv3.AlarmResponse
+	err := c.onVoter(func(cli *clientv3.Client) (err error) {
+		resp, err = cli.AlarmList(ctx)
+		return err
+	})
 	if err != nil {
 		return nil, fmt.Errorf("listing etcd alarms: %w", err)
 	}
+	return fromAlarmPB(resp), nil
+}
+
+func fromAlarmPB(resp *clientv3.AlarmResponse) []Alarm {
 	out := make([]Alarm, 0, len(resp.Alarms))
 	for _, a := range resp.Alarms {
 		out = append(out, Alarm{MemberID: a.MemberID, Type: a.Alarm.String()})
 	}
-	return out, nil
+	return out
 }
 
 // Alarm is one raised alarm.

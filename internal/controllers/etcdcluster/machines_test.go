@@ -49,7 +49,7 @@ func TestOutdated(t *testing.T) {
 		}, "spec.extraArgs changed"},
 		{"template", func(ec *etcdv1.EtcdCluster) { ec.Spec.InfrastructureRef.Name = "etcd-2" }, "infrastructure template ProcessMachineTemplate/etcd, want ProcessMachineTemplate/etcd-2"},
 		{"rollout.after", func(ec *etcdv1.EtcdCluster) { ec.Spec.Rollout.After = metav1.NewTime(t0.Add(time.Minute)) }, "created before spec.rollout.after (2026-11-23T01:01:00Z)"},
-		{"replicas", func(ec *etcdv1.EtcdCluster) { ec.Spec.UnhealthyMemberTimeoutSeconds = new(int32) }, ""},
+		{"unhealthy member timeout", func(ec *etcdv1.EtcdCluster) { ec.Spec.UnhealthyMemberTimeoutSeconds = new(int32) }, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ec := etcdCluster("v3.5.35")
