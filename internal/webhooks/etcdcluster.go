@@ -90,24 +90,18 @@ func validateEtcdVersion(path *field.Path, v string) field.ErrorList {
 // which etcd's storage format does not support.
 func validateEtcdVersionChange(old, ec *etcdv1.EtcdCluster) field.ErrorList {
 	path := specPath.Child("version")
-	from, errFrom := parseVersion(old.Spec.Version)
-	to, errTo := parseVersion(ec.Spec.Version)
-	if errFrom != nil || errTo != nil {
-		return nil
-	}
-	base, baseName := from, old.Spec.Version
-	if running, err := parseVersion(old.Status.Version); err == nil && running.LessThan(base) {
-		base, baseName = running, old.Status.Version
-	}
+	st := judgeVersionStep(old.Spec.Version, old.Status.Version, ec.Spec.Version)
 	switch {
-	case to.LessThan(from):
+	case !st.ok:
+		return nil
+	case st.downgrade:
 		return field.ErrorList{field.Invalid(path, ec.Spec.Version, fmt.Sprintf(
 			"cannot downgrade from %s: etcd members do not move back to an older storage version; use %s or later",
 			old.Spec.Version, old.Spec.Version))}
-	case to.Major() != base.Major() || to.Minor() > base.Minor()+1:
+	case st.skips:
 		return field.ErrorList{field.Invalid(path, ec.Spec.Version, fmt.Sprintf(
 			"the members run %s and etcd upgrades go one minor version at a time; set a v%d.%d.x version first",
-			baseName, base.Major(), base.Minor()+1))}
+			st.baseName, st.base.Major(), st.base.Minor()+1))}
 	}
 	return nil
 }

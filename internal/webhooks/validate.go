@@ -87,34 +87,58 @@ func validateVersion(path *field.Path, v, example string) field.ErrorList {
 	return nil
 }
 
+// versionStep judges a change of spec.version from specFrom to specTo,
+// where the machines' lowest running version is running (status.version,
+// possibly empty). ok is false when either spec version is malformed: a
+// malformed new version is reported already, a malformed old one is no
+// baseline.
+type versionStep struct {
+	ok, downgrade, skips bool
+	// base is the version the step is counted from, and baseName its
+	// spelling: the old spec, or the machines still on an older version,
+	// which a second upgrade before the first finished would make skip a
+	// minor.
+	base     *utilversion.Version
+	baseName string
+	// majorChange: the step changes the major version.
+	majorChange bool
+}
+
+func judgeVersionStep(specFrom, running, specTo string) versionStep {
+	from, errFrom := parseVersion(specFrom)
+	to, errTo := parseVersion(specTo)
+	if errFrom != nil || errTo != nil {
+		return versionStep{}
+	}
+	st := versionStep{ok: true, downgrade: to.LessThan(from), base: from, baseName: specFrom}
+	if r, err := parseVersion(running); err == nil && r.LessThan(from) {
+		st.base, st.baseName = r, running
+	}
+	st.majorChange = to.Major() != st.base.Major()
+	st.skips = st.majorChange || to.Minor() > st.base.Minor()+1
+	return st
+}
+
 // validateVersionChange refuses downgrades and skipped minor versions, which
 // neither the API server nor etcd's storage format supports.
 func validateVersionChange(old, qcp *controlplanev1.QuorumControlPlane) field.ErrorList {
 	path := specPath.Child("version")
-	from, errFrom := parseVersion(old.Spec.Version)
-	to, errTo := parseVersion(qcp.Spec.Version)
-	if errFrom != nil || errTo != nil {
-		return nil // a malformed new version is reported already; a malformed old one is no baseline
-	}
-	if to.LessThan(from) {
+	st := judgeVersionStep(old.Spec.Version, old.Status.Version, qcp.Spec.Version)
+	switch {
+	case !st.ok:
+		return nil
+	case st.downgrade:
 		return field.ErrorList{field.Invalid(path, qcp.Spec.Version, fmt.Sprintf(
 			"cannot downgrade from %s, because Kubernetes and etcd do not support downgrades; use %s or later",
 			old.Spec.Version, old.Spec.Version))}
-	}
-	// Machines still on an older version bound the step too: a second
-	// upgrade before the first finished would make them skip a minor.
-	base, baseName := from, old.Spec.Version
-	if running, err := parseVersion(old.Status.Version); err == nil && running.LessThan(base) {
-		base, baseName = running, old.Status.Version
-	}
-	if to.Major() != base.Major() || to.Minor() > base.Minor()+1 {
+	case st.skips:
 		what := "skips a minor version"
-		if to.Major() != base.Major() {
+		if st.majorChange {
 			what = "changes the major version"
 		}
 		return field.ErrorList{field.Invalid(path, qcp.Spec.Version, fmt.Sprintf(
 			"%s: the control plane is at %s and upgrades go one minor version at a time; set a v%d.%d.x version first",
-			what, baseName, base.Major(), base.Minor()+1))}
+			what, st.baseName, st.base.Major(), st.base.Minor()+1))}
 	}
 	return nil
 }

@@ -228,14 +228,20 @@ func (s *scenario) waitAvailable(timeout time.Duration, replicas int) *controlpl
 // does.
 func (s *scenario) scale(ctx context.Context, replicas int32) {
 	s.t.Helper()
+	s.scaleObject(ctx, &controlplanev1.QuorumControlPlane{ObjectMeta: metav1.ObjectMeta{Name: s.name, Namespace: ns}}, replicas)
+}
+
+// scaleObject sets obj's replicas through its scale subresource, and the
+// machine bound's and the monitor's desired count with them.
+func (s *scenario) scaleObject(ctx context.Context, obj client.Object, replicas int32) {
+	s.t.Helper()
 	s.bound.setDesired(int(replicas))
 	if s.traffic != nil {
 		s.traffic.monitor.SetDesired(int(replicas))
 	}
-	cp := &controlplanev1.QuorumControlPlane{ObjectMeta: metav1.ObjectMeta{Name: s.name, Namespace: ns}}
 	scale := &autoscalingv1.Scale{Spec: autoscalingv1.ScaleSpec{Replicas: replicas}}
-	if err := s.c.SubResource("scale").Update(ctx, cp, client.WithSubResourceBody(scale)); err != nil {
-		s.t.Fatalf("scaling %s to %d: %v", s.name, replicas, err)
+	if err := s.c.SubResource("scale").Update(ctx, obj, client.WithSubResourceBody(scale)); err != nil {
+		s.t.Fatalf("scaling %T %s to %d: %v", obj, obj.GetName(), replicas, err)
 	}
 }
 

@@ -49,11 +49,18 @@ func newRollout(ec *etcdv1.EtcdCluster, now time.Time) rollout {
 	return rollout{want: specOf(ec), after: ec.Spec.Rollout.After.Time, now: now}
 }
 
+// recordedSpec is what m was created from, as MachineSpecAnnotation says.
+func recordedSpec(m *clusterv1.Machine) (machineSpec, bool) {
+	var had machineSpec
+	err := json.Unmarshal([]byte(m.Annotations[MachineSpecAnnotation]), &had)
+	return had, err == nil
+}
+
 // outdated says why m must be replaced; empty when it is up to date.
 func (ro rollout) outdated(m *clusterv1.Machine) []string {
 	var why []string
-	var had machineSpec
-	if err := json.Unmarshal([]byte(m.Annotations[MachineSpecAnnotation]), &had); err != nil {
+	had, ok := recordedSpec(m)
+	if !ok {
 		return []string{fmt.Sprintf("the %s annotation does not say what the machine was created from", MachineSpecAnnotation)}
 	}
 	if had.Version != ro.want.Version {

@@ -1,7 +1,6 @@
 package etcdcluster
 
 import (
-	"encoding/json"
 	"fmt"
 	"slices"
 	"strings"
@@ -41,8 +40,7 @@ func setStatus(ec *etcdv1.EtcdCluster, obs *observation, d quorum.Decision, acte
 		if len(obs.rollout.outdated(m)) == 0 {
 			upToDate++
 		}
-		var had machineSpec
-		if json.Unmarshal([]byte(m.Annotations[MachineSpecAnnotation]), &had) == nil {
+		if had, ok := recordedSpec(m); ok {
 			if v, err := utilversion.ParseSemantic(had.Version); err == nil && (lowest == nil || v.LessThan(lowest)) {
 				lowest, ec.Status.Version = v, had.Version
 			}
