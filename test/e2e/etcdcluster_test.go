@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	autoscalingv1 "k8s.io/api/autoscaling/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -79,6 +78,9 @@ func (s *scenario) waitEtcdReady(timeout time.Duration, replicas int) *etcdv1.Et
 			return err
 		}
 		last := ec.Status.LastOperation
+		if ec.Status.ObservedGeneration < ec.Generation {
+			return fmt.Errorf("status is of generation %d, the spec's is %d", ec.Status.ObservedGeneration, ec.Generation)
+		}
 		if !ec.Status.Ready || !ec.Status.CreationComplete || !conditions.IsTrue(ec, etcdv1.AvailableCondition) {
 			return fmt.Errorf("ready %v, creationComplete %v, Available %q; last operation %s %s: %s", ec.Status.Ready, ec.Status.CreationComplete,
 				conditions.GetMessage(ec, etcdv1.AvailableCondition), last.Kind, last.Target, last.Reason)
@@ -97,15 +99,7 @@ func (s *scenario) waitEtcdReady(timeout time.Duration, replicas int) *etcdv1.Et
 // scaleEtcd sets the EtcdCluster's replicas through the scale subresource.
 func (s *scenario) scaleEtcd(ctx context.Context, replicas int32) {
 	s.t.Helper()
-	s.bound.setDesired(int(replicas))
-	if s.traffic != nil {
-		s.traffic.monitor.SetDesired(int(replicas))
-	}
-	ec := &etcdv1.EtcdCluster{ObjectMeta: metav1.ObjectMeta{Name: s.name, Namespace: ns}}
-	scale := &autoscalingv1.Scale{Spec: autoscalingv1.ScaleSpec{Replicas: replicas}}
-	if err := s.c.SubResource("scale").Update(ctx, ec, client.WithSubResourceBody(scale)); err != nil {
-		s.t.Fatalf("scaling EtcdCluster %s to %d: %v", s.name, replicas, err)
-	}
+	s.scaleObject(ctx, &etcdv1.EtcdCluster{ObjectMeta: metav1.ObjectMeta{Name: s.name, Namespace: ns}}, replicas)
 }
 
 // TestEtcdClusterCreateAndScale creates an EtcdCluster of 3 on its own
@@ -294,6 +288,9 @@ func TestEtcdClusterUpgrade(t *testing.T) {
 			return err
 		}
 		last := ec.Status.LastOperation
+		if ec.Status.ObservedGeneration < ec.Generation {
+			return fmt.Errorf("status is of generation %d, the spec's is %d", ec.Status.ObservedGeneration, ec.Generation)
+		}
 		if got := ptr.Deref(ec.Status.UpToDateReplicas, 0); got != 3 || ptr.Deref(ec.Status.Replicas, 0) != 3 || !ec.Status.Ready {
 			return fmt.Errorf("%d of %d machines up to date, ready %v; last operation %s %s: %s", got, ptr.Deref(ec.Status.Replicas, 0), ec.Status.Ready,
 				last.Kind, last.Target, last.Reason)
