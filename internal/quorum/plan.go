@@ -80,12 +80,16 @@ func planWith(s State, o options) Decision {
 	if o.protectVotersLast {
 		rules = append(slices.Delete(rules, 2, 3), planner.protectVoters)
 	}
+	steady := func() Decision { return waitf("nothing to do: %d healthy, up-to-date voters as desired", len(p.voters())) }
+	if s.Topology == APIServersOnly {
+		rules, steady = apiServerRules, p.apiServersSteady
+	}
 	for _, r := range rules {
 		if d, ok := r(p); ok {
 			return p.expect(d)
 		}
 	}
-	return waitf("nothing to do: %d healthy, up-to-date voters as desired", len(p.voters()))
+	return steady()
 }
 
 // expect fills in the preconditions of d (see Expectation) from the

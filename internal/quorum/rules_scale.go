@@ -37,7 +37,7 @@ func (p planner) createMachine() (Decision, bool) {
 	}
 	// I4: one creation at a time, and only one learner (etcd's own limit).
 	if prov := p.provisioning(); len(prov) > 0 {
-		return waitf("waiting for machine %s to join before creating another", prov[0].Name), true
+		return waitf("waiting for machine %s to %s before creating another", prov[0].Name, p.joinVerb()), true
 	}
 	if l := p.learners(); len(l) > 0 {
 		return waitf("waiting for learner %s to be promoted before creating another machine", p.memberName(l[0])), true
@@ -101,7 +101,8 @@ func (p planner) cancelSurplusMachines() (Decision, bool) {
 	}
 	mc := notVoting[len(notVoting)-1] // the newest
 	return Decision{Kind: DeleteMachine, Machine: mc.Name,
-		Reason: fmt.Sprintf("scaling down: %d of %d machines; cancelling machine %s, which has not become a voter yet", len(keep), p.Desired, mc.Name)}, true
+		Reason: fmt.Sprintf("scaling down: %d of %d machines; cancelling machine %s, which does not %s yet", len(keep), p.Desired, mc.Name,
+			why(p.Topology == APIServersOnly, "serve", "vote"))}, true
 }
 
 // scaleDown deletes one voter machine when more are kept than desired. The
@@ -120,6 +121,9 @@ func (p planner) scaleDown() (Decision, bool) {
 // one such machine at a time and none while another joins (I4), only with
 // every voter healthy, and after leadership has moved away (I6).
 func (p planner) deleteVoterMachine(victim Machine, reason string) (Decision, bool) {
+	if p.Topology == APIServersOnly {
+		return p.deleteServingMachine(victim, reason)
+	}
 	for _, mc := range p.machines {
 		if other, ok := p.memberOn(mc.Name); ok && mc.Deleting {
 			return waitf("waiting for member %s on deleting machine %s to be removed before deleting %s", p.memberName(other), mc.Name, victim.Name), true

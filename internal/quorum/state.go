@@ -91,8 +91,9 @@ package quorum
 
 import "time"
 
-// Topology says where etcd runs. The planner treats both alike; the
-// odd-replica rule for stacked etcd is enforced by the webhook.
+// Topology says where etcd runs. The planner treats Stacked and External
+// alike (the odd-replica rule for stacked etcd is enforced by the webhook);
+// APIServersOnly has rules of its own.
 type Topology string
 
 const (
@@ -100,6 +101,10 @@ const (
 	Stacked Topology = "Stacked"
 	// External etcd runs on etcd-only machines (an EtcdCluster).
 	External Topology = "External"
+	// APIServersOnly machines run a control plane whose etcd is external:
+	// they host no member, and State.Members is ignored. The planner then
+	// manages the machines alone (see rules_apiservers.go).
+	APIServersOnly Topology = "APIServersOnly"
 )
 
 // Strategy is how outdated machines are replaced (the control plane's

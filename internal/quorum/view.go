@@ -33,7 +33,7 @@ func newView(s State) view {
 		}
 		return strings.Compare(a.Name, b.Name)
 	})
-	if !s.MembersUnknown {
+	if !s.MembersUnknown && s.Topology != APIServersOnly {
 		v.members = slices.Clone(s.Members)
 	}
 	slices.SortFunc(v.members, func(a, b Member) int {
@@ -188,10 +188,13 @@ const (
 	phaseUnjoined              // ready, no member yet
 	phaseJoining               // member added as a learner, not started
 	phaseLearner               // started learner
-	phaseVoter                 // hosts a voter
+	phaseVoter                 // hosts a voter (APIServersOnly: serves)
 )
 
 func (v view) phase(mc Machine) phase {
+	if v.Topology == APIServersOnly {
+		return v.apiServerPhase(mc)
+	}
 	m, hasMember := v.memberOn(mc.Name)
 	switch {
 	case mc.Deleting:
