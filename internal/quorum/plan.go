@@ -80,7 +80,9 @@ func planWith(s State, o options) Decision {
 	if o.protectVotersLast {
 		rules = append(slices.Delete(rules, 2, 3), planner.protectVoters)
 	}
-	steady := func() Decision { return waitf("nothing to do: %d healthy, up-to-date voters as desired", len(p.voters())) }
+	steady := func() Decision {
+		return waitf("nothing to do: %d healthy, up-to-date voters as desired", len(p.voters()))
+	}
 	if s.Topology == APIServersOnly {
 		rules, steady = apiServerRules, p.apiServersSteady
 	}
