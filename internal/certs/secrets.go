@@ -33,6 +33,16 @@ func KubeconfigSecret(namespace, cluster string, kubeconfig []byte) *corev1.Secr
 // ClusterCAsFromSecrets reads the authorities back from the Secrets that
 // Secrets returns, keyed by their names.
 func ClusterCAsFromSecrets(cluster string, byName map[string]*corev1.Secret) (*ClusterCAs, error) {
+	return clusterCAsFromSecrets(cluster, byName, true)
+}
+
+// ClusterCAsWithoutEtcd is ClusterCAsFromSecrets for a control plane whose
+// etcd is external: byName need not hold the etcd CA, and Etcd is then nil.
+func ClusterCAsWithoutEtcd(cluster string, byName map[string]*corev1.Secret) (*ClusterCAs, error) {
+	return clusterCAsFromSecrets(cluster, byName, false)
+}
+
+func clusterCAsFromSecrets(cluster string, byName map[string]*corev1.Secret, withEtcd bool) (*ClusterCAs, error) {
 	pair := func(purpose secret.Purpose) (*KeyPair, error) {
 		name := secret.Name(cluster, purpose)
 		s, ok := byName[name]
@@ -50,8 +60,10 @@ func ClusterCAsFromSecrets(cluster string, byName map[string]*corev1.Secret) (*C
 	if cas.Cluster, err = pair(secret.ClusterCA); err != nil {
 		return nil, err
 	}
-	if cas.Etcd, err = pair(secret.EtcdCA); err != nil {
-		return nil, err
+	if withEtcd {
+		if cas.Etcd, err = pair(secret.EtcdCA); err != nil {
+			return nil, err
+		}
 	}
 	if cas.FrontProxy, err = pair(secret.FrontProxyCA); err != nil {
 		return nil, err

@@ -307,6 +307,14 @@ func TestFrozenMemberHoldsNoRequest(t *testing.T) {
 			t.Fatalf("%s still waiting after %s with a member frozen", what, bound)
 		}
 	}
+	// A health check of the frozen member fails within the bound: the
+	// preflight of a control plane on external etcd runs it.
+	within("health of the frozen member", func() error {
+		if err := cli.Health(context.Background(), ps[2].ClientURL()); err == nil {
+			t.Error("the frozen member passes its health check")
+		}
+		return nil
+	})
 	for i := range 6 {
 		within(fmt.Sprintf("member list %d", i), func() error { _, err := cli.Members(context.Background()); return err })
 		within(fmt.Sprintf("member list agreement %d", i), func() error {

@@ -290,13 +290,16 @@ type Alarm struct {
 }
 
 // Health checks one member the way etcd's /health does: a linearizable read
-// through that member. It fails for a learner, which serves no reads, and
-// for a member cut off from the leader.
+// through that member, within MembershipTimeout. It fails for a learner,
+// which serves no reads, for a member cut off from the leader, and for one
+// that does not answer.
 func (c *Client) Health(ctx context.Context, endpoint string) error {
 	p, err := c.pin(endpoint)
 	if err != nil {
 		return err
 	}
+	ctx, cancel := bounded(ctx)
+	defer cancel()
 	if _, err := p.Get(ctx, "health"); err != nil {
 		return fmt.Errorf("health of %s: %w", endpoint, err)
 	}

@@ -17,6 +17,7 @@ import "fmt"
 var apiServerRules = []rule{
 	planner.releaseMachinesWithoutMembers,
 	planner.deleteUnusableMachines,
+	planner.waitForExternalEtcd,
 	planner.remediateMarkedMachine,
 	planner.cancelSurplusMachines,
 	planner.createMachine,
@@ -59,6 +60,15 @@ func (p planner) releaseMachinesWithoutMembers() (Decision, bool) {
 		}
 	}
 	return Decision{}, false
+}
+
+// waitForExternalEtcd takes no step while the external etcd cannot be
+// used (ExternalEtcdProblem).
+func (p planner) waitForExternalEtcd() (Decision, bool) {
+	if p.ExternalEtcdProblem == "" {
+		return Decision{}, false
+	}
+	return waitf("waiting for the external etcd before changing any machine: %s", p.ExternalEtcdProblem), true
 }
 
 // remediateMarkedMachine deletes a machine a health check marked, first,

@@ -25,6 +25,7 @@ type apiWorld struct {
 	domains  []string
 	machines []apiMachine
 	next     int
+	problem  string // ExternalEtcdProblem
 }
 
 var apiNow = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -35,7 +36,7 @@ func (w apiWorld) clone() apiWorld {
 }
 
 func (w apiWorld) state() State {
-	s := State{Desired: w.desired, Topology: APIServersOnly, Strategy: w.strategy, FailureDomains: w.domains, Now: apiNow,
+	s := State{Desired: w.desired, Topology: APIServersOnly, Strategy: w.strategy, FailureDomains: w.domains, Now: apiNow, ExternalEtcdProblem: w.problem,
 		// Members are ignored in this topology, whatever the caller lists.
 		Members: []Member{{ID: 1, Name: "stray", Healthy: true}}}
 	for _, m := range w.machines {
@@ -327,6 +328,9 @@ func TestAPIServersOnlyDecisions(t *testing.T) {
 		{"scale down waits for the others to serve",
 			apiWorld{desired: 1, machines: []apiMachine{serving("a", "", 0), serving("b", "", 1), {name: "c", stage: 1, age: 2}}},
 			DeleteMachine, "c", "cancelling machine c"},
+		{"nothing changes while the external etcd cannot be used, not even remediation",
+			apiWorld{desired: 2, problem: "EtcdCluster \"e\" is not available", machines: []apiMachine{serving("a", "", 0), {name: "b", stage: 2, marked: true, age: 1}}},
+			Wait, "", `waiting for the external etcd before changing any machine: EtcdCluster "e" is not available`},
 		{"steady",
 			apiWorld{desired: 2, machines: []apiMachine{serving("a", "", 0), serving("b", "", 1)}}, Wait, "", "nothing to do: 2 serving, up-to-date machines as desired"},
 	}

@@ -164,6 +164,12 @@ type State struct {
 	// with all machines gone, no machine is left to remember that etcd held
 	// data, and a new cluster must never be bootstrapped over it.
 	Bootstrapped bool
+	// ExternalEtcdProblem, in the APIServersOnly topology, says why the
+	// external etcd cannot be used now ("" when it can). The planner then
+	// changes no machine: with etcd gone every API server fails its health
+	// checks, and remediating them would only replace the whole control
+	// plane.
+	ExternalEtcdProblem string
 	// Now is the caller's clock; the planner never reads the system clock.
 	Now time.Time
 	// Tunables are the configurable thresholds; zero values get defaults.

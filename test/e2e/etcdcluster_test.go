@@ -1,13 +1,17 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"net"
 	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
@@ -15,6 +19,7 @@ import (
 	"sigs.k8s.io/cluster-api/util/secret"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
 	etcdv1 "github.com/qcp-dev/qcp/api/etcd/v1alpha1"
 	infrav1 "github.com/qcp-dev/qcp/api/infrastructure/v1alpha1"
 	"github.com/qcp-dev/qcp/internal/binaries"
@@ -23,10 +28,16 @@ import (
 	"github.com/qcp-dev/qcp/internal/testkit"
 )
 
-// newEtcdScenario creates a Cluster named name with a ProcessCluster (three
-// failure domains), a ProcessMachineTemplate and an EtcdCluster of
-// replicas members, and registers the end-of-scenario checks on the
-// EtcdCluster's machines, which may never be more than replicas + surge.
+// etcdScenarioControlPlane is the size of the QuorumControlPlane every
+// EtcdCluster scenario runs on its EtcdCluster.
+const etcdScenarioControlPlane = 2
+
+// newEtcdScenario creates, all at once, a Cluster named name with a
+// ProcessCluster (three failure domains), a ProcessMachineTemplate, an
+// EtcdCluster of replicas members and a QuorumControlPlane of
+// etcdScenarioControlPlane machines using it through spec.etcd.clusterRef,
+// and registers the end-of-scenario checks on the EtcdCluster's machines,
+// which may never be more than replicas + surge.
 func newEtcdScenario(t testing.TB, mgmt *management, name string, replicas int32, surge int, edits ...func(*etcdv1.EtcdCluster)) *scenario {
 	t.Helper()
 	testkit.RequireBinaries(t, "etcd", "kube", "capi-manager")
@@ -42,6 +53,20 @@ func newEtcdScenario(t testing.TB, mgmt *management, name string, replicas int32
 	for _, edit := range edits {
 		edit(ec)
 	}
+	cp := &controlplanev1.QuorumControlPlane{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec: controlplanev1.QuorumControlPlaneSpec{
+			Replicas: ptr.To[int32](etcdScenarioControlPlane), Version: version,
+			Etcd: controlplanev1.EtcdSpec{ClusterRef: &controlplanev1.LocalObjectReference{Name: name}},
+			MachineTemplate: controlplanev1.QuorumControlPlaneMachineTemplate{
+				Spec: controlplanev1.QuorumControlPlaneMachineTemplateSpec{
+					InfrastructureRef: clusterv1.ContractVersionedObjectReference{
+						APIGroup: infrav1.GroupVersion.Group, Kind: "ProcessMachineTemplate", Name: name,
+					},
+				},
+			},
+		},
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	s.create(ctx,
@@ -50,11 +75,16 @@ func newEtcdScenario(t testing.TB, mgmt *management, name string, replicas int32
 		&infrav1.ProcessMachineTemplate{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}},
 		&clusterv1.Cluster{
 			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
-			Spec: clusterv1.ClusterSpec{InfrastructureRef: clusterv1.ContractVersionedObjectReference{
-				APIGroup: infrav1.GroupVersion.Group, Kind: "ProcessCluster", Name: name,
-			}},
+			Spec: clusterv1.ClusterSpec{
+				InfrastructureRef: clusterv1.ContractVersionedObjectReference{
+					APIGroup: infrav1.GroupVersion.Group, Kind: "ProcessCluster", Name: name,
+				},
+				ControlPlaneRef: clusterv1.ContractVersionedObjectReference{
+					APIGroup: controlplanev1.GroupVersion.Group, Kind: "QuorumControlPlane", Name: name,
+				},
+			},
 		},
-		ec,
+		ec, cp,
 	)
 	s.bound = startMachineBound(s, int(replicas), surge)
 	t.Cleanup(s.dumpOnFailure)
@@ -103,17 +133,24 @@ func (s *scenario) scaleEtcd(ctx context.Context, replicas int32) {
 }
 
 // TestEtcdClusterCreateAndScale creates an EtcdCluster of 3 on its own
-// machines, checks the contract (status and Secrets), and scales it to 5
-// and back to 3 with writes going on: learners first, one membership
-// change at a time, nothing lost.
+// machines and a QuorumControlPlane on it together. The control plane
+// waits, naming the EtcdCluster, until it is creationComplete, then
+// becomes Available and stores its data there. The test checks the
+// contract (status and Secrets), and scales the EtcdCluster to 5 and back
+// to 3 with writes going on: learners first, one membership change at a
+// time, nothing lost, the control plane Available throughout.
 func TestEtcdClusterCreateAndScale(t *testing.T) {
 	mgmt := requireShared(t)
 	t.Parallel()
 	s := newEtcdScenario(t, mgmt, "etcd-scale", 3, 1)
+	s.controlPlaneWaitsForEtcd(5 * time.Minute)
 	s.startTraffic(3)
 	ec := s.waitEtcdReady(5*time.Minute, 3)
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
+	s.waitExternalAvailable(5*time.Minute, etcdScenarioControlPlane)
+	s.runNoEtcd(ctx)
+	s.storesInEtcdCluster(ctx)
 	if !ec.Status.Initialized || !conditions.IsTrue(ec, etcdv1.EtcdInitializedCondition) || !conditions.IsTrue(ec, etcdv1.EtcdCACertificatesAvailableCondition) {
 		t.Errorf("initialized %v, EtcdInitialized %v, EtcdCACertificatesAvailable %v", ec.Status.Initialized,
 			conditions.IsTrue(ec, etcdv1.EtcdInitializedCondition), conditions.IsTrue(ec, etcdv1.EtcdCACertificatesAvailableCondition))
@@ -137,10 +174,14 @@ func TestEtcdClusterCreateAndScale(t *testing.T) {
 		}
 	}
 
+	available := s.watchAvailable()
 	s.scaleEtcd(ctx, 5)
 	s.waitEtcdReady(10*time.Minute, 5)
 	s.scaleEtcd(ctx, 3)
 	s.waitEtcdReady(10*time.Minute, 3)
+	if err := available.stop(); err != nil {
+		t.Error(err)
+	}
 	wr, mr := s.traffic.stop(ctx)
 	s.traffic = nil
 	t.Logf("writer: %s", wr)
@@ -155,12 +196,27 @@ func TestEtcdClusterCreateAndScale(t *testing.T) {
 	}
 	s.finish()
 
-	// Deleting the EtcdCluster releases its machines' hooks and deletes
-	// them; it goes once they are gone.
+	// Deleting the EtcdCluster waits for the control plane that stores
+	// its data there; once that is deleted, it releases its machines'
+	// hooks and deletes them, and goes once they are gone.
 	if err := s.c.Delete(ctx, &etcdv1.EtcdCluster{ObjectMeta: metav1.ObjectMeta{Name: s.name, Namespace: ns}}); err != nil {
 		t.Fatal(err)
 	}
-	s.eventually(3*time.Minute, "the EtcdCluster and its machines gone", func(ctx context.Context) error {
+	s.eventually(time.Minute, "the EtcdCluster's deletion waiting for the control plane", func(ctx context.Context) error {
+		ec, err := s.etcdCluster(ctx)
+		if err != nil {
+			return err
+		}
+		if c := conditions.Get(ec, etcdv1.DeletingCondition); c == nil || c.Reason != etcdv1.DeletingWaitingForControlPlaneReason || !strings.Contains(c.Message, s.name) {
+			return fmt.Errorf("Deleting condition %+v", c)
+		}
+		return nil
+	})
+	s.holds(10*time.Second, "the EtcdCluster's machines kept while the control plane exists", s.machinesStay(3))
+	if err := s.c.Delete(ctx, &controlplanev1.QuorumControlPlane{ObjectMeta: metav1.ObjectMeta{Name: s.name, Namespace: ns}}); err != nil {
+		t.Fatal(err)
+	}
+	s.eventually(5*time.Minute, "the EtcdCluster and its machines gone", func(ctx context.Context) error {
 		ms, err := s.machines(ctx)
 		if err != nil {
 			return err
@@ -190,6 +246,11 @@ func TestEtcdClusterFlappingAndReplacement(t *testing.T) {
 	s.waitEtcdReady(5*time.Minute, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
+	s.waitExternalAvailable(5*time.Minute, etcdScenarioControlPlane)
+	controlPlane, err := s.controlPlaneMachines(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
 	host := &machinehost.Host{Root: s.mgmt.env.MachineRoot()}
 	machines, err := s.machines(ctx)
 	if err != nil {
@@ -254,6 +315,11 @@ func TestEtcdClusterFlappingAndReplacement(t *testing.T) {
 		t.Errorf("machines that left: %v; want only %s", gone, victim)
 	}
 	t.Logf("killed member replaced, 3 healthy members again after %s", time.Since(killed).Round(time.Second))
+	// No control plane rollout: its machines are the ones of before.
+	s.waitExternalAvailable(2*time.Minute, etcdScenarioControlPlane)
+	if err := s.controlPlaneUnchanged(controlPlane)(ctx); err != nil {
+		t.Error(err)
+	}
 	s.finish()
 }
 
@@ -272,6 +338,12 @@ func TestEtcdClusterUpgrade(t *testing.T) {
 	s.eventually(time.Minute, "every member reporting "+from, s.membersRun(from))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
+	s.waitExternalAvailable(5*time.Minute, etcdScenarioControlPlane)
+	controlPlane, err := s.controlPlaneMachines(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	probe := s.startAPIProbe()
 	ec, err := s.etcdCluster(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -302,6 +374,15 @@ func TestEtcdClusterUpgrade(t *testing.T) {
 	if gone := s.bound.departures(); len(gone) != 3 {
 		t.Errorf("machines replaced: %v; want the 3 that ran %s", gone, from)
 	}
+	// The control plane did not roll, and its API answered throughout.
+	gap := probe.stop()
+	t.Logf("longest time the workload API did not answer during the etcd upgrade: %s", gap)
+	if gap > maxAPIGap {
+		t.Errorf("the workload API went %s without answering during the etcd upgrade, more than %s", gap.Round(time.Millisecond), maxAPIGap)
+	}
+	if err := s.controlPlaneUnchanged(controlPlane)(ctx); err != nil {
+		t.Error(err)
+	}
 	s.finish()
 }
 
@@ -331,5 +412,223 @@ func (s *scenario) membersRun(version string) func(context.Context) error {
 			}
 		}
 		return nil
+	}
+}
+
+// controlPlaneMachines lists the scenario's control plane Machines (the
+// EtcdCluster's are not), oldest first.
+func (s *scenario) controlPlaneMachines(ctx context.Context) ([]clusterv1.Machine, error) {
+	cp := *s
+	cp.selector = client.MatchingLabels{clusterv1.ClusterNameLabel: s.name, clusterv1.MachineControlPlaneLabel: ""}
+	return cp.machines(ctx)
+}
+
+// waitExternalAvailable waits until a control plane on external etcd is
+// Available with replicas Ready machines, its external etcd usable and
+// its components healthy, and no etcd member of its own.
+func (s *scenario) waitExternalAvailable(timeout time.Duration, replicas int) *controlplanev1.QuorumControlPlane {
+	s.t.Helper()
+	var cp *controlplanev1.QuorumControlPlane
+	s.eventually(timeout, fmt.Sprintf("control plane %s Available with %d machines on external etcd", s.name, replicas), func(ctx context.Context) error {
+		var err error
+		if cp, err = s.controlPlane(ctx); err != nil {
+			return err
+		}
+		return externalAvailable(cp, replicas)
+	})
+	return cp
+}
+
+func externalAvailable(cp *controlplanev1.QuorumControlPlane, replicas int) error {
+	last := cp.Status.LastOperation
+	switch {
+	case !conditions.IsTrue(cp, controlplanev1.AvailableCondition):
+		return fmt.Errorf("not Available: %s; last operation %s %s: %s", conditions.GetMessage(cp, controlplanev1.AvailableCondition), last.Kind, last.Target, last.Reason)
+	case ptr.Deref(cp.Status.Replicas, 0) != int32(replicas) || ptr.Deref(cp.Status.ReadyReplicas, 0) != int32(replicas):
+		return fmt.Errorf("%d machines, %d Ready, want %d; last operation %s: %s", ptr.Deref(cp.Status.Replicas, 0), ptr.Deref(cp.Status.ReadyReplicas, 0),
+			replicas, last.Kind, last.Reason)
+	case !conditions.IsTrue(cp, controlplanev1.EtcdClusterHealthyCondition) || !conditions.IsTrue(cp, controlplanev1.ControlPlaneComponentsHealthyCondition):
+		return fmt.Errorf("etcd healthy: %s; components healthy: %s", conditions.GetMessage(cp, controlplanev1.EtcdClusterHealthyCondition),
+			conditions.GetMessage(cp, controlplanev1.ControlPlaneComponentsHealthyCondition))
+	case len(cp.Status.Etcd.Members) > 0:
+		return fmt.Errorf("the control plane lists etcd members of its own: %+v", cp.Status.Etcd.Members)
+	}
+	return nil
+}
+
+// runNoEtcd checks that the control plane's machines run no etcd: nothing
+// listens on their etcd client and peer ports.
+func (s *scenario) runNoEtcd(ctx context.Context) {
+	s.t.Helper()
+	ms, err := s.controlPlaneMachines(ctx)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	for _, m := range ms {
+		for _, port := range []string{"2379", "2380"} {
+			if conn, err := net.DialTimeout("tcp", net.JoinHostPort(internalIP(&m), port), time.Second); err == nil {
+				_ = conn.Close()
+				s.t.Errorf("control plane machine %s listens on etcd's port %s", m.Name, port)
+			}
+		}
+	}
+}
+
+// controlPlaneUnchanged returns a check that the control plane's machines
+// are still the ones of before: the same names and creation timestamps.
+func (s *scenario) controlPlaneUnchanged(before []clusterv1.Machine) func(context.Context) error {
+	want := map[string]metav1.Time{}
+	for _, m := range before {
+		want[m.Name] = m.CreationTimestamp
+	}
+	return func(ctx context.Context) error {
+		ms, err := s.controlPlaneMachines(ctx)
+		if err != nil {
+			return err
+		}
+		got := map[string]metav1.Time{}
+		for _, m := range ms {
+			got[m.Name] = m.CreationTimestamp
+			if !m.DeletionTimestamp.IsZero() {
+				return fmt.Errorf("control plane machine %s is being deleted", m.Name)
+			}
+		}
+		if len(got) != len(want) {
+			return fmt.Errorf("control plane machines %v, were %v", got, want)
+		}
+		for name, at := range want {
+			if g, ok := got[name]; !ok || !g.Equal(&at) {
+				return fmt.Errorf("control plane machine %s: created %v, was created %v", name, g, at)
+			}
+		}
+		return nil
+	}
+}
+
+// availabilityWatch samples the control plane's Available condition in the
+// background and remembers every sample where it was not True.
+type availabilityWatch struct {
+	cancel  context.CancelFunc
+	done    chan struct{}
+	samples int
+	lapses  []string
+}
+
+func (s *scenario) watchAvailable() *availabilityWatch {
+	ctx, cancel := context.WithCancel(context.Background())
+	w := &availabilityWatch{cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(w.done)
+		for ctx.Err() == nil {
+			cp, err := s.controlPlane(ctx)
+			if err == nil {
+				w.samples++
+				if !conditions.IsTrue(cp, controlplanev1.AvailableCondition) {
+					w.lapses = append(w.lapses, time.Now().Format(time.RFC3339)+": "+conditions.GetMessage(cp, controlplanev1.AvailableCondition))
+				}
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(500 * time.Millisecond):
+			}
+		}
+	}()
+	return w
+}
+
+// stop ends the watch and reports the lapses.
+func (w *availabilityWatch) stop() error {
+	w.cancel()
+	<-w.done
+	if w.samples == 0 {
+		return errors.New("the control plane was never read")
+	}
+	if len(w.lapses) > 0 {
+		return fmt.Errorf("the control plane was not Available in %d of %d samples: %s", len(w.lapses), w.samples, strings.Join(w.lapses, "; "))
+	}
+	return nil
+}
+
+// controlPlaneWaitsForEtcd checks, until the EtcdCluster is
+// creationComplete, that the control plane creates no machine and says
+// that it waits for the EtcdCluster, by name.
+func (s *scenario) controlPlaneWaitsForEtcd(timeout time.Duration) {
+	s.t.Helper()
+	said := ""
+	s.eventually(timeout, "EtcdCluster "+s.name+" creationComplete, the control plane waiting for it", func(ctx context.Context) error {
+		ms, err := s.controlPlaneMachines(ctx)
+		if err != nil {
+			return err
+		}
+		cp, err := s.controlPlane(ctx)
+		if err != nil {
+			return err
+		}
+		ec, err := s.etcdCluster(ctx) // read last: a machine seen before it must not predate creationComplete
+		if err != nil {
+			return err
+		}
+		if ec.Status.CreationComplete {
+			return nil
+		}
+		if len(ms) > 0 {
+			s.t.Fatalf("control plane machine %s created before EtcdCluster %s is creationComplete", ms[0].Name, s.name)
+		}
+		if c := conditions.Get(cp, controlplanev1.EtcdClusterHealthyCondition); c != nil && c.Reason == controlplanev1.EtcdClusterWaitingReason &&
+			strings.Contains(c.Message, fmt.Sprintf("EtcdCluster %q", s.name)) && conditions.IsFalse(cp, controlplanev1.AvailableCondition) {
+			said = c.Message
+		}
+		return errors.New("not creationComplete yet")
+	})
+	if said == "" {
+		s.t.Fatalf("the control plane never said, while EtcdCluster %s was not creationComplete, that it waits for it", s.name)
+	}
+	s.t.Logf("the control plane waited: %s", said)
+}
+
+// storesInEtcdCluster checks that the API servers store their data in the
+// EtcdCluster, at its endpoints.
+func (s *scenario) storesInEtcdCluster(ctx context.Context) {
+	s.t.Helper()
+	ec, err := s.etcdCluster(ctx)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	cfg, err := s.etcdConfig(ctx)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	cfg.Endpoints = strings.Split(ec.Status.Endpoints, ",")
+	s.storesIn(ctx, cfg)
+}
+
+// storesIn writes a ConfigMap through the workload API and reads it back
+// with an etcd client of cfg: the API servers store their data there.
+func (s *scenario) storesIn(ctx context.Context, cfg etcd.Config) {
+	s.t.Helper()
+	cs, err := s.workload(ctx)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	marker := "stored-in-" + s.name
+	cm := &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Name: "e2e-etcd-path", Namespace: "default"}, Data: map[string]string{"marker": marker}}
+	s.eventually(time.Minute, "a ConfigMap written through the workload API", func(ctx context.Context) error {
+		_, err := cs.CoreV1().ConfigMaps("default").Create(ctx, cm, metav1.CreateOptions{})
+		if apierrors.IsAlreadyExists(err) {
+			return nil
+		}
+		return err
+	})
+	cli, err := etcd.New(cfg)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	defer cli.Close()
+	resp, err := cli.Raw().Get(ctx, "/registry/configmaps/default/e2e-etcd-path")
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	if len(resp.Kvs) != 1 || !bytes.Contains(resp.Kvs[0].Value, []byte(marker)) {
+		s.t.Fatalf("the ConfigMap written through the workload API is not in the etcd at %v (%d keys)", cfg.Endpoints, len(resp.Kvs))
 	}
 }

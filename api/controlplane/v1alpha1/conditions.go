@@ -45,6 +45,10 @@ const (
 	// EtcdClusterExternalReason: QCP does not run this etcd; an EtcdCluster
 	// or whoever runs the endpoints reports its health.
 	EtcdClusterExternalReason = "External"
+	// EtcdClusterWaitingReason: the control plane waits for its external
+	// etcd (an EtcdCluster not creationComplete yet, or a contract Secret)
+	// before it starts; the message names what it waits for.
+	EtcdClusterWaitingReason = "WaitingForExternalEtcd"
 )
 
 // ControlPlaneComponentsHealthy: kube-apiserver, kube-controller-manager,

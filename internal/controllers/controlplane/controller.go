@@ -23,6 +23,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
+	etcdv1 "github.com/qcp-dev/qcp/api/etcd/v1alpha1"
 	infrav1 "github.com/qcp-dev/qcp/api/infrastructure/v1alpha1"
 	"github.com/qcp-dev/qcp/internal/controllers/engine"
 	"github.com/qcp-dev/qcp/internal/etcd"
@@ -106,6 +107,7 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) err
 		Watches(&clusterv1.Machine{}, handler.EnqueueRequestsFromMapFunc(r.wakeups.Mapped(r.machineToControlPlane))).
 		Watches(&infrav1.ProcessMachine{}, handler.EnqueueRequestsFromMapFunc(r.wakeups.Mapped(r.processMachineToControlPlane))).
 		Watches(&clusterv1.Cluster{}, handler.EnqueueRequestsFromMapFunc(r.wakeups.Mapped(r.clusterToControlPlane))).
+		Watches(&etcdv1.EtcdCluster{}, handler.EnqueueRequestsFromMapFunc(r.wakeups.Mapped(r.etcdClusterToControlPlanes))).
 		WatchesRawSource(r.ClusterCache.GetClusterSource("quorumcontrolplane", r.wakeups.Mapped(r.clusterToControlPlane))).
 		Build(r)
 	if err != nil {
@@ -172,7 +174,19 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Clu
 		setWaitingForInfrastructure(cp, cluster)
 		return ctrl.Result{}, nil
 	}
-	secrets, err := r.ensureSecrets(ctx, cluster, cp)
+	var ext *externalEtcd
+	if !cp.Spec.Etcd.IsStacked() {
+		var wait string
+		var err error
+		if ext, wait, err = r.observeExternalEtcd(ctx, cluster, cp); err != nil {
+			return ctrl.Result{}, err
+		}
+		if wait != "" {
+			setWaitingForExternalEtcd(cp, wait)
+			return ctrl.Result{RequeueAfter: externalEtcdPoll}, nil
+		}
+	}
+	secrets, err := r.ensureSecrets(ctx, cluster, cp, ext)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
@@ -191,6 +205,12 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Clu
 	wake := secrets.renewAt
 	if at := obs.rollout.next(obs.Machines); !at.IsZero() && at.Before(wake) {
 		wake = at
+	}
+	if ext != nil && !ext.follow {
+		// Whether endpoints QCP does not run still answer, no watch says.
+		if at := r.Now().Add(externalEtcdPoll); at.Before(wake) {
+			wake = at
+		}
 	}
 	idle := ctrl.Result{RequeueAfter: max(wake.Sub(r.Now()), time.Second)}
 	r.wakeups.Looked(client.ObjectKeyFromObject(cp), r.Now())

@@ -46,12 +46,19 @@ func (r *Reconciler) createMachine(ctx context.Context, cluster *clusterv1.Clust
 	return err
 }
 
-// bootstrapDocument is the agent's bootstrap data for the next machine: it
-// starts a new etcd cluster when etcd never had a member, and otherwise
-// joins through the client URLs of the started members.
+// bootstrapDocument is the agent's bootstrap data for the next machine.
+// With stacked etcd it starts a new etcd cluster when etcd never had a
+// member, and otherwise joins through the client URLs of the started
+// members; with external etcd it runs no member.
 func bootstrapDocument(cluster *clusterv1.Cluster, cp *controlplanev1.QuorumControlPlane, secrets *clusterSecrets, obs *observation) *bootstrap.Document {
 	endpoint := cluster.Spec.ControlPlaneEndpoint
-	doc := bootstrap.NewStacked(cluster.Name, secrets.cas, endpoint.Host+":"+strconv.Itoa(int(endpoint.Port)), obs.LocalMember())
+	address := endpoint.Host + ":" + strconv.Itoa(int(endpoint.Port))
+	var doc *bootstrap.Document
+	if secrets.external != nil {
+		doc = bootstrap.NewExternal(cluster.Name, secrets.cas, address, externalBootstrap(secrets.external))
+	} else {
+		doc = bootstrap.NewStacked(cluster.Name, secrets.cas, address, obs.LocalMember())
+	}
 	doc.Versions.Kubernetes = cp.Spec.Version
 	if v := cp.Spec.Etcd.Stacked.Version; v != "" {
 		doc.Versions.Etcd = v

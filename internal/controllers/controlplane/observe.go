@@ -69,6 +69,8 @@ type observation struct {
 	nodesDirect bool
 	// initialized is whether the first API server has answered.
 	initialized bool
+	// external is the external etcd; nil when etcd is stacked.
+	external *externalEtcd
 	// rollout judges which machines are outdated.
 	rollout rollout
 	// remediation judges the marked machines; remediationRefused says why
@@ -99,7 +101,10 @@ func (r *Reconciler) observe(ctx context.Context, cluster *clusterv1.Cluster, cp
 	if obs.initialized {
 		obs.nodes, obs.nodesDirect, obs.nodesErr = r.workloadNodes(ctx, cluster)
 	}
-	obs.Etcd, obs.Members, obs.MembersErr = r.observeEtcd(ctx, cluster, secrets, obs.Machines)
+	obs.external = secrets.external
+	if obs.external == nil {
+		obs.Etcd, obs.Members, obs.MembersErr = r.observeEtcd(ctx, cluster, secrets, obs.Machines)
+	}
 	obs.rollout = r.newRollout(ctx, cp)
 	obs.remediation = newRemediationPolicy(cp, r.Now())
 	obs.certExpiry = observeCertificatesExpiry(ctx, secrets, obs)
@@ -149,7 +154,7 @@ func (r *Reconciler) observeEtcd(ctx context.Context, cluster *clusterv1.Cluster
 func (o *observation) build(cp *controlplanev1.QuorumControlPlane, cluster *clusterv1.Cluster, now time.Time, tun quorum.Tunables) {
 	s := quorum.State{
 		Desired:        int(ptr.Deref(cp.Spec.Replicas, 1)),
-		Topology:       quorum.Stacked,
+		Topology:       o.topology(),
 		Strategy:       strategy(cp.Spec.Rollout.Strategy),
 		FailureDomains: engine.ControlPlaneFailureDomains(cluster),
 		Members:        o.Members,
@@ -157,6 +162,9 @@ func (o *observation) build(cp *controlplanev1.QuorumControlPlane, cluster *clus
 		Bootstrapped:   o.initialized || len(o.Members) > 0,
 		Now:            now,
 		Tunables:       tun,
+	}
+	if o.external != nil {
+		s.ExternalEtcdProblem = o.external.problem
 	}
 	o.remediationRefused, o.remediationNext = map[string]string{}, map[string]remediationData{}
 	for _, m := range o.Machines {
@@ -173,6 +181,15 @@ func (o *observation) build(cp *controlplanev1.QuorumControlPlane, cluster *clus
 		s.Machines = append(s.Machines, pm)
 	}
 	o.State = s
+}
+
+// topology is where the control plane's etcd runs: on its machines, or
+// elsewhere, which leaves the planner the machines alone.
+func (o *observation) topology() quorum.Topology {
+	if o.external != nil {
+		return quorum.APIServersOnly
+	}
+	return quorum.Stacked
 }
 
 // rebuild builds the State again after the caller wrote some machines.
@@ -192,8 +209,9 @@ func (o *observation) node(m *clusterv1.Machine) *corev1.Node {
 }
 
 // inFlight reports whether something no watch reports is under way: the
-// engine's membership changes, or Nodes read without a watch. The
+// engine's membership changes (stacked etcd), or Nodes read without a
+// watch. The
 // reconciler then polls instead of waiting for one.
 func (o *observation) inFlight() bool {
-	return o.MembershipInFlight() || o.nodesDirect || (o.initialized && o.nodes == nil)
+	return (o.external == nil && o.MembershipInFlight()) || o.nodesDirect || (o.initialized && o.nodes == nil)
 }

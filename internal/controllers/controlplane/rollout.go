@@ -46,10 +46,14 @@ type machineSpec struct {
 	// InfrastructureTemplateHash digests the template's spec.template.spec,
 	// so that an edit in place (templates are meant to be immutable) is
 	// seen too. Empty when the template could not be read.
-	InfrastructureTemplateHash string                                  `json:"infrastructureTemplateHash,omitempty"`
-	EtcdVersion                string                                  `json:"etcdVersion,omitempty"`
-	ExtraArgs                  map[bootstrap.Component][]bootstrap.Arg `json:"extraArgs,omitempty"`
-	CertSANs                   []string                                `json:"certSANs,omitempty"`
+	InfrastructureTemplateHash string `json:"infrastructureTemplateHash,omitempty"`
+	EtcdVersion                string `json:"etcdVersion,omitempty"`
+	// EtcdEndpoints are spec.etcd.external's: the API servers are
+	// configured with them. An EtcdCluster's are not here: its agents
+	// follow its member list, so no change of it rolls the control plane.
+	EtcdEndpoints []string                                `json:"etcdEndpoints,omitempty"`
+	ExtraArgs     map[bootstrap.Component][]bootstrap.Arg `json:"extraArgs,omitempty"`
+	CertSANs      []string                                `json:"certSANs,omitempty"`
 }
 
 // desiredMachineSpec is the record a machine created now gets. tmpl is the
@@ -61,6 +65,9 @@ func desiredMachineSpec(cp *controlplanev1.QuorumControlPlane, tmpl *unstructure
 		EtcdVersion:            cp.Spec.Etcd.Stacked.Version,
 		ExtraArgs:              extraArgs(cp),
 		CertSANs:               cp.Spec.APIServer.CertSANs,
+	}
+	if ext := cp.Spec.Etcd.External; ext != nil {
+		s.EtcdEndpoints = ext.Endpoints
 	}
 	if tmpl != nil {
 		spec, _, _ := unstructured.NestedFieldNoCopy(tmpl.Object, "spec", "template", "spec")

@@ -8,6 +8,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"time"
 
@@ -31,7 +32,18 @@ import (
 // does both, with CAPI's names, type and cluster-name label, as KCP uses
 // it; an authority that exists is never replaced.
 func EnsureCertificateAuthorities(ctx context.Context, c client.Client, cluster client.ObjectKey, owner metav1.OwnerReference) (*certs.ClusterCAs, error) {
+	return ensureAuthorities(ctx, c, cluster, owner, true)
+}
+
+// ensureAuthorities is EnsureCertificateAuthorities; without withEtcd (the
+// control plane's etcd is external) it leaves the etcd CA alone: whoever
+// runs etcd provides it (seed 002's contract), and QCP must never generate
+// one of its own in its place.
+func ensureAuthorities(ctx context.Context, c client.Client, cluster client.ObjectKey, owner metav1.OwnerReference, withEtcd bool) (*certs.ClusterCAs, error) {
 	cs := secret.NewCertificatesForInitialControlPlane(nil)
+	if !withEtcd {
+		cs = slices.DeleteFunc(cs, func(crt *secret.Certificate) bool { return crt.Purpose == secret.EtcdCA })
+	}
 	if err := cs.LookupOrGenerate(ctx, c, cluster, owner); err != nil {
 		return nil, fmt.Errorf("ensuring the certificate authorities of cluster %s: %w", cluster, err)
 	}
@@ -41,7 +53,11 @@ func EnsureCertificateAuthorities(ctx context.Context, c client.Client, cluster 
 			byName[crt.Secret.Name] = crt.Secret
 		}
 	}
-	cas, err := certs.ClusterCAsFromSecrets(cluster.Name, byName)
+	read := certs.ClusterCAsFromSecrets
+	if !withEtcd {
+		read = certs.ClusterCAsWithoutEtcd
+	}
+	cas, err := read(cluster.Name, byName)
 	if err != nil {
 		return nil, fmt.Errorf("reading the certificate authorities of cluster %s: %w", cluster, err)
 	}
@@ -110,20 +126,24 @@ func kubeconfigCurrent(data []byte, clusterName, endpoint string, ca *certs.KeyP
 // clusterSecrets is what reconciling the control plane's Secrets yields.
 type clusterSecrets struct {
 	cas *certs.ClusterCAs
+	// external is the external etcd and the contract Secrets' material;
+	// nil for stacked etcd.
+	external *externalEtcd
 	// renewAt is when the kubeconfig next needs issuing.
 	renewAt time.Time
 }
 
 // ensureSecrets keeps the authorities and the kubeconfig, owned by cp, and
-// reports them in CertificatesAvailable.
-func (r *Reconciler) ensureSecrets(ctx context.Context, cluster *clusterv1.Cluster, cp *controlplanev1.QuorumControlPlane) (*clusterSecrets, error) {
+// reports them in CertificatesAvailable. ext is the external etcd, nil for
+// stacked etcd.
+func (r *Reconciler) ensureSecrets(ctx context.Context, cluster *clusterv1.Cluster, cp *controlplanev1.QuorumControlPlane, ext *externalEtcd) (*clusterSecrets, error) {
 	key, owner := client.ObjectKeyFromObject(cluster), controlPlaneOwnerRef(cp)
 	fail := func(err error) (*clusterSecrets, error) {
 		conditions.Set(cp, metav1.Condition{Type: controlplanev1.CertificatesAvailableCondition, Status: metav1.ConditionFalse,
 			Reason: controlplanev1.CertificatesInternalErrorReason, Message: "Please check controller logs for errors"})
 		return nil, err
 	}
-	cas, err := EnsureCertificateAuthorities(ctx, r.Client, key, owner)
+	cas, err := ensureAuthorities(ctx, r.Client, key, owner, ext == nil)
 	if err != nil {
 		return fail(err)
 	}
@@ -135,5 +155,5 @@ func (r *Reconciler) ensureSecrets(ctx context.Context, cluster *clusterv1.Clust
 	}
 	conditions.Set(cp, metav1.Condition{Type: controlplanev1.CertificatesAvailableCondition, Status: metav1.ConditionTrue,
 		Reason: controlplanev1.CertificatesAvailableReason})
-	return &clusterSecrets{cas: cas, renewAt: renewAt}, nil
+	return &clusterSecrets{cas: cas, external: ext, renewAt: renewAt}, nil
 }

@@ -57,7 +57,11 @@ func setStatus(cp *controlplanev1.QuorumControlPlane, obs *observation, d quorum
 	}
 	setInitialized(cp, obs)
 	setAvailable(cp, obs)
-	engine.SetEtcdHealthy(cp, &obs.Observation)
+	if obs.external != nil {
+		setExternalEtcdHealthy(cp, obs.external)
+	} else {
+		engine.SetEtcdHealthy(cp, &obs.Observation)
+	}
 	setComponentsHealthy(cp, obs)
 	machines := collections.FromMachines(obs.Machines...).UnsortedList()
 	setAggregate(cp, machines, clusterv1.ReadyCondition, controlplanev1.MachinesReadyCondition, controlplanev1.MachinesReadyNoReplicasReason)
@@ -97,7 +101,7 @@ func setInitialized(cp *controlplanev1.QuorumControlPlane, obs *observation) {
 }
 
 // setAvailable: the control plane serves when it is initialized and etcd
-// has quorum.
+// has quorum (external etcd: it can be used).
 func setAvailable(cp *controlplanev1.QuorumControlPlane, obs *observation) {
 	voters, healthy := 0, 0
 	for _, mb := range obs.Members {
@@ -112,6 +116,8 @@ func setAvailable(cp *controlplanev1.QuorumControlPlane, obs *observation) {
 	switch {
 	case !obs.initialized:
 		msg = "Control plane not initialized yet"
+	case obs.external != nil:
+		msg = obs.external.problem
 	case obs.MembersErr != nil:
 		msg = "etcd membership cannot be read: " + obs.MembersErr.Error()
 	case healthy*2 <= voters:
@@ -137,6 +143,9 @@ func setComponentsHealthy(cp *controlplanev1.QuorumControlPlane, obs *observatio
 		return
 	}
 	components := []bootstrap.Component{bootstrap.Etcd, bootstrap.KubeAPIServer, bootstrap.KubeControllerManager, bootstrap.KubeScheduler}
+	if obs.external != nil {
+		components = components[1:] // the machines run no etcd
+	}
 	var problems []string
 	for _, m := range obs.Machines {
 		if !m.DeletionTimestamp.IsZero() {

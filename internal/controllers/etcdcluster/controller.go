@@ -37,6 +37,11 @@ import (
 // change is under way, which no watch reports.
 const membershipPoll = 200 * time.Millisecond
 
+// healthPoll is how often a steady EtcdCluster looks at its members
+// again. A member that hangs or dies changes no object (etcd machines
+// have no Node and no health check), so only looking finds it.
+const healthPoll = 5 * time.Second
+
 // Reconciler reconciles EtcdClusters.
 type Reconciler struct {
 	// Client reads through the manager's cache and writes.
@@ -194,11 +199,13 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Clu
 	if acted || replan || obs.MembershipInFlight() {
 		return ctrl.Result{RequeueAfter: membershipPoll}, nil
 	}
-	// A machine goes out of date with time (rollout.after).
+	// Nothing in flight: look again for a member going down, or sooner
+	// when a machine goes out of date with time (rollout.after).
+	wake := healthPoll
 	if at := obs.rollout.next(obs.Machines); !at.IsZero() {
-		return ctrl.Result{RequeueAfter: max(at.Sub(r.Now()), time.Second)}, nil
+		wake = min(wake, max(at.Sub(r.Now()), time.Second))
 	}
-	return ctrl.Result{}, nil
+	return ctrl.Result{RequeueAfter: wake}, nil
 }
 
 // reconcileDelete waits until no QuorumControlPlane uses ec (its data is
