@@ -53,20 +53,8 @@ func newEtcdScenario(t testing.TB, mgmt *management, name string, replicas int32
 	for _, edit := range edits {
 		edit(ec)
 	}
-	cp := &controlplanev1.QuorumControlPlane{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
-		Spec: controlplanev1.QuorumControlPlaneSpec{
-			Replicas: ptr.To[int32](etcdScenarioControlPlane), Version: version,
-			Etcd: controlplanev1.EtcdSpec{ClusterRef: &controlplanev1.LocalObjectReference{Name: name}},
-			MachineTemplate: controlplanev1.QuorumControlPlaneMachineTemplate{
-				Spec: controlplanev1.QuorumControlPlaneMachineTemplateSpec{
-					InfrastructureRef: clusterv1.ContractVersionedObjectReference{
-						APIGroup: infrav1.GroupVersion.Group, Kind: "ProcessMachineTemplate", Name: name,
-					},
-				},
-			},
-		},
-	}
+	cp := newControlPlane(name, etcdScenarioControlPlane)
+	cp.Spec.Etcd.ClusterRef = &controlplanev1.LocalObjectReference{Name: name}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	s.create(ctx,

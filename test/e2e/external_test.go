@@ -24,7 +24,8 @@ import (
 // alone, and the API servers' client pair. Its preflight checks only that
 // etcd answers: while the etcd is not started, no machine is created and
 // the control plane says why; once it is, the control plane reaches
-// Available, runs no etcd of its own and stores its data in that etcd.
+// Available, runs no etcd of its own and stores its data in that etcd, the
+// test kit's writer and monitor running against it meanwhile.
 func TestExternalEtcdEndpoints(t *testing.T) {
 	mgmt := requireShared(t)
 	t.Parallel()
@@ -72,6 +73,11 @@ func TestExternalEtcdEndpoints(t *testing.T) {
 	if err := member.Start(testkit.InitialCluster(member), "new"); err != nil {
 		t.Fatal(err)
 	}
+	tr, err := startTraffic(ext.Config(member.ClientURL()), 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.traffic = tr
 	s.waitExternalAvailable(5*time.Minute, 1)
 	s.runNoEtcd(ctx)
 	s.storesIn(ctx, ext.Config(member.ClientURL()))

@@ -85,20 +85,7 @@ func newScenarioWithoutControlPlane(t testing.TB, mgmt *management, name string,
 		selector: client.MatchingLabels{clusterv1.ClusterNameLabel: name, clusterv1.MachineControlPlaneLabel: ""}}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	cp := &controlplanev1.QuorumControlPlane{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
-		Spec: controlplanev1.QuorumControlPlaneSpec{
-			Replicas: ptr.To(replicas), Version: version,
-			MachineTemplate: controlplanev1.QuorumControlPlaneMachineTemplate{
-				ObjectMeta: clusterv1.ObjectMeta{Labels: map[string]string{"e2e.qcp.dev/scenario": name}},
-				Spec: controlplanev1.QuorumControlPlaneMachineTemplateSpec{
-					InfrastructureRef: clusterv1.ContractVersionedObjectReference{
-						APIGroup: infrav1.GroupVersion.Group, Kind: "ProcessMachineTemplate", Name: name,
-					},
-				},
-			},
-		},
-	}
+	cp := newControlPlane(name, replicas)
 	for _, edit := range edits {
 		edit(cp)
 	}
@@ -125,6 +112,25 @@ func newScenarioWithoutControlPlane(t testing.TB, mgmt *management, name string,
 	s.bound = startMachineBound(s, int(replicas), surge)
 	t.Cleanup(s.dumpOnFailure)
 	return s, cp
+}
+
+// newControlPlane is a scenario's QuorumControlPlane of replicas, on
+// machines from the ProcessMachineTemplate named name.
+func newControlPlane(name string, replicas int32) *controlplanev1.QuorumControlPlane {
+	return &controlplanev1.QuorumControlPlane{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec: controlplanev1.QuorumControlPlaneSpec{
+			Replicas: ptr.To(replicas), Version: version,
+			MachineTemplate: controlplanev1.QuorumControlPlaneMachineTemplate{
+				ObjectMeta: clusterv1.ObjectMeta{Labels: map[string]string{"e2e.qcp.dev/scenario": name}},
+				Spec: controlplanev1.QuorumControlPlaneMachineTemplateSpec{
+					InfrastructureRef: clusterv1.ContractVersionedObjectReference{
+						APIGroup: infrav1.GroupVersion.Group, Kind: "ProcessMachineTemplate", Name: name,
+					},
+				},
+			},
+		},
+	}
 }
 
 func (s *scenario) create(ctx context.Context, objs ...client.Object) {
