@@ -2,6 +2,7 @@ package controlplane
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 
@@ -44,7 +45,7 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, cluster *clusterv1.Clu
 			fmt.Sprintf("Waiting for control plane machines to be deleted: %s", strings.Join(sortedNames(mine), ", ")))
 		return ctrl.Result{}, nil
 	}
-	if err := r.Etcd.Forget(klogRef(cluster)); err != nil {
+	if err := errors.Join(r.Etcd.Forget(klogRef(cluster)), r.Etcd.Forget(externalPoolKey(cluster))); err != nil {
 		return ctrl.Result{}, err
 	}
 	setDeleting(cp, controlplanev1.DeletionCompletedReason, "")

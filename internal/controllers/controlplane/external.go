@@ -110,7 +110,7 @@ func (r *Reconciler) observeExternalEtcd(ctx context.Context, cluster *clusterv1
 // certificate. At least one endpoint must pass /health; it returns why
 // none does.
 func (r *Reconciler) checkEtcdConnectivity(ctx context.Context, cluster *clusterv1.Cluster, ext *externalEtcd) string {
-	cli, err := r.Etcd.Get(klogRef(cluster)+"/external", etcd.Config{Endpoints: ext.endpoints, CAPEM: ext.caCert, CertPEM: ext.clientCert, KeyPEM: ext.clientKey})
+	cli, err := r.Etcd.Get(externalPoolKey(cluster), etcd.Config{Endpoints: ext.endpoints, CAPEM: ext.caCert, CertPEM: ext.clientCert, KeyPEM: ext.clientKey})
 	if err != nil {
 		return err.Error()
 	}
@@ -127,6 +127,10 @@ func (r *Reconciler) checkEtcdConnectivity(ctx context.Context, cluster *cluster
 	}
 	return "no etcd endpoint passes /health: " + errors.Join(errs...).Error()
 }
+
+// externalPoolKey is the etcd pool's key for the client of the endpoints
+// QCP does not run, apart from a stacked cluster's own.
+func externalPoolKey(cluster *clusterv1.Cluster) string { return klogRef(cluster) + "/external" }
 
 // etcdClusterProgress says how far an EtcdCluster's creation is, for the
 // message of the control plane waiting for it.

@@ -83,16 +83,22 @@ func healthCheckSpec(cluster *clusterv1.Cluster, cp *controlplanev1.QuorumContro
 			clusterv1.UnhealthyNodeCondition{Type: c, Status: corev1.ConditionFalse, TimeoutSeconds: seconds})
 	}
 	replicas := int(ptr.Deref(cp.Spec.Replicas, 1))
+	// etcd tolerates (n-1)/2 failures; marking more at once could only
+	// ask for what the control plane would refuse anyway. With external
+	// etcd the machines hold no member: all but one may be marked, the
+	// planner deleting them one at a time while another serves.
+	tolerated := (replicas - 1) / 2
+	if !cp.Spec.Etcd.IsStacked() {
+		tolerated = replicas - 1
+	}
 	return clusterv1.MachineHealthCheckSpec{
 		ClusterName: cluster.Name,
 		Selector: metav1.LabelSelector{MatchLabels: map[string]string{
 			clusterv1.ClusterNameLabel: cluster.Name, clusterv1.MachineControlPlaneLabel: "", clusterv1.MachineControlPlaneNameLabel: cp.Name,
 		}},
 		Checks: checks,
-		// etcd tolerates (n-1)/2 failures; marking more at once could only
-		// ask for what the control plane would refuse anyway.
 		Remediation: clusterv1.MachineHealthCheckRemediation{TriggerIf: clusterv1.MachineHealthCheckRemediationTriggerIf{
-			UnhealthyLessThanOrEqualTo: ptr.To(intstr.FromInt(max((replicas-1)/2, 0))),
+			UnhealthyLessThanOrEqualTo: ptr.To(intstr.FromInt(max(tolerated, 0))),
 		}},
 	}
 }

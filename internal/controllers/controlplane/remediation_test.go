@@ -67,14 +67,22 @@ func TestRemediationPolicy(t *testing.T) {
 }
 
 // TestHealthCheckNeverAsksForMoreThanEtcdTolerates: the trigger allows
-// (n-1)/2 unhealthy machines, none for a single machine.
+// (n-1)/2 unhealthy machines, none for a single machine; with external
+// etcd, all but one.
 func TestHealthCheckNeverAsksForMoreThanEtcdTolerates(t *testing.T) {
 	cluster := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Name: "c"}}
-	for replicas, want := range map[int32]int{1: 0, 3: 1, 5: 2, 7: 3} {
-		cp := &controlplanev1.QuorumControlPlane{ObjectMeta: metav1.ObjectMeta{Name: "cp"}, Spec: controlplanev1.QuorumControlPlaneSpec{Replicas: ptr.To(replicas)}}
+	external := controlplanev1.EtcdSpec{ClusterRef: &controlplanev1.LocalObjectReference{Name: "e"}}
+	for _, tc := range []struct {
+		replicas int32
+		etcd     controlplanev1.EtcdSpec
+		want     int
+	}{{1, controlplanev1.EtcdSpec{}, 0}, {3, controlplanev1.EtcdSpec{}, 1}, {5, controlplanev1.EtcdSpec{}, 2}, {7, controlplanev1.EtcdSpec{}, 3},
+		{1, external, 0}, {2, external, 1}, {4, external, 3}} {
+		replicas, want := tc.replicas, tc.want
+		cp := &controlplanev1.QuorumControlPlane{ObjectMeta: metav1.ObjectMeta{Name: "cp"}, Spec: controlplanev1.QuorumControlPlaneSpec{Replicas: ptr.To(replicas), Etcd: tc.etcd}}
 		spec := healthCheckSpec(cluster, cp, time.Minute)
 		if got := spec.Remediation.TriggerIf.UnhealthyLessThanOrEqualTo; got == nil || *got != intstr.FromInt(want) {
-			t.Errorf("%d replicas: trigger %v, want at most %d unhealthy", replicas, got, want)
+			t.Errorf("%d replicas, stacked %v: trigger %v, want at most %d unhealthy", replicas, tc.etcd.IsStacked(), got, want)
 		}
 		if spec.Remediation.TemplateRef.IsDefined() {
 			t.Error("a remediation template is set; the control plane remediates itself")
