@@ -210,8 +210,7 @@ func (o *observation) node(m *clusterv1.Machine) *corev1.Node {
 
 // inFlight reports whether something no watch reports is under way: the
 // engine's membership changes (stacked etcd), or Nodes read without a
-// watch. The
-// reconciler then polls instead of waiting for one.
+// watch. The reconciler then polls instead of waiting for one.
 func (o *observation) inFlight() bool {
 	return (o.external == nil && o.MembershipInFlight()) || o.nodesDirect || (o.initialized && o.nodes == nil)
 }
