@@ -1,0 +1,210 @@
+// Package chaos is QCP's randomized fault campaign (issue 13): each run
+// picks, from its seed alone, a starting control plane, one of QCP's own
+// operations and the faults injected while it runs; the outcome is one
+// JSON line, and a campaign's outcomes sum up to a table. This file holds
+// the pure part, the schedule and the summary, so that a failing run can
+// be replayed exactly from its seed. The part that drives a management
+// cluster is not written yet.
+package chaos
+
+import (
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Operation is what QCP is doing while the faults strike.
+type Operation string
+
+const (
+	Create    Operation = "Create"
+	ScaleUp   Operation = "ScaleUp"
+	ScaleDown Operation = "ScaleDown"
+	Rollout   Operation = "Rollout"
+)
+
+// Operations are the operations a run may draw.
+var Operations = []Operation{Create, ScaleUp, ScaleDown, Rollout}
+
+// FaultKind is one kind of fault.
+type FaultKind string
+
+const (
+	KillMachine      FaultKind = "KillMachine"
+	FreezeMachine    FaultKind = "FreezeMachine"
+	KillManager      FaultKind = "KillQCPManager"
+	KillCAPI         FaultKind = "KillCAPICore"
+	RestartAPIServer FaultKind = "RestartManagementAPIServer"
+	DeleteMachine    FaultKind = "DeleteMachine"
+	// CutPeerTraffic needs root and nftables; a run where it cannot be
+	// injected records it as skipped, never silently.
+	CutPeerTraffic FaultKind = "CutPeerTraffic"
+)
+
+// FaultKinds are the kinds a run may draw.
+var FaultKinds = []FaultKind{KillMachine, FreezeMachine, KillManager, KillCAPI, RestartAPIServer, DeleteMachine, CutPeerTraffic}
+
+// Fault is one scheduled fault.
+type Fault struct {
+	Kind FaultKind `json:"kind"`
+	// At is when it strikes, counted from the start of the operation.
+	At time.Duration `json:"at"`
+	// Target picks the machine, for the machine faults: the index, modulo
+	// the machines that exist when it strikes (sorted by name).
+	Target int `json:"target,omitempty"`
+	// For is how long a freeze or a cut lasts, or a restarted process
+	// stays down.
+	For time.Duration `json:"for,omitempty"`
+}
+
+// Run is one run's schedule, all of it drawn from Seed.
+type Run struct {
+	Seed      uint64    `json:"seed"`
+	Replicas  int       `json:"replicas"`
+	Operation Operation `json:"operation"`
+	// Desired is the replica count the operation sets.
+	Desired int     `json:"desired"`
+	Faults  []Fault `json:"faults"`
+}
+
+// Window is how long after the operation starts faults may strike.
+const Window = 90 * time.Second
+
+// NewRun draws a run from seed: a control plane of 1, 3 or 5 replicas,
+// an operation that makes sense for it (no scale down from 1, no scale up
+// from 5), and 1–3 faults at random times within Window, in time order.
+func NewRun(seed uint64) Run {
+	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	r := Run{Seed: seed, Replicas: []int{1, 3, 5}[rng.IntN(3)]}
+	ops := slices.DeleteFunc(slices.Clone(Operations), func(op Operation) bool {
+		return (op == ScaleDown && r.Replicas == 1) || (op == ScaleUp && r.Replicas == 5)
+	})
+	r.Operation, r.Desired = ops[rng.IntN(len(ops))], r.Replicas
+	switch r.Operation {
+	case ScaleUp:
+		r.Desired = r.Replicas + 2
+	case ScaleDown:
+		r.Desired = r.Replicas - 2
+	}
+	for range 1 + rng.IntN(3) {
+		f := Fault{Kind: FaultKinds[rng.IntN(len(FaultKinds))], At: time.Duration(rng.Int64N(int64(Window)))}
+		switch f.Kind {
+		case KillMachine, DeleteMachine:
+			f.Target = rng.IntN(7)
+		case FreezeMachine, CutPeerTraffic:
+			f.Target, f.For = rng.IntN(7), 5*time.Second+time.Duration(rng.Int64N(int64(35*time.Second)))
+		case KillManager, KillCAPI, RestartAPIServer:
+			f.For = time.Duration(rng.Int64N(int64(10 * time.Second)))
+		}
+		r.Faults = append(r.Faults, f)
+	}
+	slices.SortStableFunc(r.Faults, func(a, b Fault) int { return int(a.At - b.At) })
+	return r
+}
+
+// MayLoseQuorum reports whether the run kills more machines than etcd
+// tolerates at its smallest size. Such a run cannot converge on its own:
+// it passes only if QCP reports Degraded with the right reason and takes
+// no destructive step. (Machines deleted by hand are replaced the normal
+// way, their members removed first; they do not count.)
+func (r Run) MayLoseQuorum() bool {
+	kills := 0
+	for _, f := range r.Faults {
+		if f.Kind == KillMachine {
+			kills++
+		}
+	}
+	return kills > (min(r.Replicas, r.Desired)-1)/2
+}
+
+// Outcome is what one run found: its schedule, the faults as injected (or
+// skipped, and why), and its verdict.
+type Outcome struct {
+	Run
+	Injected []Injected `json:"injected"`
+	// Converged is true when, after the faults stopped, the control plane
+	// reached its desired spec within the bound; ConvergedAfter is how long
+	// that took.
+	Converged      bool          `json:"converged"`
+	ConvergedAfter time.Duration `json:"convergedAfter,omitempty"`
+	// Degraded is QCP's reason when it did not converge.
+	Degraded string `json:"degraded,omitempty"`
+	// Violations are the checks that failed: linearizability, a lost
+	// write, I1–I7, more than desired + 1 machines, something left behind.
+	Violations []string `json:"violations,omitempty"`
+}
+
+// Injected is one fault as the run injected it.
+type Injected struct {
+	Fault
+	// Machine is the machine it struck, for machine faults.
+	Machine string `json:"machine,omitempty"`
+	// Skipped says why the fault could not be injected here.
+	Skipped string `json:"skipped,omitempty"`
+}
+
+// JSONLine is the outcome as one line of JSON, as a campaign records it.
+func (o Outcome) JSONLine() string {
+	data, _ := json.Marshal(o) // plain data: cannot fail
+	return string(data)
+}
+
+// Summary sums up a campaign.
+type Summary struct {
+	Runs, Passed int
+	Faults       map[FaultKind]int
+	Skipped      map[FaultKind]int
+	Violations   int
+	// P50 and P99 are the convergence times of the runs that converged.
+	P50, P99 time.Duration
+}
+
+// Summarize sums up outcomes.
+func Summarize(outcomes []Outcome) Summary {
+	s := Summary{Runs: len(outcomes), Faults: map[FaultKind]int{}, Skipped: map[FaultKind]int{}}
+	var times []time.Duration
+	for _, o := range outcomes {
+		for _, f := range o.Injected {
+			if f.Skipped != "" {
+				s.Skipped[f.Kind]++
+			} else {
+				s.Faults[f.Kind]++
+			}
+		}
+		s.Violations += len(o.Violations)
+		if len(o.Violations) == 0 && (o.Converged || o.Degraded != "") {
+			s.Passed++
+		}
+		if o.Converged {
+			times = append(times, o.ConvergedAfter)
+		}
+	}
+	s.P50, s.P99 = percentile(times, 50), percentile(times, 99)
+	return s
+}
+
+// percentile is the nearest-rank percentile p of ds; 0 for none.
+func percentile(ds []time.Duration, p int) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	sorted := slices.Clone(ds)
+	slices.Sort(sorted)
+	rank := (p*len(sorted) + 99) / 100
+	return sorted[max(rank, 1)-1]
+}
+
+// Table is the summary as the table `make chaos` prints.
+func (s Summary) Table() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "runs %d, passed %d, violations %d, convergence p50 %s, p99 %s\n", s.Runs, s.Passed, s.Violations,
+		s.P50.Round(time.Second), s.P99.Round(time.Second))
+	fmt.Fprintf(&b, "%-28s %8s %8s\n", "fault", "injected", "skipped")
+	for _, k := range FaultKinds {
+		fmt.Fprintf(&b, "%-28s %8d %8d\n", k, s.Faults[k], s.Skipped[k])
+	}
+	return b.String()
+}

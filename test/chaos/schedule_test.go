@@ -1,0 +1,97 @@
+package chaos
+
+import (
+	"encoding/json"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestRunsReplayFromTheirSeed: the same seed always gives the same run, so
+// a failing run can be replayed exactly.
+func TestRunsReplayFromTheirSeed(t *testing.T) {
+	for seed := range uint64(200) {
+		if a, b := NewRun(seed), NewRun(seed); !reflect.DeepEqual(a, b) {
+			t.Fatalf("seed %d gave %+v and then %+v", seed, a, b)
+		}
+	}
+	if reflect.DeepEqual(NewRun(1), NewRun(2)) {
+		t.Error("seeds 1 and 2 gave the same run")
+	}
+}
+
+// TestRunsAreValidAndCoverEverything: over many seeds every run is one the
+// campaign can carry out, and every operation, fault kind and size shows
+// up.
+func TestRunsAreValidAndCoverEverything(t *testing.T) {
+	ops, kinds, sizes := map[Operation]int{}, map[FaultKind]int{}, map[int]int{}
+	lose := 0
+	for seed := range uint64(5000) {
+		r := NewRun(seed)
+		ops[r.Operation]++
+		sizes[r.Replicas]++
+		if r.MayLoseQuorum() {
+			lose++
+		}
+		switch {
+		case r.Replicas != 1 && r.Replicas != 3 && r.Replicas != 5:
+			t.Fatalf("seed %d: %d replicas", seed, r.Replicas)
+		case r.Desired < 1 || r.Desired > 7 || r.Desired%2 == 0:
+			t.Fatalf("seed %d: %s from %d to %d replicas", seed, r.Operation, r.Replicas, r.Desired)
+		case (r.Operation == ScaleUp) != (r.Desired > r.Replicas) || (r.Operation == ScaleDown) != (r.Desired < r.Replicas):
+			t.Fatalf("seed %d: %s from %d to %d replicas", seed, r.Operation, r.Replicas, r.Desired)
+		case len(r.Faults) < 1 || len(r.Faults) > 3:
+			t.Fatalf("seed %d: %d faults", seed, len(r.Faults))
+		}
+		for i, f := range r.Faults {
+			kinds[f.Kind]++
+			if f.At < 0 || f.At >= Window || (i > 0 && f.At < r.Faults[i-1].At) {
+				t.Fatalf("seed %d: fault %d at %s, out of order or outside the window", seed, i, f.At)
+			}
+			if (f.Kind == FreezeMachine || f.Kind == CutPeerTraffic) && (f.For < 5*time.Second || f.For >= 40*time.Second) {
+				t.Fatalf("seed %d: %s for %s", seed, f.Kind, f.For)
+			}
+		}
+	}
+	for _, op := range Operations {
+		if ops[op] == 0 {
+			t.Errorf("no run does %s", op)
+		}
+	}
+	for _, k := range FaultKinds {
+		if kinds[k] == 0 {
+			t.Errorf("no run injects %s", k)
+		}
+	}
+	if len(sizes) != 3 || lose == 0 || lose == 5000 {
+		t.Errorf("sizes %v; %d of 5000 runs may lose quorum", sizes, lose)
+	}
+}
+
+func TestSummary(t *testing.T) {
+	converged := func(after time.Duration, injected ...Injected) Outcome {
+		return Outcome{Injected: injected, Converged: true, ConvergedAfter: after}
+	}
+	outcomes := []Outcome{
+		converged(10*time.Second, Injected{Fault: Fault{Kind: KillMachine}, Machine: "m1"}),
+		converged(30*time.Second, Injected{Fault: Fault{Kind: CutPeerTraffic}, Skipped: "not root"}),
+		converged(20 * time.Second),
+		{Degraded: "etcd has lost quorum", Injected: []Injected{{Fault: Fault{Kind: KillMachine}}, {Fault: Fault{Kind: KillMachine}}}},
+		{Violations: []string{"lost write k1"}},
+	}
+	s := Summarize(outcomes)
+	if s.Runs != 5 || s.Passed != 4 || s.Violations != 1 || s.Faults[KillMachine] != 3 || s.Skipped[CutPeerTraffic] != 1 || s.Faults[CutPeerTraffic] != 0 {
+		t.Errorf("summary %+v", s)
+	}
+	if s.P50 != 20*time.Second || s.P99 != 30*time.Second {
+		t.Errorf("p50 %s, p99 %s; want 20s and 30s", s.P50, s.P99)
+	}
+	if table := s.Table(); !strings.Contains(table, "runs 5, passed 4, violations 1") || !strings.Contains(table, "CutPeerTraffic") {
+		t.Errorf("table:\n%s", table)
+	}
+	var back Outcome
+	if err := json.Unmarshal([]byte(outcomes[0].JSONLine()), &back); err != nil || !reflect.DeepEqual(back, outcomes[0]) || strings.Contains(outcomes[0].JSONLine(), "\n") {
+		t.Errorf("JSON line %s reads back as %+v (%v)", outcomes[0].JSONLine(), back, err)
+	}
+}
