@@ -29,7 +29,7 @@ TEST_FLAGS ?=
 
 export QCP_BIN_DIR := $(BIN)
 
-.PHONY: all binaries qcp-binaries generate verify-generate test unit bench lint up down clean check-strays
+.PHONY: all binaries qcp-binaries generate verify-generate test unit bench chaos lint up down clean check-strays
 
 all: binaries
 
@@ -97,6 +97,13 @@ unit:
 ## bench: benchmarks, as JSON (go test -json) in bin/bench.json.
 bench: binaries
 	go test -run '^$$' -bench . -benchtime 1x -timeout 60m -json ./... | tee $(BIN)/bench.json | go run ./hack/benchjson
+
+## chaos: the fault campaign (issue 13, in progress): RUNS runs from SEED
+## (the clock's if empty), one JSON line each in bin/chaos.jsonl.
+RUNS ?= 3
+SEED ?=
+chaos: binaries
+	QCP_CHAOS_RUNS=$(RUNS) QCP_CHAOS_SEED=$(SEED) go test -tags chaos -count=1 -v -run '^TestChaos$$' -timeout 0 ./test/e2e/
 
 lint:
 	gofmt -l . | tee /dev/stderr | (! read)

@@ -45,3 +45,12 @@ func (e *Env) startCAPI(ctx context.Context, opts Options) error {
 
 // CAPI returns the CAPI core manager process, or nil if it is not running.
 func (e *Env) CAPI() *Process { return e.capi }
+
+// RestartCAPI starts CAPI core again, as Start did, once the process that
+// ran it has ended (a fault test killed it).
+func (e *Env) RestartCAPI(ctx context.Context) error {
+	if e.capi != nil && !e.capi.Exited() {
+		return fmt.Errorf("CAPI core (pid %d) is still running", e.capi.PID())
+	}
+	return e.startCAPI(ctx, e.opts)
+}

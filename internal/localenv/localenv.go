@@ -62,6 +62,8 @@ type Env struct {
 	gc          *Process
 	managers    []*Process
 	ownsDir     bool
+	// opts are the options Start was given, for starting CAPI core again.
+	opts Options
 }
 
 // Start starts the management cluster, its garbage collector and, unless
@@ -69,7 +71,7 @@ type Env struct {
 // started is stopped.
 func Start(ctx context.Context, opts Options) (_ *Env, err error) {
 	opts = withDefaults(opts)
-	e := &Env{Scheme: scheme.New(), Dir: opts.Dir}
+	e := &Env{Scheme: scheme.New(), Dir: opts.Dir, opts: opts}
 	if e.Dir == "" {
 		if e.Dir, err = os.MkdirTemp("", "qcp-localenv-"); err != nil {
 			return nil, fmt.Errorf("creating the local environment's directory: %w", err)

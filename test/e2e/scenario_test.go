@@ -196,38 +196,48 @@ func (s *scenario) machines(ctx context.Context) ([]clusterv1.Machine, error) {
 func (s *scenario) waitAvailable(timeout time.Duration, replicas int) *controlplanev1.QuorumControlPlane {
 	s.t.Helper()
 	var cp *controlplanev1.QuorumControlPlane
-	s.eventually(timeout, fmt.Sprintf("control plane %s Available with %d healthy voters", s.name, replicas), func(ctx context.Context) error {
+	s.eventually(timeout, fmt.Sprintf("control plane %s Available with %d healthy voters", s.name, replicas), s.available(replicas, &cp))
+	return cp
+}
+
+// available is waitAvailable's check; it leaves the control plane it read
+// in *cp.
+func (s *scenario) available(replicas int, cp **controlplanev1.QuorumControlPlane) func(context.Context) error {
+	return func(ctx context.Context) error {
 		var err error
-		if cp, err = s.controlPlane(ctx); err != nil {
+		if *cp, err = s.controlPlane(ctx); err != nil {
 			return err
 		}
-		if !conditions.IsTrue(cp, controlplanev1.AvailableCondition) {
-			return fmt.Errorf("not Available: %s; last operation %s %s: %s", conditions.GetMessage(cp, controlplanev1.AvailableCondition),
-				cp.Status.LastOperation.Kind, cp.Status.LastOperation.Target, cp.Status.LastOperation.Reason)
+		return availableWith(*cp, replicas)
+	}
+}
+
+func availableWith(cp *controlplanev1.QuorumControlPlane, replicas int) error {
+	if !conditions.IsTrue(cp, controlplanev1.AvailableCondition) {
+		return fmt.Errorf("not Available: %s; last operation %s %s: %s", conditions.GetMessage(cp, controlplanev1.AvailableCondition),
+			cp.Status.LastOperation.Kind, cp.Status.LastOperation.Target, cp.Status.LastOperation.Reason)
+	}
+	if got := ptr.Deref(cp.Status.Replicas, 0); got != int32(replicas) {
+		return fmt.Errorf("%d machines, want %d; last operation %s: %s", got, replicas, cp.Status.LastOperation.Kind, cp.Status.LastOperation.Reason)
+	}
+	if got := ptr.Deref(cp.Status.ReadyReplicas, 0); got != int32(replicas) {
+		return fmt.Errorf("%d machines Ready, want %d", got, replicas)
+	}
+	voters := 0
+	for _, m := range cp.Status.Etcd.Members {
+		if m.Role == controlplanev1.EtcdMemberRoleLearner || !m.Healthy || m.Machine == "" {
+			return fmt.Errorf("member %+v is not a healthy voter on a machine", m)
 		}
-		if got := ptr.Deref(cp.Status.Replicas, 0); got != int32(replicas) {
-			return fmt.Errorf("%d machines, want %d; last operation %s: %s", got, replicas, cp.Status.LastOperation.Kind, cp.Status.LastOperation.Reason)
-		}
-		if got := ptr.Deref(cp.Status.ReadyReplicas, 0); got != int32(replicas) {
-			return fmt.Errorf("%d machines Ready, want %d", got, replicas)
-		}
-		voters := 0
-		for _, m := range cp.Status.Etcd.Members {
-			if m.Role == controlplanev1.EtcdMemberRoleLearner || !m.Healthy || m.Machine == "" {
-				return fmt.Errorf("member %+v is not a healthy voter on a machine", m)
-			}
-			voters++
-		}
-		if voters != replicas {
-			return fmt.Errorf("%d voters, want %d", voters, replicas)
-		}
-		if !conditions.IsTrue(cp, controlplanev1.EtcdClusterHealthyCondition) || !conditions.IsTrue(cp, controlplanev1.ControlPlaneComponentsHealthyCondition) {
-			return fmt.Errorf("etcd healthy: %s; components healthy: %s", conditions.GetMessage(cp, controlplanev1.EtcdClusterHealthyCondition),
-				conditions.GetMessage(cp, controlplanev1.ControlPlaneComponentsHealthyCondition))
-		}
-		return nil
-	})
-	return cp
+		voters++
+	}
+	if voters != replicas {
+		return fmt.Errorf("%d voters, want %d", voters, replicas)
+	}
+	if !conditions.IsTrue(cp, controlplanev1.EtcdClusterHealthyCondition) || !conditions.IsTrue(cp, controlplanev1.ControlPlaneComponentsHealthyCondition) {
+		return fmt.Errorf("etcd healthy: %s; components healthy: %s", conditions.GetMessage(cp, controlplanev1.EtcdClusterHealthyCondition),
+			conditions.GetMessage(cp, controlplanev1.ControlPlaneComponentsHealthyCondition))
+	}
+	return nil
 }
 
 // scale sets spec.replicas through the scale subresource, as kubectl scale
