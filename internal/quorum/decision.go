@@ -28,9 +28,9 @@ const (
 	MoveLeader Kind = "MoveLeader"
 	// RemoveMember: MemberRemove(Decision.MemberID).
 	RemoveMember Kind = "RemoveMember"
-	// AddHook: add HookAnnotation to Decision.Machine.
+	// AddHook: add HookAnnotations to Decision.Machine.
 	AddHook Kind = "AddHook"
-	// RemoveHook: remove HookAnnotation from Decision.Machine.
+	// RemoveHook: remove HookAnnotations from Decision.Machine.
 	RemoveHook Kind = "RemoveHook"
 	// DeleteMachine: delete Decision.Machine (its hook, if any, holds the
 	// drain until the member is removed).

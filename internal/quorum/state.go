@@ -132,6 +132,21 @@ const (
 // HookAnnotation is the pre-drain hook QCP puts on machines that host voters.
 const HookAnnotation = "pre-drain.delete.hook.machine.cluster.x-k8s.io/qcp-etcd-quorum"
 
+// TerminateHookAnnotation is the pre-drain hook's pre-terminate twin. CAPI
+// core skips pre-drain hooks on a Machine that has no Node yet, or that is
+// the cluster's last control plane machine, and deletes its
+// infrastructure, with the etcd member on it, at once: a machine deleted
+// right after it joined, or the only machine of a one-machine control
+// plane, took its member with it. CAPI never skips a pre-terminate hook,
+// which holds the infrastructure until the member is removed (as KCP's
+// kcp-cleanup hook does).
+const TerminateHookAnnotation = "pre-terminate.delete.hook.machine.cluster.x-k8s.io/qcp-etcd-quorum"
+
+// HookAnnotations are the hook's two annotations. AddHook sets both,
+// RemoveHook removes both, and a machine that carries either has the hook
+// (Machine.HasHook): an operator who lets a machine go removes both.
+var HookAnnotations = []string{HookAnnotation, TerminateHookAnnotation}
+
 // DeleteAnnotation marks a machine the user prefers to lose on scale down.
 const DeleteAnnotation = "cluster.x-k8s.io/delete-machine"
 
@@ -218,7 +233,7 @@ type Machine struct {
 	Deleting bool
 	// DeleteAnnotated is true when the machine carries DeleteAnnotation.
 	DeleteAnnotated bool
-	// HasHook is true when the machine carries HookAnnotation.
+	// HasHook is true when the machine carries either of HookAnnotations.
 	HasHook bool
 	// NodeReady is the Node's Ready condition (stacked topology only; ignored
 	// for external etcd machines, which have no Node).

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/tools/record"
@@ -17,9 +18,11 @@ import (
 // goes with its owner, so no member needs protecting) and deletes it; what
 // names the owner's kind in the event.
 func ReleaseAndDelete(ctx context.Context, c client.Client, rec record.EventRecorder, m *clusterv1.Machine, what string) error {
-	if _, ok := m.Annotations[quorum.HookAnnotation]; ok {
+	if slices.ContainsFunc(quorum.HookAnnotations, func(a string) bool { _, ok := m.Annotations[a]; return ok }) {
 		before := m.DeepCopy()
-		delete(m.Annotations, quorum.HookAnnotation)
+		for _, hook := range quorum.HookAnnotations {
+			delete(m.Annotations, hook)
+		}
 		if err := c.Patch(ctx, m, client.MergeFrom(before)); err != nil {
 			return fmt.Errorf("releasing the hook of machine %s: %w", m.Name, err)
 		}

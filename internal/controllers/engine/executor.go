@@ -46,9 +46,17 @@ func (x Executor) Execute(ctx context.Context, d quorum.Decision, machine *clust
 	switch d.Kind {
 	case quorum.AddHook:
 		defer x.Failpoints.Hit(FailpointAfterHook)
-		return x.annotate(ctx, machine, func(a map[string]string) { a[quorum.HookAnnotation] = "" })
+		return x.annotate(ctx, machine, func(a map[string]string) {
+			for _, hook := range quorum.HookAnnotations {
+				a[hook] = ""
+			}
+		})
 	case quorum.RemoveHook:
-		return x.annotate(ctx, machine, func(a map[string]string) { delete(a, quorum.HookAnnotation) })
+		return x.annotate(ctx, machine, func(a map[string]string) {
+			for _, hook := range quorum.HookAnnotations {
+				delete(a, hook)
+			}
+		})
 	case quorum.DeleteMachine:
 		rv, uid := machine.ResourceVersion, machine.UID
 		if err := x.Client.Delete(ctx, machine, client.Preconditions{ResourceVersion: &rv, UID: &uid}); err != nil {

@@ -91,8 +91,10 @@ func TestExecutorAgainstRealParts(t *testing.T) {
 	m1 := w.machine(ctx, "act-m1")
 	planned := m1.DeepCopy()
 	w.settle(ctx, quorum.Decision{Kind: quorum.AddHook, Machine: "act-m1"})
-	if _, ok := w.get(ctx, "act-m1").Annotations[quorum.HookAnnotation]; !ok {
-		t.Fatal("AddHook did not put the hook on act-m1")
+	for _, hook := range quorum.HookAnnotations {
+		if _, ok := w.get(ctx, "act-m1").Annotations[hook]; !ok {
+			t.Fatalf("AddHook did not put %s on act-m1", hook)
+		}
 	}
 	stale := quorum.Decision{Kind: quorum.RemoveHook, Machine: "act-m1", Expect: quorum.Expectation{MachineResourceVersion: planned.ResourceVersion}}
 	if err := w.x.Execute(ctx, stale, planned); err == nil {
