@@ -130,7 +130,9 @@ func (s *scenario) scaleEtcd(ctx context.Context, replicas int32) {
 func TestEtcdClusterCreateAndScale(t *testing.T) {
 	mgmt := requireShared(t)
 	t.Parallel()
-	s := newEtcdScenario(t, mgmt, "etcd-scale", 3, 1)
+	s := newEtcdScenario(t, mgmt, "etcd-scale", 3, 1, func(ec *etcdv1.EtcdCluster) {
+		ec.Annotations = map[string]string{clusterv1.PausedAnnotation: ""}
+	})
 	s.controlPlaneWaitsForEtcd(5 * time.Minute)
 	s.startTraffic(3)
 	ec := s.waitEtcdReady(5*time.Minute, 3)
@@ -537,18 +539,49 @@ func (w *availabilityWatch) stop() error {
 	return nil
 }
 
-// controlPlaneWaitsForEtcd checks, until the EtcdCluster is
-// creationComplete, that the control plane creates no machine and says
-// that it waits for the EtcdCluster, by name.
+// controlPlaneWaitsForEtcd checks that the control plane says it waits for
+// the EtcdCluster, by name, and creates no machine until the EtcdCluster is
+// creationComplete. The EtcdCluster is created paused, so that it cannot
+// complete before the control plane has had its say; the check unpauses it.
 func (s *scenario) controlPlaneWaitsForEtcd(timeout time.Duration) {
 	s.t.Helper()
+	noMachine := func(ctx context.Context) error {
+		if ms, err := s.controlPlaneMachines(ctx); err != nil || len(ms) > 0 {
+			return fmt.Errorf("%d control plane machines before EtcdCluster %s is creationComplete (%v)", len(ms), s.name, err)
+		}
+		return nil
+	}
 	said := ""
-	s.eventually(timeout, "EtcdCluster "+s.name+" creationComplete, the control plane waiting for it", func(ctx context.Context) error {
-		ms, err := s.controlPlaneMachines(ctx)
+	s.eventually(timeout, "the control plane saying it waits for EtcdCluster "+s.name, func(ctx context.Context) error {
+		if err := noMachine(ctx); err != nil {
+			s.t.Fatal(err)
+		}
+		cp, err := s.controlPlane(ctx)
 		if err != nil {
 			return err
 		}
-		cp, err := s.controlPlane(ctx)
+		c := conditions.Get(cp, controlplanev1.EtcdClusterHealthyCondition)
+		if c == nil || c.Reason != controlplanev1.EtcdClusterWaitingReason || !strings.Contains(c.Message, fmt.Sprintf("EtcdCluster %q", s.name)) ||
+			!conditions.IsFalse(cp, controlplanev1.AvailableCondition) {
+			return fmt.Errorf("EtcdClusterHealthy %+v", c)
+		}
+		said = c.Message
+		return nil
+	})
+	s.t.Logf("the control plane waits: %s", said)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	ec, err := s.etcdCluster(ctx)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	before := ec.DeepCopy()
+	delete(ec.Annotations, clusterv1.PausedAnnotation)
+	if err := s.c.Patch(ctx, ec, client.MergeFrom(before)); err != nil {
+		s.t.Fatal(err)
+	}
+	s.eventually(timeout, "EtcdCluster "+s.name+" creationComplete, with no control plane machine before", func(ctx context.Context) error {
+		ms, err := s.controlPlaneMachines(ctx)
 		if err != nil {
 			return err
 		}
@@ -562,16 +595,8 @@ func (s *scenario) controlPlaneWaitsForEtcd(timeout time.Duration) {
 		if len(ms) > 0 {
 			s.t.Fatalf("control plane machine %s created before EtcdCluster %s is creationComplete", ms[0].Name, s.name)
 		}
-		if c := conditions.Get(cp, controlplanev1.EtcdClusterHealthyCondition); c != nil && c.Reason == controlplanev1.EtcdClusterWaitingReason &&
-			strings.Contains(c.Message, fmt.Sprintf("EtcdCluster %q", s.name)) && conditions.IsFalse(cp, controlplanev1.AvailableCondition) {
-			said = c.Message
-		}
 		return errors.New("not creationComplete yet")
 	})
-	if said == "" {
-		s.t.Fatalf("the control plane never said, while EtcdCluster %s was not creationComplete, that it waits for it", s.name)
-	}
-	s.t.Logf("the control plane waited: %s", said)
 }
 
 // storesInEtcdCluster checks that the API servers store their data in the

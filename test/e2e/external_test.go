@@ -38,6 +38,11 @@ func TestExternalEtcdEndpoints(t *testing.T) {
 	s, cp := newScenarioWithoutControlPlane(t, mgmt, name, 1, failureDomains, func(cp *controlplanev1.QuorumControlPlane) {
 		cp.Spec.Etcd.External = &controlplanev1.ExternalEtcd{Endpoints: []string{member.ClientURL()}}
 	})
+	// The cluster goes before its etcd does (cleanups run last first): a
+	// control plane left on an etcd that is gone would keep failing its
+	// 5-second connectivity checks on qcp-manager's one worker, and slow
+	// every other scenario's control plane.
+	t.Cleanup(s.deleteCluster)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	client, err := certs.IssueEtcdClient(ext.CA, "kube-apiserver-etcd-client", time.Now())
