@@ -147,6 +147,16 @@ const TerminateHookAnnotation = "pre-terminate.delete.hook.machine.cluster.x-k8s
 // (Machine.HasHook): an operator who lets a machine go removes both.
 var HookAnnotations = []string{HookAnnotation, TerminateHookAnnotation}
 
+// HasHook reports whether annotations carry either of HookAnnotations.
+func HasHook(annotations map[string]string) bool {
+	for _, a := range HookAnnotations {
+		if _, ok := annotations[a]; ok {
+			return true
+		}
+	}
+	return false
+}
+
 // DeleteAnnotation marks a machine the user prefers to lose on scale down.
 const DeleteAnnotation = "cluster.x-k8s.io/delete-machine"
 

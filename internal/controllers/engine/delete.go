@@ -3,7 +3,6 @@ package engine
 import (
 	"context"
 	"fmt"
-	"slices"
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/tools/record"
@@ -18,7 +17,7 @@ import (
 // goes with its owner, so no member needs protecting) and deletes it; what
 // names the owner's kind in the event.
 func ReleaseAndDelete(ctx context.Context, c client.Client, rec record.EventRecorder, m *clusterv1.Machine, what string) error {
-	if slices.ContainsFunc(quorum.HookAnnotations, func(a string) bool { _, ok := m.Annotations[a]; return ok }) {
+	if quorum.HasHook(m.Annotations) {
 		before := m.DeepCopy()
 		for _, hook := range quorum.HookAnnotations {
 			delete(m.Annotations, hook)

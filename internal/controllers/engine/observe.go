@@ -39,7 +39,7 @@ type Observation struct {
 // carries the hook. upToDate is the owner's rollout verdict on it; the
 // owner adds the machine's health.
 func PlannerMachine(machine *clusterv1.Machine, upToDate bool) quorum.Machine {
-	hook := slices.ContainsFunc(quorum.HookAnnotations, func(a string) bool { _, ok := machine.Annotations[a]; return ok })
+	hook := quorum.HasHook(machine.Annotations)
 	_, deleteMe := machine.Annotations[quorum.DeleteAnnotation]
 	m := quorum.Machine{
 		Name:            machine.Name,
