@@ -186,8 +186,9 @@ func worldInvariant(before world, d Decision, after world) string {
 }
 
 // strategyInvariant is what the rollout strategies promise: no machine is
-// created beyond desired + 1, or desired with maxSurge 0 (deleting ones
-// count), and OnDelete replaces nothing of its own accord: it creates a
+// created beyond desired + 1 (only to replace a kept machine, or while a
+// deleting machine's voter waits for its replacement), or desired with
+// maxSurge 0 or otherwise (deleting ones count), and OnDelete replaces nothing of its own accord: it creates a
 // machine only below desired or for one a health check marked, and deletes
 // a voter's machine only above desired or when marked.
 func strategyInvariant(before world, d Decision) string {
@@ -198,9 +199,18 @@ func strategyInvariant(before world, d Decision) string {
 			marked = marked || o.remediate
 		}
 	}
-	limit := before.desired + 1
-	if before.strategy == RemoveFirst && before.desired >= minRemoveFirst {
-		limit = before.desired
+	// desired + 1 only to replace a kept machine surge-first, or while a
+	// deleting machine's voter waits for its replacement; a replacement for
+	// a machine whose member is gone waits until that machine is gone.
+	deletingVoter := false
+	for _, o := range before.machines {
+		if m := before.memberOn(o.id); o.deleting && m != nil && !m.learner {
+			deletingVoter = true
+		}
+	}
+	limit := before.desired
+	if (kept >= before.desired || deletingVoter) && (before.strategy != RemoveFirst || before.desired < minRemoveFirst) {
+		limit++
 	}
 	switch {
 	case d.Kind == CreateMachine && len(before.machines) >= limit:

@@ -113,16 +113,25 @@ func (w apiWorld) serving(except string) int {
 
 // apiInvariant is what a step of the APIServersOnly planner must never do,
 // besides I1–I7 (Check): create while a kept machine starts (I4) or beyond
-// the machine budget (I2), delete a serving machine while another machine
+// the machine budget (I2: desired, and desired + 1 only to replace a kept
+// machine surge-first), delete a serving machine while another machine
 // is deleting or starting, or leave fewer serving machines than desired
 // (one fewer with RemoveFirst, whose maxSurge is 0).
 func apiInvariant(w apiWorld, s State, d Decision) string {
 	if err := Check(s, d, s); err != nil {
 		return err.Error()
 	}
-	limit := w.desired + 1
-	if w.strategy == RemoveFirst && w.desired >= minRemoveFirst {
-		limit = w.desired
+	// desired + 1 only to replace a kept machine surge-first: a
+	// replacement for one that went waits until it is gone.
+	kept := 0
+	for _, m := range w.machines {
+		if !m.deleting {
+			kept++
+		}
+	}
+	limit := w.desired
+	if kept >= w.desired && (w.strategy != RemoveFirst || w.desired < minRemoveFirst) {
+		limit++
 	}
 	switch d.Kind {
 	case CreateMachine:

@@ -32,7 +32,7 @@ func (p planner) createMachine() (Decision, bool) {
 	default:
 		return Decision{}, false
 	}
-	if d, ok := p.waitForMachineBudget(); ok {
+	if d, ok := p.waitForMachineBudget(leaving != nil); ok {
 		return d, true
 	}
 	// I4: one creation at a time, and only one learner (etcd's own limit).
@@ -60,13 +60,17 @@ func (p planner) createMachine() (Decision, bool) {
 }
 
 // waitForMachineBudget bounds the machines, deleting ones included, to
-// desired + 1 (desired with RemoveFirst): a rollout's next replacement is
-// created only once the machine the previous one replaced is gone, not
-// merely deleting.
-func (p planner) waitForMachineBudget() (Decision, bool) {
-	limit := p.Desired + 1
-	if p.Strategy == RemoveFirst {
-		limit = p.Desired
+// desired + 1 while a machine is replaced surge-first (replacing an
+// outdated one, or a deleting machine whose voter stays until its
+// replacement has joined), and to desired otherwise (always with
+// RemoveFirst). So a rollout's next replacement is created only once the
+// machine the previous one replaced is gone, not merely deleting, and a
+// remediated machine, whose member was removed first, is gone before its
+// replacement is created, as KCP's preflight waits for deleting machines.
+func (p planner) waitForMachineBudget(replacingOutdated bool) (Decision, bool) {
+	limit := p.Desired
+	if p.Strategy != RemoveFirst && (replacingOutdated || p.deletingVoterWaits()) {
+		limit++
 	}
 	if len(p.machines) < limit {
 		return Decision{}, false
@@ -76,7 +80,18 @@ func (p planner) waitForMachineBudget() (Decision, bool) {
 			return waitf("waiting for machine %s to be deleted before creating another (at most %d machines, deleting ones included)", mc.Name, limit), true
 		}
 	}
-	return Decision{}, false
+	return waitf("waiting for a machine to go before creating another: %d machines, at most %d", len(p.machines), limit), true
+}
+
+// deletingVoterWaits reports whether a deleting machine still hosts a
+// voter: with maxSurge 1 that voter stays until its replacement joins.
+func (p planner) deletingVoterWaits() bool {
+	for _, mc := range p.machines {
+		if m, ok := p.memberOn(mc.Name); ok && mc.Deleting && !m.Learner {
+			return true
+		}
+	}
+	return false
 }
 
 // cancelSurplusMachines deletes a machine that does not vote yet when more
