@@ -15,7 +15,8 @@ import (
 // Monitor samples the member list, member health and the leader at a fixed
 // interval and checks every sample against the membership invariants
 // (quorum.CheckMembers: I2) and every pair of consecutive samples against
-// quorum.CheckMembershipChange (I1, I3).
+// quorum.CheckMembershipChange (I1, I3) and for a leader removed (I6), as
+// long as the pair spans at most maxSampleGap.
 type Monitor struct {
 	client   *etcd.Client
 	interval time.Duration
@@ -33,6 +34,8 @@ type Monitor struct {
 	desired, bound int
 	report         MonitorReport
 	prev           []quorum.Member
+	// prevStart is when the sample prev came from started.
+	prevStart time.Time
 }
 
 // MonitorReport lists what the monitor saw.
@@ -49,7 +52,19 @@ type MonitorReport struct {
 	// A measurement that skips the transfer on purpose expects some, so it
 	// is not a violation here; a driver that promises I6 checks it is empty.
 	LeadersRemoved []string
+	// Gaps lists the pairs of consecutive readable samples that spanned
+	// more than maxSampleGap, and so were not compared.
+	Gaps []string
 }
+
+// maxSampleGap is the longest span, from the start of one readable sample to the
+// end of the next, over which the two are compared. Over a longer one
+// several changes may have come and gone unseen (leadership handed over
+// and then its old holder removed, a learner added and promoted), and two
+// samples cannot tell in which order: a slow or unreadable sample (a
+// member list request sent to a member that was just stopped waits for its
+// timeout) leaves the monitor unable to judge, not a violation.
+const maxSampleGap = time.Second
 
 // Violation is one sample that broke an invariant.
 type Violation struct {
@@ -134,16 +149,18 @@ func (m *Monitor) SampleNow(ctx context.Context) { m.sample(ctx) }
 func (m *Monitor) sample(ctx context.Context) {
 	m.sampling.Lock()
 	defer m.sampling.Unlock()
+	start := time.Now()
 	members, err := m.client.ObserveMembers(ctx)
 	if ctx.Err() != nil {
 		return
 	}
-	m.record(time.Now(), members, err)
+	m.record(start, time.Now(), members, err)
 }
 
-// record checks one sample, taken at at, against the invariants and against
-// the previous sample; err means the member list could not be read.
-func (m *Monitor) record(at time.Time, members []quorum.Member, err error) {
+// record checks one sample, taken from start to at, against the invariants
+// and against the previous readable sample; err means the member list could
+// not be read.
+func (m *Monitor) record(start, at time.Time, members []quorum.Member, err error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.report.Samples++
@@ -167,7 +184,9 @@ func (m *Monitor) record(at time.Time, members []quorum.Member, err error) {
 	if err := quorum.CheckMembers(m.bound, members); err != nil {
 		m.report.Violations = append(m.report.Violations, Violation{At: at, Members: describe(members), Err: err})
 	}
-	if m.prev != nil {
+	if gap := at.Sub(m.prevStart); m.prev != nil && gap > maxSampleGap {
+		m.report.Gaps = append(m.report.Gaps, fmt.Sprintf("%s: %s since the previous readable sample started", at.Format("15:04:05.000"), gap.Round(time.Millisecond)))
+	} else if m.prev != nil {
 		if err := quorum.CheckMembershipChange(m.prev, members); err != nil {
 			m.report.Violations = append(m.report.Violations, Violation{At: at, Members: describe(m.prev) + " -> " + describe(members), Err: err})
 		}
@@ -177,7 +196,7 @@ func (m *Monitor) record(at time.Time, members []quorum.Member, err error) {
 			}
 		}
 	}
-	m.prev = members
+	m.prev, m.prevStart = members, start
 }
 
 func describe(ms []quorum.Member) string {

@@ -73,7 +73,8 @@ func TestMonitorFlagsViolations(t *testing.T) {
 				if s == nil {
 					err = errors.New("no leader")
 				}
-				m.record(at.Add(time.Duration(i)*time.Second), s, err)
+				t := at.Add(time.Duration(i) * 200 * time.Millisecond)
+				m.record(t, t, s, err)
 				if i == 0 && tc.scaleTo != 0 {
 					m.SetDesired(tc.scaleTo)
 				}
@@ -104,9 +105,9 @@ func TestMonitorCountsUnreadableSamples(t *testing.T) {
 	a, b, c := quorum.Member{ID: 1, Healthy: true}, quorum.Member{ID: 2, Healthy: true}, quorum.Member{ID: 3, Healthy: true}
 	m := newMonitor(3)
 	now := time.Now()
-	m.record(now, []quorum.Member{a, b}, nil)
-	m.record(now, nil, errors.New("no leader"))
-	m.record(now, []quorum.Member{a, b, c}, nil)
+	m.record(now, now, []quorum.Member{a, b}, nil)
+	m.record(now, now, nil, errors.New("no leader"))
+	m.record(now, now, []quorum.Member{a, b, c}, nil)
 	r := m.report
 	if r.Unobserved != 1 || r.Samples != 3 {
 		t.Errorf("samples %d, unobserved %d; want 3 and 1", r.Samples, r.Unobserved)
@@ -126,14 +127,46 @@ func TestMonitorListsLeadersRemoved(t *testing.T) {
 	leader := func(id uint64, leads bool) quorum.Member { return quorum.Member{ID: id, Healthy: true, Leader: leads} }
 	now := time.Now()
 	m := newMonitor(3)
-	m.record(now, []quorum.Member{leader(1, true), leader(2, false), leader(3, false), leader(4, false)}, nil)
-	m.record(now, []quorum.Member{leader(1, false), leader(2, true), leader(3, false), leader(4, false)}, nil)
-	m.record(now, []quorum.Member{leader(2, true), leader(3, false), leader(4, false)}, nil)
+	m.record(now, now, []quorum.Member{leader(1, true), leader(2, false), leader(3, false), leader(4, false)}, nil)
+	m.record(now, now, []quorum.Member{leader(1, false), leader(2, true), leader(3, false), leader(4, false)}, nil)
+	m.record(now, now, []quorum.Member{leader(2, true), leader(3, false), leader(4, false)}, nil)
 	if got := m.report.LeadersRemoved; len(got) != 0 {
 		t.Fatalf("leaders removed %v after a transfer, want none", got)
 	}
-	m.record(now, []quorum.Member{leader(3, false), leader(4, false)}, nil)
+	m.record(now, now, []quorum.Member{leader(3, false), leader(4, false)}, nil)
 	if got := m.report.LeadersRemoved; len(got) != 1 || !strings.Contains(got[0], "[2 voter,leader]") {
 		t.Errorf("leaders removed %v, want member 2, removed while it led", got)
+	}
+}
+
+// TestMonitorJudgesNoLongGap: two readable samples that span more than
+// maxSampleGap (a slow or unreadable one between them) are not compared, since
+// leadership may have moved, or a learner been promoted, unseen in between;
+// the gap is reported instead. Within maxSampleGap they are compared as ever.
+func TestMonitorJudgesNoLongGap(t *testing.T) {
+	member := func(id uint64, leads bool) quorum.Member { return quorum.Member{ID: id, Healthy: true, Leader: leads} }
+	start := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
+	at := func(d time.Duration) time.Time { return start.Add(d) }
+
+	m := newMonitor(3)
+	m.record(at(0), at(50*time.Millisecond), []quorum.Member{member(1, true), member(2, false), member(3, false), member(4, false)}, nil)
+	m.record(at(250*time.Millisecond), at(5*time.Second), nil, errors.New("context deadline exceeded"))
+	m.record(at(5*time.Second), at(5100*time.Millisecond), []quorum.Member{member(2, true), member(3, false), member(4, false), member(5, false)}, nil)
+	r := m.report
+	if len(r.LeadersRemoved) != 0 || len(r.Violations) != 0 {
+		t.Errorf("judged across a 5-s gap: leaders removed %v, violations %v", r.LeadersRemoved, r.Violations)
+	}
+	if len(r.Gaps) != 1 || !strings.Contains(r.Gaps[0], "5.1s since the previous readable sample started") {
+		t.Errorf("gaps %q, want the one of 5.1 s", r.Gaps)
+	}
+
+	// The same pair within maxSampleGap is judged: member 1 removed while it led,
+	// and member 5 joining as a voter.
+	m = newMonitor(3)
+	m.record(at(0), at(50*time.Millisecond), []quorum.Member{member(1, true), member(2, false), member(3, false), member(4, false)}, nil)
+	m.record(at(250*time.Millisecond), at(300*time.Millisecond), []quorum.Member{member(2, true), member(3, false), member(4, false), member(5, false)}, nil)
+	r = m.report
+	if len(r.LeadersRemoved) != 1 || len(r.Violations) != 1 || len(r.Gaps) != 0 {
+		t.Errorf("leaders removed %v, violations %v, gaps %v; want member 1 removed while it led, member 5 joining as a voter, no gap", r.LeadersRemoved, r.Violations, r.Gaps)
 	}
 }

@@ -345,6 +345,9 @@ func (s *scenario) finish() {
 		wr, mr := s.traffic.stop(ctx)
 		s.t.Logf("writer: %s", wr)
 		s.t.Logf("monitor: %d samples (%d unobserved), at most %d voters and %d learners", mr.Samples, mr.Unobserved, mr.MaxVoters, mr.MaxLearners)
+		if len(mr.Gaps) > 0 {
+			s.t.Logf("monitor: %d pairs of samples too far apart to compare:\n%s", len(mr.Gaps), strings.Join(mr.Gaps, "\n"))
+		}
 		if err := wr.Err(); err != nil {
 			s.t.Error(err)
 		}

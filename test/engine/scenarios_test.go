@@ -56,8 +56,8 @@ func (tr *traffic) stop(t testing.TB, ctx context.Context) testkit.WriterReport 
 	tr.monitored = mr
 	_ = tr.cli.Close()
 	t.Logf("writer: %s", r)
-	t.Logf("monitor: %d samples (%d unobserved), max %d voters, max %d learners, %d violations",
-		mr.Samples, mr.Unobserved, mr.MaxVoters, mr.MaxLearners, len(mr.Violations))
+	t.Logf("monitor: %d samples (%d unobserved, %d pairs too far apart to compare), max %d voters, max %d learners, %d violations",
+		mr.Samples, mr.Unobserved, len(mr.Gaps), mr.MaxVoters, mr.MaxLearners, len(mr.Violations))
 	if err := r.Err(); err != nil {
 		t.Error(err)
 	}
