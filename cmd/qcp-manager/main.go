@@ -78,6 +78,8 @@ func main() {
 	flag.DurationVar(&cpOpts.tunables.UnhealthyTimeout, "unhealthy-member-timeout", 0, "how long an etcd voter may stay unhealthy before it is replaced (default 5m)")
 	flag.DurationVar(&cpOpts.healthCheckTimeout, "health-check-timeout", controlplane.DefaultHealthCheckTimeout,
 		"how long a control plane machine's Node may be not Ready, or a component unhealthy, before the control plane's MachineHealthCheck marks it")
+	flag.IntVar(&cpOpts.concurrency, "quorumcontrolplane-concurrency", 10, "how many QuorumControlPlanes are reconciled at once")
+	flag.IntVar(&cpOpts.etcdConcurrency, "etcdcluster-concurrency", 10, "how many EtcdClusters are reconciled at once")
 	opts := zap.Options{}
 	opts.BindFlags(flag.CommandLine)
 	flag.Parse()
@@ -99,6 +101,9 @@ type controlPlaneOptions struct {
 	kubeconfigLifetime time.Duration
 	healthCheckTimeout time.Duration
 	tunables           quorum.Tunables
+	// concurrency is how many QuorumControlPlanes, and how many
+	// EtcdClusters, are reconciled at once.
+	concurrency, etcdConcurrency int
 }
 
 func (o controlPlaneOptions) runs(name string) bool {
@@ -188,7 +193,7 @@ func setupControlPlane(ctx context.Context, mgr ctrl.Manager, o controlPlaneOpti
 		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), ClusterCache: cache, Etcd: pool,
 		Recorder:           mgr.GetEventRecorderFor("quorumcontrolplane-controller"),
 		KubeconfigLifetime: o.kubeconfigLifetime, Tunables: o.tunables, Failpoints: failpoints,
-		HealthCheckTimeout: o.healthCheckTimeout,
+		HealthCheckTimeout: o.healthCheckTimeout, Concurrency: o.concurrency,
 	}
 	if err := r.SetupWithManager(ctx, mgr); err != nil {
 		return err
@@ -196,7 +201,7 @@ func setupControlPlane(ctx context.Context, mgr ctrl.Manager, o controlPlaneOpti
 	ec := &etcdcluster.Reconciler{
 		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Etcd: pool,
 		Recorder: mgr.GetEventRecorderFor("etcdcluster-controller"),
-		Tunables: o.tunables, Failpoints: failpoints,
+		Tunables: o.tunables, Failpoints: failpoints, Concurrency: o.etcdConcurrency,
 	}
 	return ec.SetupWithManager(ctx, mgr)
 }

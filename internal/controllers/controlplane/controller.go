@@ -72,6 +72,9 @@ type Reconciler struct {
 	Failpoints engine.Failpoints
 	// Now is the clock; time.Now if nil.
 	Now func() time.Time
+	// Concurrency is how many control planes are reconciled at once; 1 if
+	// zero. One whose etcd is slow to answer then holds no other.
+	Concurrency int
 
 	metrics    *engine.Metrics
 	stepper    *engine.Stepper
@@ -104,6 +107,7 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) err
 	r.wakeups = engine.NewWakeups(r.Now)
 	c, err := ctrl.NewControllerManagedBy(mgr).
 		For(&controlplanev1.QuorumControlPlane{}).
+		WithOptions(controller.Options{MaxConcurrentReconciles: max(r.Concurrency, 1)}).
 		Watches(&clusterv1.Machine{}, handler.EnqueueRequestsFromMapFunc(r.wakeups.Mapped(r.machineToControlPlane))).
 		Watches(&infrav1.ProcessMachine{}, handler.EnqueueRequestsFromMapFunc(r.wakeups.Mapped(r.processMachineToControlPlane))).
 		Watches(&clusterv1.Cluster{}, handler.EnqueueRequestsFromMapFunc(r.wakeups.Mapped(r.clusterToControlPlane))).

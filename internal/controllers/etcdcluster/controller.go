@@ -21,6 +21,7 @@ import (
 	"sigs.k8s.io/cluster-api/util/paused"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 	"sigs.k8s.io/controller-runtime/pkg/handler"
 	"sigs.k8s.io/controller-runtime/pkg/log"
@@ -57,6 +58,9 @@ type Reconciler struct {
 	Failpoints engine.Failpoints
 	// Now is the clock; time.Now if nil.
 	Now func() time.Time
+	// Concurrency is how many EtcdClusters are reconciled at once; 1 if
+	// zero.
+	Concurrency int
 
 	metrics *engine.Metrics
 	stepper *engine.Stepper
@@ -83,6 +87,7 @@ func (r *Reconciler) SetupWithManager(_ context.Context, mgr ctrl.Manager) error
 	r.wakeups = engine.NewWakeups(r.Now)
 	err := ctrl.NewControllerManagedBy(mgr).
 		For(&etcdv1.EtcdCluster{}).
+		WithOptions(controller.Options{MaxConcurrentReconciles: max(r.Concurrency, 1)}).
 		Watches(&clusterv1.Machine{}, handler.EnqueueRequestsFromMapFunc(r.wakeups.Mapped(machineToEtcdCluster))).
 		Watches(&infrav1.ProcessMachine{}, handler.EnqueueRequestsFromMapFunc(r.wakeups.Mapped(r.processMachineToEtcdCluster))).
 		Watches(&clusterv1.Cluster{}, handler.EnqueueRequestsFromMapFunc(r.wakeups.Mapped(r.clusterToEtcdClusters))).
