@@ -168,11 +168,21 @@ func (s *scenario) logSteps() {
 // deleteCluster deletes the scenario's Cluster and waits until it is gone,
 // so that the next iteration starts on an idle management cluster.
 func (s *scenario) deleteCluster() {
-	ctx := context.Background()
+	s.startDeletingCluster()
+	s.waitClusterGone()
+}
+
+// startDeletingCluster deletes the scenario's Cluster, without waiting.
+func (s *scenario) startDeletingCluster() {
 	cluster := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Name: s.name, Namespace: ns}}
-	if err := s.c.Delete(ctx, cluster); err != nil {
+	if err := s.c.Delete(context.Background(), cluster); err != nil {
 		s.t.Fatal(err)
 	}
+}
+
+// waitClusterGone waits until the scenario's Cluster is gone.
+func (s *scenario) waitClusterGone() {
+	cluster := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Name: s.name, Namespace: ns}}
 	s.eventually(5*time.Minute, "Cluster "+s.name+" gone", func(ctx context.Context) error {
 		err := s.c.Get(ctx, client.ObjectKeyFromObject(cluster), cluster)
 		if isNotFound(err) {
