@@ -1,6 +1,7 @@
 package testkit
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -208,8 +209,41 @@ func (p *EtcdProcess) Stop() error {
 }
 
 // Freeze stops the member (SIGSTOP), as a hung host: its connections stay
-// open and nothing answers. Thaw lets it run again.
-func (p *EtcdProcess) Freeze() error { return p.signalOnly(syscall.SIGSTOP) }
+// open and nothing answers. It returns once every thread of the member has
+// stopped: the signal is only queued when kill returns, and a busy machine
+// may run a thread on for a while (CI saw a request sent right after kill
+// answered). Thaw lets it run again.
+func (p *EtcdProcess) Freeze() error {
+	if err := p.signalOnly(syscall.SIGSTOP); err != nil {
+		return err
+	}
+	p.mu.Lock()
+	pid := p.cmd.Process.Pid
+	p.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return Eventually(ctx, 10*time.Millisecond, "etcd member "+p.Name+" stopped", func(context.Context) error { return stopped(pid) })
+}
+
+// stopped returns nil once every thread of process pid is stopped.
+func stopped(pid int) error {
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		return err
+	}
+	for _, task := range tasks {
+		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/stat", pid, task.Name()))
+		if err != nil {
+			continue // the thread has exited
+		}
+		// The state follows the command name, which is in parentheses.
+		fields := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
+		if len(fields) == 0 || (fields[0] != "T" && fields[0] != "t") {
+			return fmt.Errorf("thread %s is not stopped yet", task.Name())
+		}
+	}
+	return nil
+}
 
 // Thaw continues a frozen member (SIGCONT).
 func (p *EtcdProcess) Thaw() error { return p.signalOnly(syscall.SIGCONT) }
