@@ -101,7 +101,8 @@ func setInitialized(cp *controlplanev1.QuorumControlPlane, obs *observation) {
 }
 
 // setAvailable: the control plane serves when it is initialized and etcd
-// has quorum (external etcd: it can be used).
+// has quorum, shown by the linearizable member list it served (external
+// etcd: it can be used).
 func setAvailable(cp *controlplanev1.QuorumControlPlane, obs *observation) {
 	voters, healthy := 0, 0
 	for _, mb := range obs.Members {
@@ -120,14 +121,17 @@ func setAvailable(cp *controlplanev1.QuorumControlPlane, obs *observation) {
 		msg = obs.external.problem
 	case obs.MembersErr != nil:
 		msg = "etcd membership cannot be read: " + obs.MembersErr.Error()
-	case healthy*2 <= voters:
-		msg = fmt.Sprintf("etcd has no quorum: %d of %d voters healthy", healthy, voters)
+	case voters == 0:
+		msg = "etcd has no voter"
 	}
 	if msg != "" {
 		conditions.Set(cp, metav1.Condition{Type: controlplanev1.AvailableCondition, Status: metav1.ConditionFalse, Reason: controlplanev1.NotAvailableReason, Message: msg})
 		return
 	}
-	conditions.Set(cp, metav1.Condition{Type: controlplanev1.AvailableCondition, Status: metav1.ConditionTrue, Reason: controlplanev1.AvailableReason})
+	// etcd served the observation's linearizable member list, so a quorum
+	// confirmed it (see engine.QuorumMessage).
+	conditions.Set(cp, metav1.Condition{Type: controlplanev1.AvailableCondition, Status: metav1.ConditionTrue, Reason: controlplanev1.AvailableReason,
+		Message: engine.QuorumMessage(healthy, voters)})
 }
 
 // setComponentsHealthy reads each machine's component conditions, which the

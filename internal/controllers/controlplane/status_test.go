@@ -141,3 +141,23 @@ func TestRecordDecisionKeepsWaitStart(t *testing.T) {
 		t.Errorf("lastOperation %+v, want the new decision", got)
 	}
 }
+
+// TestAvailableFromTheMemberList: etcd that served the linearizable member
+// list has quorum, even when every status request timed out; etcd whose
+// list could not be read does not count as available.
+func TestAvailableFromTheMemberList(t *testing.T) {
+	cp := &controlplanev1.QuorumControlPlane{}
+	obs := &observation{initialized: true, Observation: engine.Observation{
+		Members: []quorum.Member{{ID: 1, Name: "a"}, {ID: 2, Name: "b"}, {ID: 3, Name: "c"}}}}
+	setAvailable(cp, obs)
+	if c := conditions.Get(cp, controlplanev1.AvailableCondition); c == nil || c.Status != metav1.ConditionTrue ||
+		!strings.Contains(c.Message, "only 0 of 3 voters answered") {
+		t.Errorf("Available with the list served and no status answered: %+v, want True naming the 0 of 3", c)
+	}
+	obs.Members, obs.MembersErr = nil, errors.New("listing etcd members: context deadline exceeded")
+	setAvailable(cp, obs)
+	if c := conditions.Get(cp, controlplanev1.AvailableCondition); c == nil || c.Status != metav1.ConditionFalse ||
+		!strings.Contains(c.Message, "etcd membership cannot be read") {
+		t.Errorf("Available with the list unreadable: %+v, want False", c)
+	}
+}

@@ -204,3 +204,16 @@ func SetRollingOut(owner conditions.Setter, obs *Observation, outdatedBy func(*c
 	}
 	conditions.Set(owner, cond)
 }
+
+// QuorumMessage is what Available says of an etcd that served a
+// linearizable member list. Only a quorum can serve one (etcd confirms
+// leadership with a majority first), so etcd is available, whatever the
+// voters answered to their status requests: those time out after a
+// second, and on a busy host all of them did while etcd went on serving
+// writes. The message names that case, and is empty otherwise.
+func QuorumMessage(healthy, voters int) string {
+	if healthy*2 > voters {
+		return ""
+	}
+	return fmt.Sprintf("etcd served a linearizable member list, though only %d of %d voters answered a status request in time", healthy, voters)
+}

@@ -1,7 +1,6 @@
 package etcdcluster
 
 import (
-	"fmt"
 	"slices"
 	"strings"
 	"time"
@@ -68,7 +67,10 @@ func setStatus(ec *etcdv1.EtcdCluster, obs *observation, d quorum.Decision, acte
 // setContract sets initialized (a member runs), ready (as many healthy
 // voters as desired, no learner), creationComplete (ready once; it stays
 // true) and endpoints (the voters' client URLs), with EtcdInitialized and
-// Available.
+// Available. It runs only on an observation whose linearizable member list
+// etcd served, which a quorum must confirm: etcd is then available, even
+// if fewer voters answered their status requests (see
+// engine.QuorumMessage).
 func setContract(ec *etcdv1.EtcdCluster, obs *observation, desired int) {
 	var endpoints []string
 	voters, healthy, learners := 0, 0, 0
@@ -98,12 +100,13 @@ func setContract(ec *etcdv1.EtcdCluster, obs *observation, desired int) {
 		ec.Status.CreationComplete = true
 	}
 	setInitialized(ec)
-	if quorumOf := voters/2 + 1; voters > 0 && healthy >= quorumOf {
-		conditions.Set(ec, metav1.Condition{Type: etcdv1.AvailableCondition, Status: metav1.ConditionTrue, Reason: etcdv1.AvailableReason})
+	if voters == 0 {
+		conditions.Set(ec, metav1.Condition{Type: etcdv1.AvailableCondition, Status: metav1.ConditionFalse, Reason: etcdv1.NotAvailableReason,
+			Message: "No voter runs on the EtcdCluster's machines yet"})
 		return
 	}
-	conditions.Set(ec, metav1.Condition{Type: etcdv1.AvailableCondition, Status: metav1.ConditionFalse, Reason: etcdv1.NotAvailableReason,
-		Message: fmt.Sprintf("%d of %d voters healthy; etcd needs a majority", healthy, voters)})
+	conditions.Set(ec, metav1.Condition{Type: etcdv1.AvailableCondition, Status: metav1.ConditionTrue, Reason: etcdv1.AvailableReason,
+		Message: engine.QuorumMessage(healthy, voters)})
 }
 
 // setInitialized reports status.initialized in EtcdInitialized.

@@ -2,6 +2,7 @@ package etcdcluster
 
 import (
 	"errors"
+	"strings"
 	"testing"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -49,6 +50,18 @@ func TestContractStatus(t *testing.T) {
 	setStatus(ec, obs, quorum.Decision{Kind: quorum.Wait, Reason: "nothing to do"}, false, t0)
 	if !ec.Status.Ready || !ec.Status.CreationComplete || ptr.Deref(ec.Status.ReadyReplicas, 0) != 3 {
 		t.Errorf("3 healthy voters: ready %v, creationComplete %v, readyReplicas %d", ec.Status.Ready, ec.Status.CreationComplete, ptr.Deref(ec.Status.ReadyReplicas, 0))
+	}
+
+	// Every status request timed out, but etcd served the linearizable
+	// member list, which only a quorum can: available, and the message
+	// says why.
+	for i := range obs.Members {
+		obs.Members[i].Healthy = false
+	}
+	setStatus(ec, obs, quorum.Decision{Kind: quorum.Wait, Reason: "waiting for members to become healthy"}, false, t0)
+	if c := conditions.Get(ec, etcdv1.AvailableCondition); c == nil || c.Status != metav1.ConditionTrue ||
+		!strings.Contains(c.Message, "only 0 of 3 voters answered a status request") {
+		t.Errorf("Available with the member list served and no status answered: %+v, want True naming the 0 of 3", c)
 	}
 
 	obs.Members, obs.MembersErr = nil, errors.New("no member answers")
