@@ -225,6 +225,17 @@ func (p *EtcdProcess) Freeze() error {
 	return Eventually(ctx, 10*time.Millisecond, "etcd member "+p.Name+" stopped", func(context.Context) error { return stopped(pid) })
 }
 
+// ProcStat reads a /proc stat file (of a process or a thread) and returns
+// its fields after the command name, which may hold spaces and is in
+// parentheses: field N of proc(5) is at index N-3, the state at 0.
+func ProcStat(path string) ([]string, error) {
+	stat, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	return strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:])), nil
+}
+
 // stopped returns nil once every thread of process pid is stopped.
 func stopped(pid int) error {
 	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
@@ -232,12 +243,10 @@ func stopped(pid int) error {
 		return err
 	}
 	for _, task := range tasks {
-		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/stat", pid, task.Name()))
+		fields, err := ProcStat(fmt.Sprintf("/proc/%d/task/%s/stat", pid, task.Name()))
 		if err != nil {
 			continue // the thread has exited
 		}
-		// The state follows the command name, which is in parentheses.
-		fields := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
 		if len(fields) == 0 || (fields[0] != "T" && fields[0] != "t") {
 			return fmt.Errorf("thread %s is not stopped yet", task.Name())
 		}

@@ -122,13 +122,11 @@ func (s *scenario) startupSum(skip map[string]bool) time.Duration {
 
 // processStart is when process pid started, from /proc.
 func processStart(pid int) (time.Time, error) {
-	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	fields, err := testkit.ProcStat(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
 		return time.Time{}, err
 	}
-	// Field 22 (starttime, in clock ticks since boot) follows the command
-	// name, which may hold spaces, in parentheses.
-	fields := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
+	// Field 22: starttime, in clock ticks since boot.
 	ticks, err := strconv.ParseInt(fields[19], 10, 64)
 	if err != nil {
 		return time.Time{}, err

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/qcp-dev/qcp/internal/testkit"
 )
 
 // idleWindow is how long the idle cost is sampled over; idleSettle how
@@ -84,13 +86,11 @@ func idleCost(b *testing.B, pid int) (mcpu, rssMB float64) {
 
 // cpuTicks is process pid's user + system time, in clock ticks.
 func cpuTicks(pid int) (int64, error) {
-	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	fields, err := testkit.ProcStat(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
 		return 0, err
 	}
-	// utime and stime are fields 14 and 15; the command name before them,
-	// in parentheses, may hold spaces.
-	fields := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:]))
+	// utime and stime are fields 14 and 15.
 	var sum int64
 	for _, f := range fields[11:13] {
 		v, err := strconv.ParseInt(f, 10, 64)
