@@ -1,8 +1,11 @@
 // Command testreport reads `go test -json` on stdin and prints what plain
 // `go test` would: each package's result and the output of every failed
 // test. It ends with the tests that were skipped and why, because `go test`
-// without -v hides skips and a skipped test must never pass unseen. It exits
-// non-zero when a test or a build failed.
+// without -v hides skips and a skipped test must never pass unseen, and
+// then with each failed test and the lines its t.Error and t.Fatal calls
+// wrote: a failed test's output can run to thousands of lines of component
+// logs, and whoever reads only the end of the report must still see why. It
+// exits non-zero when a test or a build failed.
 package main
 
 import (
@@ -11,6 +14,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"regexp"
 	"strings"
 )
 
@@ -28,8 +32,19 @@ type report struct {
 	out     io.Writer
 	outputs map[string][]string // by package and test
 	skipped []string
-	failed  bool
+	// failures are the failed tests, each with its t.Error and t.Fatal
+	// lines.
+	failures []string
+	failed   bool
 }
+
+// maxFailureLines bounds the lines a failed test contributes to the
+// summary.
+const maxFailureLines = 10
+
+// testingLine matches what t.Error, t.Fatal and t.Log write: "file.go:12: ".
+// Component logs (klog's "file.go:12]") do not match.
+var testingLine = regexp.MustCompile(`^\s*[\w.-]+\.go:\d+: `)
 
 func main() {
 	r := &report{out: os.Stdout, outputs: map[string][]string{}}
@@ -62,6 +77,9 @@ func (r *report) line(text string) {
 	case "fail":
 		r.failed = true
 		r.print(key, e.Test == "")
+		if e.Test != "" {
+			r.failures = append(r.failures, failure(e.Package, e.Test, r.outputs[key]))
+		}
 	case "skip":
 		if e.Test == "" {
 			r.print(key, true)
@@ -103,9 +121,34 @@ func reason(output []string) string {
 	return strings.Join(parts, " ")
 }
 
+// failure is a failed test's name and the lines its testing calls wrote,
+// at most maxFailureLines of them.
+func failure(pkg, test string, output []string) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s %s", pkg, test)
+	n := 0
+	for _, o := range output {
+		if !testingLine.MatchString(o) {
+			continue
+		}
+		if n++; n > maxFailureLines {
+			fmt.Fprintf(&b, "\n    ... and more")
+			break
+		}
+		fmt.Fprintf(&b, "\n    %s", strings.TrimSpace(o))
+	}
+	return b.String()
+}
+
 func (r *report) summary() {
 	fmt.Fprintf(r.out, "\n%d tests skipped\n", len(r.skipped))
 	for _, s := range r.skipped {
 		fmt.Fprintln(r.out, "  "+s)
+	}
+	if len(r.failures) > 0 {
+		fmt.Fprintf(r.out, "\n%d tests failed\n", len(r.failures))
+		for _, f := range r.failures {
+			fmt.Fprintln(r.out, "  "+f)
+		}
 	}
 }
