@@ -44,8 +44,13 @@ func readProc(pid int) (Proc, error) {
 
 // GroupProcesses lists the live (non-zombie) processes in process group
 // pgid whose session is also pgid: a machine's agent is a session leader,
-// so this excludes an unrelated process that merely reuses the number.
+// so this excludes an unrelated process that merely reuses the number. A
+// pgid below 1 is an error: group 0 holds the kernel's threads, and a PID
+// read as 0 names no machine.
 func GroupProcesses(pgid int) ([]Proc, error) {
+	if pgid < 1 {
+		return nil, fmt.Errorf("no process group %d: a machine's PID is positive", pgid)
+	}
 	return liveProcesses(func(p Proc) bool { return p.PGID == pgid && p.SID == pgid })
 }
 

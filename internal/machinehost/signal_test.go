@@ -17,3 +17,14 @@ func TestProcessName(t *testing.T) {
 		}
 	}
 }
+
+// TestGroupProcessesRefusesNoGroup: a PID read as 0 (a status not written
+// yet) must not list group 0, the kernel's threads, as a machine's
+// processes.
+func TestGroupProcessesRefusesNoGroup(t *testing.T) {
+	for _, pgid := range []int{0, -1} {
+		if procs, err := GroupProcesses(pgid); err == nil {
+			t.Errorf("GroupProcesses(%d) = %d processes, want an error", pgid, len(procs))
+		}
+	}
+}

@@ -241,11 +241,11 @@ func (w *world) testPausedMachine(ctx context.Context, name string) {
 	})
 	w.setPaused(ctx, false)
 	w.waitPaused(ctx, name, false)
-	if c := w.waitCondition(ctx, name, process.RunningReason); c.Status != metav1.ConditionTrue {
-		t.Errorf("condition %+v after resuming", c)
-	}
-	pid := int(w.processMachine(ctx, name).Status.PID)
+	pid := w.runningPID(ctx, name)
 	lbPID := int(w.processCluster(ctx).Status.LoadBalancerPID)
+	if lbPID < 1 {
+		t.Fatalf("ProcessCluster %s reports load balancer pid %d", w.cluster, lbPID)
+	}
 
 	w.setPaused(ctx, true)
 	w.waitPaused(ctx, name, true)

@@ -379,4 +379,24 @@ func (w *world) waitCondition(ctx context.Context, name, reason string) *metav1.
 	return cond
 }
 
+// runningPID waits for the machine to run and report its agent's PID. CAPI's
+// patch helper writes conditions before the rest of the status, so a reader
+// can see Running before the PID.
+func (w *world) runningPID(ctx context.Context, name string) int {
+	var pid int
+	w.eventually(ctx, "ProcessMachine "+name+" running with its agent's pid", func(ctx context.Context) error {
+		pm := &infrav1.ProcessMachine{}
+		if err := w.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, pm); err != nil {
+			return err
+		}
+		c := conditions.Get(pm, process.ProcessRunningCondition)
+		if c == nil || c.Status != metav1.ConditionTrue || pm.Status.PID < 1 {
+			return fmt.Errorf("condition %+v, pid %d", c, pm.Status.PID)
+		}
+		pid = int(pm.Status.PID)
+		return nil
+	})
+	return pid
+}
+
 func isNotFound(err error) bool { return apierrors.IsNotFound(err) }
