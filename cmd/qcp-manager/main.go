@@ -80,6 +80,8 @@ func main() {
 		"how long a control plane machine's Node may be not Ready, or a component unhealthy, before the control plane's MachineHealthCheck marks it")
 	flag.IntVar(&cpOpts.concurrency, "quorumcontrolplane-concurrency", 10, "how many QuorumControlPlanes are reconciled at once")
 	flag.IntVar(&cpOpts.etcdConcurrency, "etcdcluster-concurrency", 10, "how many EtcdClusters are reconciled at once")
+	flag.BoolVar(&cpOpts.plan.SkipLeaderTransfer, "measure-without-leader-transfer", false,
+		"benchmarks only, never in production: QuorumControlPlanes remove an etcd leader without moving leadership first, to measure the write gap leader transfer saves")
 	opts := zap.Options{}
 	opts.BindFlags(flag.CommandLine)
 	flag.Parse()
@@ -104,6 +106,8 @@ type controlPlaneOptions struct {
 	// concurrency is how many QuorumControlPlanes, and how many
 	// EtcdClusters, are reconciled at once.
 	concurrency, etcdConcurrency int
+	// plan changes the QuorumControlPlane planner for a measurement.
+	plan quorum.Options
 }
 
 func (o controlPlaneOptions) runs(name string) bool {
@@ -193,7 +197,10 @@ func setupControlPlane(ctx context.Context, mgr ctrl.Manager, o controlPlaneOpti
 		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), ClusterCache: cache, Etcd: pool,
 		Recorder:           mgr.GetEventRecorderFor("quorumcontrolplane-controller"),
 		KubeconfigLifetime: o.kubeconfigLifetime, Tunables: o.tunables, Failpoints: failpoints,
-		HealthCheckTimeout: o.healthCheckTimeout, Concurrency: o.concurrency,
+		HealthCheckTimeout: o.healthCheckTimeout, Concurrency: o.concurrency, PlanOptions: o.plan,
+	}
+	if o.plan.SkipLeaderTransfer {
+		ctrl.Log.Info("Measurement mode: QuorumControlPlanes remove etcd leaders without moving leadership first (--measure-without-leader-transfer); never run this in production")
 	}
 	if err := r.SetupWithManager(ctx, mgr); err != nil {
 		return err

@@ -75,6 +75,9 @@ type Reconciler struct {
 	// Concurrency is how many control planes are reconciled at once; 1 if
 	// zero. One whose etcd is slow to answer then holds no other.
 	Concurrency int
+	// PlanOptions change the planner for a measurement (the write gap that
+	// leader transfer saves); zero in production.
+	PlanOptions quorum.Options
 
 	metrics    *engine.Metrics
 	stepper    *engine.Stepper
@@ -225,7 +228,7 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Clu
 	r.initialize(ctx, cluster, cp, obs)
 	r.watchNodes(ctx, cluster, cp, obs)
 
-	d := quorum.Plan(obs.State)
+	d := quorum.PlanWithOptions(obs.State, r.PlanOptions)
 	acted, replan, err := r.act(ctx, cluster, cp, secrets, d, learned)
 	setStatus(cp, obs, d, acted, r.Now())
 	r.metrics.ObserveState(cp, &obs.Observation)
