@@ -12,8 +12,10 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"syscall"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
@@ -152,7 +154,19 @@ func (e *Env) startAPIServer(opts Options) error {
 		ControlPlaneStartTimeout: time.Minute,
 		ControlPlaneStopTimeout:  time.Minute,
 	}
-	e.env.ControlPlane.GetAPIServer().Path = apiserverLink
+	apiserver := e.env.ControlPlane.GetAPIServer()
+	apiserver.Path = apiserverLink
+	// Certificates in a directory of the environment's own, not in one
+	// envtest removes when the API server stops: then StartAPIServer serves
+	// the same certificates, and every client reconnects. Fresh ones each
+	// Start: envtest reads the serving CA only when it writes them.
+	apiserver.CertDir = filepath.Join(e.Dir, "apiserver")
+	if err := os.RemoveAll(apiserver.CertDir); err != nil {
+		return err
+	}
+	if err := os.MkdirAll(apiserver.CertDir, 0o700); err != nil {
+		return err
+	}
 	e.env.ControlPlane.Etcd = &envtest.Etcd{Path: etcdPath}
 	cfg, err := e.env.Start()
 	if err != nil {
@@ -231,6 +245,46 @@ func (e *Env) Stop() error {
 		e.ownsDir = false
 	}
 	return errors.Join(errs...)
+}
+
+// StopAPIServer kills the management kube-apiserver, as a crash would, and
+// leaves its etcd and every client running: the first half of a fault
+// test's restart. (A graceful stop, with CAPI core and qcp-manager
+// attached, outlasted envtest's one-minute stop timeout.)
+func (e *Env) StopAPIServer(ctx context.Context) error {
+	apiserver := e.env.ControlPlane.GetAPIServer()
+	mine := func() ([]machinehost.Proc, error) {
+		return machinehost.ProcessesMatching("--cert-dir=" + apiserver.CertDir)
+	}
+	procs, err := mine()
+	if err != nil {
+		return err
+	}
+	if len(procs) != 1 {
+		return fmt.Errorf("want one management kube-apiserver serving from %s, found %v", apiserver.CertDir, procs)
+	}
+	if err := syscall.Kill(procs[0].PID, syscall.SIGKILL); err != nil {
+		return fmt.Errorf("killing the management kube-apiserver: %w", err)
+	}
+	err = wait.PollUntilContextTimeout(ctx, 20*time.Millisecond, 30*time.Second, true, func(context.Context) (bool, error) {
+		procs, err := mine()
+		return err == nil && len(procs) == 0, nil
+	})
+	if err != nil {
+		return fmt.Errorf("waiting for the killed management kube-apiserver to end: %w", err)
+	}
+	// envtest reaps it and forgets it.
+	return apiserver.Stop()
+}
+
+// StartAPIServer starts the management kube-apiserver again after
+// StopAPIServer, on the same address, with the same certificates and data,
+// and returns once it serves.
+func (e *Env) StartAPIServer() error {
+	if err := e.env.ControlPlane.GetAPIServer().Start(); err != nil {
+		return fmt.Errorf("starting the management kube-apiserver again: %w", err)
+	}
+	return nil
 }
 
 // MachineRoot is where qcp-manager keeps the process machines by default.

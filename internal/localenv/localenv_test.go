@@ -90,6 +90,38 @@ func TestCAPICoreReconcilesClusterOfQCPObjects(t *testing.T) {
 	if got := cluster.Finalizers; !contains(got, clusterv1.ClusterFinalizer) {
 		t.Errorf("Cluster finalizers = %v, want %s", got, clusterv1.ClusterFinalizer)
 	}
+
+	// A restarted kube-apiserver keeps its data, address and certificates:
+	// CAPI core, which ran through the restart with its kubeconfig,
+	// reconciles a Cluster created after it.
+	if err := env.StopAPIServer(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Get(ctx, client.ObjectKeyFromObject(cluster), cluster); err == nil {
+		t.Fatal("the stopped kube-apiserver still answers")
+	}
+	if err := env.StartAPIServer(); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Get(ctx, client.ObjectKeyFromObject(cluster), cluster); err != nil {
+		t.Fatalf("reading the Cluster after the restart: %v", err)
+	}
+	later := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Name: "after-restart", Namespace: ns},
+		Spec: clusterv1.ClusterSpec{InfrastructureRef: clusterv1.ContractVersionedObjectReference{
+			APIGroup: infrav1.GroupVersion.Group, Kind: "ProcessCluster", Name: "after-restart",
+		}}}
+	if err := c.Create(ctx, later); err != nil {
+		t.Fatal(err)
+	}
+	err = wait.PollUntilContextCancel(ctx, 200*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		if err := c.Get(ctx, client.ObjectKeyFromObject(later), later); err != nil {
+			return false, err
+		}
+		return contains(later.Finalizers, clusterv1.ClusterFinalizer), nil
+	})
+	if err != nil {
+		t.Fatalf("CAPI core did not reconcile a Cluster created after the kube-apiserver restarted (finalizers %v): %v", later.Finalizers, err)
+	}
 	// The CAPI core manager has no --version flag; the version stamped into
 	// it is what it reports when it starts.
 	logData, err := os.ReadFile(filepath.Join(env.Dir, "capi-manager.log"))

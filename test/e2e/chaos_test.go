@@ -223,7 +223,15 @@ func (s *scenario) strike(ctx context.Context, host *machinehost.Host, fault cha
 		})
 		return "", ""
 	case chaos.RestartAPIServer:
-		return "", "not supported yet: the local management cluster cannot restart its kube-apiserver"
+		if err := s.mgmt.env.StopAPIServer(ctx); err != nil {
+			return "", "failed: " + err.Error()
+		}
+		later(fault.For, func() {
+			if err := s.mgmt.env.StartAPIServer(); err != nil {
+				s.t.Errorf("starting the management kube-apiserver again: %v", err)
+			}
+		})
+		return "", ""
 	case chaos.CutPeerTraffic:
 		return "", "not supported here: cutting one machine's peer traffic needs nftables rules the harness does not write yet"
 	}
