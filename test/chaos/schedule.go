@@ -106,6 +106,30 @@ func NewRun(seed uint64) Run {
 	return r
 }
 
+// RegressionSeeds are the seeds of runs that found a bug, each kept after
+// its fix; a campaign runs them before its new seeds. A seed means its
+// schedule only while NewRun draws the same one from it:
+// TestRegressionSeedsDrawTheirRuns pins each.
+//
+//   - 3: 5 machines created, the first deleted by hand 23 s in, before it
+//     had a Node; CAPI core skipped the pre-drain hook and took the only
+//     etcd member with it (fixed by the pre-terminate hook, b62836c).
+var RegressionSeeds = []uint64{3}
+
+// Seeds are a campaign's seeds: with replay set, runs seeds from first (a
+// failing run replayed); otherwise the regression seeds, then runs new
+// seeds from first.
+func Seeds(first, runs uint64, replay bool) []uint64 {
+	var out []uint64
+	if !replay {
+		out = slices.Clone(RegressionSeeds)
+	}
+	for i := range runs {
+		out = append(out, first+i)
+	}
+	return out
+}
+
 // MayLoseQuorum reports whether the run kills more machines than etcd
 // tolerates at its smallest size. Such a run cannot converge on its own:
 // it passes only if QCP reports Degraded with the right reason and takes

@@ -3,6 +3,7 @@ package chaos
 import (
 	"encoding/json"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -93,5 +94,30 @@ func TestSummary(t *testing.T) {
 	var back Outcome
 	if err := json.Unmarshal([]byte(outcomes[0].JSONLine()), &back); err != nil || !reflect.DeepEqual(back, outcomes[0]) || strings.Contains(outcomes[0].JSONLine(), "\n") {
 		t.Errorf("JSON line %s reads back as %+v (%v)", outcomes[0].JSONLine(), back, err)
+	}
+}
+
+// TestRegressionSeedsDrawTheirRuns: a regression seed replays the run that
+// found its bug only while NewRun draws the same schedule from it.
+func TestRegressionSeedsDrawTheirRuns(t *testing.T) {
+	want := map[uint64]Run{
+		3: {Seed: 3, Replicas: 5, Operation: Create, Desired: 5,
+			Faults: []Fault{{Kind: DeleteMachine, At: 22914426520, Target: 3}}},
+	}
+	for _, seed := range RegressionSeeds {
+		w, ok := want[seed]
+		if !ok {
+			t.Errorf("regression seed %d: no pinned run; add the run it found its bug with", seed)
+			continue
+		}
+		if got := NewRun(seed); !reflect.DeepEqual(got, w) {
+			t.Errorf("seed %d now draws %+v, not the run that found its bug, %+v", seed, got, w)
+		}
+	}
+	if got := Seeds(10, 2, false); !reflect.DeepEqual(got, append(slices.Clone(RegressionSeeds), 10, 11)) {
+		t.Errorf("a campaign's seeds are %v, want the regression seeds, then 10 and 11", got)
+	}
+	if got := Seeds(3, 1, true); !reflect.DeepEqual(got, []uint64{3}) {
+		t.Errorf("a replay's seeds are %v, want only 3", got)
 	}
 }
