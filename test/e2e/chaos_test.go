@@ -7,9 +7,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -120,12 +123,59 @@ func runChaos(t *testing.T, mgmt *management, r chaos.Run) chaos.Outcome {
 		o.Converged, o.ConvergedAfter = true, time.Since(stopped)
 	case cp != nil && cp.Status.LastOperation.Kind == controlplanev1.OperationDegraded && r.MayLoseQuorum():
 		o.Degraded = cp.Status.LastOperation.Reason
+		// The right reason: quorum lost, or a membership it cannot see.
+		if !strings.Contains(o.Degraded, "lost quorum") && !strings.Contains(o.Degraded, "until it can see the membership") {
+			o.Violations = append(o.Violations, "Degraded for another reason than the lost quorum: "+o.Degraded)
+			t.Error(o.Violations[0])
+		}
+		s.holdsNoDestructiveStep(degradedHold)
 	default:
 		o.Violations = append(o.Violations, fmt.Sprintf("no convergence within %s of the last fault: %v", convergeBound, err))
 		t.Error(o.Violations[0])
 	}
 	s.finish()
 	return o
+}
+
+// degradedHold is how long a run that lost quorum is watched for a
+// destructive step after QCP said Degraded.
+const degradedHold = time.Minute
+
+// holdsNoDestructiveStep fails the run if, within d, any of the control
+// plane's machines that is not being deleted now starts being deleted or
+// goes: without quorum QCP may remove no member, so it may delete no
+// machine (a machine deleted by hand before is left out).
+func (s *scenario) holdsNoDestructiveStep(d time.Duration) {
+	s.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	ms, err := s.machines(ctx)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	kept := map[string]bool{}
+	for _, m := range ms {
+		if m.DeletionTimestamp.IsZero() {
+			kept[m.Name] = true
+		}
+	}
+	s.holds(d, "no machine deleted while QCP reports Degraded", func(ctx context.Context) error {
+		ms, err := s.machines(ctx)
+		if err != nil {
+			return nil //nolint:nilerr // the management API may be restarting; the next sample decides
+		}
+		left := maps.Clone(kept)
+		for _, m := range ms {
+			if kept[m.Name] && !m.DeletionTimestamp.IsZero() {
+				return fmt.Errorf("machine %s is being deleted", m.Name)
+			}
+			delete(left, m.Name)
+		}
+		if len(left) > 0 {
+			return fmt.Errorf("machines %v are gone", slices.Sorted(maps.Keys(left)))
+		}
+		return nil
+	})
 }
 
 // faultRun injects a run's faults in the background; wait returns them
