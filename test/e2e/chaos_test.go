@@ -22,6 +22,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
+	"github.com/qcp-dev/qcp/internal/localenv"
 	"github.com/qcp-dev/qcp/internal/machinehost"
 	"github.com/qcp-dev/qcp/internal/testkit"
 	"github.com/qcp-dev/qcp/test/chaos"
@@ -255,34 +256,14 @@ func (s *scenario) strike(ctx context.Context, host *machinehost.Host, fault cha
 			return name, "failed: " + err.Error()
 		}
 		return name, ""
-	case chaos.KillManager, chaos.KillCAPI:
-		p, restart := s.mgmt.manager, func() error { return s.mgmt.startManager(ctx, nil) }
-		if fault.Kind == chaos.KillCAPI {
-			p, restart = s.mgmt.env.CAPI(), func() error { return s.mgmt.env.RestartCAPI(ctx) }
-		}
-		_ = syscall.Kill(-p.PID(), syscall.SIGKILL)
-		later(fault.For, func() {
-			err := testkit.Eventually(ctx, 100*time.Millisecond, p.Name+" gone", func(context.Context) error {
-				if !p.Exited() {
-					return errors.New("still running")
-				}
-				return nil
-			})
-			if err == nil {
-				err = restart()
-			}
-			if err != nil {
-				s.t.Errorf("starting %s again: %v", p.Name, err)
-			}
-		})
-		return "", ""
-	case chaos.RestartAPIServer:
-		if err := s.mgmt.env.StopAPIServer(ctx); err != nil {
+	case chaos.KillManager, chaos.KillCAPI, chaos.RestartAPIServer:
+		stop, start := s.processFault(ctx, fault.Kind)
+		if err := down.begin(fault.Kind, stop); err != nil {
 			return "", "failed: " + err.Error()
 		}
 		later(fault.For, func() {
-			if err := s.mgmt.env.StartAPIServer(); err != nil {
-				s.t.Errorf("starting the management kube-apiserver again: %v", err)
+			if err := down.end(fault.Kind, start); err != nil {
+				s.t.Errorf("after %s: %v", fault.Kind, err)
 			}
 		})
 		return "", ""
@@ -290,6 +271,63 @@ func (s *scenario) strike(ctx context.Context, host *machinehost.Host, fault cha
 		return "", "not supported here: cutting one machine's peer traffic needs nftables rules the harness does not write yet"
 	}
 	return "", "unknown fault"
+}
+
+// processFault returns how a fault of kind stops its process (qcp-manager
+// and CAPI core are killed with their process groups; the kube-apiserver is
+// killed too) and how it starts it again.
+func (s *scenario) processFault(ctx context.Context, kind chaos.FaultKind) (stop, start func() error) {
+	if kind == chaos.RestartAPIServer {
+		return func() error { return s.mgmt.env.StopAPIServer(ctx) }, s.mgmt.env.StartAPIServer
+	}
+	p, restart := func() *localenv.Process { return s.mgmt.manager }, func() error { return s.mgmt.startManager(ctx, nil) }
+	if kind == chaos.KillCAPI {
+		p, restart = s.mgmt.env.CAPI, func() error { return s.mgmt.env.RestartCAPI(ctx) }
+	}
+	stop = func() error {
+		proc := p()
+		_ = syscall.Kill(-proc.PID(), syscall.SIGKILL)
+		return testkit.Eventually(ctx, 100*time.Millisecond, proc.Name+" gone", func(context.Context) error {
+			if !proc.Exited() {
+				return errors.New("still running")
+			}
+			return nil
+		})
+	}
+	return stop, restart
+}
+
+// outages counts, for each kind of process fault, the faults holding its
+// process down: one that strikes while the process is down extends the
+// outage, and only the last to end starts the process again (two would
+// start two qcp-managers, or a kube-apiserver on a taken port).
+type outages struct {
+	mu   sync.Mutex
+	down map[chaos.FaultKind]int
+}
+
+// down is the campaign's: its runs go one after another.
+var down = &outages{down: map[chaos.FaultKind]int{}}
+
+func (o *outages) begin(kind chaos.FaultKind, stop func() error) error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.down[kind] == 0 {
+		if err := stop(); err != nil {
+			return err
+		}
+	}
+	o.down[kind]++
+	return nil
+}
+
+func (o *outages) end(kind chaos.FaultKind, start func() error) error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.down[kind]--; o.down[kind] > 0 {
+		return nil
+	}
+	return start()
 }
 
 // machineNamed reads one of the scenario's Machines.
