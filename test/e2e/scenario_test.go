@@ -348,6 +348,9 @@ func (s *scenario) finish() {
 		if len(mr.Gaps) > 0 {
 			s.t.Logf("monitor: %d pairs of samples too far apart to compare:\n%s", len(mr.Gaps), strings.Join(mr.Gaps, "\n"))
 		}
+		if len(mr.LeadersGoneInGaps) > 0 {
+			s.t.Logf("monitor: leaders gone across such a gap, not judged (I6 unknown):\n%s", strings.Join(mr.LeadersGoneInGaps, "\n"))
+		}
 		if err := wr.Err(); err != nil {
 			s.t.Error(err)
 		}
