@@ -191,9 +191,10 @@ func (m *Monitor) record(start, at time.Time, members []quorum.Member, err error
 		m.report.Violations = append(m.report.Violations, Violation{At: at, Members: describe(members), Err: err})
 	}
 	if m.prev != nil {
-		judged := at.Sub(m.prevStart) <= maxSampleGap
+		gap := at.Sub(m.prevStart)
+		judged := gap <= maxSampleGap
 		if !judged {
-			m.report.Gaps = append(m.report.Gaps, fmt.Sprintf("%s: %s since the previous readable sample started", at.Format("15:04:05.000"), at.Sub(m.prevStart).Round(time.Millisecond)))
+			m.report.Gaps = append(m.report.Gaps, fmt.Sprintf("%s: %s since the previous readable sample started", at.Format("15:04:05.000"), gap.Round(time.Millisecond)))
 		} else if err := quorum.CheckMembershipChange(m.prev, members); err != nil {
 			m.report.Violations = append(m.report.Violations, Violation{At: at, Members: describe(m.prev) + " -> " + describe(members), Err: err})
 		}

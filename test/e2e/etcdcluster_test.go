@@ -172,15 +172,7 @@ func TestEtcdClusterCreateAndScale(t *testing.T) {
 	if err := available.stop(); err != nil {
 		t.Error(err)
 	}
-	wr, mr := s.traffic.stop(ctx)
-	s.traffic = nil
-	t.Logf("writer: %s", wr)
-	if err := wr.Err(); err != nil {
-		t.Error(err)
-	}
-	if err := mr.Err(); err != nil {
-		t.Error(err)
-	}
+	_, mr := s.stopTraffic(ctx)
 	if mr.MaxLearners > 1 || mr.MaxVoters > 5 {
 		t.Errorf("membership went to %d voters and %d learners at once; want at most 5 voters and 1 learner", mr.MaxVoters, mr.MaxLearners)
 	}

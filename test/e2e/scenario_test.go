@@ -342,21 +342,7 @@ func (s *scenario) finish() {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	if s.traffic != nil {
-		wr, mr := s.traffic.stop(ctx)
-		s.t.Logf("writer: %s", wr)
-		s.t.Logf("monitor: %d samples (%d unobserved), at most %d voters and %d learners", mr.Samples, mr.Unobserved, mr.MaxVoters, mr.MaxLearners)
-		if len(mr.Gaps) > 0 {
-			s.t.Logf("monitor: %d pairs of samples too far apart to compare:\n%s", len(mr.Gaps), strings.Join(mr.Gaps, "\n"))
-		}
-		if len(mr.LeadersGoneInGaps) > 0 {
-			s.t.Logf("monitor: leaders gone across such a gap, not judged (I6 unknown):\n%s", strings.Join(mr.LeadersGoneInGaps, "\n"))
-		}
-		if err := wr.Err(); err != nil {
-			s.t.Error(err)
-		}
-		if err := mr.Err(); err != nil {
-			s.t.Error(err)
-		}
+		_, mr := s.stopTraffic(ctx)
 		if len(mr.LeadersRemoved) > 0 {
 			s.t.Errorf("I6: members removed while they led, without a leader transfer:\n%s", strings.Join(mr.LeadersRemoved, "\n"))
 		}
@@ -365,6 +351,32 @@ func (s *scenario) finish() {
 		s.t.Error(err)
 	}
 	testkit.CheckNoKeyLeaks(ctx, s.t, s.c, []string{s.mgmt.env.Dir}, []string{s.mgmt.env.MachineRoot()})
+}
+
+// stopTraffic stops the writer and the monitor, logs what they saw, and
+// fails the scenario on a history that is not linearizable, a lost write or
+// a membership violation. Leaders removed while they led (I6) are the
+// caller's to judge: finish fails on any, a measurement without leader
+// transfer expects some.
+func (s *scenario) stopTraffic(ctx context.Context) (testkit.WriterReport, testkit.MonitorReport) {
+	s.t.Helper()
+	wr, mr := s.traffic.stop(ctx)
+	s.traffic = nil
+	s.t.Logf("writer: %s", wr)
+	s.t.Logf("monitor: %d samples (%d unobserved), at most %d voters and %d learners", mr.Samples, mr.Unobserved, mr.MaxVoters, mr.MaxLearners)
+	if len(mr.Gaps) > 0 {
+		s.t.Logf("monitor: %d pairs of samples too far apart to compare:\n%s", len(mr.Gaps), strings.Join(mr.Gaps, "\n"))
+	}
+	if len(mr.LeadersGoneInGaps) > 0 {
+		s.t.Logf("monitor: leaders gone across such a gap, not judged (I6 unknown):\n%s", strings.Join(mr.LeadersGoneInGaps, "\n"))
+	}
+	if err := wr.Err(); err != nil {
+		s.t.Error(err)
+	}
+	if err := mr.Err(); err != nil {
+		s.t.Error(err)
+	}
+	return wr, mr
 }
 
 // dumpOnFailure saves qcp-manager's log lines about a failed scenario to a
