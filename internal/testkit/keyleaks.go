@@ -93,9 +93,16 @@ func (k *KeyLeakCheck) collect(ctx context.Context) (int, error) {
 			k.addKeys(fmt.Sprintf("Secret %s/%s %s", s.Namespace, s.Name, field), v)
 		}
 	}
+	return k.collectFiles()
+}
+
+// collectFiles adds the keys in the machines' files, and returns how many
+// files hold keys.
+func (k *KeyLeakCheck) collectFiles() (int, error) {
 	files := 0
+	small := func(_ string, info fs.FileInfo) bool { return info.Size() <= maxKeyFile }
 	for _, dir := range k.MachineDirs {
-		err := walkFiles(dir, func(path string, _ fs.FileMode, data []byte) {
+		err := walkFiles(dir, small, func(path string, _ fs.FileMode, data []byte) {
 			if k.addKeys(path, data) > 0 {
 				files++
 			}
@@ -200,9 +207,17 @@ func isLog(path string) bool {
 	return strings.HasSuffix(path, ".log") || slices.Contains(strings.Split(filepath.ToSlash(path), "/"), "logs")
 }
 
+// maxKeyFile is the largest machine file keys are collected from. Key,
+// certificate and kubeconfig files are a few KiB; what is larger is etcd's
+// write-ahead log and database (64 MB and more per machine), which hold the
+// workload's own data, not keys QCP created, and which reading on every
+// scenario's end took minutes on a loaded machine.
+const maxKeyFile = 1 << 20
+
 // walkFiles calls fn with every regular file under dir that can still be
-// read (files vanish while machines run).
-func walkFiles(dir string, fn func(path string, mode fs.FileMode, data []byte)) error {
+// read (files vanish while machines run) and that want accepts; a file want
+// refuses is not read.
+func walkFiles(dir string, want func(path string, info fs.FileInfo) bool, fn func(path string, mode fs.FileMode, data []byte)) error {
 	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			if os.IsNotExist(err) {
@@ -214,8 +229,8 @@ func walkFiles(dir string, fn func(path string, mode fs.FileMode, data []byte)) 
 			return nil
 		}
 		info, err := d.Info()
-		if err != nil {
-			return nil //nolint:nilerr // removed meanwhile
+		if err != nil || !want(path, info) {
+			return nil //nolint:nilerr // removed meanwhile, or not wanted
 		}
 		data, err := os.ReadFile(path)
 		if err != nil {
@@ -241,18 +256,8 @@ func (k *KeyLeakCheck) search(ctx context.Context) ([]leak, error) {
 			leaks = append(leaks, leak{key: l.key.origin, where: fmt.Sprintf("%s, in %s form", where, l.form)})
 		}
 	}
-	// A file under two of the directories is searched once.
-	seen := map[string]bool{}
-	for _, dir := range append(slices.Clone(k.Dirs), k.MachineDirs...) {
-		err := walkFiles(dir, func(path string, mode fs.FileMode, data []byte) {
-			if !seen[path] && !k.allowed(path, mode) {
-				report(fmt.Sprintf("file %s (mode %v)", path, mode.Perm()), data)
-			}
-			seen[path] = true
-		})
-		if err != nil {
-			return nil, err
-		}
+	if err := k.searchFiles(report); err != nil {
+		return nil, err
 	}
 	events := &corev1.EventList{}
 	if err := k.Client.List(ctx, events); err != nil {
@@ -263,6 +268,27 @@ func (k *KeyLeakCheck) search(ctx context.Context) ([]leak, error) {
 		report(fmt.Sprintf("event %s/%s", e.Namespace, e.Name), data)
 	}
 	return leaks, k.searchStatuses(ctx, report)
+}
+
+// searchFiles reports the keys in every file but those allowed to hold
+// keys, which are not read. A file under two of the directories is searched
+// once.
+func (k *KeyLeakCheck) searchFiles(report func(string, []byte)) error {
+	seen := map[string]bool{}
+	want := func(path string, info fs.FileInfo) bool {
+		searched := seen[path]
+		seen[path] = true
+		return !searched && !k.allowed(path, info.Mode())
+	}
+	for _, dir := range append(slices.Clone(k.Dirs), k.MachineDirs...) {
+		err := walkFiles(dir, want, func(path string, mode fs.FileMode, data []byte) {
+			report(fmt.Sprintf("file %s (mode %v)", path, mode.Perm()), data)
+		})
+		if err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // searchStatuses searches the status, conditions included, of every object

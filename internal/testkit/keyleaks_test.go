@@ -1,11 +1,15 @@
 package testkit
 
 import (
+	"bytes"
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"encoding/pem"
 	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -81,5 +85,68 @@ func TestLeakFinderFindsEveryForm(t *testing.T) {
 	}, "\n")
 	if hits := finder.find([]byte(innocent)); len(hits) != 0 {
 		t.Errorf("certificates and an unknown key were taken for a leak: %v", hits)
+	}
+}
+
+// TestKeyLeakFilesCheck lays out a machine directory and a log directory:
+// keys are collected from a machine's small files, not from etcd's large
+// data files, and found in logs and in files others can read, wherever
+// those are, but not in a machine's own 0600 files.
+func TestKeyLeakFilesCheck(t *testing.T) {
+	now := time.Now()
+	a, err := certs.NewCA("a", now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := certs.NewCA("b", now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	machines, logs := t.TempDir(), t.TempDir()
+	write := func(path string, mode os.FileMode, data []byte) {
+		t.Helper()
+		if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, data, mode); err != nil {
+			t.Fatal(err)
+		}
+	}
+	m := filepath.Join(machines, "default", "m1")
+	write(filepath.Join(m, "pki", "etcd-ca.key"), 0o600, a.KeyPEM)
+	// etcd's database holds the workload's data, key b among it: it is
+	// neither collected nor searched.
+	write(filepath.Join(m, "etcd", "member", "snap", "db"), 0o600, append(bytes.Repeat([]byte{0}, maxKeyFile), b.KeyPEM...))
+	write(filepath.Join(m, "logs", "agent.log"), 0o600, []byte("key="+base64.StdEncoding.EncodeToString(a.KeyPEM)))
+	write(filepath.Join(m, "copy.pem"), 0o644, a.KeyPEM)
+	block, _ := pem.Decode(a.KeyPEM)
+	write(filepath.Join(logs, "qcp-manager.log"), 0o644, []byte("key "+hex.EncodeToString(keySecret(block.Type, block.Bytes))))
+	write(filepath.Join(logs, "b.log"), 0o644, b.KeyPEM)
+
+	k := &KeyLeakCheck{Dirs: []string{logs, machines}, MachineDirs: []string{machines}, keys: map[string]*leakKey{}}
+	files, err := k.collectFiles()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if files != 2 || len(k.keys) != 1 {
+		t.Fatalf("%d files with keys and %d keys collected, want key a from 2 files (not key b, from etcd's database)", files, len(k.keys))
+	}
+	k.finder = newLeakFinder(k.keys)
+	var found []string
+	err = k.searchFiles(func(where string, data []byte) {
+		if len(k.finder.find(data)) > 0 {
+			found = append(found, strings.TrimPrefix(strings.Fields(where)[1], filepath.Dir(machines)))
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{
+		strings.TrimPrefix(filepath.Join(logs, "qcp-manager.log"), filepath.Dir(machines)),
+		strings.TrimPrefix(filepath.Join(m, "copy.pem"), filepath.Dir(machines)),
+		strings.TrimPrefix(filepath.Join(m, "logs", "agent.log"), filepath.Dir(machines)),
+	}
+	if !slices.Equal(found, want) {
+		t.Errorf("leaks found in %v, want %v: each once, none in the machine's 0600 key file", found, want)
 	}
 }
