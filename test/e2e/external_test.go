@@ -78,7 +78,7 @@ func TestExternalEtcdEndpoints(t *testing.T) {
 	if err := member.Start(testkit.InitialCluster(member), "new"); err != nil {
 		t.Fatal(err)
 	}
-	tr, err := startTraffic(ext.Config(member.ClientURL()), 1)
+	tr, err := startTraffic(ext.Config(member.ClientURL()), 1, scenarioWriterPause)
 	if err != nil {
 		t.Fatal(err)
 	}

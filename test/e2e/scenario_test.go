@@ -50,7 +50,10 @@ type scenario struct {
 	name string
 
 	traffic *traffic
-	bound   *machineBound
+	// writerPause is the pause between a writer worker's operations:
+	// scenarioWriterPause unless a measurement needs finer resolution.
+	writerPause time.Duration
+	bound       *machineBound
 	// selector selects the scenario's machines: the control plane's, or
 	// an EtcdCluster's.
 	selector client.MatchingLabels
@@ -312,7 +315,8 @@ func (s *scenario) etcdConfig(ctx context.Context) (etcd.Config, error) {
 func (s *scenario) startTraffic(desired int) {
 	s.t.Helper()
 	var cfg etcd.Config
-	s.eventually(3*time.Minute, "the workload etcd answering", func(ctx context.Context) error {
+	// As long as waitAvailable allows: the machines are created meanwhile.
+	s.eventually(5*time.Minute, "the workload etcd answering", func(ctx context.Context) error {
 		var err error
 		if cfg, err = s.etcdConfig(ctx); err != nil {
 			return err
@@ -325,7 +329,7 @@ func (s *scenario) startTraffic(desired int) {
 		_, err = cli.Members(ctx)
 		return err
 	})
-	tr, err := startTraffic(cfg, desired)
+	tr, err := startTraffic(cfg, desired, cmp.Or(s.writerPause, scenarioWriterPause))
 	if err != nil {
 		s.t.Fatal(err)
 	}
@@ -413,8 +417,15 @@ type traffic struct {
 	client  *etcd.Client
 }
 
-func startTraffic(cfg etcd.Config, desired int) (*traffic, error) {
-	w, err := testkit.StartWriter(cfg, testkit.WriterOptions{Pause: 20 * time.Millisecond})
+// scenarioWriterPause paces a scenario's writer: with 4 workers, about 30
+// writes and 30 reads a second, enough to find a lost write or a stale read
+// in every membership change. A 20 ms pause made about 80 of each; etcd
+// was then the largest user of CPU, and two scenarios side by side starved
+// a 2-core machine.
+const scenarioWriterPause = 100 * time.Millisecond
+
+func startTraffic(cfg etcd.Config, desired int, pause time.Duration) (*traffic, error) {
+	w, err := testkit.StartWriter(cfg, testkit.WriterOptions{Pause: pause})
 	if err != nil {
 		return nil, err
 	}
