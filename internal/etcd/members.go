@@ -377,18 +377,14 @@ func (c *Client) memberListFrom(ctx context.Context, m Member) ([]string, error)
 	if len(m.ClientURLs) == 0 {
 		return nil, fmt.Errorf("member %s has not started", m)
 	}
-	p, err := c.pin(m.ClientURLs[0])
-	if err != nil {
-		return nil, err
-	}
 	ctx, cancel := context.WithTimeout(ctx, StatusTimeout)
 	defer cancel()
-	resp, err := p.MemberList(ctx, clientv3.WithSerializable())
+	members, err := c.serializableMembers(ctx, m.ClientURLs[0])
 	if err != nil {
 		return nil, fmt.Errorf("member list from %s: %w", m, err)
 	}
 	var view []string
-	for _, v := range fromPB(resp.Members) {
+	for _, v := range members {
 		id := fmt.Sprintf("%x", v.ID)
 		if v.IsLearner {
 			id += "L"
@@ -396,6 +392,50 @@ func (c *Client) memberListFrom(ctx context.Context, m Member) ([]string, error)
 		view = append(view, id)
 	}
 	return view, nil
+}
+
+// serializableMembers is the member list as the member at endpoint has
+// applied it, read from it alone.
+func (c *Client) serializableMembers(ctx context.Context, endpoint string) ([]Member, error) {
+	p, err := c.pin(endpoint)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := p.MemberList(ctx, clientv3.WithSerializable())
+	if err != nil {
+		return nil, err
+	}
+	return fromPB(resp.Members), nil
+}
+
+// LocalView is one member's own view: the members it has applied and the
+// leader it follows (0 for none).
+type LocalView struct {
+	ID, Leader uint64
+	Members    []uint64
+}
+
+// LocalView reads the member at endpoint's own view, from it alone and
+// without a linearizable request, so that it answers during an election.
+// The member list is read before the status: a view whose list lacks the
+// leader its status names was still following that leader after applying
+// the list.
+func (c *Client) LocalView(ctx context.Context, endpoint string) (LocalView, error) {
+	ctx, cancel := context.WithTimeout(ctx, StatusTimeout)
+	defer cancel()
+	members, err := c.serializableMembers(ctx, endpoint)
+	if err != nil {
+		return LocalView{}, fmt.Errorf("member list from %s: %w", endpoint, err)
+	}
+	s, err := c.Status(ctx, endpoint)
+	if err != nil {
+		return LocalView{}, err
+	}
+	v := LocalView{ID: s.ID, Leader: s.Leader}
+	for _, m := range members {
+		v.Members = append(v.Members, m.ID)
+	}
+	return v, nil
 }
 
 // ForgetEndpoint drops cached connections to an endpoint whose member was

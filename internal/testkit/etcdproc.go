@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -30,7 +31,10 @@ type EtcdCluster struct {
 	dir    string
 	CA     *certs.KeyPair
 	Client *certs.KeyPair
-	ips    *ipAllocator
+	// ExtraArgs are added to the command line of every member created
+	// after they are set.
+	ExtraArgs []string
+	ips       *ipAllocator
 
 	mu      sync.Mutex
 	members []*EtcdProcess
@@ -68,13 +72,14 @@ type EtcdProcess struct {
 	DataDir string
 	LogPath string
 
-	bin      string
-	certDir  string
-	token    string
-	mu       sync.Mutex
-	cmd      *exec.Cmd
-	done     chan struct{}
-	lastArgs []string
+	bin       string
+	certDir   string
+	token     string
+	extraArgs []string
+	mu        sync.Mutex
+	cmd       *exec.Cmd
+	done      chan struct{}
+	lastArgs  []string
 }
 
 // PeerURL is the member's peer URL.
@@ -94,7 +99,7 @@ func (c *EtcdCluster) NewMember(name string) (*EtcdProcess, error) {
 	}
 	base := filepath.Join(c.dir, name)
 	p := &EtcdProcess{Name: name, IP: ip, DataDir: filepath.Join(base, "data"), LogPath: filepath.Join(base, "etcd.log"),
-		bin: c.bin, certDir: filepath.Join(base, "pki"), token: c.name}
+		bin: c.bin, certDir: filepath.Join(base, "pki"), token: c.name, extraArgs: slices.Clone(c.ExtraArgs)}
 	if err := os.MkdirAll(p.certDir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating %s: %w", p.certDir, err)
 	}
@@ -140,7 +145,7 @@ func (p *EtcdProcess) Start(initialCluster, state string) error {
 		"--client-cert-auth", "--trusted-ca-file", cert("ca.crt"), "--cert-file", cert("server.crt"), "--key-file", cert("server.key"),
 		"--peer-client-cert-auth", "--peer-trusted-ca-file", cert("ca.crt"), "--peer-cert-file", cert("peer.crt"), "--peer-key-file", cert("peer.key"),
 	}
-	return p.start(args)
+	return p.start(append(args, p.extraArgs...))
 }
 
 // Restart starts a stopped or killed member again with its data dir.

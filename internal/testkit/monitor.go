@@ -3,6 +3,7 @@ package testkit
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -16,7 +17,11 @@ import (
 // interval and checks every sample against the membership invariants
 // (quorum.CheckMembers: I2) and every pair of consecutive samples against
 // quorum.CheckMembershipChange (I1, I3) and for a leader removed (I6), as
-// long as the pair spans at most maxSampleGap.
+// long as the pair spans at most maxSampleGap. Between samples it probes
+// each member's own view for a leader removed while it led (I6 again),
+// which the member list cannot show: the election that follows such a
+// removal holds every member list request, so the samples either side of
+// it are too far apart to compare.
 type Monitor struct {
 	client   *etcd.Client
 	interval time.Duration
@@ -36,6 +41,15 @@ type Monitor struct {
 	prev           []quorum.Member
 	// prevStart is when the sample prev came from started.
 	prevStart time.Time
+	// listed holds every member ID a readable sample listed; removed the
+	// leaders found removed by comparing two samples.
+	listed, removed map[uint64]bool
+	// gapLeaders are the leaders gone across a sample gap, by ID.
+	gapLeaders map[uint64]string
+	// followedGone are leaders that a member still followed after it had
+	// applied their removal, by ID: each was removed while it led, if the
+	// samples confirm it was removed (see result).
+	followedGone map[uint64]string
 }
 
 // MonitorReport lists what the monitor saw.
@@ -48,7 +62,10 @@ type MonitorReport struct {
 	// MaxVoters and MaxLearners are the largest counts seen.
 	MaxVoters, MaxLearners int
 	// LeadersRemoved lists the members that led, healthy, in one sample and
-	// were gone in the next: removed without moving leadership first (I6).
+	// were gone in the next, and the members that another member still
+	// followed after it had applied their removal: removed without moving
+	// leadership first (I6). (After a transfer the removal is committed by
+	// the new leader, so every member that applies it follows the new one.)
 	// A measurement that skips the transfer on purpose expects some, so it
 	// is not a violation here; a driver that promises I6 checks it is empty.
 	LeadersRemoved []string
@@ -56,10 +73,12 @@ type MonitorReport struct {
 	// more than maxSampleGap, and so were not compared.
 	Gaps []string
 	// LeadersGoneInGaps lists the members that led, healthy, before such a
-	// gap and were gone after it. Whether leadership moved away first
-	// cannot be told, so they are not judged; a removal without a transfer
-	// usually leaves one, since the election after it holds every member
-	// list request for a second or two.
+	// gap and were gone after it, and that no member was seen following
+	// after their removal. Whether leadership moved away first cannot be
+	// told, so they are not judged. (A removal without a transfer leaves
+	// such a gap, since the election after it holds every member list
+	// request for a second or two, but the members' own views, probed
+	// meanwhile, usually show it.)
 	LeadersGoneInGaps []string
 }
 
@@ -103,14 +122,21 @@ func StartMonitor(client *etcd.Client, desired int, interval time.Duration) *Mon
 	ctx, cancel := context.WithCancel(context.Background())
 	m := newMonitor(desired)
 	m.client, m.interval, m.cancel, m.done = client, interval, cancel, make(chan struct{})
-	go m.run(ctx)
+	probed := make(chan struct{})
+	go m.probe(ctx, probed)
+	go func() {
+		m.run(ctx)
+		<-probed
+		close(m.done)
+	}()
 	return m
 }
 
-// newMonitor is a monitor that checks the samples it is given; StartMonitor
-// feeds it from etcd.
+// newMonitor is a monitor that checks the samples and views it is given;
+// StartMonitor feeds it from etcd.
 func newMonitor(desired int) *Monitor {
-	return &Monitor{desired: desired, bound: desired}
+	return &Monitor{desired: desired, bound: desired, listed: map[uint64]bool{}, removed: map[uint64]bool{},
+		gapLeaders: map[uint64]string{}, followedGone: map[uint64]string{}}
 }
 
 // SetDesired changes the desired voter count, as a scaling request does.
@@ -127,13 +153,82 @@ func (m *Monitor) SetDesired(n int) {
 func (m *Monitor) Stop() MonitorReport {
 	m.cancel()
 	<-m.done
+	return m.result()
+}
+
+// result is the report so far. A leader a member followed after applying
+// its removal counts as removed while it led once a sample listed it and
+// the last readable one no longer does: a member that lags can follow a
+// new leader before it has applied that leader's addition, and such a
+// leader is still listed.
+func (m *Monitor) result() MonitorReport {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return m.report
+	r := m.report
+	r.LeadersRemoved = slices.Clone(r.LeadersRemoved)
+	gone := func(id uint64) bool {
+		return m.listed[id] && !slices.ContainsFunc(m.prev, func(mb quorum.Member) bool { return mb.ID == id })
+	}
+	for _, id := range slices.Sorted(maps.Keys(m.followedGone)) {
+		if gone(id) && !m.removed[id] {
+			r.LeadersRemoved = append(r.LeadersRemoved, m.followedGone[id])
+		}
+	}
+	for id, change := range m.gapLeaders {
+		if _, followed := m.followedGone[id]; !followed || !gone(id) {
+			r.LeadersGoneInGaps = append(r.LeadersGoneInGaps, change)
+		}
+	}
+	slices.Sort(r.LeadersGoneInGaps) // by time: each begins with it
+	return r
+}
+
+// probeInterval is how often the monitor reads the members' own views: a
+// fifth of etcd's default election timeout (1 s), for which the members
+// left after a leader's removal still follow it.
+const probeInterval = 200 * time.Millisecond
+
+// probe reads every member's own view (etcd.Client.LocalView) every
+// probeInterval; a member answers it during an election too.
+func (m *Monitor) probe(ctx context.Context, done chan<- struct{}) {
+	defer close(done)
+	t := time.NewTicker(probeInterval)
+	defer t.Stop()
+	for {
+		var wg sync.WaitGroup
+		for _, ep := range m.client.Endpoints() {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if v, err := m.client.LocalView(ctx, ep); err == nil {
+					m.recordView(time.Now(), v)
+				}
+			}()
+		}
+		wg.Wait()
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// recordView notes a leader that the member v is from still follows
+// although it no longer lists it.
+func (m *Monitor) recordView(at time.Time, v etcd.LocalView) {
+	if v.Leader == 0 || v.Leader == v.ID || slices.Contains(v.Members, v.Leader) {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if _, ok := m.followedGone[v.Leader]; !ok {
+		m.followedGone[v.Leader] = fmt.Sprintf("%s: member %x still followed %x after applying its removal (members %x)",
+			at.Format("15:04:05.000"), v.ID, v.Leader, v.Members)
+	}
 }
 
 func (m *Monitor) run(ctx context.Context) {
-	defer close(m.done)
 	t := time.NewTicker(m.interval)
 	defer t.Stop()
 	for {
@@ -176,6 +271,7 @@ func (m *Monitor) record(start, at time.Time, members []quorum.Member, err error
 	}
 	voters, learners := 0, 0
 	for _, mb := range members {
+		m.listed[mb.ID] = true
 		if mb.Learner {
 			learners++
 		} else {
@@ -203,8 +299,9 @@ func (m *Monitor) record(start, at time.Time, members []quorum.Member, err error
 				change := fmt.Sprintf("%s: %s", at.Format("15:04:05.000"), describe(m.prev)+" -> "+describe(members))
 				if judged {
 					m.report.LeadersRemoved = append(m.report.LeadersRemoved, change)
+					m.removed[p.ID] = true
 				} else {
-					m.report.LeadersGoneInGaps = append(m.report.LeadersGoneInGaps, change)
+					m.gapLeaders[p.ID] = change
 				}
 			}
 		}

@@ -1,11 +1,14 @@
 package testkit
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/qcp-dev/qcp/internal/etcd"
 	"github.com/qcp-dev/qcp/internal/quorum"
 )
 
@@ -152,7 +155,7 @@ func TestMonitorJudgesNoLongGap(t *testing.T) {
 	m.record(at(0), at(50*time.Millisecond), []quorum.Member{member(1, true), member(2, false), member(3, false), member(4, false)}, nil)
 	m.record(at(250*time.Millisecond), at(5*time.Second), nil, errors.New("context deadline exceeded"))
 	m.record(at(5*time.Second), at(5100*time.Millisecond), []quorum.Member{member(2, true), member(3, false), member(4, false), member(5, false)}, nil)
-	r := m.report
+	r := m.result()
 	if len(r.LeadersRemoved) != 0 || len(r.Violations) != 0 {
 		t.Errorf("judged across a 5-s gap: leaders removed %v, violations %v", r.LeadersRemoved, r.Violations)
 	}
@@ -168,8 +171,98 @@ func TestMonitorJudgesNoLongGap(t *testing.T) {
 	m = newMonitor(3)
 	m.record(at(0), at(50*time.Millisecond), []quorum.Member{member(1, true), member(2, false), member(3, false), member(4, false)}, nil)
 	m.record(at(250*time.Millisecond), at(300*time.Millisecond), []quorum.Member{member(2, true), member(3, false), member(4, false), member(5, false)}, nil)
-	r = m.report
+	r = m.result()
 	if len(r.LeadersRemoved) != 1 || len(r.Violations) != 1 || len(r.Gaps) != 0 || len(r.LeadersGoneInGaps) != 0 {
 		t.Errorf("leaders removed %v, violations %v, gaps %v; want member 1 removed while it led, member 5 joining as a voter, no gap", r.LeadersRemoved, r.Violations, r.Gaps)
+	}
+}
+
+// TestMonitorJudgesLeaderFollowedAfterRemoval: across a sample gap, a
+// leader that a member still followed after applying its removal was
+// removed while it led. A leader a lagging member follows before it has
+// applied the leader's addition is not: it is still listed.
+func TestMonitorJudgesLeaderFollowedAfterRemoval(t *testing.T) {
+	member := func(id uint64, leads bool) quorum.Member { return quorum.Member{ID: id, Healthy: true, Leader: leads} }
+	start := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
+	at := func(d time.Duration) time.Time { return start.Add(d) }
+	m := newMonitor(3)
+	m.record(at(0), at(50*time.Millisecond), []quorum.Member{member(1, true), member(2, false), member(3, false), member(4, false)}, nil)
+	// Member 3 lags: it follows 4 before it has applied 4's addition.
+	m.recordView(at(time.Second), etcd.LocalView{ID: 3, Leader: 4, Members: []uint64{1, 2, 3}})
+	// Member 2 has applied 1's removal and still follows 1.
+	m.recordView(at(time.Second), etcd.LocalView{ID: 2, Leader: 1, Members: []uint64{2, 3, 4}})
+	m.recordView(at(time.Second), etcd.LocalView{ID: 2, Leader: 1, Members: []uint64{2, 3, 4}})
+	m.record(at(3*time.Second), at(3100*time.Millisecond), []quorum.Member{member(2, false), member(3, false), member(4, true)}, nil)
+	r := m.result()
+	if len(r.LeadersRemoved) != 1 || !strings.Contains(r.LeadersRemoved[0], "member 2 still followed 1 after applying its removal") {
+		t.Errorf("leaders removed %q, want member 1, which member 2 still followed after its removal", r.LeadersRemoved)
+	}
+	if len(r.LeadersGoneInGaps) != 0 || len(r.Gaps) != 1 {
+		t.Errorf("leaders gone in gaps %q, gaps %q; want the gap only, its leader judged", r.LeadersGoneInGaps, r.Gaps)
+	}
+}
+
+// TestMonitorProbesLeaderRemovals removes leaders from real etcd members
+// with a long election timeout: the remaining members follow a leader
+// removed without a transfer until they elect another, which the probe of
+// their own views sees while every member list request waits. The monitor
+// samples only on demand here, so the one sample pair around that removal
+// spans the election and cannot judge it; the probe must.
+func TestMonitorProbesLeaderRemovals(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cl := NewEtcdCluster(t, "leaderrm")
+	cl.ExtraArgs = []string{"--heartbeat-interval=300", "--election-timeout=3000"}
+	ps, err := cl.Bootstrap(ctx, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cli := cl.NewClient(ps...)
+	mon := StartMonitor(cli, 4, time.Hour)
+	first, err := cli.Leader(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var next uint64
+	for _, p := range ps {
+		if s, err := cli.Status(ctx, p.ClientURL()); err == nil && s.ID != first.ID {
+			next = s.ID
+			break
+		}
+	}
+	// With a transfer: the new leader commits the removal.
+	if err := cli.MoveLeader(ctx, next); err != nil {
+		t.Fatal(err)
+	}
+	mon.SampleNow(ctx)
+	// etcd refuses a removal ("unhealthy cluster") until the members left
+	// have been connected for a few seconds.
+	remove := func(id uint64) {
+		t.Helper()
+		if err := Eventually(ctx, 100*time.Millisecond, "member removed", func(ctx context.Context) error { return cli.Remove(ctx, id) }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	remove(first.ID)
+	mon.SampleNow(ctx)
+	// Without: the others follow the removed leader until they elect one.
+	remove(next)
+	if err := Eventually(ctx, 100*time.Millisecond, "a leader elected after the removal", func(ctx context.Context) error {
+		s, err := cli.Leader(ctx)
+		if err == nil && s.ID == next {
+			return fmt.Errorf("%x still leads", next)
+		}
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	mon.SampleNow(ctx)
+	r := mon.Stop()
+	if len(r.LeadersRemoved) != 1 || !strings.Contains(r.LeadersRemoved[0], fmt.Sprintf("still followed %x after applying its removal", next)) {
+		t.Errorf("leaders removed %q, want %x (removed while it led, seen by the probe), and not %x (handed over first)", r.LeadersRemoved, next, first.ID)
+	}
+	if len(r.LeadersGoneInGaps) != 0 {
+		t.Errorf("leaders gone in gaps %q, want none: the probe judged the removal", r.LeadersGoneInGaps)
 	}
 }

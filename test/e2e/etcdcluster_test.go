@@ -173,6 +173,7 @@ func TestEtcdClusterCreateAndScale(t *testing.T) {
 		t.Error(err)
 	}
 	_, mr := s.stopTraffic(ctx)
+	s.checkI6(mr)
 	if mr.MaxLearners > 1 || mr.MaxVoters > 5 {
 		t.Errorf("membership went to %d voters and %d learners at once; want at most 5 voters and 1 learner", mr.MaxVoters, mr.MaxLearners)
 	}

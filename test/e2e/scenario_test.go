@@ -347,14 +347,21 @@ func (s *scenario) finish() {
 	defer cancel()
 	if s.traffic != nil {
 		_, mr := s.stopTraffic(ctx)
-		if len(mr.LeadersRemoved) > 0 {
-			s.t.Errorf("I6: members removed while they led, without a leader transfer:\n%s", strings.Join(mr.LeadersRemoved, "\n"))
-		}
+		s.checkI6(mr)
 	}
 	if err := s.bound.stop(); err != nil {
 		s.t.Error(err)
 	}
 	testkit.CheckNoKeyLeaks(ctx, s.t, s.c, []string{s.mgmt.env.Dir}, []string{s.mgmt.env.MachineRoot()})
+}
+
+// checkI6 fails the scenario for each member removed while it led,
+// without a leader transfer first.
+func (s *scenario) checkI6(mr testkit.MonitorReport) {
+	s.t.Helper()
+	if len(mr.LeadersRemoved) > 0 {
+		s.t.Errorf("I6: members removed while they led, without a leader transfer:\n%s", strings.Join(mr.LeadersRemoved, "\n"))
+	}
 }
 
 // stopTraffic stops the writer and the monitor, logs what they saw, and
