@@ -144,12 +144,22 @@ func machineLabels(cluster *clusterv1.Cluster, cp *controlplanev1.QuorumControlP
 	}, cp.Spec.MachineTemplate.ObjectMeta.Labels)
 }
 
+// nodeDeletionTimeoutSeconds is CAPI's default for a Machine's node
+// deletion timeout, which its Machine webhook sets when it is unset
+// (sigs.k8s.io/cluster-api/core/webhooks/admission; importing that package
+// would link CAPI core's webhook dependencies into qcp-manager).
+const nodeDeletionTimeoutSeconds = int32(10)
+
+// machineDeletion is the machines' deletion spec, with the node deletion
+// timeout defaulted as CAPI's Machine webhook defaults it: otherwise every
+// reconcile patched it back to unset on every machine, and the webhook set
+// it again (a write to the API server per machine per reconcile, in vain).
 func machineDeletion(cp *controlplanev1.QuorumControlPlane) clusterv1.MachineDeletionSpec {
 	d := cp.Spec.MachineTemplate.Spec.Deletion
 	return clusterv1.MachineDeletionSpec{
 		NodeDrainTimeoutSeconds:        d.NodeDrainTimeoutSeconds,
 		NodeVolumeDetachTimeoutSeconds: d.NodeVolumeDetachTimeoutSeconds,
-		NodeDeletionTimeoutSeconds:     d.NodeDeletionTimeoutSeconds,
+		NodeDeletionTimeoutSeconds:     ptr.To(ptr.Deref(d.NodeDeletionTimeoutSeconds, nodeDeletionTimeoutSeconds)),
 	}
 }
 
