@@ -84,7 +84,8 @@ type MachineRow struct {
 	// EtcdRole is leader, voter, learner, or none when no member is on it.
 	EtcdRole      string `json:"etcdRole"`
 	MemberHealthy *bool  `json:"memberHealthy,omitempty"`
-	Revision      int64  `json:"revision,omitempty"`
+	// Revision is a learner's, as status.etcd.members gives it.
+	Revision int64 `json:"revision,omitempty"`
 	// DeletionHooks are the full annotation keys of the CAPI delete hooks
 	// that hold the machine's deletion.
 	DeletionHooks []string               `json:"deletionHooks,omitempty"`
@@ -384,7 +385,7 @@ func renderTree(w io.Writer, t *ClusterTree, color bool) error {
 			if m.Deleting {
 				name += " (deleting)"
 			}
-			if m.MemberHealthy != nil {
+			if m.Revision > 0 { // a learner's: how far it has caught up
 				revision = fmt.Sprint(m.Revision)
 			}
 			rows = append(rows, []string{"  " + branch(i == len(cp.Machines)-1) + name, "", "", string(m.UpToDate),

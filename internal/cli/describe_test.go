@@ -51,9 +51,9 @@ func scaleUp(now time.Time) []client.Object {
 	qcp.Status.Version = "v1.36.3"
 	qcp.Status.Conditions = cond(controlplanev1.AvailableCondition, metav1.ConditionTrue, "Available")
 	qcp.Status.Etcd.Members = []controlplanev1.EtcdMemberStatus{
-		{ID: "a1", Name: "demo-cp-1", Machine: "demo-cp-1", Role: controlplanev1.EtcdMemberRoleLeader, Healthy: true, Revision: 40},
-		{ID: "a2", Name: "demo-cp-2", Machine: "demo-cp-2", Role: controlplanev1.EtcdMemberRoleVoter, Healthy: true, Revision: 40},
-		{ID: "a3", Name: "demo-cp-3", Machine: "demo-cp-3", Role: controlplanev1.EtcdMemberRoleVoter, Healthy: true, Revision: 39},
+		{ID: "a1", Name: "demo-cp-1", Machine: "demo-cp-1", Role: controlplanev1.EtcdMemberRoleLeader, Healthy: true},
+		{ID: "a2", Name: "demo-cp-2", Machine: "demo-cp-2", Role: controlplanev1.EtcdMemberRoleVoter, Healthy: true},
+		{ID: "a3", Name: "demo-cp-3", Machine: "demo-cp-3", Role: controlplanev1.EtcdMemberRoleVoter, Healthy: true},
 		{ID: "a4", Name: "demo-cp-4", Machine: "demo-cp-4", Role: controlplanev1.EtcdMemberRoleLearner, Healthy: false, Revision: 12},
 	}
 	qcp.Status.LastOperation = controlplanev1.LastOperation{
@@ -154,9 +154,9 @@ func TestDescribeTreeShowsEtcdRolesHooksAndWait(t *testing.T) {
 	}
 
 	want := []struct{ machine, role, member, revision, hooks string }{
-		{"demo-cp-1", "leader", "healthy", "40", "qcp-etcd"},
-		{"demo-cp-2", "voter", "healthy", "40", ""},
-		{"demo-cp-3", "voter", "healthy", "39", ""},
+		{"demo-cp-1", "leader", "healthy", "", "qcp-etcd"},
+		{"demo-cp-2", "voter", "healthy", "", ""},
+		{"demo-cp-3", "voter", "healthy", "", ""},
 		{"demo-cp-4", "learner", "unhealthy", "12", ""},
 	}
 	prev := waitAt
@@ -238,9 +238,9 @@ func TestDescribeJSONHasTheTreeData(t *testing.T) {
 		got = append(got, machine{m.Name, m.EtcdRole, m.FailureDomain, *m.MemberHealthy, m.Revision, m.DeletionHooks})
 	}
 	want := []machine{
-		{"demo-cp-1", "leader", "fd-1", true, 40, []string{etcdHook}},
-		{"demo-cp-2", "voter", "fd-2", true, 40, nil},
-		{"demo-cp-3", "voter", "fd-3", true, 39, nil},
+		{"demo-cp-1", "leader", "fd-1", true, 0, []string{etcdHook}},
+		{"demo-cp-2", "voter", "fd-2", true, 0, nil},
+		{"demo-cp-3", "voter", "fd-3", true, 0, nil},
 		{"demo-cp-4", "learner", "fd-1", false, 12, nil},
 	}
 	if !slices.EqualFunc(got, want, func(a, b machine) bool {

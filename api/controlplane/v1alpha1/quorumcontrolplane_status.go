@@ -112,8 +112,11 @@ type EtcdMemberStatus struct {
 	// healthy is true when the member answered its last health check.
 	// +required
 	Healthy bool `json:"healthy"`
-	// revision is the member's latest key-value store revision; a learner is
-	// promoted only once it is close to the leader's.
+	// revision is the key-value store revision a learner has reached, which
+	// shows how far it has caught up: it is promoted only once close to the
+	// leader's. Unset for voters, whose revisions change with every write: a
+	// status that changed with every write would be rewritten, and
+	// reconciled again, without end.
 	// +optional
 	// +kubebuilder:validation:Minimum=0
 	Revision int64 `json:"revision,omitempty"`

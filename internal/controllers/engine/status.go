@@ -23,8 +23,10 @@ func MemberStatuses(obs *Observation) []controlplanev1.EtcdMemberStatus {
 	}
 	var out []controlplanev1.EtcdMemberStatus
 	for _, mb := range obs.Members {
-		s := controlplanev1.EtcdMemberStatus{ID: FormatMemberID(mb.ID), Name: mb.Name, Role: MemberRole(mb),
-			Healthy: mb.Healthy, Revision: mb.Revision}
+		s := controlplanev1.EtcdMemberStatus{ID: FormatMemberID(mb.ID), Name: mb.Name, Role: MemberRole(mb), Healthy: mb.Healthy}
+		if mb.Learner {
+			s.Revision = mb.Revision // see EtcdMemberStatus.Revision
+		}
 		for _, m := range obs.Machines {
 			if on, ok := obs.MemberOn(m); ok && on.ID == mb.ID {
 				s.Machine = m.Name
