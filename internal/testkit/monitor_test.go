@@ -142,15 +142,16 @@ func TestMonitorListsLeadersRemoved(t *testing.T) {
 	}
 }
 
+// member is a healthy voter that leads or not; at is a time d into a test.
+func member(id uint64, leads bool) quorum.Member { return quorum.Member{ID: id, Healthy: true, Leader: leads} }
+
+func at(d time.Duration) time.Time { return time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC).Add(d) }
+
 // TestMonitorJudgesNoLongGap: two readable samples that span more than
 // maxSampleGap (a slow or unreadable one between them) are not compared, since
 // leadership may have moved, or a learner been promoted, unseen in between;
 // the gap is reported instead. Within maxSampleGap they are compared as ever.
 func TestMonitorJudgesNoLongGap(t *testing.T) {
-	member := func(id uint64, leads bool) quorum.Member { return quorum.Member{ID: id, Healthy: true, Leader: leads} }
-	start := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
-	at := func(d time.Duration) time.Time { return start.Add(d) }
-
 	m := newMonitor(3)
 	m.record(at(0), at(50*time.Millisecond), []quorum.Member{member(1, true), member(2, false), member(3, false), member(4, false)}, nil)
 	m.record(at(250*time.Millisecond), at(5*time.Second), nil, errors.New("context deadline exceeded"))
@@ -182,9 +183,6 @@ func TestMonitorJudgesNoLongGap(t *testing.T) {
 // removed while it led. A leader a lagging member follows before it has
 // applied the leader's addition is not: it is still listed.
 func TestMonitorJudgesLeaderFollowedAfterRemoval(t *testing.T) {
-	member := func(id uint64, leads bool) quorum.Member { return quorum.Member{ID: id, Healthy: true, Leader: leads} }
-	start := time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
-	at := func(d time.Duration) time.Time { return start.Add(d) }
 	m := newMonitor(3)
 	m.record(at(0), at(50*time.Millisecond), []quorum.Member{member(1, true), member(2, false), member(3, false), member(4, false)}, nil)
 	// Member 3 lags: it follows 4 before it has applied 4's addition.
