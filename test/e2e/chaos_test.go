@@ -92,7 +92,7 @@ func runChaos(t *testing.T, mgmt *management, r chaos.Run) chaos.Outcome {
 	t.Cleanup(s.deleteCluster)
 	if r.Operation != chaos.Create {
 		s.startTraffic(start)
-		s.waitAvailable(5*time.Minute, start)
+		s.waitAvailable(convergeTimeout, start)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()

@@ -28,7 +28,7 @@ func TestCreateAndScale(t *testing.T) {
 	t.Parallel()
 	s := newScenario(t, mgmt, "scale", 3)
 	s.startTraffic(3)
-	cp := s.waitAvailable(5*time.Minute, 3)
+	cp := s.waitAvailable(convergeTimeout, 3)
 	s.checkCreated(cp)
 
 	// Two machines killed at once take one remediation after the other; on
@@ -36,7 +36,7 @@ func TestCreateAndScale(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
 	defer cancel()
 	s.scale(ctx, 5)
-	s.waitAvailable(5*time.Minute, 5)
+	s.waitAvailable(convergeTimeout, 5)
 	machines := s.settled(5*time.Minute, 5)
 	if got := domainCounts(machines); !slices.Equal(got, []int{2, 2, 1}) {
 		t.Errorf("5 machines spread %v over fd-a, fd-b, fd-c; want 2/2/1", got)
@@ -51,7 +51,7 @@ func TestCreateAndScale(t *testing.T) {
 	s.annotate(ctx, marked.Name, clusterv1.DeleteMachineAnnotation)
 	departed := len(s.bound.departures())
 	s.scale(ctx, 3)
-	s.waitAvailable(5*time.Minute, 3)
+	s.waitAvailable(convergeTimeout, 3)
 	left, err := s.machines(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -93,7 +93,7 @@ func (s *scenario) checkTwoOfFive(ctx context.Context, victims []clusterv1.Machi
 		}
 		return nil
 	})
-	s.waitAvailable(5*time.Minute, 5)
+	s.waitAvailable(convergeTimeout, 5)
 	s.t.Logf("2 of 5 machines killed; 5 healthy voters again after %s", time.Since(start).Round(time.Second))
 
 	ms, err := s.machines(ctx)

@@ -68,7 +68,7 @@ func TestCrashesAndRotation(t *testing.T) {
 	t.Cleanup(mgmt.stop)
 	s := newScenario(t, mgmt, "crash", 3)
 	s.startTraffic(3)
-	s.waitAvailable(5*time.Minute, 3)
+	s.waitAvailable(convergeTimeout, 3)
 	s.checkRotation()
 
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)

@@ -135,10 +135,10 @@ func TestEtcdClusterCreateAndScale(t *testing.T) {
 	})
 	s.controlPlaneWaitsForEtcd(5 * time.Minute)
 	s.startTraffic(3)
-	ec := s.waitEtcdReady(5*time.Minute, 3)
+	ec := s.waitEtcdReady(convergeTimeout, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
-	s.waitExternalAvailable(5*time.Minute, etcdScenarioControlPlane)
+	s.waitExternalAvailable(convergeTimeout, etcdScenarioControlPlane)
 	s.runNoEtcd(ctx)
 	s.storesInEtcdCluster(ctx)
 	if !ec.Status.Initialized || !conditions.IsTrue(ec, etcdv1.EtcdInitializedCondition) || !conditions.IsTrue(ec, etcdv1.EtcdCACertificatesAvailableCondition) {
@@ -226,10 +226,10 @@ func TestEtcdClusterFlappingAndReplacement(t *testing.T) {
 		ec.Spec.UnhealthyMemberTimeoutSeconds = ptr.To(int32(timeout / time.Second))
 	})
 	s.startTraffic(3)
-	s.waitEtcdReady(5*time.Minute, 3)
+	s.waitEtcdReady(convergeTimeout, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
-	s.waitExternalAvailable(5*time.Minute, etcdScenarioControlPlane)
+	s.waitExternalAvailable(convergeTimeout, etcdScenarioControlPlane)
 	controlPlane, err := s.controlPlaneMachines(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -293,7 +293,7 @@ func TestEtcdClusterFlappingAndReplacement(t *testing.T) {
 		}
 		return nil
 	})
-	s.waitEtcdReady(5*time.Minute, 3)
+	s.waitEtcdReady(convergeTimeout, 3)
 	if gone := s.bound.departures(); len(gone) != 1 || gone[0] != victim {
 		t.Errorf("machines that left: %v; want only %s", gone, victim)
 	}
@@ -317,11 +317,11 @@ func TestEtcdClusterUpgrade(t *testing.T) {
 	from, to := binaries.PreviousEtcdVersion, binaries.EtcdVersion
 	s := newEtcdScenario(t, mgmt, "etcd-upgrade", 3, 1, func(ec *etcdv1.EtcdCluster) { ec.Spec.Version = from })
 	s.startTraffic(3)
-	s.waitEtcdReady(5*time.Minute, 3)
+	s.waitEtcdReady(convergeTimeout, 3)
 	s.eventually(time.Minute, "every member reporting "+from, s.membersRun(from))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
-	s.waitExternalAvailable(5*time.Minute, etcdScenarioControlPlane)
+	s.waitExternalAvailable(convergeTimeout, etcdScenarioControlPlane)
 	controlPlane, err := s.controlPlaneMachines(ctx)
 	if err != nil {
 		t.Fatal(err)

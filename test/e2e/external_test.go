@@ -83,7 +83,7 @@ func TestExternalEtcdEndpoints(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.traffic = tr
-	s.waitExternalAvailable(5*time.Minute, 1)
+	s.waitExternalAvailable(convergeTimeout, 1)
 	s.runNoEtcd(ctx)
 	s.storesIn(ctx, ext.Config(member.ClientURL()))
 	s.finish()

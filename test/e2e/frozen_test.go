@@ -29,7 +29,7 @@ func TestFrozenMachines(t *testing.T) {
 	t.Parallel()
 	s := newScenario(t, mgmt, "frozen", 3)
 	s.startTraffic(3)
-	cp := s.waitAvailable(5*time.Minute, 3)
+	cp := s.waitAvailable(convergeTimeout, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
 	defer cancel()
 	host := &machinehost.Host{Root: mgmt.env.MachineRoot()}
@@ -129,7 +129,7 @@ func TestHungEtcdBlocksRemediation(t *testing.T) {
 	t.Parallel()
 	s := newScenario(t, mgmt, "hungetcd", 3)
 	s.startTraffic(3)
-	s.waitAvailable(5*time.Minute, 3)
+	s.waitAvailable(convergeTimeout, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
 	host := &machinehost.Host{Root: mgmt.env.MachineRoot()}

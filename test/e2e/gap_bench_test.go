@@ -43,7 +43,7 @@ func BenchmarkRolloutWriteGap(b *testing.B) {
 			}
 			setLeaderTransfer(b, shared, transfer)
 			s := newScenario(b, shared, fmt.Sprintf("gap-%s-%d", mode, i), 3)
-			s.waitAvailable(5*time.Minute, 3)
+			s.waitAvailable(convergeTimeout, 3)
 			s.writerPause = 20 * time.Millisecond // gaps measured to tens of milliseconds
 			s.startTraffic(3)
 			before := s.machineNames()

@@ -35,7 +35,7 @@ func TestPauseAndDeletion(t *testing.T) {
 	t.Parallel()
 	s := newScenario(t, mgmt, "pause", 1)
 	s.startTraffic(1)
-	s.waitAvailable(5*time.Minute, 1)
+	s.waitAvailable(convergeTimeout, 1)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
@@ -50,7 +50,7 @@ func TestPauseAndDeletion(t *testing.T) {
 	s.setPaused(ctx, true)
 	s.checkNothingMoves(ctx)
 	s.setPaused(ctx, false)
-	s.waitAvailable(5*time.Minute, 3)
+	s.waitAvailable(convergeTimeout, 3)
 	s.finish()
 
 	s.checkDeletion(ctx)

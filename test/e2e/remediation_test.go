@@ -32,7 +32,7 @@ func TestRemediation(t *testing.T) {
 		cp.Spec.Remediation.MaxRetry = ptr.To[int32](1)
 	})
 	s.startTraffic(3)
-	s.waitAvailable(5*time.Minute, 3)
+	s.waitAvailable(convergeTimeout, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
 	host := &machinehost.Host{Root: mgmt.env.MachineRoot()}

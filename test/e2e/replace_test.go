@@ -23,7 +23,7 @@ func TestReplacementAndEscapeHatch(t *testing.T) {
 	t.Parallel()
 	s := newScenario(t, mgmt, "replace", 3)
 	s.startTraffic(3)
-	s.waitAvailable(5*time.Minute, 3)
+	s.waitAvailable(convergeTimeout, 3)
 
 	// Not subtests: the scenario's helpers fail the test they were made for.
 	s.checkReplacement(t)
@@ -113,7 +113,7 @@ func (s *scenario) checkEscapeHatch(t *testing.T) {
 		}
 		return errors.New("still there")
 	})
-	s.waitAvailable(5*time.Minute, 3)
+	s.waitAvailable(convergeTimeout, 3)
 }
 
 // TestDeleteTheOnlyMachine deletes the only machine of a one-machine
@@ -127,7 +127,7 @@ func TestDeleteTheOnlyMachine(t *testing.T) {
 	t.Parallel()
 	s := newScenario(t, mgmt, "only-machine", 1)
 	s.startTraffic(1)
-	s.waitAvailable(5*time.Minute, 1)
+	s.waitAvailable(convergeTimeout, 1)
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
 	machines, err := s.machines(ctx)

@@ -42,7 +42,7 @@ func TestVersionUpgradeAndRollouts(t *testing.T) {
 		cp.Spec.CertificateValidityPeriodDays = ptr.To[int32](10)
 	})
 	s.startTraffic(3)
-	s.waitAvailable(5*time.Minute, 3)
+	s.waitAvailable(convergeTimeout, 3)
 	s.checkAPIServerVersions(from)
 
 	start := time.Now()
@@ -89,7 +89,7 @@ func TestTemplateRolloutWithoutSurgeThenOnDelete(t *testing.T) {
 		cp.Spec.Etcd.Stacked.ExtraArgs = []controlplanev1.Arg{{Name: "snapshot-count", Value: "10000"}}
 	})
 	s.startTraffic(3)
-	s.waitAvailable(5*time.Minute, 3)
+	s.waitAvailable(convergeTimeout, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	s.create(ctx, &infrav1.ProcessMachineTemplate{ObjectMeta: metav1.ObjectMeta{Name: s.name + "-v2", Namespace: ns}})
@@ -266,7 +266,7 @@ func TestRebalancing(t *testing.T) {
 	t.Parallel()
 	s := newScenarioIn(t, mgmt, "rebalance", 3, failureDomains[:1], withoutAutorepair)
 	s.startTraffic(3)
-	s.waitAvailable(5*time.Minute, 3)
+	s.waitAvailable(convergeTimeout, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
 	defer cancel()
 	var pc infrav1.ProcessCluster

@@ -316,7 +316,7 @@ func (s *scenario) startTraffic(desired int) {
 	s.t.Helper()
 	var cfg etcd.Config
 	// As long as waitAvailable allows: the machines are created meanwhile.
-	s.eventually(5*time.Minute, "the workload etcd answering", func(ctx context.Context) error {
+	s.eventually(convergeTimeout, "the workload etcd answering", func(ctx context.Context) error {
 		var err error
 		if cfg, err = s.etcdConfig(ctx); err != nil {
 			return err
@@ -423,6 +423,12 @@ type traffic struct {
 	monitor *testkit.Monitor
 	client  *etcd.Client
 }
+
+// convergeTimeout bounds a wait for a control plane or an EtcdCluster to
+// reach its spec after a change: a minute or two on an idle machine, but a
+// fresh-clone run on a loaded 2-core machine took over 5 minutes to create
+// 3 machines.
+const convergeTimeout = 10 * time.Minute
 
 // scenarioWriterPause paces a scenario's writer: with 4 workers, about 30
 // writes and 30 reads a second, enough to find a lost write or a stale read
