@@ -75,6 +75,7 @@ func newEtcdScenario(t testing.TB, mgmt *management, name string, replicas int32
 		ec, cp,
 	)
 	s.bound = startMachineBound(s, int(replicas), surge)
+	t.Cleanup(s.release)
 	t.Cleanup(s.dumpOnFailure)
 	return s
 }

@@ -27,6 +27,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
+	etcdv1 "github.com/qcp-dev/qcp/api/etcd/v1alpha1"
 	infrav1 "github.com/qcp-dev/qcp/api/infrastructure/v1alpha1"
 	"github.com/qcp-dev/qcp/internal/certs"
 	"github.com/qcp-dev/qcp/internal/etcd"
@@ -113,8 +114,28 @@ func newScenarioWithoutControlPlane(t testing.TB, mgmt *management, name string,
 		surge = 0
 	}
 	s.bound = startMachineBound(s, int(replicas), surge)
+	t.Cleanup(s.release)
 	t.Cleanup(s.dumpOnFailure)
 	return s, cp
+}
+
+// release deletes the scenario's Cluster, and its EtcdCluster if it has
+// one, once the scenario has ended, without waiting: the scenarios left
+// after it then no longer share the CPU with its machines. (Every machine
+// of every scenario ran to the end of the package before: 35 machines at
+// the end of a fresh-clone run, with a load average of 66 on 2 cores.)
+// A scenario that deleted them itself finds them gone.
+func (s *scenario) release() {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	for _, obj := range []client.Object{
+		&clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Name: s.name, Namespace: ns}},
+		&etcdv1.EtcdCluster{ObjectMeta: metav1.ObjectMeta{Name: s.name, Namespace: ns}},
+	} {
+		if err := s.c.Delete(ctx, obj); err != nil && !isNotFound(err) {
+			s.t.Errorf("releasing scenario %s: deleting %T: %v", s.name, obj, err)
+		}
+	}
 }
 
 // newControlPlane is a scenario's QuorumControlPlane of replicas, on
