@@ -143,7 +143,9 @@ func TestMonitorListsLeadersRemoved(t *testing.T) {
 }
 
 // member is a healthy voter that leads or not; at is a time d into a test.
-func member(id uint64, leads bool) quorum.Member { return quorum.Member{ID: id, Healthy: true, Leader: leads} }
+func member(id uint64, leads bool) quorum.Member {
+	return quorum.Member{ID: id, Healthy: true, Leader: leads}
+}
 
 func at(d time.Duration) time.Time { return time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC).Add(d) }
 

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"fmt"
+	"maps"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -14,6 +15,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/qcp-dev/qcp/internal/bootstrap"
+	"github.com/qcp-dev/qcp/internal/quorum"
 )
 
 // NewMachine is a machine an owner asks the engine to create.
@@ -69,7 +71,7 @@ func CreateMachine(ctx context.Context, c client.Client, fp Failpoints, nm NewMa
 	machine := &clusterv1.Machine{
 		ObjectMeta: metav1.ObjectMeta{
 			Name: nm.Name, Namespace: nm.Owner.GetNamespace(), Labels: nm.Labels,
-			Annotations: nm.Annotations, OwnerReferences: []metav1.OwnerReference{nm.OwnerRef},
+			Annotations: withBootstrapHooks(nm.Annotations, nm.Bootstrap), OwnerReferences: []metav1.OwnerReference{nm.OwnerRef},
 		},
 		Spec: clusterv1.MachineSpec{
 			ClusterName:       nm.Cluster.Name,
@@ -93,6 +95,26 @@ func CreateMachine(ctx context.Context, c client.Client, fp Failpoints, nm NewMa
 		return machine, fmt.Errorf("handing the bootstrap data of machine %s to the machine: %w", nm.Name, err)
 	}
 	return machine, nil
+}
+
+// withBootstrapHooks adds the deletion hooks (I5) to the annotations of a
+// machine whose bootstrap data starts a new etcd cluster. Its member is a
+// voter from its first moment, and the only copy of etcd: deleted before
+// the planner's AddHook step, which on a loaded host took minutes to land,
+// the machine took etcd with it. Every other machine joins as a learner and
+// gets the hooks before its promotion.
+func withBootstrapHooks(annotations map[string]string, doc *bootstrap.Document) map[string]string {
+	if doc == nil || doc.Etcd.Local == nil || doc.Etcd.Local.Mode != bootstrap.EtcdModeNew {
+		return annotations
+	}
+	out := maps.Clone(annotations)
+	if out == nil {
+		out = map[string]string{}
+	}
+	for _, hook := range quorum.HookAnnotations {
+		out[hook] = ""
+	}
+	return out
 }
 
 // cloneInfrastructure creates the machine's infrastructure machine from

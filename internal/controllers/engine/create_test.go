@@ -9,6 +9,7 @@ import (
 
 	"github.com/qcp-dev/qcp/internal/bootstrap"
 	"github.com/qcp-dev/qcp/internal/certs"
+	"github.com/qcp-dev/qcp/internal/quorum"
 )
 
 func TestBootstrapDataSecret(t *testing.T) {
@@ -36,5 +37,35 @@ func TestBootstrapDataSecret(t *testing.T) {
 	}
 	if back.ClusterName != "demo" || string(s.Data["format"]) != bootstrap.Format {
 		t.Errorf("bootstrap data for cluster %q, format %q", back.ClusterName, s.Data["format"])
+	}
+}
+
+// TestBootstrapMachineCarriesHooks: the machine that starts a new etcd
+// cluster is created with the deletion hooks, since its member is a voter,
+// and the only copy of etcd, from its first moment; a machine that joins
+// (as a learner), or runs no member, is not.
+func TestBootstrapMachineCarriesHooks(t *testing.T) {
+	join := bootstrap.JoinMember("https://127.0.0.1:2379")
+	newMember := bootstrap.NewMember()
+	cases := []struct {
+		name  string
+		local *bootstrap.LocalEtcd
+		hooks bool
+	}{
+		{"a new etcd cluster", &newMember, true},
+		{"a member joining", &join, false},
+		{"no member (external etcd)", nil, false},
+	}
+	for _, tc := range cases {
+		doc := &bootstrap.Document{Etcd: bootstrap.EtcdConfig{Local: tc.local}}
+		got := withBootstrapHooks(map[string]string{"a": "b"}, doc)
+		for _, hook := range quorum.HookAnnotations {
+			if _, ok := got[hook]; ok != tc.hooks {
+				t.Errorf("%s: hook %s present %v, want %v", tc.name, hook, ok, tc.hooks)
+			}
+		}
+		if got["a"] != "b" {
+			t.Errorf("%s: the other annotations were lost: %v", tc.name, got)
+		}
 	}
 }
