@@ -166,16 +166,8 @@ func (s *scenario) logSteps() {
 // deleteCluster deletes the scenario's Cluster and waits until it is gone,
 // so that the next iteration starts on an idle management cluster.
 func (s *scenario) deleteCluster() {
-	s.startDeletingCluster()
+	s.release()
 	s.waitClusterGone()
-}
-
-// startDeletingCluster deletes the scenario's Cluster, without waiting.
-func (s *scenario) startDeletingCluster() {
-	cluster := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Name: s.name, Namespace: ns}}
-	if err := s.c.Delete(context.Background(), cluster); err != nil {
-		s.t.Fatal(err)
-	}
 }
 
 // waitClusterGone waits until the scenario's Cluster is gone.

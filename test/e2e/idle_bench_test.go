@@ -106,7 +106,7 @@ func cpuTicks(pid int) (int64, error) {
 // until each is gone.
 func deleteClusters(scenarios []*scenario) {
 	for _, s := range scenarios {
-		s.startDeletingCluster()
+		s.release()
 	}
 	for _, s := range scenarios {
 		s.waitClusterGone()
