@@ -99,7 +99,7 @@ unit:
 bench: binaries
 	go test -run '^$$' -bench . -benchtime 1x -timeout 60m -json ./... | tee $(BIN)/bench.json | go run ./hack/benchjson
 
-## chaos: the fault campaign (issue 13, in progress): the regression seeds,
+## chaos: the fault campaign (issue 13; make test runs a 2-seed smoke): the regression seeds,
 ## then RUNS runs from a seed of the clock's; with SEED, RUNS runs from SEED
 ## only (a replay). One JSON line each in bin/chaos.jsonl.
 RUNS ?= 3

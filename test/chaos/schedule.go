@@ -3,9 +3,9 @@
 // operations and the faults injected while it runs; the outcome is one
 // JSON line, and a campaign's outcomes sum up to a table. This file holds
 // the pure part, the schedule and the summary, so that a failing run can
-// be replayed exactly from its seed. The driver, which runs it on the
-// shared management cluster of test/e2e, is test/e2e/chaos_test.go (built
-// with -tags chaos; `make chaos`).
+// be replayed exactly from its seed. The driver is test/e2e/chaos_test.go:
+// `make chaos` runs the campaign (TestChaos, built with -tags chaos),
+// `make test` a smoke of fixed seeds (TestChaosSmoke).
 package chaos
 
 import (

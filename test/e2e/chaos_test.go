@@ -1,17 +1,12 @@
-//go:build chaos
-
 package e2e
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"maps"
-	"os"
-	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -32,25 +27,35 @@ import (
 // its faults have stopped.
 const convergeBound = 10 * time.Minute
 
-// TestChaos is the fault campaign of issue 13 (in progress; built only
-// with -tags chaos, so `make test` does not run it yet). It kills
-// qcp-manager, which every scenario on the shared management cluster
-// shares, so it runs alone, one run after another, each as a subtest, each
-// outcome one JSON line in $QCP_BIN_DIR/chaos.jsonl: the regression seeds
-// (chaos.RegressionSeeds), then QCP_CHAOS_RUNS runs (3 by default) from a
-// seed of the clock's (logged). QCP_CHAOS_SEED replays: QCP_CHAOS_RUNS runs
-// from that seed, and no others.
-func TestChaos(t *testing.T) {
-	mgmt := requireShared(t)
-	replay := os.Getenv("QCP_CHAOS_SEED") != ""
-	runs, first := envNumber(t, "QCP_CHAOS_RUNS", 3), envNumber(t, "QCP_CHAOS_SEED", uint64(time.Now().UnixNano()%1_000_000))
-	seeds := chaos.Seeds(first, runs, replay)
-	t.Logf("chaos campaign: seeds %v (replay one with QCP_CHAOS_SEED=<seed> QCP_CHAOS_RUNS=1)", seeds)
-	out, err := os.OpenFile(filepath.Join(cmp.Or(os.Getenv("QCP_BIN_DIR"), os.TempDir()), "chaos.jsonl"), os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o600)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer out.Close()
+// smokeSeeds are the runs `make test` makes (TestChaosSmoke): between
+// them, every fault this host can inject, during a create and a rollout of
+// 3 machines.
+//
+//   - 69: 3 machines created; qcp-manager killed (+16 s), a machine
+//     deleted by hand (+25 s), CAPI core killed (+30 s).
+//   - 61: a rollout of 3 machines; the management API server restarted
+//     (+13 s), a machine frozen (+19 s), a machine killed (+26 s).
+var smokeSeeds = []uint64{69, 61}
+
+// chaosAddressRange is the chaos smoke's own: it runs on its own
+// management cluster, because it kills qcp-manager, CAPI core and the
+// management API server.
+const chaosAddressRange = "127.26.0.0/16"
+
+// TestChaosSmoke runs the campaign's harness on the fixed smokeSeeds, so
+// that every `make test` exercises it; `make chaos` runs the long
+// campaign (TestChaos, built with -tags chaos).
+func TestChaosSmoke(t *testing.T) {
+	requireShared(t)
+	// Not parallel, for the reason TestCrashesAndRotation gives.
+	campaign(t, ownManagement(t, chaosAddressRange, nil), smokeSeeds, nil)
+}
+
+// campaign carries out runs from seeds one after another on mgmt, each as
+// a subtest, and logs their summary; with out, it writes each outcome
+// there as a JSON line.
+func campaign(t *testing.T, mgmt *management, seeds []uint64, out io.Writer) []chaos.Outcome {
+	t.Helper()
 	var outcomes []chaos.Outcome
 	for _, seed := range seeds {
 		r := chaos.NewRun(seed)
@@ -60,21 +65,13 @@ func TestChaos(t *testing.T) {
 			o.Violations = append(o.Violations, "the run failed; see its test log")
 		}
 		outcomes = append(outcomes, o)
-		fmt.Fprintln(out, o.JSONLine())
+		t.Log(o.JSONLine())
+		if out != nil {
+			fmt.Fprintln(out, o.JSONLine())
+		}
 	}
 	t.Logf("\n%s", chaos.Summarize(outcomes).Table())
-}
-
-func envNumber(t *testing.T, name string, def uint64) uint64 {
-	v := os.Getenv(name)
-	if v == "" {
-		return def
-	}
-	n, err := strconv.ParseUint(v, 10, 64)
-	if err != nil {
-		t.Fatalf("%s=%q: %v", name, v, err)
-	}
-	return n
+	return outcomes
 }
 
 // runChaos carries out one run: a control plane of r.Replicas (r.Desired
@@ -258,11 +255,11 @@ func (s *scenario) strike(ctx context.Context, host *machinehost.Host, fault cha
 		return name, ""
 	case chaos.KillManager, chaos.KillCAPI, chaos.RestartAPIServer:
 		stop, start := s.processFault(ctx, fault.Kind)
-		if err := down.begin(fault.Kind, stop); err != nil {
+		if err := s.mgmt.outages.begin(fault.Kind, stop); err != nil {
 			return "", "failed: " + err.Error()
 		}
 		later(fault.For, func() {
-			if err := down.end(fault.Kind, start); err != nil {
+			if err := s.mgmt.outages.end(fault.Kind, start); err != nil {
 				s.t.Errorf("after %s: %v", fault.Kind, err)
 			}
 		})
@@ -306,12 +303,12 @@ type outages struct {
 	down map[chaos.FaultKind]int
 }
 
-// down is the campaign's: its runs go one after another.
-var down = &outages{down: map[chaos.FaultKind]int{}}
-
 func (o *outages) begin(kind chaos.FaultKind, stop func() error) error {
 	o.mu.Lock()
 	defer o.mu.Unlock()
+	if o.down == nil {
+		o.down = map[chaos.FaultKind]int{}
+	}
 	if o.down[kind] == 0 {
 		if err := stop(); err != nil {
 			return err

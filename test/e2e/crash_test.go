@@ -52,20 +52,7 @@ func TestCrashesAndRotation(t *testing.T) {
 	// machines hold the host's inotify instances (128 per user by
 	// default), which this scenario's own management cluster also needs.
 	// Beside them, CAPI core failed to start twice in a row.
-	//
-	// A second management cluster starting beside the shared one has been
-	// seen to fail once (CAPI core exiting before it was ready, its log
-	// gone with the directory); that is the test environment, not QCP, so
-	// it gets a second attempt.
-	mgmt, err := startManagement(shared.binDir, crashAddressRange, []string{"--kubeconfig-lifetime=" + kubeconfigLifetime.String()}, nil)
-	if err != nil {
-		t.Logf("starting this scenario's management cluster, attempt 1: %v", err)
-		mgmt, err = startManagement(shared.binDir, crashAddressRange, []string{"--kubeconfig-lifetime=" + kubeconfigLifetime.String()}, nil)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(mgmt.stop)
+	mgmt := ownManagement(t, crashAddressRange, []string{"--kubeconfig-lifetime=" + kubeconfigLifetime.String()})
 	s := newScenario(t, mgmt, "crash", 3)
 	s.startTraffic(3)
 	s.waitAvailable(convergeTimeout, 3)

@@ -44,6 +44,8 @@ type management struct {
 	addressRange string
 	// managerArgs are extra qcp-manager flags.
 	managerArgs []string
+	// outages are the chaos faults holding its processes down.
+	outages outages
 }
 
 func TestMain(m *testing.M) {
@@ -127,6 +129,26 @@ func (m *management) stop() {
 	if err := m.env.Stop(); err != nil {
 		fmt.Fprintln(os.Stderr, "stopping the management cluster:", err)
 	}
+}
+
+// ownManagement starts a management cluster of the calling scenario's
+// own, on addrs, with extra qcp-manager flags, and stops it when the
+// scenario ends. A second management cluster starting beside the shared
+// one has been seen to fail once (CAPI core exiting before it was ready,
+// its log gone with the directory); that is the test environment, not
+// QCP, so it gets a second attempt.
+func ownManagement(t *testing.T, addrs string, args []string) *management {
+	t.Helper()
+	mgmt, err := startManagement(shared.binDir, addrs, args, nil)
+	if err != nil {
+		t.Logf("starting this scenario's management cluster, attempt 1: %v", err)
+		mgmt, err = startManagement(shared.binDir, addrs, args, nil)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(mgmt.stop)
+	return mgmt
 }
 
 // requireShared skips with -short and fails if the suite did not start.
