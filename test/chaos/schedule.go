@@ -165,6 +165,10 @@ type Outcome struct {
 // Injected is one fault as the run injected it.
 type Injected struct {
 	Fault
+	// StruckAt is when it struck, counted as Fault.At is: later than At
+	// when the harness had to wait (for a machine list from a management
+	// API server that was down, say).
+	StruckAt time.Duration `json:"struckAt"`
 	// Machine is the machine it struck, for machine faults.
 	Machine string `json:"machine,omitempty"`
 	// Skipped says why the fault could not be injected here.

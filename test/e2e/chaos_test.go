@@ -6,6 +6,9 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
@@ -14,9 +17,11 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
+	infrav1 "github.com/qcp-dev/qcp/api/infrastructure/v1alpha1"
 	"github.com/qcp-dev/qcp/internal/localenv"
 	"github.com/qcp-dev/qcp/internal/machinehost"
 	"github.com/qcp-dev/qcp/internal/testkit"
@@ -48,7 +53,48 @@ const chaosAddressRange = "127.26.0.0/16"
 func TestChaosSmoke(t *testing.T) {
 	requireShared(t)
 	// Not parallel, for the reason TestCrashesAndRotation gives.
-	campaign(t, ownManagement(t, chaosAddressRange, nil), smokeSeeds, nil)
+	mgmt := ownManagement(t, chaosAddressRange, nil)
+	t.Run("the leftover check finds leftovers", func(t *testing.T) { checkLeftoverCheck(t, mgmt) })
+	campaign(t, mgmt, smokeSeeds, nil)
+}
+
+// checkLeftoverCheck plants, in mgmt's machine root, what a machine gone
+// wrong would leave (its directory, a process of its, its address) and
+// checks leftBehind reports each, then that it reports nothing once they
+// are gone.
+func checkLeftoverCheck(t *testing.T, mgmt *management) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	root := mgmt.env.MachineRoot()
+	dir, addr := filepath.Join(root, ns, "gone"), filepath.Join(root, ".addresses", "127.26.255.254")
+	if err := errors.Join(os.MkdirAll(dir, 0o700), os.MkdirAll(filepath.Dir(addr), 0o700)); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(addr, []byte("machine/"+ns+"/gone"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// A shell whose command line names a path in the directory, in a
+	// process group of its own, as a machine's processes are.
+	stray := exec.Command("sh", "-c", "sleep 600; :", filepath.Join(dir, "etcd"))
+	stray.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := stray.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = syscall.Kill(-stray.Process.Pid, syscall.SIGKILL); _ = stray.Wait() })
+	err := mgmt.leftBehind(ctx)
+	for _, want := range []string{"the directory of machine gone", fmt.Sprintf("process %d (sh) of machine gone", stray.Process.Pid), "address 127.26.255.254 reserved for machine/" + ns + "/gone"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("leftBehind = %v, want it to report %q", err, want)
+		}
+	}
+	_ = syscall.Kill(-stray.Process.Pid, syscall.SIGKILL)
+	_ = stray.Wait()
+	if err := errors.Join(os.RemoveAll(dir), os.Remove(addr)); err != nil {
+		t.Fatal(err)
+	}
+	if err := mgmt.leftBehind(ctx); err != nil {
+		t.Errorf("with the planted leftovers removed: %v", err)
+	}
 }
 
 // campaign carries out runs from seeds one after another on mgmt, each as
@@ -119,6 +165,12 @@ func runChaos(t *testing.T, mgmt *management, r chaos.Run) chaos.Outcome {
 	switch {
 	case err == nil:
 		o.Converged, o.ConvergedAfter = true, time.Since(stopped)
+		lctx, lcancel := context.WithTimeout(ctx, leftoverBound)
+		if err := testkit.Eventually(lctx, time.Second, "nothing left behind", s.mgmt.leftBehind); err != nil {
+			o.Violations = append(o.Violations, err.Error())
+			t.Error(err)
+		}
+		lcancel()
 	case cp != nil && cp.Status.LastOperation.Kind == controlplanev1.OperationDegraded && r.MayLoseQuorum():
 		o.Degraded = cp.Status.LastOperation.Reason
 		// The right reason: quorum lost, or a membership it cannot see.
@@ -133,6 +185,92 @@ func runChaos(t *testing.T, mgmt *management, r chaos.Run) chaos.Outcome {
 	}
 	s.finish()
 	return o
+}
+
+// leftoverBound is how long, once the control plane has converged, what
+// its deleted machines held may take to go.
+const leftoverBound = time.Minute
+
+// leftBehind reports what the management cluster's deleted objects left
+// on the host: a machine or load balancer directory (which holds its
+// processes) with no ProcessMachine or ProcessCluster of that name, a
+// process still running in one, or a loopback address still reserved for
+// an object that is gone. The reservations are the process provider's
+// files under <machine root>/.addresses, each holding its owner's key,
+// "machine/<namespace>/<name>" or "lb/<namespace>/<name>".
+func (m *management) leftBehind(ctx context.Context) error {
+	var pms infrav1.ProcessMachineList
+	var pcs infrav1.ProcessClusterList
+	if err := m.env.Client.List(ctx, &pms); err != nil {
+		return err
+	}
+	if err := m.env.Client.List(ctx, &pcs); err != nil {
+		return err
+	}
+	// live holds the owner keys of the live objects' addresses and
+	// directories. A load balancer's directory is named for its Cluster
+	// (the ProcessCluster's cluster-name label, else its owner).
+	live := map[string]bool{}
+	for _, pm := range pms.Items {
+		live["machine/"+pm.Namespace+"/"+pm.Name] = true
+	}
+	for _, pc := range pcs.Items {
+		live["lb/"+pc.Namespace+"/"+pc.Name] = true
+		if c := pc.Labels[clusterv1.ClusterNameLabel]; c != "" {
+			live["lb/"+pc.Namespace+"/"+c] = true
+		}
+		for _, o := range pc.OwnerReferences {
+			if o.Kind == "Cluster" {
+				live["lb/"+pc.Namespace+"/"+o.Name] = true
+			}
+		}
+	}
+	root := m.env.MachineRoot()
+	host := &machinehost.Host{Root: root}
+	var left []string
+	for kind, dir := range map[string]string{"machine": filepath.Join(root, ns), "lb": host.LBDir(ns, "")} {
+		entries, err := os.ReadDir(dir)
+		if err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+		for _, e := range entries {
+			if e.IsDir() && !live[kind+"/"+ns+"/"+e.Name()] {
+				left = append(left, fmt.Sprintf("the directory of %s %s", kind, e.Name()))
+			}
+		}
+		// A process is a machine's if its command line names a path in
+		// the machine's directory (the agent's flags, etcd's data
+		// directory); this finds one whose directory is gone too.
+		procs, err := machinehost.ProcessesMatching(dir + "/")
+		if err != nil {
+			return err
+		}
+		for _, p := range procs {
+			_, rest, _ := strings.Cut(p.Cmdline, dir+"/")
+			name, _, _ := strings.Cut(rest, "/")
+			if name, _, _ = strings.Cut(name, " "); !live[kind+"/"+ns+"/"+name] {
+				left = append(left, fmt.Sprintf("process %d (%s) of %s %s", p.PID, p.Comm, kind, name))
+			}
+		}
+	}
+	addrDir := filepath.Join(root, ".addresses")
+	entries, err := os.ReadDir(addrDir)
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return err
+	}
+	for _, e := range entries {
+		owner, err := os.ReadFile(filepath.Join(addrDir, e.Name()))
+		if err != nil {
+			return err
+		}
+		if key := strings.TrimSpace(string(owner)); !live[key] {
+			left = append(left, fmt.Sprintf("address %s reserved for %s", e.Name(), key))
+		}
+	}
+	if len(left) > 0 {
+		return fmt.Errorf("left behind: %s", strings.Join(left, "; "))
+	}
+	return nil
 }
 
 // degradedHold is how long a run that lost quorum is watched for a
@@ -207,7 +345,8 @@ func (s *scenario) injectFaults(ctx context.Context, faults []chaos.Fault) *faul
 			}
 			in := chaos.Injected{Fault: fault}
 			in.Machine, in.Skipped = s.strike(ctx, host, fault, &restore)
-			s.t.Logf("+%s %s %s %s", time.Since(start).Round(time.Millisecond), fault.Kind, in.Machine, in.Skipped)
+			in.StruckAt = time.Since(start)
+			s.t.Logf("+%s %s %s %s", in.StruckAt.Round(time.Millisecond), fault.Kind, in.Machine, in.Skipped)
 			f.injected = append(f.injected, in)
 		}
 		restore.Wait()
