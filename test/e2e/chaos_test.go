@@ -100,7 +100,7 @@ func checkLeftoverCheck(t *testing.T, mgmt *management) {
 // campaign carries out runs from seeds one after another on mgmt, each as
 // a subtest, and logs their summary; with out, it writes each outcome
 // there as a JSON line.
-func campaign(t *testing.T, mgmt *management, seeds []uint64, out io.Writer) []chaos.Outcome {
+func campaign(t *testing.T, mgmt *management, seeds []uint64, out io.Writer) {
 	t.Helper()
 	var outcomes []chaos.Outcome
 	for _, seed := range seeds {
@@ -117,7 +117,6 @@ func campaign(t *testing.T, mgmt *management, seeds []uint64, out io.Writer) []c
 		}
 	}
 	t.Logf("\n%s", chaos.Summarize(outcomes).Table())
-	return outcomes
 }
 
 // runChaos carries out one run: a control plane of r.Replicas (r.Desired
