@@ -91,28 +91,38 @@ func (s *scenario) etcdCluster(ctx context.Context) (*etcdv1.EtcdCluster, error)
 func (s *scenario) waitEtcdReady(timeout time.Duration, replicas int) *etcdv1.EtcdCluster {
 	s.t.Helper()
 	var ec *etcdv1.EtcdCluster
-	s.eventually(timeout, fmt.Sprintf("EtcdCluster %s ready with %d healthy voters", s.name, replicas), func(ctx context.Context) error {
+	s.eventually(timeout, fmt.Sprintf("EtcdCluster %s ready with %d healthy voters", s.name, replicas), s.etcdReady(replicas, &ec))
+	return ec
+}
+
+// etcdReady is waitEtcdReady's check; it leaves the EtcdCluster it read
+// in *ec.
+func (s *scenario) etcdReady(replicas int, ec **etcdv1.EtcdCluster) func(context.Context) error {
+	return func(ctx context.Context) error {
 		var err error
-		if ec, err = s.etcdCluster(ctx); err != nil {
+		if *ec, err = s.etcdCluster(ctx); err != nil {
 			return err
 		}
-		last := ec.Status.LastOperation
-		if ec.Status.ObservedGeneration < ec.Generation {
-			return fmt.Errorf("status is of generation %d, the spec's is %d", ec.Status.ObservedGeneration, ec.Generation)
-		}
-		if !ec.Status.Ready || !ec.Status.CreationComplete || !conditions.IsTrue(ec, etcdv1.AvailableCondition) {
-			return fmt.Errorf("ready %v, creationComplete %v, Available %q; last operation %s %s: %s", ec.Status.Ready, ec.Status.CreationComplete,
-				conditions.GetMessage(ec, etcdv1.AvailableCondition), last.Kind, last.Target, last.Reason)
-		}
-		if got := ptr.Deref(ec.Status.ReadyReplicas, 0); got != int32(replicas) || ptr.Deref(ec.Status.Replicas, 0) != int32(replicas) {
-			return fmt.Errorf("%d machines, %d with a healthy voter; want %d", ptr.Deref(ec.Status.Replicas, 0), got, replicas)
-		}
-		if eps := strings.Split(ec.Status.Endpoints, ","); len(eps) != replicas {
-			return fmt.Errorf("endpoints %q, want %d", ec.Status.Endpoints, replicas)
-		}
-		return nil
-	})
-	return ec
+		return etcdReadyWith(*ec, replicas)
+	}
+}
+
+func etcdReadyWith(ec *etcdv1.EtcdCluster, replicas int) error {
+	last := ec.Status.LastOperation
+	if ec.Status.ObservedGeneration < ec.Generation {
+		return fmt.Errorf("status is of generation %d, the spec's is %d", ec.Status.ObservedGeneration, ec.Generation)
+	}
+	if !ec.Status.Ready || !ec.Status.CreationComplete || !conditions.IsTrue(ec, etcdv1.AvailableCondition) {
+		return fmt.Errorf("ready %v, creationComplete %v, Available %q; last operation %s %s: %s", ec.Status.Ready, ec.Status.CreationComplete,
+			conditions.GetMessage(ec, etcdv1.AvailableCondition), last.Kind, last.Target, last.Reason)
+	}
+	if got := ptr.Deref(ec.Status.ReadyReplicas, 0); got != int32(replicas) || ptr.Deref(ec.Status.Replicas, 0) != int32(replicas) {
+		return fmt.Errorf("%d machines, %d with a healthy voter; want %d", ptr.Deref(ec.Status.Replicas, 0), got, replicas)
+	}
+	if eps := strings.Split(ec.Status.Endpoints, ","); len(eps) != replicas {
+		return fmt.Errorf("endpoints %q, want %d", ec.Status.Endpoints, replicas)
+	}
+	return nil
 }
 
 // scaleEtcd sets the EtcdCluster's replicas through the scale subresource.
@@ -218,7 +228,8 @@ func TestEtcdClusterCreateAndScale(t *testing.T) {
 // TestEtcdClusterFlappingAndReplacement: a member frozen for less than
 // unhealthyMemberTimeoutSeconds and thawed is left alone; a killed member
 // is removed once the timeout passes, and only then replaced (never more
-// than 3 machines), back to 3 healthy members.
+// than 3 machines), back to 3 healthy members. Deleting the Cluster alone
+// then takes the EtcdCluster and every machine with it.
 func TestEtcdClusterFlappingAndReplacement(t *testing.T) {
 	mgmt := requireShared(t)
 	t.Parallel()
@@ -305,6 +316,36 @@ func TestEtcdClusterFlappingAndReplacement(t *testing.T) {
 		t.Error(err)
 	}
 	s.finish()
+	s.deleteOnlyTheCluster(ctx)
+}
+
+// deleteOnlyTheCluster deletes the scenario's Cluster alone, as
+// `kubectl delete cluster` does, and waits for everything to go with it:
+// CAPI deletes the control plane only once the Cluster's other machines,
+// the EtcdCluster's among them, are gone, so the EtcdCluster must go
+// first, on its own.
+func (s *scenario) deleteOnlyTheCluster(ctx context.Context) {
+	s.t.Helper()
+	cluster := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Name: s.name, Namespace: ns}}
+	if err := s.c.Delete(ctx, cluster); err != nil {
+		s.t.Fatal(err)
+	}
+	s.eventually(5*time.Minute, "the Cluster, its EtcdCluster and every machine gone", func(ctx context.Context) error {
+		var ms clusterv1.MachineList
+		if err := s.c.List(ctx, &ms, client.InNamespace(ns), client.MatchingLabels{clusterv1.ClusterNameLabel: s.name}); err != nil {
+			return err
+		}
+		if len(ms.Items) > 0 {
+			return fmt.Errorf("%d machines left, the first %s", len(ms.Items), ms.Items[0].Name)
+		}
+		if _, err := s.etcdCluster(ctx); !isNotFound(err) {
+			return fmt.Errorf("the EtcdCluster is still there (%v)", err)
+		}
+		if err := s.c.Get(ctx, client.ObjectKeyFromObject(cluster), cluster); !isNotFound(err) {
+			return fmt.Errorf("the Cluster is still there (%v)", err)
+		}
+		return nil
+	})
 }
 
 // TestEtcdClusterUpgrade rolls an EtcdCluster from etcd v3.5 to v3.6: each

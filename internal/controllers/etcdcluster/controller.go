@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/record"
@@ -68,6 +69,7 @@ type Reconciler struct {
 }
 
 // +kubebuilder:rbac:groups=etcd.cluster.x-k8s.io,resources=etcdclusters;etcdclusters/status;etcdclusters/finalizers,verbs=get;list;watch;update;patch
+// +kubebuilder:rbac:groups=etcd.cluster.x-k8s.io,resources=etcdclusters,verbs=delete
 // +kubebuilder:rbac:groups=controlplane.cluster.x-k8s.io,resources=quorumcontrolplanes,verbs=get;list;watch
 // +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=clusters;clusters/status,verbs=get;list;watch
 // +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=machines,verbs=get;list;watch;create;update;patch;delete
@@ -120,15 +122,34 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 		}
 	}()
 	cluster, err := r.cluster(ctx, ec)
-	if err != nil || cluster == nil {
+	if err != nil {
 		return ctrl.Result{}, err
+	}
+	if cluster == nil {
+		if ec.DeletionTimestamp.IsZero() {
+			return ctrl.Result{}, nil
+		}
+		// Its Cluster is gone: nothing stores data here any more.
+		cluster = &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Namespace: ec.Namespace, Name: ec.Labels[clusterv1.ClusterNameLabel]}}
+		return r.reconcileDelete(ctx, cluster, ec, true)
 	}
 	ctx = log.IntoContext(ctx, log.FromContext(ctx).WithValues("Cluster", klogRef(cluster)))
 	if isPaused, requeue, err := paused.EnsurePausedCondition(ctx, r.Client, cluster, ec); err != nil || isPaused || requeue {
 		return ctrl.Result{}, err
 	}
 	if !ec.DeletionTimestamp.IsZero() {
-		return r.reconcileDelete(ctx, cluster, ec)
+		return r.reconcileDelete(ctx, cluster, ec, !cluster.DeletionTimestamp.IsZero())
+	}
+	if !cluster.DeletionTimestamp.IsZero() {
+		// CAPI deletes a Cluster's control plane only once its other
+		// machines are gone, and the EtcdCluster's are among them: it
+		// goes first, its data with it, as a cluster's stacked etcd goes
+		// with its control plane.
+		if err := r.Client.Delete(ctx, ec); err != nil && !apierrors.IsNotFound(err) {
+			return ctrl.Result{}, fmt.Errorf("deleting EtcdCluster %s with its Cluster: %w", klogRef(ec), err)
+		}
+		r.Recorder.Eventf(ec, corev1.EventTypeNormal, "Deleting", "Cluster %s is being deleted: deleting EtcdCluster %s with it", cluster.Name, ec.Name)
+		return ctrl.Result{}, nil
 	}
 	if controllerutil.AddFinalizer(ec, etcdv1.EtcdClusterFinalizer) {
 		return ctrl.Result{}, nil // written by the deferred patch, which wakes the next round
@@ -214,17 +235,21 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Clu
 }
 
 // reconcileDelete waits until no QuorumControlPlane uses ec (its data is
-// the cluster's), then deletes the machines and lets ec go.
-func (r *Reconciler) reconcileDelete(ctx context.Context, cluster *clusterv1.Cluster, ec *etcdv1.EtcdCluster) (ctrl.Result, error) {
-	var cps controlplanev1.QuorumControlPlaneList
-	if err := r.Client.List(ctx, &cps, client.InNamespace(ec.Namespace)); err != nil {
-		return ctrl.Result{}, err
-	}
-	for _, cp := range cps.Items {
-		if ref := cp.Spec.Etcd.ClusterRef; ref != nil && ref.Name == ec.Name {
-			conditions.Set(ec, metav1.Condition{Type: etcdv1.DeletingCondition, Status: metav1.ConditionTrue, Reason: etcdv1.DeletingWaitingForControlPlaneReason,
-				Message: fmt.Sprintf("Waiting for QuorumControlPlane %s, which stores its data here, to be deleted", cp.Name)})
-			return ctrl.Result{RequeueAfter: 5 * time.Second}, nil
+// the cluster's), then deletes the machines and lets ec go. When the
+// whole Cluster is going (being deleted, or gone), it waits for nothing:
+// CAPI deletes the control plane only after ec's machines.
+func (r *Reconciler) reconcileDelete(ctx context.Context, cluster *clusterv1.Cluster, ec *etcdv1.EtcdCluster, clusterGoing bool) (ctrl.Result, error) {
+	if !clusterGoing {
+		var cps controlplanev1.QuorumControlPlaneList
+		if err := r.Client.List(ctx, &cps, client.InNamespace(ec.Namespace)); err != nil {
+			return ctrl.Result{}, err
+		}
+		for _, cp := range cps.Items {
+			if ref := cp.Spec.Etcd.ClusterRef; ref != nil && ref.Name == ec.Name {
+				conditions.Set(ec, metav1.Condition{Type: etcdv1.DeletingCondition, Status: metav1.ConditionTrue, Reason: etcdv1.DeletingWaitingForControlPlaneReason,
+					Message: fmt.Sprintf("Waiting for QuorumControlPlane %s, which stores its data here, to be deleted", cp.Name)})
+				return ctrl.Result{RequeueAfter: 5 * time.Second}, nil
+			}
 		}
 	}
 	machines, err := r.machines(ctx, cluster, ec)
