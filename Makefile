@@ -99,13 +99,15 @@ unit:
 bench: binaries
 	go test -run '^$$' -bench . -benchtime 1x -timeout 60m -json ./... | tee $(BIN)/bench.json | go run ./hack/benchjson
 
-## chaos: the fault campaign (issue 13; make test runs a 2-seed smoke): the regression seeds,
+## chaos: the fault campaign (issue 13; make test runs a 3-seed smoke): the regression seeds,
 ## then RUNS runs from a seed of the clock's; with SEED, RUNS runs from SEED
-## only (a replay). One JSON line each in bin/chaos.jsonl.
+## only (a replay). WORKERS runs that many side by side, each on a management
+## cluster of its own. One JSON line each in bin/chaos.jsonl.
 RUNS ?= 3
 SEED ?=
+WORKERS ?= 1
 chaos: binaries
-	QCP_CHAOS_RUNS=$(RUNS) QCP_CHAOS_SEED=$(SEED) go test -tags chaos -count=1 -v -run '^TestChaos$$' -timeout 0 ./test/e2e/
+	QCP_CHAOS_RUNS=$(RUNS) QCP_CHAOS_SEED=$(SEED) QCP_CHAOS_WORKERS=$(WORKERS) go test -tags chaos -count=1 -v -run '^TestChaos$$' -timeout 0 ./test/e2e/
 
 lint:
 	gofmt -l . | tee /dev/stderr | (! read)

@@ -25,10 +25,26 @@ const (
 	ScaleUp   Operation = "ScaleUp"
 	ScaleDown Operation = "ScaleDown"
 	Rollout   Operation = "Rollout"
+	// Remediate asks for one healthy machine's remediation, as a user
+	// does (CAPI's remediate-machine annotation): QCP removes its member,
+	// deletes it and replaces it.
+	Remediate Operation = "Remediate"
+	// The EtcdCluster operations create or scale an EtcdCluster, with a
+	// QuorumControlPlane of 2 machines on it; the faults strike the
+	// EtcdCluster's machines.
+	EtcdCreate    Operation = "EtcdCreate"
+	EtcdScaleUp   Operation = "EtcdScaleUp"
+	EtcdScaleDown Operation = "EtcdScaleDown"
 )
 
 // Operations are the operations a run may draw.
-var Operations = []Operation{Create, ScaleUp, ScaleDown, Rollout}
+var Operations = []Operation{Create, ScaleUp, ScaleDown, Rollout, Remediate, EtcdCreate, EtcdScaleUp, EtcdScaleDown}
+
+// Etcd reports whether op is an EtcdCluster's.
+func (op Operation) Etcd() bool { return op == EtcdCreate || op == EtcdScaleUp || op == EtcdScaleDown }
+
+// Creates reports whether op creates what it runs on.
+func (op Operation) Creates() bool { return op == Create || op == EtcdCreate }
 
 // FaultKind is one kind of fault.
 type FaultKind string
@@ -74,20 +90,27 @@ type Run struct {
 // Window is how long after the operation starts faults may strike.
 const Window = 90 * time.Second
 
-// NewRun draws a run from seed: a control plane of 1, 3 or 5 replicas,
-// an operation that makes sense for it (no scale down from 1, no scale up
-// from 5), and 1–3 faults at random times within Window, in time order.
+// NewRun draws a run from seed: a control plane (or EtcdCluster) of 1, 3
+// or 5 replicas, an operation that makes sense for it (no scale down from
+// 1, no scale up from 5, no remediation of the only machine: QCP refuses
+// it), and 1–3 faults at random times within Window, in time order.
 func NewRun(seed uint64) Run {
 	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 	r := Run{Seed: seed, Replicas: []int{1, 3, 5}[rng.IntN(3)]}
 	ops := slices.DeleteFunc(slices.Clone(Operations), func(op Operation) bool {
-		return (op == ScaleDown && r.Replicas == 1) || (op == ScaleUp && r.Replicas == 5)
+		switch op {
+		case ScaleDown, EtcdScaleDown, Remediate:
+			return r.Replicas == 1
+		case ScaleUp, EtcdScaleUp:
+			return r.Replicas == 5
+		}
+		return false
 	})
 	r.Operation, r.Desired = ops[rng.IntN(len(ops))], r.Replicas
 	switch r.Operation {
-	case ScaleUp:
+	case ScaleUp, EtcdScaleUp:
 		r.Desired = r.Replicas + 2
-	case ScaleDown:
+	case ScaleDown, EtcdScaleDown:
 		r.Desired = r.Replicas - 2
 	}
 	for range 1 + rng.IntN(3) {
@@ -116,6 +139,19 @@ func NewRun(seed uint64) Run {
 //     etcd member with it (fixed by the pre-terminate hook, b62836c).
 var RegressionSeeds = []uint64{3}
 
+// SmokeSeeds are the runs `make test` makes (TestChaosSmoke): between
+// them, every fault this host can inject, during a remediation and a
+// rollout of 3 machines and an EtcdCluster's scale up.
+// TestSmokeSeedsCoverEveryFault checks they still do.
+//
+//   - 401: a remediation asked for on 3 machines; qcp-manager killed
+//     (+26 s), CAPI core killed (+29 s), a machine deleted by hand (+42 s).
+//   - 61: a rollout of 3 machines; the management API server restarted
+//     (+13 s), a machine frozen (+19 s), a machine killed (+26 s).
+//   - 442: an EtcdCluster of 3 scaled up to 5; a machine frozen (+18 s),
+//     a machine deleted by hand (+39 s).
+var SmokeSeeds = []uint64{401, 61, 442}
+
 // Seeds are a campaign's seeds: with replay set, runs seeds from first (a
 // failing run replayed); otherwise the regression seeds, then runs new
 // seeds from first.
@@ -134,7 +170,9 @@ func Seeds(first, runs uint64, replay bool) []uint64 {
 // tolerates at its smallest size. Such a run cannot converge on its own:
 // it passes only if QCP reports Degraded with the right reason and takes
 // no destructive step. (Machines deleted by hand are replaced the normal
-// way, their members removed first; they do not count.)
+// way, their members removed first; they do not count. A remediation
+// does the same, but its member is removed before its replacement joins:
+// the membership is one smaller meanwhile.)
 func (r Run) MayLoseQuorum() bool {
 	kills := 0
 	for _, f := range r.Faults {
@@ -142,7 +180,11 @@ func (r Run) MayLoseQuorum() bool {
 			kills++
 		}
 	}
-	return kills > (min(r.Replicas, r.Desired)-1)/2
+	smallest := min(r.Replicas, r.Desired)
+	if r.Operation == Remediate {
+		smallest--
+	}
+	return kills > (smallest-1)/2
 }
 
 // Outcome is what one run found: its schedule, the faults as injected (or

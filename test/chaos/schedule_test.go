@@ -40,7 +40,9 @@ func TestRunsAreValidAndCoverEverything(t *testing.T) {
 			t.Fatalf("seed %d: %d replicas", seed, r.Replicas)
 		case r.Desired < 1 || r.Desired > 7 || r.Desired%2 == 0:
 			t.Fatalf("seed %d: %s from %d to %d replicas", seed, r.Operation, r.Replicas, r.Desired)
-		case (r.Operation == ScaleUp) != (r.Desired > r.Replicas) || (r.Operation == ScaleDown) != (r.Desired < r.Replicas):
+		case (r.Operation == ScaleUp || r.Operation == EtcdScaleUp) != (r.Desired > r.Replicas),
+			(r.Operation == ScaleDown || r.Operation == EtcdScaleDown) != (r.Desired < r.Replicas),
+			r.Operation == Remediate && r.Replicas == 1:
 			t.Fatalf("seed %d: %s from %d to %d replicas", seed, r.Operation, r.Replicas, r.Desired)
 		case len(r.Faults) < 1 || len(r.Faults) > 3:
 			t.Fatalf("seed %d: %d faults", seed, len(r.Faults))
@@ -119,5 +121,60 @@ func TestRegressionSeedsDrawTheirRuns(t *testing.T) {
 	}
 	if got := Seeds(3, 1, true); !reflect.DeepEqual(got, []uint64{3}) {
 		t.Errorf("a replay's seeds are %v, want only 3", got)
+	}
+}
+
+// TestMayLoseQuorum: a run may lose quorum when it kills more machines
+// than etcd tolerates at its smallest membership, which a remediation
+// makes one smaller while the remediated member is out.
+func TestMayLoseQuorum(t *testing.T) {
+	kills := func(n int) []Fault {
+		return slices.Repeat([]Fault{{Kind: KillMachine}}, n)
+	}
+	for _, c := range []struct {
+		run  Run
+		want bool
+	}{
+		{Run{Replicas: 3, Desired: 3, Operation: Rollout, Faults: kills(1)}, false},
+		{Run{Replicas: 3, Desired: 3, Operation: Rollout, Faults: kills(2)}, true},
+		{Run{Replicas: 3, Desired: 1, Operation: ScaleDown, Faults: kills(1)}, true},
+		{Run{Replicas: 3, Desired: 5, Operation: EtcdScaleUp, Faults: kills(1)}, false},
+		{Run{Replicas: 3, Desired: 3, Operation: Remediate, Faults: kills(1)}, true},
+		{Run{Replicas: 3, Desired: 3, Operation: Remediate, Faults: []Fault{{Kind: DeleteMachine}, {Kind: FreezeMachine}}}, false},
+		{Run{Replicas: 5, Desired: 5, Operation: Remediate, Faults: kills(1)}, false},
+		{Run{Replicas: 5, Desired: 5, Operation: Remediate, Faults: kills(2)}, true},
+	} {
+		if got := c.run.MayLoseQuorum(); got != c.want {
+			t.Errorf("%s of %d with %d faults: MayLoseQuorum = %v, want %v", c.run.Operation, c.run.Replicas, len(c.run.Faults), got, c.want)
+		}
+	}
+}
+
+// TestSmokeSeedsCoverEveryFault: the smoke's seeds still draw, between
+// them, every fault but CutPeerTraffic (which this host cannot inject),
+// on 3 machines, during a remediation, a rollout and an EtcdCluster
+// operation.
+func TestSmokeSeedsCoverEveryFault(t *testing.T) {
+	kinds, ops := map[FaultKind]bool{}, map[Operation]bool{}
+	for _, seed := range SmokeSeeds {
+		r := NewRun(seed)
+		if r.Replicas != 3 || r.MayLoseQuorum() {
+			t.Errorf("smoke seed %d draws %+v: want 3 machines, and a run that cannot lose quorum", seed, r)
+		}
+		ops[r.Operation] = true
+		for _, f := range r.Faults {
+			kinds[f.Kind] = true
+		}
+	}
+	for _, k := range FaultKinds {
+		if !kinds[k] && k != CutPeerTraffic {
+			t.Errorf("no smoke seed injects %s", k)
+		}
+	}
+	if kinds[CutPeerTraffic] {
+		t.Error("a smoke seed draws CutPeerTraffic, which this host cannot inject")
+	}
+	if !ops[Remediate] || !ops[Rollout] || !ops[EtcdScaleUp] {
+		t.Errorf("the smoke seeds do %v; want a remediation, a rollout and an EtcdCluster scale up", ops)
 	}
 }

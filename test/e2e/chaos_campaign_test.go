@@ -4,9 +4,11 @@ package e2e
 
 import (
 	"cmp"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
@@ -20,18 +22,47 @@ import (
 // replays: QCP_CHAOS_RUNS runs from that seed, and no others. It kills
 // qcp-manager, which every scenario on the shared management cluster
 // shares, so run it alone (-run '^TestChaos$').
+//
+// QCP_CHAOS_WORKERS (1 by default) runs that many runs side by side, each
+// worker on a management cluster of its own (the first on the shared
+// one, the others on 127.4<n>.0.0/16), the seeds dealt out in turn: a
+// worker's faults strike only its own management cluster and machines.
 func TestChaos(t *testing.T) {
 	mgmt := requireShared(t)
 	replay := os.Getenv("QCP_CHAOS_SEED") != ""
 	runs, first := envNumber(t, "QCP_CHAOS_RUNS", 3), envNumber(t, "QCP_CHAOS_SEED", uint64(time.Now().UnixNano()%1_000_000))
+	workers := int(max(envNumber(t, "QCP_CHAOS_WORKERS", 1), 1))
 	seeds := chaos.Seeds(first, runs, replay)
-	t.Logf("chaos campaign: seeds %v (replay one with QCP_CHAOS_SEED=<seed> QCP_CHAOS_RUNS=1)", seeds)
+	t.Logf("chaos campaign: seeds %v on %d workers (replay one with QCP_CHAOS_SEED=<seed> QCP_CHAOS_RUNS=1)", seeds, workers)
 	out, err := os.OpenFile(filepath.Join(cmp.Or(os.Getenv("QCP_BIN_DIR"), os.TempDir()), "chaos.jsonl"), os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o600)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer out.Close()
-	campaign(t, mgmt, seeds, out)
+	var mu sync.Mutex
+	var outcomes []chaos.Outcome
+	t.Run("workers", func(t *testing.T) {
+		for w := range workers {
+			t.Run(fmt.Sprintf("worker=%d", w), func(t *testing.T) {
+				t.Parallel()
+				m := mgmt
+				if w > 0 {
+					m = ownManagement(t, fmt.Sprintf("127.%d.0.0/16", 40+w), nil)
+				}
+				var mine []uint64
+				for i := w; i < len(seeds); i += workers {
+					mine = append(mine, seeds[i])
+				}
+				got := campaign(t, m, mine, out)
+				mu.Lock()
+				defer mu.Unlock()
+				outcomes = append(outcomes, got...)
+			})
+		}
+	})
+	if workers > 1 {
+		t.Logf("all workers:\n%s", chaos.Summarize(outcomes).Table())
+	}
 }
 
 func envNumber(t *testing.T, name string, def uint64) uint64 {

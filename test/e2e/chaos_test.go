@@ -17,10 +17,12 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
+	etcdv1 "github.com/qcp-dev/qcp/api/etcd/v1alpha1"
 	infrav1 "github.com/qcp-dev/qcp/api/infrastructure/v1alpha1"
 	"github.com/qcp-dev/qcp/internal/localenv"
 	"github.com/qcp-dev/qcp/internal/machinehost"
@@ -32,22 +34,13 @@ import (
 // its faults have stopped.
 const convergeBound = 10 * time.Minute
 
-// smokeSeeds are the runs `make test` makes (TestChaosSmoke): between
-// them, every fault this host can inject, during a create and a rollout of
-// 3 machines.
-//
-//   - 69: 3 machines created; qcp-manager killed (+16 s), a machine
-//     deleted by hand (+25 s), CAPI core killed (+30 s).
-//   - 61: a rollout of 3 machines; the management API server restarted
-//     (+13 s), a machine frozen (+19 s), a machine killed (+26 s).
-var smokeSeeds = []uint64{69, 61}
 
 // chaosAddressRange is the chaos smoke's own: it runs on its own
 // management cluster, because it kills qcp-manager, CAPI core and the
 // management API server.
 const chaosAddressRange = "127.26.0.0/16"
 
-// TestChaosSmoke runs the campaign's harness on the fixed smokeSeeds, so
+// TestChaosSmoke runs the campaign's harness on the fixed chaos.SmokeSeeds, so
 // that every `make test` exercises it; `make chaos` runs the long
 // campaign (TestChaos, built with -tags chaos).
 func TestChaosSmoke(t *testing.T) {
@@ -55,7 +48,7 @@ func TestChaosSmoke(t *testing.T) {
 	// Not parallel, for the reason TestCrashesAndRotation gives.
 	mgmt := ownManagement(t, chaosAddressRange, nil)
 	t.Run("the leftover check finds leftovers", func(t *testing.T) { checkLeftoverCheck(t, mgmt) })
-	campaign(t, mgmt, smokeSeeds, nil)
+	campaign(t, mgmt, chaos.SmokeSeeds, nil)
 }
 
 // checkLeftoverCheck plants, in mgmt's machine root, what a machine gone
@@ -98,9 +91,9 @@ func checkLeftoverCheck(t *testing.T, mgmt *management) {
 }
 
 // campaign carries out runs from seeds one after another on mgmt, each as
-// a subtest, and logs their summary; with out, it writes each outcome
-// there as a JSON line.
-func campaign(t *testing.T, mgmt *management, seeds []uint64, out io.Writer) {
+// a subtest, logs their summary and returns their outcomes; with out, it
+// writes each outcome there as a JSON line.
+func campaign(t *testing.T, mgmt *management, seeds []uint64, out io.Writer) []chaos.Outcome {
 	t.Helper()
 	var outcomes []chaos.Outcome
 	for _, seed := range seeds {
@@ -117,33 +110,37 @@ func campaign(t *testing.T, mgmt *management, seeds []uint64, out io.Writer) {
 		}
 	}
 	t.Logf("\n%s", chaos.Summarize(outcomes).Table())
+	return outcomes
 }
 
-// runChaos carries out one run: a control plane of r.Replicas (r.Desired
-// for Create) with writes going on, r's operation, r's faults at their
-// times, then convergence within convergeBound and the checks every
-// scenario ends with.
+// runChaos carries out one run: a control plane (or an EtcdCluster) of
+// r.Replicas (r.Desired for a create) with writes going on, r's
+// operation, r's faults at their times, then convergence within
+// convergeBound and the checks every scenario ends with.
 func runChaos(t *testing.T, mgmt *management, r chaos.Run) chaos.Outcome {
 	o := chaos.Outcome{Run: r}
 	t.Logf("run %+v", r)
 	start := r.Replicas
-	if r.Operation == chaos.Create {
+	if r.Operation.Creates() {
 		start = r.Desired
 	}
-	s := newScenario(t, mgmt, fmt.Sprintf("chaos-%d", r.Seed), int32(start))
+	s, target := newChaosScenario(t, mgmt, r, start)
 	t.Cleanup(s.deleteCluster)
-	if r.Operation != chaos.Create {
+	if !r.Operation.Creates() {
 		s.startTraffic(start)
-		s.waitAvailable(convergeTimeout, start)
+		s.eventually(convergeTimeout, fmt.Sprintf("%s ready with %d healthy voters", s.name, start), s.ready(target, start))
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
 	faults := s.injectFaults(ctx, r.Faults)
+	converged := s.ready(target, r.Desired)
 	switch r.Operation {
-	case chaos.Create:
+	case chaos.Create, chaos.EtcdCreate:
 		s.startTraffic(r.Desired)
 	case chaos.ScaleUp, chaos.ScaleDown:
 		s.scale(ctx, int32(r.Desired))
+	case chaos.EtcdScaleUp, chaos.EtcdScaleDown:
+		s.scaleEtcd(ctx, int32(r.Desired))
 	case chaos.Rollout:
 		cp, err := s.controlPlane(ctx)
 		if err != nil {
@@ -154,13 +151,25 @@ func runChaos(t *testing.T, mgmt *management, r chaos.Run) chaos.Outcome {
 		if err := s.c.Patch(ctx, cp, client.MergeFrom(before)); err != nil {
 			t.Fatal(err)
 		}
+	case chaos.Remediate:
+		victim := s.requestRemediation(ctx)
+		converged = func(ctx context.Context) error {
+			if err := s.machineGone(victim)(ctx); err != nil {
+				return fmt.Errorf("not remediated: %w", err)
+			}
+			return s.ready(target, r.Desired)(ctx)
+		}
 	}
 	o.Injected = faults.wait()
 	stopped := time.Now()
-	var cp *controlplanev1.QuorumControlPlane
 	cctx, ccancel := context.WithTimeout(ctx, convergeBound)
-	err := testkit.Eventually(cctx, time.Second, "convergence", s.available(r.Desired, &cp))
+	err := testkit.Eventually(cctx, time.Second, "convergence", converged)
 	ccancel()
+	var last controlplanev1.LastOperation
+	if err != nil {
+		st, _ := target.state(ctx, r.Desired) // a read error leaves it empty
+		last = st.last
+	}
 	switch {
 	case err == nil:
 		o.Converged, o.ConvergedAfter = true, time.Since(stopped)
@@ -170,8 +179,8 @@ func runChaos(t *testing.T, mgmt *management, r chaos.Run) chaos.Outcome {
 			t.Error(err)
 		}
 		lcancel()
-	case cp != nil && cp.Status.LastOperation.Kind == controlplanev1.OperationDegraded && r.MayLoseQuorum():
-		o.Degraded = cp.Status.LastOperation.Reason
+	case last.Kind == controlplanev1.OperationDegraded && r.MayLoseQuorum():
+		o.Degraded = last.Reason
 		// The right reason: quorum lost, or a membership it cannot see.
 		if !strings.Contains(o.Degraded, "lost quorum") && !strings.Contains(o.Degraded, "until it can see the membership") {
 			o.Violations = append(o.Violations, "Degraded for another reason than the lost quorum: "+o.Degraded)
@@ -184,6 +193,138 @@ func runChaos(t *testing.T, mgmt *management, r chaos.Run) chaos.Outcome {
 	}
 	s.finish()
 	return o
+}
+
+// chaosUnhealthyMember is the EtcdCluster runs' unhealthy member timeout:
+// a killed member is replaced a minute after it stops answering, not the
+// default five, so that a run converges within convergeBound with time
+// to spare.
+const chaosUnhealthyMember = time.Minute
+
+// chaosTarget is what a run's operation acts on: its control plane, or
+// its EtcdCluster.
+type chaosTarget struct {
+	// state reads its status, judged against replicas.
+	state func(ctx context.Context, replicas int) (targetState, error)
+}
+
+// targetState is a chaosTarget's status.
+type targetState struct {
+	// notReady says why it has not reached replicas healthy voters or is
+	// not otherwise as it should be; nil if it has and is.
+	notReady error
+	members  []controlplanev1.EtcdMemberStatus
+	last     controlplanev1.LastOperation
+}
+
+// ready checks the target has reached replicas healthy voters, and that
+// the machines agree with its status: exactly its members' machines
+// exist, none of them being deleted. A status read right after a fault
+// (a machine deleted by hand, say) still describes the machines of
+// before it.
+func (s *scenario) ready(target chaosTarget, replicas int) func(context.Context) error {
+	return func(ctx context.Context) error {
+		st, err := target.state(ctx, replicas)
+		if err != nil {
+			return err
+		}
+		if st.notReady != nil {
+			return st.notReady
+		}
+		ms, err := s.machines(ctx)
+		if err != nil {
+			return err
+		}
+		var machines, memberMachines []string
+		for _, m := range ms {
+			if !m.DeletionTimestamp.IsZero() {
+				return fmt.Errorf("machine %s is being deleted", m.Name)
+			}
+			machines = append(machines, m.Name)
+		}
+		for _, m := range st.members {
+			memberMachines = append(memberMachines, m.Machine)
+		}
+		slices.Sort(machines)
+		slices.Sort(memberMachines)
+		if !slices.Equal(machines, memberMachines) {
+			return fmt.Errorf("machines %v, but the status's members are on %v", machines, memberMachines)
+		}
+		return nil
+	}
+}
+
+// newChaosScenario creates r's scenario with start replicas: a control
+// plane, or an EtcdCluster with a control plane on it, whose machines the
+// faults then strike.
+func newChaosScenario(t *testing.T, mgmt *management, r chaos.Run, start int) (*scenario, chaosTarget) {
+	name := fmt.Sprintf("chaos-%d", r.Seed)
+	if !r.Operation.Etcd() {
+		s := newScenario(t, mgmt, name, int32(start))
+		return s, chaosTarget{state: func(ctx context.Context, replicas int) (targetState, error) {
+			cp, err := s.controlPlane(ctx)
+			if err != nil {
+				return targetState{}, err
+			}
+			return targetState{notReady: availableWith(cp, replicas), members: cp.Status.Etcd.Members, last: cp.Status.LastOperation}, nil
+		}}
+	}
+	s := newEtcdScenario(t, mgmt, name, int32(start), 1, func(ec *etcdv1.EtcdCluster) {
+		ec.Spec.UnhealthyMemberTimeoutSeconds = ptr.To(int32(chaosUnhealthyMember / time.Second))
+	})
+	return s, chaosTarget{state: func(ctx context.Context, replicas int) (targetState, error) {
+		ec, err := s.etcdCluster(ctx)
+		if err != nil {
+			return targetState{}, err
+		}
+		st := targetState{notReady: etcdReadyWith(ec, replicas), members: ec.Status.Members, last: ec.Status.LastOperation}
+		if st.notReady == nil {
+			cp, err := s.controlPlane(ctx)
+			if err != nil {
+				return targetState{}, err
+			}
+			if err := externalAvailable(cp, etcdScenarioControlPlane); err != nil {
+				st.notReady = fmt.Errorf("the control plane on the EtcdCluster: %w", err)
+			}
+		}
+		return st, nil
+	}}
+}
+
+// requestRemediation asks for the remediation of the scenario's oldest
+// machine as a user does, with CAPI's remediate-machine annotation, and
+// returns its name.
+func (s *scenario) requestRemediation(ctx context.Context) string {
+	s.t.Helper()
+	ms, err := s.machines(ctx)
+	if err != nil || len(ms) == 0 {
+		s.t.Fatalf("no machine to remediate (%v)", err)
+	}
+	m := &ms[0]
+	before := m.DeepCopy()
+	if m.Annotations == nil {
+		m.Annotations = map[string]string{}
+	}
+	m.Annotations[clusterv1.RemediateMachineAnnotation] = ""
+	if err := s.c.Patch(ctx, m, client.MergeFrom(before)); err != nil {
+		s.t.Fatalf("asking for the remediation of machine %s: %v", m.Name, err)
+	}
+	s.t.Logf("machine %s marked for remediation", m.Name)
+	return m.Name
+}
+
+// machineGone checks the scenario's machine name is gone.
+func (s *scenario) machineGone(name string) func(context.Context) error {
+	return func(ctx context.Context) error {
+		ms, err := s.machines(ctx)
+		if err != nil {
+			return err
+		}
+		if slices.ContainsFunc(ms, func(m clusterv1.Machine) bool { return m.Name == name }) {
+			return fmt.Errorf("machine %s is still there", name)
+		}
+		return nil
+	}
 }
 
 // leftoverBound is how long, once the control plane has converged, what
