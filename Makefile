@@ -102,7 +102,8 @@ bench: binaries
 ## chaos: the fault campaign (issue 13; make test runs a 3-seed smoke): the regression seeds,
 ## then RUNS runs from a seed of the clock's; with SEED, RUNS runs from SEED
 ## only (a replay). WORKERS runs that many side by side, each on a management
-## cluster of its own. One JSON line each in bin/chaos.jsonl.
+## cluster of its own. One JSON line each in bin/chaos.jsonl; a campaign run
+## in parts is summed up by `go run ./hack/chaossummary < bin/chaos.jsonl`.
 RUNS ?= 3
 SEED ?=
 WORKERS ?= 1

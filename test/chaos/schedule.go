@@ -226,18 +226,21 @@ func (o Outcome) JSONLine() string {
 // Summary sums up a campaign.
 type Summary struct {
 	Runs, Passed int
-	Faults       map[FaultKind]int
-	Skipped      map[FaultKind]int
-	Violations   int
+	// Operations counts the runs of each operation.
+	Operations map[Operation]int
+	Faults     map[FaultKind]int
+	Skipped    map[FaultKind]int
+	Violations int
 	// P50 and P99 are the convergence times of the runs that converged.
 	P50, P99 time.Duration
 }
 
 // Summarize sums up outcomes.
 func Summarize(outcomes []Outcome) Summary {
-	s := Summary{Runs: len(outcomes), Faults: map[FaultKind]int{}, Skipped: map[FaultKind]int{}}
+	s := Summary{Runs: len(outcomes), Operations: map[Operation]int{}, Faults: map[FaultKind]int{}, Skipped: map[FaultKind]int{}}
 	var times []time.Duration
 	for _, o := range outcomes {
+		s.Operations[o.Operation]++
 		for _, f := range o.Injected {
 			if f.Skipped != "" {
 				s.Skipped[f.Kind]++
@@ -276,6 +279,10 @@ func (s Summary) Table() string {
 	fmt.Fprintf(&b, "%-28s %8s %8s\n", "fault", "injected", "skipped")
 	for _, k := range FaultKinds {
 		fmt.Fprintf(&b, "%-28s %8d %8d\n", k, s.Faults[k], s.Skipped[k])
+	}
+	fmt.Fprintf(&b, "%-28s %8s\n", "operation", "runs")
+	for _, op := range Operations {
+		fmt.Fprintf(&b, "%-28s %8d\n", op, s.Operations[op])
 	}
 	return b.String()
 }

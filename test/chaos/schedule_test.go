@@ -83,14 +83,17 @@ func TestSummary(t *testing.T) {
 		{Degraded: "etcd has lost quorum", Injected: []Injected{{Fault: Fault{Kind: KillMachine}}, {Fault: Fault{Kind: KillMachine}}}},
 		{Violations: []string{"lost write k1"}},
 	}
+	outcomes[0].Operation, outcomes[1].Operation = Remediate, Remediate
 	s := Summarize(outcomes)
-	if s.Runs != 5 || s.Passed != 4 || s.Violations != 1 || s.Faults[KillMachine] != 3 || s.Skipped[CutPeerTraffic] != 1 || s.Faults[CutPeerTraffic] != 0 {
+	if s.Runs != 5 || s.Passed != 4 || s.Violations != 1 || s.Faults[KillMachine] != 3 || s.Skipped[CutPeerTraffic] != 1 || s.Faults[CutPeerTraffic] != 0 ||
+		s.Operations[Remediate] != 2 || s.Operations[""] != 3 {
 		t.Errorf("summary %+v", s)
 	}
 	if s.P50 != 20*time.Second || s.P99 != 30*time.Second {
 		t.Errorf("p50 %s, p99 %s; want 20s and 30s", s.P50, s.P99)
 	}
-	if table := s.Table(); !strings.Contains(table, "runs 5, passed 4, violations 1") || !strings.Contains(table, "CutPeerTraffic") {
+	if table := s.Table(); !strings.Contains(table, "runs 5, passed 4, violations 1") || !strings.Contains(table, "CutPeerTraffic") ||
+		!strings.Contains(table, "Remediate                           2") {
 		t.Errorf("table:\n%s", table)
 	}
 	var back Outcome

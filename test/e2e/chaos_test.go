@@ -34,7 +34,6 @@ import (
 // its faults have stopped.
 const convergeBound = 10 * time.Minute
 
-
 // chaosAddressRange is the chaos smoke's own: it runs on its own
 // management cluster, because it kills qcp-manager, CAPI core and the
 // management API server.
