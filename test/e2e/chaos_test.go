@@ -24,6 +24,7 @@ import (
 	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
 	etcdv1 "github.com/qcp-dev/qcp/api/etcd/v1alpha1"
 	infrav1 "github.com/qcp-dev/qcp/api/infrastructure/v1alpha1"
+	"github.com/qcp-dev/qcp/internal/etcd"
 	"github.com/qcp-dev/qcp/internal/localenv"
 	"github.com/qcp-dev/qcp/internal/machinehost"
 	"github.com/qcp-dev/qcp/internal/testkit"
@@ -217,9 +218,10 @@ type targetState struct {
 }
 
 // ready checks the target has reached replicas healthy voters, and that
-// the machines agree with its status: exactly its members' machines
-// exist, none of them being deleted. A status read right after a fault
-// (a machine deleted by hand, say) still describes the machines of
+// the machines and etcd itself agree with its status: exactly its
+// members' machines exist, none of them being deleted, and etcd has a
+// voter of that name on each, serving. A status read right after a fault
+// (a machine deleted by hand, or killed) still describes the machines of
 // before it.
 func (s *scenario) ready(target chaosTarget, replicas int) func(context.Context) error {
 	return func(ctx context.Context) error {
@@ -249,8 +251,41 @@ func (s *scenario) ready(target chaosTarget, replicas int) func(context.Context)
 		if !slices.Equal(machines, memberMachines) {
 			return fmt.Errorf("machines %v, but the status's members are on %v", machines, memberMachines)
 		}
-		return nil
+		return s.votersServe(ctx, machines)
 	}
+}
+
+// votersServe asks etcd itself, not QCP: its members are voters named
+// for exactly machines (sorted), and each serves a linearizable read.
+func (s *scenario) votersServe(ctx context.Context, machines []string) error {
+	cfg, err := s.etcdConfig(ctx)
+	if err != nil {
+		return err
+	}
+	cli, err := etcd.New(cfg)
+	if err != nil {
+		return err
+	}
+	defer cli.Close()
+	members, err := cli.Members(ctx)
+	if err != nil {
+		return fmt.Errorf("etcd's member list: %w", err)
+	}
+	var names []string
+	for _, m := range members {
+		if m.IsLearner || !m.Started() {
+			return fmt.Errorf("etcd lists %s, a learner or not started", m)
+		}
+		if err := cli.Health(ctx, m.ClientURLs[0]); err != nil {
+			return fmt.Errorf("etcd member %s does not serve: %w", m.Name, err)
+		}
+		names = append(names, m.Name)
+	}
+	slices.Sort(names)
+	if !slices.Equal(names, machines) {
+		return fmt.Errorf("etcd's voters are %v, the machines %v", names, machines)
+	}
+	return nil
 }
 
 // newChaosScenario creates r's scenario with start replicas: a control
