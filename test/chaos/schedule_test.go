@@ -108,6 +108,8 @@ func TestRegressionSeedsDrawTheirRuns(t *testing.T) {
 	want := map[uint64]Run{
 		3: {Seed: 3, Replicas: 5, Operation: Create, Desired: 5,
 			Faults: []Fault{{Kind: DeleteMachine, At: 22914426520, Target: 3}}},
+		629922: {Seed: 629922, Replicas: 1, Operation: EtcdScaleUp, Desired: 3,
+			Faults: []Fault{{Kind: CutPeerTraffic, At: 64600242073, Target: 4, For: 27407791587}, {Kind: KillMachine, At: 70366798938, Target: 1}}},
 	}
 	for _, seed := range RegressionSeeds {
 		w, ok := want[seed]
