@@ -333,13 +333,17 @@ func (w *Writer) readFinals(ctx context.Context) map[string]finalRead {
 	return out
 }
 
+// UnreadableFinal ends a LostWrites entry whose key could not be read
+// back at all.
+const UnreadableFinal = ": final value could not be read"
+
 func (w *Writer) lostWrites(finals map[string]finalRead) []string {
 	var lost []string
 	for i := range w.opts.Keys {
 		key := fmt.Sprintf("%sk%d", w.opts.Prefix, i)
 		f, ok := finals[key]
 		if !ok {
-			lost = append(lost, key+": final value could not be read")
+			lost = append(lost, key+UnreadableFinal)
 			continue
 		}
 		acked, hasAck := w.lastAck[key]

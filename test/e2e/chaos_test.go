@@ -24,7 +24,6 @@ import (
 	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
 	etcdv1 "github.com/qcp-dev/qcp/api/etcd/v1alpha1"
 	infrav1 "github.com/qcp-dev/qcp/api/infrastructure/v1alpha1"
-	"github.com/qcp-dev/qcp/internal/etcd"
 	"github.com/qcp-dev/qcp/internal/localenv"
 	"github.com/qcp-dev/qcp/internal/machinehost"
 	"github.com/qcp-dev/qcp/internal/testkit"
@@ -181,6 +180,7 @@ func runChaos(t *testing.T, mgmt *management, r chaos.Run) chaos.Outcome {
 		lcancel()
 	case last.Kind == controlplanev1.OperationDegraded && r.MayLoseQuorum():
 		o.Degraded = last.Reason
+		s.quorumLost = true
 		// The right reason: quorum lost, or a membership it cannot see.
 		if !strings.Contains(o.Degraded, "lost quorum") && !strings.Contains(o.Degraded, "until it can see the membership") {
 			o.Violations = append(o.Violations, "Degraded for another reason than the lost quorum: "+o.Degraded)
@@ -258,11 +258,7 @@ func (s *scenario) ready(target chaosTarget, replicas int) func(context.Context)
 // votersServe asks etcd itself, not QCP: its members are voters named
 // for exactly machines (sorted), and each serves a linearizable read.
 func (s *scenario) votersServe(ctx context.Context, machines []string) error {
-	cfg, err := s.etcdConfig(ctx)
-	if err != nil {
-		return err
-	}
-	cli, err := etcd.New(cfg)
+	cli, _, err := s.etcdClient(ctx)
 	if err != nil {
 		return err
 	}

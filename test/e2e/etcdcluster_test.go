@@ -415,11 +415,7 @@ func TestEtcdClusterUpgrade(t *testing.T) {
 // as etcd reports it) and that there are 3.
 func (s *scenario) membersRun(version string) func(context.Context) error {
 	return func(ctx context.Context) error {
-		cfg, err := s.etcdConfig(ctx)
-		if err != nil {
-			return err
-		}
-		cli, err := etcd.New(cfg)
+		cli, cfg, err := s.etcdClient(ctx)
 		if err != nil {
 			return err
 		}
