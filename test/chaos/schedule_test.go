@@ -110,6 +110,8 @@ func TestRegressionSeedsDrawTheirRuns(t *testing.T) {
 			Faults: []Fault{{Kind: DeleteMachine, At: 22914426520, Target: 3}}},
 		629922: {Seed: 629922, Replicas: 1, Operation: EtcdScaleUp, Desired: 3,
 			Faults: []Fault{{Kind: CutPeerTraffic, At: 64600242073, Target: 4, For: 27407791587}, {Kind: KillMachine, At: 70366798938, Target: 1}}},
+		483954: {Seed: 483954, Replicas: 1, Operation: Rollout, Desired: 1,
+			Faults: []Fault{{Kind: CutPeerTraffic, At: 52581720121, Target: 4, For: 37140205658}, {Kind: KillMachine, At: 75593808645, Target: 1}, {Kind: FreezeMachine, At: 78671579308, Target: 1, For: 17702310801}}},
 	}
 	for _, seed := range RegressionSeeds {
 		w, ok := want[seed]
