@@ -32,36 +32,74 @@ func BenchmarkCreateAndScale(b *testing.B) {
 	}
 	for i := range b.N {
 		name := fmt.Sprintf("bench-%d", i)
-		start := time.Now()
-		s := newScenario(b, shared, name, 3)
-		s.waitAvailable(convergeTimeout, 3)
-		createWall := time.Since(start)
-		createSum := s.startupSum(nil)
+		s := createMeasured(b, name, 3)
 		before := s.machineNames()
 
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-		start = time.Now()
+		start := time.Now()
 		s.scale(ctx, 5)
 		s.waitAvailable(convergeTimeout, 5)
 		scaleWall := time.Since(start)
 		scaleSum := s.startupSum(before)
 		cancel()
 
-		b.ReportMetric(createWall.Seconds(), "create-s")
-		b.ReportMetric(createWall.Seconds()/createSum.Seconds(), "create-ratio")
 		b.ReportMetric(scaleWall.Seconds(), "scale-s")
 		b.ReportMetric(scaleWall.Seconds()/scaleSum.Seconds(), "scale-ratio")
-		for q, unit := range map[string]string{"0.5": "reaction-p50-ms", "0.99": "reaction-p99-ms"} {
-			v, err := testkit.Metric(context.Background(), s.mgmt.manager.MetricsAddr,
-				fmt.Sprintf(`qcp_controlplane_reaction_latency_seconds{name=%q,namespace=%q,quantile=%q} `, name, ns, q))
-			if err != nil {
-				b.Fatal(err)
-			}
-			b.ReportMetric(v*1000, unit)
-		}
+		reportReactionLatency(b, s, "")
 		s.logSteps()
 		s.finish()
 		s.deleteCluster()
+	}
+}
+
+// BenchmarkCreateGrowth measures how creation grows with the machines:
+// control planes of 1, 3 and 5 replicas, one after another on the shared
+// management cluster, each with its wall time over the sum of its
+// machines' start-ups and its reaction latency.
+func BenchmarkCreateGrowth(b *testing.B) {
+	if shared == nil {
+		b.Skip("needs the shared management cluster (not with -short)")
+	}
+	for i := range b.N {
+		for _, replicas := range []int32{1, 3, 5} {
+			s := createMeasured(b, fmt.Sprintf("growth-%d-%d", replicas, i), replicas)
+			reportReactionLatency(b, s, fmt.Sprintf("-%d", replicas))
+			s.finish()
+			s.deleteCluster()
+		}
+	}
+}
+
+// createMeasured creates a control plane of replicas, waits until it is
+// Available and reports its creation's wall time and its ratio to the sum
+// of the machines' start-ups, as create-s-<replicas> and
+// create-ratio-<replicas> (create-s and create-ratio for 3).
+func createMeasured(b *testing.B, name string, replicas int32) *scenario {
+	b.Helper()
+	start := time.Now()
+	s := newScenario(b, shared, name, replicas)
+	s.waitAvailable(convergeTimeout, int(replicas))
+	wall := time.Since(start)
+	sum := s.startupSum(nil)
+	suffix := ""
+	if replicas != 3 {
+		suffix = fmt.Sprintf("-%d", replicas)
+	}
+	b.ReportMetric(wall.Seconds(), "create-s"+suffix)
+	b.ReportMetric(wall.Seconds()/sum.Seconds(), "create-ratio"+suffix)
+	return s
+}
+
+// reportReactionLatency reports qcp-manager's reaction latency summary for
+// s's control plane, p50 and p99 in ms, each unit ending in suffix.
+func reportReactionLatency(b *testing.B, s *scenario, suffix string) {
+	for q, unit := range map[string]string{"0.5": "reaction-p50-ms", "0.99": "reaction-p99-ms"} {
+		v, err := testkit.Metric(context.Background(), s.mgmt.manager.MetricsAddr,
+			fmt.Sprintf(`qcp_controlplane_reaction_latency_seconds{name=%q,namespace=%q,quantile=%q} `, s.name, ns, q))
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.ReportMetric(v*1000, unit+suffix)
 	}
 }
 
