@@ -574,7 +574,7 @@ func (s *scenario) strike(ctx context.Context, host *machinehost.Host, fault cha
 		})
 		return "", ""
 	case chaos.CutPeerTraffic:
-		return "", "not supported here: cutting one machine's peer traffic needs nftables rules the harness does not write yet"
+		return "", "not possible on this host: no nftables or iptables, and every machine's peer dials leave from 127.0.0.1, so no route or tc filter can cut one machine's peer traffic alone (docs/architecture.md)"
 	}
 	return "", "unknown fault"
 }
