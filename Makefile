@@ -102,13 +102,15 @@ bench: binaries
 ## chaos: the fault campaign (issue 13; make test runs a 3-seed smoke): the regression seeds,
 ## then RUNS runs from a seed of the clock's; with SEED, RUNS runs from SEED
 ## only (a replay). WORKERS runs that many side by side, each on a management
-## cluster of its own. One JSON line each in bin/chaos.jsonl; a campaign run
+## cluster of its own. FOR (a duration, say 90m) starts no run once it has
+## passed. One JSON line each in bin/chaos.jsonl; a campaign run
 ## in parts is summed up by `go run ./hack/chaossummary < bin/chaos.jsonl`.
 RUNS ?= 3
 SEED ?=
 WORKERS ?= 1
+FOR ?=
 chaos: binaries
-	QCP_CHAOS_RUNS=$(RUNS) QCP_CHAOS_SEED=$(SEED) QCP_CHAOS_WORKERS=$(WORKERS) go test -tags chaos -count=1 -v -run '^TestChaos$$' -timeout 0 ./test/e2e/
+	QCP_CHAOS_RUNS=$(RUNS) QCP_CHAOS_SEED=$(SEED) QCP_CHAOS_WORKERS=$(WORKERS) QCP_CHAOS_FOR=$(FOR) go test -tags chaos -count=1 -v -run '^TestChaos$$' -timeout 0 ./test/e2e/
 
 lint:
 	gofmt -l . | tee /dev/stderr | (! read)

@@ -23,6 +23,9 @@ import (
 // qcp-manager, which every scenario on the shared management cluster
 // shares, so run it alone (-run '^TestChaos$').
 //
+// QCP_CHAOS_FOR (a duration, none by default) bounds the campaign: no run
+// starts once it has passed, and the runs going on then finish.
+//
 // QCP_CHAOS_WORKERS (1 by default) runs that many runs side by side, each
 // worker on a management cluster of its own (the first on the shared
 // one, the others on 127.4<n>.0.0/16), the seeds dealt out in turn: a
@@ -33,6 +36,14 @@ func TestChaos(t *testing.T) {
 	runs, first := envNumber(t, "QCP_CHAOS_RUNS", 3), envNumber(t, "QCP_CHAOS_SEED", uint64(time.Now().UnixNano()%1_000_000))
 	workers := int(max(envNumber(t, "QCP_CHAOS_WORKERS", 1), 1))
 	seeds := chaos.Seeds(first, runs, replay)
+	var until time.Time
+	if v := os.Getenv("QCP_CHAOS_FOR"); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil {
+			t.Fatalf("QCP_CHAOS_FOR=%q: %v", v, err)
+		}
+		until = time.Now().Add(d)
+	}
 	t.Logf("chaos campaign: seeds %v on %d workers (replay one with QCP_CHAOS_SEED=<seed> QCP_CHAOS_RUNS=1)", seeds, workers)
 	out, err := os.OpenFile(filepath.Join(cmp.Or(os.Getenv("QCP_BIN_DIR"), os.TempDir()), "chaos.jsonl"), os.O_APPEND|os.O_CREATE|os.O_WRONLY, 0o600)
 	if err != nil {
@@ -53,7 +64,7 @@ func TestChaos(t *testing.T) {
 				for i := w; i < len(seeds); i += workers {
 					mine = append(mine, seeds[i])
 				}
-				got := campaign(t, m, mine, out)
+				got := campaign(t, m, mine, out, until)
 				mu.Lock()
 				defer mu.Unlock()
 				outcomes = append(outcomes, got...)

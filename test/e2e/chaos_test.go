@@ -47,7 +47,7 @@ func TestChaosSmoke(t *testing.T) {
 	// Not parallel, for the reason TestCrashesAndRotation gives.
 	mgmt := ownManagement(t, chaosAddressRange, nil)
 	t.Run("the leftover check finds leftovers", func(t *testing.T) { checkLeftoverCheck(t, mgmt) })
-	campaign(t, mgmt, chaos.SmokeSeeds, nil)
+	campaign(t, mgmt, chaos.SmokeSeeds, nil, time.Time{})
 }
 
 // checkLeftoverCheck plants, in mgmt's machine root, what a machine gone
@@ -91,11 +91,17 @@ func checkLeftoverCheck(t *testing.T, mgmt *management) {
 
 // campaign carries out runs from seeds one after another on mgmt, each as
 // a subtest, logs their summary and returns their outcomes; with out, it
-// writes each outcome there as a JSON line.
-func campaign(t *testing.T, mgmt *management, seeds []uint64, out io.Writer) []chaos.Outcome {
+// writes each outcome there as a JSON line. With a non-zero until, it
+// starts no run after that time, so that a timed campaign ends between
+// runs rather than in the middle of one.
+func campaign(t *testing.T, mgmt *management, seeds []uint64, out io.Writer, until time.Time) []chaos.Outcome {
 	t.Helper()
 	var outcomes []chaos.Outcome
-	for _, seed := range seeds {
+	for i, seed := range seeds {
+		if !until.IsZero() && time.Now().After(until) {
+			t.Logf("the campaign's time is up: seeds %v not run", seeds[i:])
+			break
+		}
 		r := chaos.NewRun(seed)
 		var o chaos.Outcome
 		ok := t.Run(fmt.Sprintf("seed=%d", r.Seed), func(t *testing.T) { o = runChaos(t, mgmt, r) })
