@@ -110,7 +110,7 @@ SEED ?=
 WORKERS ?= 1
 FOR ?=
 chaos: binaries
-	QCP_CHAOS_RUNS=$(RUNS) QCP_CHAOS_SEED=$(SEED) QCP_CHAOS_WORKERS=$(WORKERS) QCP_CHAOS_FOR=$(FOR) go test -tags chaos -count=1 -v -run '^TestChaos$$' -timeout 0 ./test/e2e/
+	QCP_CHAOS_RUNS=$(RUNS) QCP_CHAOS_SEED=$(SEED) QCP_CHAOS_WORKERS=$(WORKERS) QCP_CHAOS_FOR=$(FOR) go test -tags chaos -count=1 -v -parallel $(WORKERS) -run '^TestChaos$$' -timeout 0 ./test/e2e/
 
 lint:
 	gofmt -l . | tee /dev/stderr | (! read)

@@ -4,6 +4,7 @@ package e2e
 
 import (
 	"cmp"
+	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -31,10 +32,16 @@ import (
 // one, the others on 127.4<n>.0.0/16), the seeds dealt out in turn: a
 // worker's faults strike only its own management cluster and machines.
 func TestChaos(t *testing.T) {
+	workers := int(max(envNumber(t, "QCP_CHAOS_WORKERS", 1), 1))
+	// The workers are parallel subtests, and go test runs at most
+	// -parallel of those at once (GOMAXPROCS by default: 2 here); the
+	// others would wait, then find the campaign's time up.
+	if p, _ := strconv.Atoi(flag.Lookup("test.parallel").Value.String()); p < workers {
+		t.Fatalf("QCP_CHAOS_WORKERS=%d, but go test runs only %d parallel subtests at once: add -parallel %d (make chaos does)", workers, p, workers)
+	}
 	mgmt := requireShared(t)
 	replay := os.Getenv("QCP_CHAOS_SEED") != ""
 	runs, first := envNumber(t, "QCP_CHAOS_RUNS", 3), envNumber(t, "QCP_CHAOS_SEED", uint64(time.Now().UnixNano()%1_000_000))
-	workers := int(max(envNumber(t, "QCP_CHAOS_WORKERS", 1), 1))
 	seeds := chaos.Seeds(first, runs, replay)
 	var until time.Time
 	if v := os.Getenv("QCP_CHAOS_FOR"); v != "" {
