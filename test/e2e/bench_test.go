@@ -32,7 +32,7 @@ func BenchmarkCreateAndScale(b *testing.B) {
 	}
 	for i := range b.N {
 		name := fmt.Sprintf("bench-%d", i)
-		s := createMeasured(b, name, 3)
+		s := createMeasured(b, name, 3, "")
 		before := s.machineNames()
 
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
@@ -62,8 +62,9 @@ func BenchmarkCreateGrowth(b *testing.B) {
 	}
 	for i := range b.N {
 		for _, replicas := range []int32{1, 3, 5} {
-			s := createMeasured(b, fmt.Sprintf("growth-%d-%d", replicas, i), replicas)
-			reportReactionLatency(b, s, fmt.Sprintf("-%d", replicas))
+			suffix := fmt.Sprintf("-%d", replicas)
+			s := createMeasured(b, fmt.Sprintf("growth-%d-%d", replicas, i), replicas, suffix)
+			reportReactionLatency(b, s, suffix)
 			s.finish()
 			s.deleteCluster()
 		}
@@ -72,19 +73,15 @@ func BenchmarkCreateGrowth(b *testing.B) {
 
 // createMeasured creates a control plane of replicas, waits until it is
 // Available and reports its creation's wall time and its ratio to the sum
-// of the machines' start-ups, as create-s-<replicas> and
-// create-ratio-<replicas> (create-s and create-ratio for 3).
-func createMeasured(b *testing.B, name string, replicas int32) *scenario {
+// of the machines' start-ups, as create-s and create-ratio, each unit
+// ending in suffix.
+func createMeasured(b *testing.B, name string, replicas int32, suffix string) *scenario {
 	b.Helper()
 	start := time.Now()
 	s := newScenario(b, shared, name, replicas)
 	s.waitAvailable(convergeTimeout, int(replicas))
 	wall := time.Since(start)
 	sum := s.startupSum(nil)
-	suffix := ""
-	if replicas != 3 {
-		suffix = fmt.Sprintf("-%d", replicas)
-	}
 	b.ReportMetric(wall.Seconds(), "create-s"+suffix)
 	b.ReportMetric(wall.Seconds()/sum.Seconds(), "create-ratio"+suffix)
 	return s
