@@ -64,13 +64,14 @@ func TestUnobservedUnknownWritesAreDropped(t *testing.T) {
 	}
 }
 
-func TestMaxGapCountsEdges(t *testing.T) {
-	gap, at := maxGap([]time.Duration{3, 4, 10}, 12)
-	if gap != 6 || at != 10 {
-		t.Errorf("maxGap = %v at %v, want 6 at 10", gap, at)
+func TestLongestGapsCountEdges(t *testing.T) {
+	got := longestGaps([]time.Duration{3, 4, 10}, 12, 3)
+	want := []WriteGap{{Length: 6, End: 10}, {Length: 3, End: 3}, {Length: 2, End: 12}}
+	if !slices.Equal(got, want) {
+		t.Errorf("longestGaps = %v, want %v", got, want)
 	}
-	if gap, _ := maxGap(nil, 7); gap != 7 {
-		t.Errorf("maxGap without acks = %v, want the whole run", gap)
+	if got := longestGaps(nil, 7, 3); len(got) != 1 || got[0].Length != 7 {
+		t.Errorf("longestGaps without acks = %v, want the whole run", got)
 	}
 }
 

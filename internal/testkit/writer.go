@@ -1,6 +1,7 @@
 package testkit
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -192,7 +193,12 @@ type WriterReport struct {
 	MaxWriteGap time.Duration
 	// MaxWriteGapEnd is when (since the writer started) that gap ended.
 	MaxWriteGapEnd time.Duration
-	Duration       time.Duration
+	// Gaps are the longest gaps, longest first (at most reportedGaps), to
+	// be matched with what the cluster went through at their ends.
+	Gaps []WriteGap
+	// Start is when the writer started, the origin of every gap's End.
+	Start    time.Time
+	Duration time.Duration
 	// Linearizable is porcupine's verdict on the whole history.
 	Linearizable porcupine.CheckResult
 	// Visualization is a porcupine HTML file written when the verdict is
@@ -220,10 +226,18 @@ func (r WriterReport) Err() error {
 }
 
 func (r WriterReport) String() string {
-	return fmt.Sprintf("%d ops (%d acknowledged writes, %d reads, %d unknown writes) in %s, %d failed write attempts, max write gap %s (ending at +%s), porcupine %s, lost writes %d",
+	gaps := make([]string, len(r.Gaps))
+	for i, g := range r.Gaps {
+		gaps[i] = fmt.Sprintf("%s ending at +%s (%s)", g.Length.Round(time.Millisecond), g.End.Round(time.Millisecond),
+			r.Start.Add(g.End).UTC().Format("15:04:05.000"))
+	}
+	return fmt.Sprintf("%d ops (%d acknowledged writes, %d reads, %d unknown writes) in %s, %d failed write attempts, longest write gaps %s, porcupine %s, lost writes %d",
 		r.Ops, r.Writes, r.Reads, r.UnknownWrites, r.Duration.Round(time.Millisecond), r.FailedAttempts,
-		r.MaxWriteGap.Round(time.Millisecond), r.MaxWriteGapEnd.Round(time.Millisecond), r.Linearizable, len(r.LostWrites))
+		strings.Join(gaps, ", "), r.Linearizable, len(r.LostWrites))
 }
+
+// reportedGaps is how many of the longest write gaps a report lists.
+const reportedGaps = 3
 
 // Stop ends the traffic, reads back every key (within ctx), and checks the
 // history.
@@ -246,7 +260,7 @@ func (w *Writer) Stop(ctx context.Context) WriterReport {
 		history[i].Return = last + 1
 	}
 	checked := withoutUnobservedUnknowns(history, w.unknown)
-	r := WriterReport{Ops: len(history), UnknownWrites: len(w.unknown), FailedAttempts: w.failed, Duration: end}
+	r := WriterReport{Ops: len(history), UnknownWrites: len(w.unknown), FailedAttempts: w.failed, Duration: end, Start: w.start}
 	for _, op := range history {
 		if op.Input.(kvInput).Put {
 			r.Writes++
@@ -255,7 +269,8 @@ func (w *Writer) Stop(ctx context.Context) WriterReport {
 		}
 	}
 	r.Writes -= r.UnknownWrites
-	r.MaxWriteGap, r.MaxWriteGapEnd = maxGap(w.acks, end)
+	r.Gaps = longestGaps(w.acks, end, reportedGaps)
+	r.MaxWriteGap, r.MaxWriteGapEnd = r.Gaps[0].Length, r.Gaps[0].End
 	r.LostWrites = w.lostWrites(finals)
 	w.mu.Unlock()
 	_ = w.client.Close()
@@ -355,17 +370,25 @@ func (w *Writer) lostWrites(finals map[string]finalRead) []string {
 	return lost
 }
 
-// maxGap returns the longest interval between consecutive acknowledgements,
-// including from the start to the first and from the last to end.
-func maxGap(acks []time.Duration, end time.Duration) (gap, at time.Duration) {
+// WriteGap is one interval without an acknowledged write.
+type WriteGap struct {
+	Length time.Duration
+	// End is when the gap ended, since the writer started.
+	End time.Duration
+}
+
+// longestGaps returns the n longest intervals between consecutive
+// acknowledgements, longest first, including from the start to the first
+// and from the last to end.
+func longestGaps(acks []time.Duration, end time.Duration, n int) []WriteGap {
 	sorted := append(slices.Clone(acks), end)
 	slices.Sort(sorted)
+	gaps := make([]WriteGap, 0, len(sorted))
 	prev := time.Duration(0)
 	for _, a := range sorted {
-		if a-prev > gap {
-			gap, at = a-prev, a
-		}
+		gaps = append(gaps, WriteGap{Length: a - prev, End: a})
 		prev = a
 	}
-	return gap, at
+	slices.SortStableFunc(gaps, func(a, b WriteGap) int { return cmp.Compare(b.Length, a.Length) })
+	return gaps[:min(n, len(gaps))]
 }
