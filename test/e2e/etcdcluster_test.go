@@ -3,6 +3,7 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"net"
@@ -23,6 +24,7 @@ import (
 	etcdv1 "github.com/qcp-dev/qcp/api/etcd/v1alpha1"
 	infrav1 "github.com/qcp-dev/qcp/api/infrastructure/v1alpha1"
 	"github.com/qcp-dev/qcp/internal/binaries"
+	"github.com/qcp-dev/qcp/internal/certs"
 	"github.com/qcp-dev/qcp/internal/etcd"
 	"github.com/qcp-dev/qcp/internal/machinehost"
 	"github.com/qcp-dev/qcp/internal/testkit"
@@ -163,6 +165,12 @@ func TestEtcdClusterCreateAndScale(t *testing.T) {
 		}
 		if sec.Type != clusterv1.ClusterSecretType || sec.Labels[clusterv1.ClusterNameLabel] != s.name || len(sec.Data[secret.TLSCrtDataName]) == 0 {
 			t.Errorf("Secret %s: type %s, labels %v, keys %d", sec.Name, sec.Type, sec.Labels, len(sec.Data))
+		}
+		if purpose != secret.EtcdCA {
+			continue
+		}
+		if ca, err := certs.ParseKeyPair(sec.Data[secret.TLSCrtDataName], sec.Data[secret.TLSKeyDataName]); err != nil || ca.Cert.PublicKeyAlgorithm != x509.ECDSA {
+			t.Errorf("etcd CA %s: %v, want an ECDSA key pair", sec.Name, err)
 		}
 	}
 	machines, err := s.machines(ctx)

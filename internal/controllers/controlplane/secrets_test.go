@@ -2,7 +2,10 @@ package controlplane
 
 import (
 	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
 	"crypto/x509"
+	"encoding/pem"
 	"testing"
 	"time"
 
@@ -74,9 +77,15 @@ func testCertificateAuthorities(t *testing.T, w secretsWorld) {
 		if !ca.Cert.IsCA || ca.Cert.KeyUsage&x509.KeyUsageCertSign == 0 {
 			t.Errorf("the %s authority is not a CA that can sign", name)
 		}
+		if k, ok := ca.Key.(*ecdsa.PrivateKey); !ok || k.Curve != elliptic.P256() {
+			t.Errorf("the %s authority's key is a %T, want ECDSA P-256 (an RSA key takes tens of ms to generate)", name, ca.Key)
+		}
 	}
 	if len(cas.ServiceAccountKey) == 0 || len(cas.ServiceAccountPub) == 0 {
 		t.Error("no service-account key pair")
+	}
+	if block, _ := pem.Decode(cas.ServiceAccountKey); block == nil || block.Type != "EC PRIVATE KEY" {
+		t.Error("the service-account key is not an ECDSA key")
 	}
 
 	again, err := EnsureCertificateAuthorities(ctx, w.c, w.cluster, w.owner)
