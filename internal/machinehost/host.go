@@ -74,9 +74,12 @@ func ReasonOf(err error) string {
 const (
 	pidFile  = "agent.pid"
 	agentLog = "agent.log"
-	// stopTimeout bounds a graceful stop; kube-apiserver drains requests
-	// before exiting, which takes a few seconds.
-	stopTimeout = 30 * time.Second
+	// stopTimeout bounds a graceful stop, after which the machine loses
+	// power (SIGKILL). A machine is deleted after QCP removed its etcd
+	// member, so its kube-apiserver has no etcd left: it would spend its
+	// graceful shutdown waiting out a 10-s timeout to delete its identity
+	// lease, and hold the next machine of a rollout back by as much.
+	stopTimeout = 2 * time.Second
 	killTimeout = 10 * time.Second
 )
 

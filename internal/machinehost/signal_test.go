@@ -1,6 +1,11 @@
 package machinehost
 
-import "testing"
+import (
+	"os/exec"
+	"syscall"
+	"testing"
+	"time"
+)
 
 // TestProcessName: FreezeProcess finds a component by the name it goes by,
 // whatever pinned binary runs it.
@@ -26,5 +31,29 @@ func TestGroupProcessesRefusesNoGroup(t *testing.T) {
 		if procs, err := GroupProcesses(pgid); err == nil {
 			t.Errorf("GroupProcesses(%d) = %d processes, want an error", pgid, len(procs))
 		}
+	}
+}
+
+// TestStopGroupCutsPowerAfterTheGrace: a process that ignores SIGTERM (a
+// kube-apiserver waiting for an etcd that is gone) is killed once the
+// grace is over, and the group is empty when stopGroup returns.
+func TestStopGroupCutsPowerAfterTheGrace(t *testing.T) {
+	cmd := exec.Command("sh", "-c", `trap "" TERM; sleep 60 & wait; sleep 60`)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true} // as a machine's agent
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { _ = cmd.Wait() }()
+	start := time.Now()
+	if err := stopGroup(cmd.Process.Pid); err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(start)
+	if alive(cmd.Process.Pid) {
+		t.Error("the group still has processes after stopGroup")
+	}
+	// Well under the 10 s kube-apiserver would wait for a gone etcd.
+	if took < stopTimeout || took > 5*time.Second {
+		t.Errorf("stopGroup took %s; want the %s grace, then SIGKILL, within 5 s", took, stopTimeout)
 	}
 }
