@@ -191,8 +191,6 @@ type WriterReport struct {
 	// MaxWriteGap is the longest time without an acknowledged write,
 	// counting from the start and up to Stop.
 	MaxWriteGap time.Duration
-	// MaxWriteGapEnd is when (since the writer started) that gap ended.
-	MaxWriteGapEnd time.Duration
 	// Gaps are the longest gaps, longest first (at most reportedGaps), to
 	// be matched with what the cluster went through at their ends.
 	Gaps []WriteGap
@@ -270,7 +268,7 @@ func (w *Writer) Stop(ctx context.Context) WriterReport {
 	}
 	r.Writes -= r.UnknownWrites
 	r.Gaps = longestGaps(w.acks, end, reportedGaps)
-	r.MaxWriteGap, r.MaxWriteGapEnd = r.Gaps[0].Length, r.Gaps[0].End
+	r.MaxWriteGap = r.Gaps[0].Length
 	r.LostWrites = w.lostWrites(finals)
 	w.mu.Unlock()
 	_ = w.client.Close()

@@ -41,11 +41,7 @@ func EnsureCertificateAuthorities(ctx context.Context, c client.Client, cluster 
 // runs etcd provides it (seed 002's contract), and QCP must never generate
 // one of its own in its place.
 func ensureAuthorities(ctx context.Context, c client.Client, cluster client.ObjectKey, owner metav1.OwnerReference, withEtcd bool) (*certs.ClusterCAs, error) {
-	// ECDSA P-256, as QCP's own certificates: generating CAPI's default
-	// RSA-2048 keys took about 65 ms each on an idle 2-core machine, and
-	// several times that under load, all in the first round of a new
-	// cluster before its first machine could be created.
-	cs := secret.NewCertificatesForInitialControlPlane(&bootstrapv1.ClusterConfiguration{EncryptionAlgorithm: bootstrapv1.EncryptionAlgorithmECDSAP256})
+	cs := secret.NewCertificatesForInitialControlPlane(&bootstrapv1.ClusterConfiguration{EncryptionAlgorithm: certs.AuthorityAlgorithm})
 	if !withEtcd {
 		cs = slices.DeleteFunc(cs, func(crt *secret.Certificate) bool { return crt.Purpose == secret.EtcdCA })
 	}

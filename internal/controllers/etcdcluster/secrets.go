@@ -7,7 +7,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	bootstrapv1 "sigs.k8s.io/cluster-api/api/bootstrap/kubeadm/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/conditions"
 	"sigs.k8s.io/cluster-api/util/secret"
@@ -34,10 +33,8 @@ func (r *Reconciler) ensureSecrets(ctx context.Context, cluster *clusterv1.Clust
 			Reason: etcdv1.EtcdCACertificatesInternalErrorReason, Message: "Please check controller logs for errors"})
 		return nil, err
 	}
-	// ECDSA P-256, as the control plane's authorities: an RSA-2048 key
-	// takes tens of ms to generate.
 	cs := secret.Certificates{&secret.Certificate{Purpose: secret.EtcdCA, CertFile: "etcd/ca.crt", KeyFile: "etcd/ca.key",
-		KeyEncryptionAlgorithm: bootstrapv1.EncryptionAlgorithmECDSAP256}}
+		KeyEncryptionAlgorithm: certs.AuthorityAlgorithm}}
 	if err := cs.LookupOrGenerate(ctx, r.Client, key, owner); err != nil {
 		return fail(fmt.Errorf("ensuring the etcd CA of cluster %s: %w", key, err))
 	}
