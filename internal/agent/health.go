@@ -39,6 +39,9 @@ type Health struct {
 type prober struct {
 	a      *machineCtx
 	client *http.Client
+	// rounds has a value after each round of checks, for the node agent
+	// to report a change without waiting for its next status refresh.
+	rounds chan struct{}
 	mu     sync.Mutex
 	probes map[bootstrap.Component]Probe
 }
@@ -55,6 +58,7 @@ func (a *machineCtx) newProber() (*prober, error) {
 	return &prober{
 		a:      a,
 		client: &http.Client{Timeout: time.Second, Transport: &http.Transport{TLSClientConfig: tlsCfg, DisableKeepAlives: true}},
+		rounds: make(chan struct{}, 1),
 		probes: map[bootstrap.Component]Probe{},
 	}, nil
 }
@@ -85,15 +89,29 @@ func (p *prober) Run(ctx context.Context) {
 			if err != nil {
 				pr.Error = err.Error()
 			}
-			p.mu.Lock()
-			p.probes[c] = pr
-			p.mu.Unlock()
+			p.set(c, pr)
 		}
+		p.roundDone()
 		select {
 		case <-ctx.Done():
 			return
 		case <-time.After(probeEvery):
 		}
+	}
+}
+
+func (p *prober) set(c bootstrap.Component, pr Probe) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.probes[c] = pr
+}
+
+// roundDone tells whoever reads rounds that the probes are fresh; a round
+// nobody has read yet stands for this one too.
+func (p *prober) roundDone() {
+	select {
+	case p.rounds <- struct{}{}:
+	default:
 	}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"runtime"
+	"strings"
 	"sync"
 	"time"
 
@@ -20,10 +21,12 @@ import (
 
 // Heartbeat periods. The lease is what the node lifecycle controller
 // watches; the Ready condition is refreshed so it reads True again after a
-// thaw without waiting for kubelet's five-minute status report period.
+// thaw without waiting for kubelet's five-minute status report period. A
+// change of a component condition is written after the probe round that
+// saw it, as kubelet writes a static pod's readiness, not at the refresh.
 const (
 	leaseRenew     = 5 * time.Second
-	statusUpdate   = 10 * time.Second
+	statusRefresh  = 10 * time.Second
 	leaseDuration  = 40
 	nodeLeaseNS    = "kube-node-lease"
 	controlPlaneLb = "node-role.kubernetes.io/control-plane"
@@ -47,13 +50,15 @@ type nodeAgent struct {
 	a       *machineCtx
 	clients []kubernetes.Interface // as the node, in order of preference
 	admin   []kubernetes.Interface // to set the control plane label
+	// refresh is how often the status is written when nothing changed.
+	refresh time.Duration
 
 	mu    sync.Mutex
 	state NodeState
 }
 
 func (a *machineCtx) newNodeAgent() (*nodeAgent, error) {
-	n := &nodeAgent{a: a}
+	n := &nodeAgent{a: a, refresh: statusRefresh}
 	var servers []string
 	if ep := a.doc.ControlPlaneEndpoint; ep != "" {
 		servers = append(servers, "https://"+ep)
@@ -117,11 +122,14 @@ func (n *nodeAgent) record(f func(*NodeState), err error) {
 	f(&n.state)
 }
 
-// Run heartbeats until ctx ends.
+// Run heartbeats until ctx ends. It wakes on the lease's tick and after
+// each round of health checks.
 func (n *nodeAgent) Run(ctx context.Context) {
 	lease := time.NewTicker(leaseRenew)
 	defer lease.Stop()
-	lastStatus := time.Time{}
+	renew := true
+	var lastStatus time.Time
+	var reported string // the component conditions last written, by componentsKey
 	for {
 		st := n.State()
 		if !st.Registered {
@@ -131,12 +139,17 @@ func (n *nodeAgent) Run(ctx context.Context) {
 			if !st.Labelled {
 				n.record(func(s *NodeState) { s.Labelled = true }, n.label(ctx))
 			}
-			n.record(func(s *NodeState) { s.LastLease = time.Now() }, n.renewLease(ctx))
-			if time.Since(lastStatus) >= statusUpdate {
-				err := n.updateStatus(ctx)
+			if renew {
+				err := n.renewLease(ctx)
+				n.record(func(s *NodeState) { s.LastLease = time.Now() }, err)
+				renew = err != nil
+			}
+			health := n.health(metav1.Now())
+			if key := componentsKey(health); key != reported || time.Since(lastStatus) >= n.refresh {
+				err := n.updateStatus(ctx, health)
 				n.record(func(s *NodeState) { s.LastStatus = time.Now() }, err)
 				if err == nil {
-					lastStatus = time.Now()
+					lastStatus, reported = time.Now(), key
 				}
 			}
 		}
@@ -144,8 +157,25 @@ func (n *nodeAgent) Run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-lease.C:
+			renew = true
+		case <-n.a.prober.rounds:
 		}
 	}
+}
+
+// health is the machine's component conditions now.
+func (n *nodeAgent) health(now metav1.Time) []corev1.NodeCondition {
+	return componentConditions(nil, n.a.doc.Components, n.a.sup.Snapshot(), n.a.prober.snapshot(), now)
+}
+
+// componentsKey is what a change of conds is reported for: a condition's
+// status or reason, not its message (a failing probe's error varies).
+func componentsKey(conds []corev1.NodeCondition) string {
+	var b strings.Builder
+	for _, c := range conds {
+		fmt.Fprintf(&b, "%s=%s/%s;", c.Type, c.Status, c.Reason)
+	}
+	return b.String()
 }
 
 func (n *nodeAgent) register(ctx context.Context) error {
@@ -225,7 +255,9 @@ func (n *nodeAgent) newLease(ctx context.Context, c kubernetes.Interface, now me
 	return l
 }
 
-func (n *nodeAgent) updateStatus(ctx context.Context) error {
+// updateStatus writes the Node's status with health, the component
+// conditions from n.health.
+func (n *nodeAgent) updateStatus(ctx context.Context, health []corev1.NodeCondition) error {
 	m := n.a.machine
 	err := each(ctx, n.clients, func(ctx context.Context, c kubernetes.Interface) error {
 		node, err := c.CoreV1().Nodes().Get(ctx, m.Name, metav1.GetOptions{})
@@ -237,8 +269,11 @@ func (n *nodeAgent) updateStatus(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		now := metav1.Now()
-		node.Status.Conditions = componentConditions(kubeletConditions(node.Status.Conditions, now), n.a.doc.Components, n.a.sup.Snapshot(), n.a.prober.snapshot(), now)
+		conds := kubeletConditions(node.Status.Conditions, metav1.Now())
+		for _, c := range health {
+			conds = setNodeCondition(conds, c)
+		}
+		node.Status.Conditions = conds
 		node.Status.Addresses = []corev1.NodeAddress{{Type: corev1.NodeInternalIP, Address: m.Address}, {Type: corev1.NodeHostName, Address: m.Name}}
 		node.Status.NodeInfo.KubeletVersion = n.a.doc.Versions.Kubernetes
 		node.Status.NodeInfo.OperatingSystem = runtime.GOOS
