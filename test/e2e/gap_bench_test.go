@@ -61,7 +61,7 @@ func BenchmarkRolloutWriteGap(b *testing.B) {
 			case !transfer && len(mr.LeadersRemoved)+len(mr.LeadersGoneInGaps) == 0:
 				b.Errorf("without leader transfer no leader was seen removed: the rollout measured nothing")
 			}
-			b.ReportMetric(float64(wr.MaxWriteGap.Milliseconds()), "max-gap-ms-"+mode)
+			b.ReportMetric(float64(wr.MaxWriteGap)/float64(time.Millisecond), "max-gap-ms-"+mode)
 			b.ReportMetric(float64(wr.FailedAttempts), "failed-writes-"+mode)
 			b.ReportMetric(float64(len(mr.LeadersRemoved)), "leaders-removed-"+mode)
 			b.ReportMetric(float64(len(mr.LeadersGoneInGaps)), "leaders-gone-in-gaps-"+mode)
