@@ -1,6 +1,7 @@
 package machinehost
 
 import (
+	"bufio"
 	"os/exec"
 	"syscall"
 	"testing"
@@ -38,10 +39,20 @@ func TestGroupProcessesRefusesNoGroup(t *testing.T) {
 // kube-apiserver waiting for an etcd that is gone) is killed once the
 // grace is over, and the group is empty when stopGroup returns.
 func TestStopGroupCutsPowerAfterTheGrace(t *testing.T) {
-	cmd := exec.Command("sh", "-c", `trap "" TERM; sleep 60 & wait; sleep 60`)
+	// The shell says "ready" once it ignores SIGTERM (its sleep inherits
+	// that); a signal sent before would kill it at once.
+	cmd := exec.Command("sh", "-c", `trap "" TERM; echo ready; sleep 60 & wait; sleep 60`)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true} // as a machine's agent
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil || line != "ready\n" {
+		t.Fatalf("the shell said %q (%v), want ready", line, err)
 	}
 	go func() { _ = cmd.Wait() }()
 	start := time.Now()
