@@ -62,7 +62,7 @@ func kubeletConditions(existing []corev1.NodeCondition, now metav1.Time) []corev
 // type if there is one, keeping that one's last transition time while the
 // status holds.
 func setNodeCondition(conds []corev1.NodeCondition, cond corev1.NodeCondition) []corev1.NodeCondition {
-	i := slices.IndexFunc(conds, func(c corev1.NodeCondition) bool { return c.Type == cond.Type })
+	i := conditionIndex(conds, cond.Type)
 	if i < 0 {
 		return append(conds, cond)
 	}
@@ -71,6 +71,18 @@ func setNodeCondition(conds []corev1.NodeCondition, cond corev1.NodeCondition) [
 	}
 	conds[i] = cond
 	return conds
+}
+
+// NodeCondition returns node's condition of type t, or nil if it has none.
+func NodeCondition(node *corev1.Node, t corev1.NodeConditionType) *corev1.NodeCondition {
+	if i := conditionIndex(node.Status.Conditions, t); i >= 0 {
+		return &node.Status.Conditions[i]
+	}
+	return nil
+}
+
+func conditionIndex(conds []corev1.NodeCondition, t corev1.NodeConditionType) int {
+	return slices.IndexFunc(conds, func(c corev1.NodeCondition) bool { return c.Type == t })
 }
 
 // componentConditions returns the Node's conditions with one condition per

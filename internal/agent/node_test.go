@@ -51,8 +51,12 @@ func TestNodeReportsAComponentChangeAtOnce(t *testing.T) {
 				return err
 			}
 			for typ, status := range want {
-				if got := conditionStatus(node, typ); got != status {
-					return fmt.Errorf("%s is %q, want %q", typ, got, status)
+				c := agent.NodeCondition(node, typ)
+				if c == nil {
+					return fmt.Errorf("%s is missing, want %q", typ, status)
+				}
+				if c.Status != status {
+					return fmt.Errorf("%s is %q, want %q", typ, c.Status, status)
 				}
 			}
 			return nil
@@ -75,24 +79,11 @@ func TestNodeReportsAComponentChangeAtOnce(t *testing.T) {
 	last := wantConditions(map[corev1.NodeConditionType]corev1.ConditionStatus{
 		"EtcdHealthy": corev1.ConditionTrue, "APIServerHealthy": corev1.ConditionTrue, "SchedulerHealthy": corev1.ConditionFalse,
 	})
-	if c := condition(last, "SchedulerHealthy"); c.Reason != agent.ReasonNotRunning {
+	if c := agent.NodeCondition(last, "SchedulerHealthy"); c.Reason != agent.ReasonNotRunning {
 		t.Errorf("SchedulerHealthy reason %q, want %q", c.Reason, agent.ReasonNotRunning)
 	}
 	// A condition whose status held keeps its transition time.
-	if a, b := condition(first, "EtcdHealthy").LastTransitionTime, condition(last, "EtcdHealthy").LastTransitionTime; !a.Equal(&b) {
+	if a, b := agent.NodeCondition(first, "EtcdHealthy").LastTransitionTime, agent.NodeCondition(last, "EtcdHealthy").LastTransitionTime; !a.Equal(&b) {
 		t.Errorf("EtcdHealthy last transition moved from %s to %s with no change", a, b)
 	}
-}
-
-func condition(node *corev1.Node, typ corev1.NodeConditionType) corev1.NodeCondition {
-	for _, c := range node.Status.Conditions {
-		if c.Type == typ {
-			return c
-		}
-	}
-	return corev1.NodeCondition{}
-}
-
-func conditionStatus(node *corev1.Node, typ corev1.NodeConditionType) corev1.ConditionStatus {
-	return condition(node, typ).Status
 }

@@ -2,7 +2,6 @@ package controlplane
 
 import (
 	"fmt"
-	"slices"
 	"strings"
 	"time"
 
@@ -161,7 +160,7 @@ func setComponentsHealthy(cp *controlplanev1.QuorumControlPlane, obs *observatio
 			continue
 		}
 		for _, c := range components {
-			cond := nodeCondition(node, agent.ComponentConditionTypes[c])
+			cond := agent.NodeCondition(node, agent.ComponentConditionTypes[c])
 			switch {
 			case cond == nil:
 				problems = append(problems, fmt.Sprintf("* Machine %s: %s not reported yet", m.Name, c))
@@ -177,14 +176,6 @@ func setComponentsHealthy(cp *controlplanev1.QuorumControlPlane, obs *observatio
 	}
 	conditions.Set(cp, metav1.Condition{Type: controlplanev1.ControlPlaneComponentsHealthyCondition, Status: metav1.ConditionTrue,
 		Reason: controlplanev1.ControlPlaneComponentsHealthyReason})
-}
-
-func nodeCondition(node *corev1.Node, t corev1.NodeConditionType) *corev1.NodeCondition {
-	i := slices.IndexFunc(node.Status.Conditions, func(c corev1.NodeCondition) bool { return c.Type == t })
-	if i < 0 {
-		return nil
-	}
-	return &node.Status.Conditions[i]
 }
 
 // setAggregate sets target from the machines' source conditions, with CAPI's
