@@ -14,14 +14,31 @@ type Process struct {
 	Name bootstrap.Component
 	Path string
 	Args []string
+	// Nice is the component's scheduling niceness (0 to 19).
+	Nice int
 }
+
+// componentNice is the niceness of every component but etcd. etcd's raft
+// heartbeats and commits must get the CPU the moment they need it: one
+// starved for 100 ms stalls every write, and one starved for an election
+// timeout loses its leader. An API server, a controller manager and a
+// scheduler are throughput work that can wait a few milliseconds. A machine
+// whose API server starts (several CPU-seconds of work) would otherwise
+// take the cores from its own etcd and, on a shared host, from every other
+// member. Raising the others' niceness needs no privilege; lowering etcd's
+// would.
+const componentNice = 10
 
 // process is c's command line: the agent's own arguments, then the
 // document's extraArgs for c. They go last so that a user's flag wins where
 // the binary takes the last value; the flags the agent cannot give up are
 // rejected when the document is parsed.
 func (a *machineCtx) process(c bootstrap.Component, path string, own []string) Process {
-	return Process{Name: c, Path: path, Args: append(own, a.doc.ExtraFlags(c)...)}
+	p := Process{Name: c, Path: path, Args: append(own, a.doc.ExtraFlags(c)...)}
+	if c != bootstrap.Etcd {
+		p.Nice = componentNice
+	}
+	return p
 }
 
 func (a *machineCtx) url(scheme string, port int) string {

@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"sync"
 	"syscall"
 	"time"
@@ -101,6 +102,19 @@ func (s *supervisor) Start(ctx context.Context, p Process) {
 func (s *supervisor) Wait() { s.wg.Wait() }
 
 func (s *supervisor) loop(ctx context.Context, p Process) {
+	if p.Nice != 0 {
+		// A child inherits the niceness of the thread that starts it, and
+		// Linux keeps niceness per thread. This goroutine keeps a thread of
+		// its own, niced, for as long as it supervises p; the thread ends
+		// with the goroutine, after p has stopped (Pdeathsig is tied to
+		// it). The Go runtime starts its new threads from a template
+		// thread, never from a locked one, so no other goroutine runs
+		// niced.
+		runtime.LockOSThread()
+		if err := syscall.Setpriority(syscall.PRIO_PROCESS, 0, p.Nice); err != nil {
+			s.log.Warn("cannot lower the component's CPU priority; it runs at the agent's", "component", p.Name, "nice", p.Nice, "err", err)
+		}
+	}
 	backoff := minBackoff
 	for ctx.Err() == nil {
 		started := time.Now()

@@ -1,6 +1,7 @@
 package machinehost
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -59,6 +60,46 @@ func TestProcessMachines(t *testing.T) {
 		}
 		return nil
 	})
+	// etcd keeps the CPU first: every thread of the other components runs
+	// at niceness 10, every thread of etcd at the agent's own (0, unless
+	// the tests themselves run niced).
+	agentSt, err := h.Status("ns1", "m1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	agentThreads, err := threadNiceness(agentSt.PID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := agentThreads[strconv.Itoa(agentSt.PID)]
+	want := map[bootstrap.Component]int{bootstrap.Etcd: base, bootstrap.KubeAPIServer: max(base, 10), bootstrap.KubeControllerManager: max(base, 10), bootstrap.KubeScheduler: max(base, 10)}
+	hl := c.waitHealthy(m1, time.Minute)
+	for comp, nice := range want {
+		st, ok := hl.Components[comp]
+		if !ok || st.PID == 0 {
+			t.Fatalf("%s not running: %+v", comp, hl.Components)
+		}
+		got, err := threadNiceness(st.PID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for tid, n := range got {
+			if n != nice {
+				t.Errorf("%s (pid %d) thread %s runs at niceness %d, want %d", comp, st.PID, tid, n, nice)
+			}
+		}
+	}
+	// The agent keeps one niced thread for each niced component's
+	// supervisor, and no other.
+	niced := 0
+	for _, n := range agentThreads {
+		if n != base {
+			niced++
+		}
+	}
+	if niced > 3 {
+		t.Errorf("%d of the agent's %d threads run niced (%v), want at most the 3 supervisors' own", niced, len(agentThreads), agentThreads)
+	}
 	if rss, err := h.RSS("ns1", "m1"); err == nil {
 		t.Logf("machine m1 resident memory: %d MB", rss>>20)
 	}
@@ -259,4 +300,31 @@ func TestProcessMachines(t *testing.T) {
 		}
 		c.started = nil
 	})
+}
+
+// threadNiceness reads the niceness of each of pid's threads, by thread ID,
+// from /proc/<pid>/task/<tid>/stat (field 19).
+func threadNiceness(pid int) (map[string]int, error) {
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]int{}
+	for _, task := range tasks {
+		data, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/stat", pid, task.Name()))
+		if err != nil {
+			continue // the thread ended
+		}
+		// The command name may hold spaces; the fields after it do not.
+		fields := strings.Fields(string(data[bytes.LastIndexByte(data, ')')+1:]))
+		if len(fields) < 17 {
+			return nil, fmt.Errorf("/proc/%d/task/%s/stat: %d fields after the name", pid, task.Name(), len(fields))
+		}
+		n, err := strconv.Atoi(fields[16])
+		if err != nil {
+			return nil, err
+		}
+		out[task.Name()] = n
+	}
+	return out, nil
 }
