@@ -11,6 +11,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
+	"github.com/qcp-dev/qcp/internal/bootstrap"
 	"github.com/qcp-dev/qcp/internal/certs"
 )
 
@@ -19,6 +20,12 @@ import (
 // it. etcd has no membership watch; a step the controller takes within
 // 100 ms should not cost the machine's start-up a 2-s poll.
 const memberPoll = 250 * time.Millisecond
+
+// publishGrace is how long a joining member may take to start serving its
+// clients before the agent restarts it, once. A member serves within a
+// second of its start unless its request to publish itself was lost, after
+// which etcd itself retries only when its 7-s request timeout runs out.
+const publishGrace = 2 * time.Second
 
 // etcdTLS is the agent's own etcd client identity, issued from the etcd CA.
 func (a *machineCtx) etcdTLS() (*tls.Config, error) {
@@ -145,6 +152,43 @@ func (a *machineCtx) waitVoter(ctx context.Context) error {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-time.After(memberPoll):
+		}
+	}
+}
+
+// watchPublish restarts a joining etcd, once, if it does not serve its
+// clients publishGrace after it started. etcd v3.5 serves only once its
+// request to publish itself (its name and client URLs, through raft) has
+// completed. A new member that the leader sends a snapshot as it starts (a
+// member whose log the cluster has compacted away always gets one) drops
+// and re-adds its peer connections to apply it, and often never learns that
+// its request went through: the cluster lists its name at once, yet it
+// waits out etcd's 7-s request timeout before it asks again and serves
+// (etcd-io/etcd#16436, #18534). Until then the control plane will not
+// promote it; half the joins here took 7 s longer than the others. Started
+// again, the member already holds the snapshot, and serves within a second.
+func (a *machineCtx) watchPublish(ctx context.Context) {
+	cli, err := a.etcdClient([]string{a.url("https", EtcdClientPort)})
+	if err != nil {
+		a.log.Warn("cannot watch etcd start serving", "err", err)
+		return
+	}
+	defer cli.Close()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(memberPoll):
+		}
+		cctx, cancel := context.WithTimeout(ctx, memberPoll)
+		_, err := cli.Status(cctx, a.url("https", EtcdClientPort))
+		cancel()
+		if err == nil {
+			return
+		}
+		if st := a.sup.Snapshot()[bootstrap.Etcd]; st.Running && time.Since(st.StartedAt) > publishGrace {
+			a.sup.Restart(bootstrap.Etcd, fmt.Sprintf("etcd does not serve its clients %v after it started; unless restarted, it would retry publishing itself only after its 7-s request timeout", publishGrace))
+			return
 		}
 	}
 }

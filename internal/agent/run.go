@@ -159,6 +159,9 @@ func (a *machineCtx) startComponents(ctx context.Context) error {
 			state = "existing"
 		}
 		a.sup.Start(ctx, a.etcdProcess(initial, state))
+		if state == "existing" {
+			go a.watchPublish(ctx)
+		}
 	}
 	if a.doc.Runs(bootstrap.KubeAPIServer) {
 		if a.doc.Runs(bootstrap.Etcd) && a.doc.Etcd.Local.Mode == bootstrap.EtcdModeExisting {

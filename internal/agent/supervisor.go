@@ -36,7 +36,10 @@ type supervisor struct {
 
 	mu     sync.Mutex
 	states map[bootstrap.Component]*ComponentState
-	wg     sync.WaitGroup
+	// restarts carries a reason to a running component's supervisor to
+	// stop it and start it again at once.
+	restarts map[bootstrap.Component]chan string
+	wg       sync.WaitGroup
 }
 
 const (
@@ -58,7 +61,8 @@ func newSupervisor(logDir string, log *slog.Logger, stableRun time.Duration) *su
 	if stableRun <= 0 {
 		stableRun = defaultStableRun
 	}
-	return &supervisor{logDir: logDir, log: log, stableRun: stableRun, states: map[bootstrap.Component]*ComponentState{}}
+	return &supervisor{logDir: logDir, log: log, stableRun: stableRun,
+		states: map[bootstrap.Component]*ComponentState{}, restarts: map[bootstrap.Component]chan string{}}
 }
 
 // setWaiting records what a component waits for before it can start.
@@ -90,6 +94,9 @@ func (s *supervisor) Snapshot() map[bootstrap.Component]ComponentState {
 
 // Start supervises p until ctx ends, then stops it.
 func (s *supervisor) Start(ctx context.Context, p Process) {
+	s.mu.Lock()
+	s.restarts[p.Name] = make(chan string, 1)
+	s.mu.Unlock()
 	s.update(p.Name, func(st *ComponentState) { st.Waiting = "" })
 	s.wg.Add(1)
 	go func() {
@@ -97,6 +104,28 @@ func (s *supervisor) Start(ctx context.Context, p Process) {
 		s.loop(ctx, p)
 	}()
 }
+
+// Restart stops component c and starts it again at once, without backoff.
+// It returns false if c is not supervised or a restart is already pending.
+func (s *supervisor) Restart(c bootstrap.Component, why string) bool {
+	s.mu.Lock()
+	ch := s.restarts[c]
+	s.mu.Unlock()
+	if ch == nil {
+		return false
+	}
+	select {
+	case ch <- why:
+		return true
+	default:
+		return false
+	}
+}
+
+// restarted is runOnce's error when Restart stopped the process.
+type restarted struct{ why string }
+
+func (r restarted) Error() string { return "restarted by qcp-agent: " + r.why }
 
 // Wait returns once every supervised process has stopped.
 func (s *supervisor) Wait() { s.wg.Wait() }
@@ -125,11 +154,14 @@ func (s *supervisor) loop(ctx context.Context, p Process) {
 		if time.Since(started) > s.stableRun {
 			backoff = minBackoff
 		}
-		s.log.Warn("component exited; restarting", "component", p.Name, "err", err, "backoff", backoff)
 		s.update(p.Name, func(st *ComponentState) {
 			st.Running, st.PID, st.LastError = false, 0, fmt.Sprint(err)
 			st.Restarts++
 		})
+		if errors.As(err, new(restarted)) {
+			continue
+		}
+		s.log.Warn("component exited; restarting", "component", p.Name, "err", err, "backoff", backoff)
 		select {
 		case <-ctx.Done():
 			return
@@ -161,13 +193,7 @@ func (s *supervisor) runOnce(ctx context.Context, p Process) error {
 	})
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
-	select {
-	case err := <-done:
-		if err == nil {
-			err = errors.New("exited with status 0")
-		}
-		return err
-	case <-ctx.Done():
+	stop := func() {
 		_ = cmd.Process.Signal(syscall.SIGTERM)
 		select {
 		case <-done:
@@ -175,6 +201,22 @@ func (s *supervisor) runOnce(ctx context.Context, p Process) error {
 			_ = cmd.Process.Kill()
 			<-done
 		}
+	}
+	s.mu.Lock()
+	restart := s.restarts[p.Name]
+	s.mu.Unlock()
+	select {
+	case err := <-done:
+		if err == nil {
+			err = errors.New("exited with status 0")
+		}
+		return err
+	case why := <-restart:
+		s.log.Warn("restarting component", "component", p.Name, "why", why)
+		stop()
+		return restarted{why}
+	case <-ctx.Done():
+		stop()
 		s.update(p.Name, func(st *ComponentState) { st.Running, st.PID = false, 0 })
 		s.log.Info("component stopped", "component", p.Name)
 		return ctx.Err()

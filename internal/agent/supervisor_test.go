@@ -157,3 +157,50 @@ func TestRestartBackoff(t *testing.T) {
 		t.Errorf("etcd restarted %v after it died following a %v healthy run, want between %v and %v: the backoff resets", delay, stable, minBackoff, 2*minBackoff)
 	}
 }
+
+// TestRestartSkipsTheBackoff restarts a running process through the
+// supervisor: it is stopped and started again at once, not after the crash
+// backoff, and the restart is counted with its reason.
+func TestRestartSkipsTheBackoff(t *testing.T) {
+	s := newSupervisor(t.TempDir(), slog.New(slog.NewTextHandler(t.Output(), nil)), 0)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer func() {
+		cancel()
+		s.Wait()
+	}()
+	if s.Restart(bootstrap.Etcd, "not supervised yet") {
+		t.Error("Restart of a component that is not supervised reported true")
+	}
+	s.Start(ctx, Process{Name: bootstrap.Etcd, Path: "/bin/sleep", Args: []string{"600"}})
+	running := func(what string, cond func(ComponentState) bool) ComponentState {
+		t.Helper()
+		var st ComponentState
+		wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
+		defer wcancel()
+		if err := testkit.Eventually(wctx, 10*time.Millisecond, what, func(context.Context) error {
+			st = s.Snapshot()[bootstrap.Etcd]
+			if !st.Running || !cond(st) {
+				return fmt.Errorf("state %+v", st)
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	first := running("the process to run", func(ComponentState) bool { return true })
+	asked := time.Now()
+	if !s.Restart(bootstrap.Etcd, "testing") {
+		t.Fatal("Restart of a running component reported false")
+	}
+	second := running("a new process after the restart", func(st ComponentState) bool { return st.PID != first.PID })
+	if took := second.StartedAt.Sub(asked); took >= minBackoff {
+		t.Errorf("the restarted process started %v after the request, want less than the %v backoff", took, minBackoff)
+	}
+	if second.Restarts != 1 || second.LastError != "restarted by qcp-agent: testing" {
+		t.Errorf("after the restart: restarts %d, last error %q; want 1 and the reason", second.Restarts, second.LastError)
+	}
+	if err := syscall.Kill(first.PID, 0); err == nil {
+		t.Errorf("the first process (pid %d) still runs", first.PID)
+	}
+}
