@@ -66,6 +66,8 @@ type Writer struct {
 	lastAck  map[string]ackedWrite
 	afterAck map[string][]string
 	stopped  bool
+	// stalls are the writer's own scheduling delays, as WriteGaps.
+	stalls []WriteGap
 }
 
 type ackedWrite struct {
@@ -89,7 +91,29 @@ func StartWriter(cfg etcd.Config, opts WriterOptions) (*Writer, error) {
 		w.wg.Add(1)
 		go w.work(ctx, i)
 	}
+	w.wg.Add(1)
+	go w.watchStalls(ctx)
 	return w, nil
+}
+
+// stallTick is how often watchStalls asks to wake up.
+const stallTick = 5 * time.Millisecond
+
+// watchStalls records how late the writer's own process wakes up. A write
+// gap as long as a stall that ended with it was, at least in part, the
+// client waiting for a CPU, not the cluster: on a shared host the client
+// competes with every machine.
+func (w *Writer) watchStalls(ctx context.Context) {
+	defer w.wg.Done()
+	for ctx.Err() == nil {
+		asked := time.Now()
+		time.Sleep(stallTick)
+		if late := time.Since(asked) - stallTick; late > stallTick {
+			w.mu.Lock()
+			w.stalls = append(w.stalls, WriteGap{Length: late, End: time.Since(w.start)})
+			w.mu.Unlock()
+		}
+	}
 }
 
 func (w *Writer) now() int64 { return time.Since(w.start).Nanoseconds() }
@@ -194,6 +218,10 @@ type WriterReport struct {
 	// Gaps are the longest gaps, longest first (at most reportedGaps), to
 	// be matched with what the cluster went through at their ends.
 	Gaps []WriteGap
+	// Stalls are the longest times the writer's own process waited for a
+	// CPU (at most reportedGaps, longest first): a gap that ends with one
+	// was the client's as much as the cluster's.
+	Stalls []WriteGap
 	// Start is when the writer started, the origin of every gap's End.
 	Start    time.Time
 	Duration time.Duration
@@ -224,14 +252,21 @@ func (r WriterReport) Err() error {
 }
 
 func (r WriterReport) String() string {
-	gaps := make([]string, len(r.Gaps))
-	for i, g := range r.Gaps {
-		gaps[i] = fmt.Sprintf("%s ending at +%s (%s)", g.Length.Round(time.Millisecond), g.End.Round(time.Millisecond),
+	return fmt.Sprintf("%d ops (%d acknowledged writes, %d reads, %d unknown writes) in %s, %d failed write attempts, longest write gaps %s, longest client stalls %s, porcupine %s, lost writes %d",
+		r.Ops, r.Writes, r.Reads, r.UnknownWrites, r.Duration.Round(time.Millisecond), r.FailedAttempts,
+		r.intervals(r.Gaps), r.intervals(r.Stalls), r.Linearizable, len(r.LostWrites))
+}
+
+func (r WriterReport) intervals(list []WriteGap) string {
+	if len(list) == 0 {
+		return "none"
+	}
+	out := make([]string, len(list))
+	for i, g := range list {
+		out[i] = fmt.Sprintf("%s ending at +%s (%s)", g.Length.Round(time.Millisecond), g.End.Round(time.Millisecond),
 			r.Start.Add(g.End).UTC().Format("15:04:05.000"))
 	}
-	return fmt.Sprintf("%d ops (%d acknowledged writes, %d reads, %d unknown writes) in %s, %d failed write attempts, longest write gaps %s, porcupine %s, lost writes %d",
-		r.Ops, r.Writes, r.Reads, r.UnknownWrites, r.Duration.Round(time.Millisecond), r.FailedAttempts,
-		strings.Join(gaps, ", "), r.Linearizable, len(r.LostWrites))
+	return strings.Join(out, ", ")
 }
 
 // reportedGaps is how many of the longest write gaps a report lists.
@@ -268,6 +303,7 @@ func (w *Writer) Stop(ctx context.Context) WriterReport {
 	}
 	r.Writes -= r.UnknownWrites
 	r.Gaps = longestGaps(w.acks, end, reportedGaps)
+	r.Stalls = longest(w.stalls, reportedGaps)
 	r.MaxWriteGap = r.Gaps[0].Length
 	r.LostWrites = w.lostWrites(finals)
 	w.mu.Unlock()
@@ -387,6 +423,12 @@ func longestGaps(acks []time.Duration, end time.Duration, n int) []WriteGap {
 		gaps = append(gaps, WriteGap{Length: a - prev, End: a})
 		prev = a
 	}
-	slices.SortStableFunc(gaps, func(a, b WriteGap) int { return cmp.Compare(b.Length, a.Length) })
-	return gaps[:min(n, len(gaps))]
+	return longest(gaps, n)
+}
+
+// longest returns the n longest of list, longest first.
+func longest(list []WriteGap, n int) []WriteGap {
+	list = slices.Clone(list)
+	slices.SortStableFunc(list, func(a, b WriteGap) int { return cmp.Compare(b.Length, a.Length) })
+	return list[:min(n, len(list))]
 }
