@@ -18,7 +18,14 @@ import (
 	"github.com/qcp-dev/qcp/internal/certs"
 )
 
-const probeEvery = 2 * time.Second
+// The components are probed every probeEvery, and every startupProbeEvery
+// until the machine is first healthy: a start-up is a few seconds, and
+// every step of a create, scale or rollout waits for the machine to be seen
+// healthy, where a 2-s round added a second to each on average.
+const (
+	probeEvery        = 2 * time.Second
+	startupProbeEvery = 250 * time.Millisecond
+)
 
 // Probe is the result of one health check.
 type Probe struct {
@@ -34,6 +41,10 @@ type Health struct {
 	Components map[bootstrap.Component]ComponentState `json:"components"`
 	Probes     map[bootstrap.Component]Probe          `json:"probes"`
 	Node       *NodeState                             `json:"node,omitempty"`
+	// FirstHealthy is when the machine was first seen healthy: the end of
+	// its start-up, to the millisecond (the Node's condition times keep
+	// whole seconds).
+	FirstHealthy time.Time `json:"firstHealthy,omitzero"`
 }
 
 type prober struct {
@@ -42,8 +53,9 @@ type prober struct {
 	// rounds has a value after each round of checks, for the node agent
 	// to report a change without waiting for its next status refresh.
 	rounds chan struct{}
-	mu     sync.Mutex
-	probes map[bootstrap.Component]Probe
+	mu           sync.Mutex
+	probes       map[bootstrap.Component]Probe
+	firstHealthy time.Time
 }
 
 func (a *machineCtx) newProber() (*prober, error) {
@@ -91,13 +103,29 @@ func (p *prober) Run(ctx context.Context) {
 			}
 			p.set(c, pr)
 		}
+		every := p.noteHealth()
 		p.roundDone()
 		select {
 		case <-ctx.Done():
 			return
-		case <-time.After(probeEvery):
+		case <-time.After(every):
 		}
 	}
+}
+
+// noteHealth records when the machine is first healthy, after a round of
+// probes, and returns how long to wait for the next round.
+func (p *prober) noteHealth() time.Duration {
+	healthy := p.a.health().Healthy
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.firstHealthy.IsZero() && healthy {
+		p.firstHealthy = time.Now()
+	}
+	if p.firstHealthy.IsZero() {
+		return startupProbeEvery
+	}
+	return probeEvery
 }
 
 func (p *prober) set(c bootstrap.Component, pr Probe) {
@@ -153,6 +181,9 @@ func (a *machineCtx) health() Health {
 		st := a.node.State()
 		h.Node = &st
 	}
+	a.prober.mu.Lock()
+	h.FirstHealthy = a.prober.firstHealthy
+	a.prober.mu.Unlock()
 	return h
 }
 

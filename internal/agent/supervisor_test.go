@@ -204,3 +204,33 @@ func TestRestartSkipsTheBackoff(t *testing.T) {
 		t.Errorf("the first process (pid %d) still runs", first.PID)
 	}
 }
+
+// TestProbesFastUntilFirstHealthy: the prober checks every 250 ms until
+// the machine is first healthy, records that moment, and then checks every
+// 2 s, keeping the first moment through later changes.
+func TestProbesFastUntilFirstHealthy(t *testing.T) {
+	a := &machineCtx{
+		machine: Machine{Name: "m1", Address: "127.0.0.1"},
+		doc:     &bootstrap.Document{Components: []bootstrap.Component{bootstrap.Etcd}},
+		sup:     newSupervisor("", slog.Default(), 0),
+	}
+	a.prober = &prober{a: a, rounds: make(chan struct{}, 1), probes: map[bootstrap.Component]Probe{}}
+	a.sup.update(bootstrap.Etcd, func(st *ComponentState) { st.Running = true })
+	a.prober.set(bootstrap.Etcd, Probe{OK: false, Time: time.Now()})
+	if every := a.prober.noteHealth(); every != startupProbeEvery || !a.health().FirstHealthy.IsZero() {
+		t.Fatalf("starting: next round in %v, first healthy %v; want %v and none", every, a.health().FirstHealthy, startupProbeEvery)
+	}
+	before := time.Now()
+	a.prober.set(bootstrap.Etcd, Probe{OK: true, Time: time.Now()})
+	every := a.prober.noteHealth()
+	first := a.health().FirstHealthy
+	if every != probeEvery || first.Before(before) || first.After(time.Now()) {
+		t.Fatalf("healthy: next round in %v, first healthy %v (round ended after %v); want %v and that round's time", every, first, before, probeEvery)
+	}
+	a.prober.set(bootstrap.Etcd, Probe{OK: false, Time: time.Now()})
+	a.prober.noteHealth()
+	a.prober.set(bootstrap.Etcd, Probe{OK: true, Time: time.Now()})
+	if every := a.prober.noteHealth(); every != probeEvery || !a.health().FirstHealthy.Equal(first) {
+		t.Errorf("healthy again: next round in %v, first healthy %v; want %v and still %v", every, a.health().FirstHealthy, probeEvery, first)
+	}
+}

@@ -74,6 +74,9 @@ func TestProcessMachines(t *testing.T) {
 	base := agentThreads[strconv.Itoa(agentSt.PID)]
 	want := map[bootstrap.Component]int{bootstrap.Etcd: base, bootstrap.KubeAPIServer: max(base, 10), bootstrap.KubeControllerManager: max(base, 10), bootstrap.KubeScheduler: max(base, 10)}
 	hl := c.waitHealthy(m1, time.Minute)
+	if hl.FirstHealthy.IsZero() || hl.FirstHealthy.After(time.Now()) {
+		t.Errorf("the healthy machine reports first being healthy at %v", hl.FirstHealthy)
+	}
 	for comp, nice := range want {
 		st, ok := hl.Components[comp]
 		if !ok || st.PID == 0 {
