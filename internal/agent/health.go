@@ -52,7 +52,7 @@ type prober struct {
 	client *http.Client
 	// rounds has a value after each round of checks, for the node agent
 	// to report a change without waiting for its next status refresh.
-	rounds chan struct{}
+	rounds       chan struct{}
 	mu           sync.Mutex
 	probes       map[bootstrap.Component]Probe
 	firstHealthy time.Time
@@ -185,6 +185,26 @@ func (a *machineCtx) health() Health {
 	h.FirstHealthy = a.prober.firstHealthy
 	a.prober.mu.Unlock()
 	return h
+}
+
+// ReadHealth reads the health endpoint of the machine at address. An
+// unhealthy machine answers 503 with the same document, so only a failed
+// request or an unreadable answer is an error.
+func ReadHealth(ctx context.Context, address string) (Health, error) {
+	var h Health
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+net.JoinHostPort(address, strconv.Itoa(HealthPort))+"/healthz", nil)
+	if err != nil {
+		return h, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return h, err
+	}
+	defer resp.Body.Close()
+	if err := json.NewDecoder(resp.Body).Decode(&h); err != nil {
+		return h, fmt.Errorf("health of %s (%s): %w", address, resp.Status, err)
+	}
+	return h, nil
 }
 
 // serveHealth serves the health endpoint until ctx ends. Its errors are

@@ -2,11 +2,8 @@ package agent
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"log/slog"
-	"net/http"
-	"strconv"
 	"syscall"
 	"testing"
 	"time"
@@ -66,7 +63,7 @@ func waitEtcd(ctx context.Context, t *testing.T, addr, what string, cond func(Co
 	t.Helper()
 	var st ComponentState
 	err := testkit.Eventually(ctx, 50*time.Millisecond, what, func(ctx context.Context) error {
-		h, err := getHealth(ctx, addr)
+		h, err := ReadHealth(ctx, addr)
 		if err != nil {
 			return err
 		}
@@ -77,21 +74,6 @@ func waitEtcd(ctx context.Context, t *testing.T, addr, what string, cond func(Co
 		t.Fatal(err)
 	}
 	return st
-}
-
-func getHealth(ctx context.Context, addr string) (Health, error) {
-	var h Health
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+":"+strconv.Itoa(HealthPort)+"/healthz", nil)
-	if err != nil {
-		return h, err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return h, err
-	}
-	defer resp.Body.Close()
-	// An unhealthy machine answers 503 with the same document.
-	return h, json.NewDecoder(resp.Body).Decode(&h)
 }
 
 // crash kills the running etcd and waits for the agent to start it again.

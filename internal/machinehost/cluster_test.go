@@ -2,9 +2,7 @@ package machinehost
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
-	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -95,15 +93,22 @@ func (c *testCluster) spec(name, fd string) MachineSpec {
 // start starts a machine and adds its API server to the load balancer.
 func (c *testCluster) start(spec MachineSpec, etcd bootstrap.LocalEtcd, backends []string) {
 	c.t.Helper()
-	data, err := bootstrap.Marshal(bootstrap.NewStacked(c.cl, c.cas, c.lbAddr, etcd))
+	c.startDoc(spec, bootstrap.NewStacked(c.cl, c.cas, c.lbAddr, etcd))
+	if err := c.h.SetBackends(c.ns, c.cl, backends); err != nil {
+		c.t.Fatal(err)
+	}
+}
+
+// startDoc starts machine spec from bootstrap document doc; the cleanup
+// stops it.
+func (c *testCluster) startDoc(spec MachineSpec, doc *bootstrap.Document) {
+	c.t.Helper()
+	data, err := bootstrap.Marshal(doc)
 	if err != nil {
 		c.t.Fatal(err)
 	}
 	c.started = append(c.started, spec.Name)
 	if err := c.h.Start(spec, data); err != nil {
-		c.t.Fatal(err)
-	}
-	if err := c.h.SetBackends(c.ns, c.cl, backends); err != nil {
 		c.t.Fatal(err)
 	}
 }
@@ -270,16 +275,11 @@ func (c *testCluster) member(cli *etcd.Client, spec MachineSpec) (etcd.Member, b
 	return etcd.Member{}, false, nil
 }
 
-// health reads the machine's health endpoint; an unhealthy machine
-// answers 503 with the same document.
+// health reads the machine's health endpoint.
 func health(spec MachineSpec) (agent.Health, error) {
-	var h agent.Health
-	resp, err := http.Get("http://" + spec.Address + ":10248/healthz")
-	if err != nil {
-		return h, err
-	}
-	defer resp.Body.Close()
-	return h, json.NewDecoder(resp.Body).Decode(&h)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	return agent.ReadHealth(ctx, spec.Address)
 }
 
 // waitHealthy waits until the machine's health endpoint reports every

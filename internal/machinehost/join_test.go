@@ -8,8 +8,6 @@ import (
 	"time"
 
 	"github.com/qcp-dev/qcp/internal/bootstrap"
-	"github.com/qcp-dev/qcp/internal/certs"
-	"github.com/qcp-dev/qcp/internal/etcd"
 	"github.com/qcp-dev/qcp/internal/testkit"
 )
 
@@ -27,34 +25,17 @@ func TestJoinAfterCompactionServesAtOnce(t *testing.T) {
 	testkit.RequireBinaries(t, "etcd")
 	h := newHost(t)
 	c := newTestCluster(t, h, "ns5", "c5")
-	url := func(s MachineSpec) string { return "https://" + s.Address + ":2379" }
 	start := func(spec MachineSpec, local bootstrap.LocalEtcd) {
 		doc := bootstrap.NewEtcdOnly("c5-etcd", c.cas.Etcd, local)
 		// A raft snapshot every 100 entries: etcd then keeps 5,000 entries
 		// for followers that lag, and sends older ones as a snapshot.
 		doc.ExtraArgs = map[bootstrap.Component][]bootstrap.Arg{bootstrap.Etcd: {{Name: "snapshot-count", Value: "100"}}}
-		data, err := bootstrap.Marshal(doc)
-		if err != nil {
-			t.Fatal(err)
-		}
-		c.started = append(c.started, spec.Name)
-		if err := h.Start(spec, data); err != nil {
-			t.Fatal(err)
-		}
+		c.startDoc(spec, doc)
 	}
 	e1 := c.spec("e1", "fd-a")
 	start(e1, bootstrap.NewMember())
 	c.waitHealthy(e1, 2*time.Minute)
-
-	mgr, err := certs.IssueEtcdClient(c.cas.Etcd, "qcp-manager", time.Now())
-	if err != nil {
-		t.Fatal(err)
-	}
-	cli, err := etcd.New(etcd.Config{Endpoints: []string{url(e1)}, CAPEM: c.cas.Etcd.CertPEM, CertPEM: mgr.CertPEM, KeyPEM: mgr.KeyPEM})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
+	cli := c.etcdClient(clientURL(e1))
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 
@@ -82,21 +63,15 @@ func TestJoinAfterCompactionServesAtOnce(t *testing.T) {
 
 	for i, fd := range []string{"fd-b", "fd-c", "fd-a"} {
 		spec := c.spec(fmt.Sprintf("e%d", i+2), fd)
-		var learner etcd.Member
-		// etcd refuses to add a member until the leader has heard from
-		// every member for 5 s, the last one promoted included.
-		c.eventually("adding learner "+spec.Name, time.Minute, func() (err error) {
-			learner, _, err = cli.AddLearner(ctx, "https://"+spec.Address+":2380")
-			return err
-		})
+		learner := c.addLearner(cli, spec)
 		started := time.Now()
-		start(spec, bootstrap.JoinMember(url(e1)))
+		start(spec, bootstrap.JoinMember(clientURL(e1)))
 		c.eventually(spec.Name+" serving its clients", time.Minute, func() error {
 			// A member that has not published accepts connections and
 			// answers nothing: each attempt is bounded.
 			actx, acancel := context.WithTimeout(ctx, time.Second)
 			defer acancel()
-			_, err := cli.Status(actx, url(spec))
+			_, err := cli.Status(actx, clientURL(spec))
 			return err
 		})
 		took := time.Since(started)
@@ -105,6 +80,6 @@ func TestJoinAfterCompactionServesAtOnce(t *testing.T) {
 		if took >= 7*time.Second {
 			t.Errorf("%s served %v after its machine started, want less than etcd's 7-s request timeout, after which etcd retries a lost publish itself", spec.Name, took.Round(time.Millisecond))
 		}
-		c.eventually(spec.Name+" promoted", time.Minute, func() error { return cli.Promote(ctx, learner.ID) })
+		c.promote(cli, spec, learner)
 	}
 }

@@ -4,8 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"net"
-	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -141,7 +139,7 @@ func (s *scenario) startupSum(skip map[string]bool) time.Duration {
 		if len(pm.Status.Addresses) == 0 {
 			s.t.Fatalf("machine %s has no address", m.Name)
 		}
-		h, err := machineHealth(ctx, pm.Status.Addresses[0].Address)
+		h, err := agent.ReadHealth(ctx, pm.Status.Addresses[0].Address)
 		if err != nil {
 			s.t.Fatal(err)
 		}
@@ -152,22 +150,6 @@ func (s *scenario) startupSum(skip map[string]bool) time.Duration {
 		sum += h.FirstHealthy.Sub(started)
 	}
 	return sum
-}
-
-// machineHealth reads a machine's health endpoint; an unhealthy machine
-// answers 503 with the same document.
-func machineHealth(ctx context.Context, address string) (agent.Health, error) {
-	var h agent.Health
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+net.JoinHostPort(address, strconv.Itoa(agent.HealthPort))+"/healthz", nil)
-	if err != nil {
-		return h, err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return h, err
-	}
-	defer resp.Body.Close()
-	return h, json.NewDecoder(resp.Body).Decode(&h)
 }
 
 // processStart is when process pid started, from /proc.
