@@ -92,7 +92,7 @@ func (x Executor) addLearner(ctx context.Context, d quorum.Decision, machine *cl
 		// Certainly not added ("unhealthy cluster" for a few seconds after
 		// every membership change): the join has not started after all.
 		// Keeping the record would make the planner replace a good machine.
-		if rerr := x.annotate(ctx, machine, func(a map[string]string) { delete(a, JoinStartedAnnotation) }); rerr != nil {
+		if rerr := x.forgetJoin(ctx, machine); rerr != nil {
 			return fmt.Errorf("adding machine %s to etcd: %w (and taking its join record back: %v)", machine.Name, err, rerr)
 		}
 		return fmt.Errorf("adding machine %s to etcd: %w", machine.Name, err)
@@ -104,6 +104,20 @@ func (x Executor) addLearner(ctx context.Context, d quorum.Decision, machine *cl
 		a[MemberIDAnnotation] = FormatMemberID(added.ID)
 		a[LearnerAddedAnnotation] = FormatTime(x.Now())
 	})
+}
+
+// forgetJoin takes machine's join record back. Its patch carries no
+// resourceVersion: CAPI core may well have written the machine's status
+// since the record was added, and the record is QCP's own, which no one
+// else writes. Failing on that conflict left the record behind, and the
+// planner then replaced a good machine whose member it took for removed.
+func (x Executor) forgetJoin(ctx context.Context, machine *clusterv1.Machine) error {
+	before := machine.DeepCopy()
+	delete(machine.Annotations, JoinStartedAnnotation)
+	if err := x.Client.Patch(ctx, machine, client.MergeFrom(before)); err != nil {
+		return fmt.Errorf("annotating machine %s: %w", machine.Name, err)
+	}
+	return nil
 }
 
 // annotate changes machine's annotations with a patch that fails if the

@@ -11,6 +11,7 @@ import (
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
 	"github.com/qcp-dev/qcp/internal/etcd"
 	"github.com/qcp-dev/qcp/internal/localenv"
@@ -21,6 +22,7 @@ import (
 // actWorld is a real management cluster with CAPI core, Machines paused so
 // that CAPI leaves them alone, and a real 3-member etcd cluster with TLS.
 type actWorld struct {
+	env *localenv.Env
 	t   *testing.T
 	c   client.Client
 	cl  *testkit.EtcdCluster
@@ -34,7 +36,7 @@ func newActWorld(t *testing.T) *actWorld {
 	defer cancel()
 	env := localenv.StartForTest(t, localenv.Options{})
 	cl, ps, cli := testkit.StartEtcdCluster(ctx, t, "act", 3)
-	return &actWorld{t: t, c: env.Client, cl: cl, ps: ps, cli: cli, x: Executor{Client: env.Client, Etcd: cli, Now: time.Now}}
+	return &actWorld{env: env, t: t, c: env.Client, cl: cl, ps: ps, cli: cli, x: Executor{Client: env.Client, Etcd: cli, Now: time.Now}}
 }
 
 func (w *actWorld) machine(ctx context.Context, name string) *clusterv1.Machine {
@@ -149,6 +151,35 @@ func TestExecutorAgainstRealParts(t *testing.T) {
 	}
 	if r := ReadRecords(w.get(ctx, "act-m4")); r.JoinStarted {
 		t.Fatal("a refused join left act-m4 marked as started; the planner would replace a good machine")
+	}
+	// The same when someone else (CAPI core, writing status) changed the
+	// machine between the record and its taking back.
+	m5 := w.machine(ctx, "act-m5")
+	patches := 0
+	racy := w.x
+	watching, err := client.NewWithWatch(w.env.Config, client.Options{Scheme: w.env.Scheme})
+	if err != nil {
+		t.Fatal(err)
+	}
+	racy.Client = interceptor.NewClient(watching, interceptor.Funcs{
+		Patch: func(ctx context.Context, c client.WithWatch, obj client.Object, patch client.Patch, opts ...client.PatchOption) error {
+			if patches++; patches == 2 {
+				other := w.get(ctx, obj.GetName())
+				before := other.DeepCopy()
+				other.Labels = map[string]string{"written-by": "someone-else"}
+				if err := c.Patch(ctx, other, client.MergeFrom(before)); err != nil {
+					return err
+				}
+			}
+			return c.Patch(ctx, obj, patch, opts...)
+		},
+	})
+	err = racy.Execute(ctx, quorum.Decision{Kind: quorum.AddLearner, Machine: "act-m5", PeerURL: second.PeerURL()}, m5)
+	if !etcd.IsRefused(err) || patches != 2 {
+		t.Fatalf("a second learner, with a concurrent write: %v after %d patches, want a refusal after 2", err, patches)
+	}
+	if r := ReadRecords(w.get(ctx, "act-m5")); r.JoinStarted {
+		t.Fatalf("a refused join left act-m5 marked as started after a concurrent write (%v); the planner would replace a good machine", err)
 	}
 
 	if err := newcomer.Start(testkit.InitialCluster(append(w.ps, newcomer)...), "existing"); err != nil {
