@@ -30,14 +30,7 @@ func TestExternalEtcdMachine(t *testing.T) {
 	etcdSpec := c.spec("e1", "fd-a")
 	cpSpec := c.spec("cp1", "fd-b")
 
-	etcdData, err := bootstrap.Marshal(bootstrap.NewEtcdOnly("c2-etcd", c.cas.Etcd, bootstrap.NewMember()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.started = append(c.started, etcdSpec.Name)
-	if err := h.Start(etcdSpec, etcdData); err != nil {
-		t.Fatal(err)
-	}
+	c.startDoc(etcdSpec, bootstrap.NewEtcdOnly("c2-etcd", c.cas.Etcd, bootstrap.NewMember()))
 	health := c.waitHealthy(etcdSpec, time.Minute)
 	if len(health.Components) != 1 || health.Node != nil {
 		t.Errorf("etcd-only machine health: %+v", health)
@@ -53,14 +46,7 @@ func TestExternalEtcdMachine(t *testing.T) {
 		ClientCert: string(client.CertPEM),
 		ClientKey:  string(client.KeyPEM),
 	})
-	data, err := bootstrap.Marshal(doc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.started = append(c.started, cpSpec.Name)
-	if err := h.Start(cpSpec, data); err != nil {
-		t.Fatal(err)
-	}
+	c.startDoc(cpSpec, doc)
 	if err := h.SetBackends("ns2", "c2", []string{cpSpec.Address + ":6443"}); err != nil {
 		t.Fatal(err)
 	}
@@ -92,14 +78,7 @@ func TestEtcdEndpointFollowsMembership(t *testing.T) {
 	e1, e2, cp := c.spec("e1", "fd-a"), c.spec("e2", "fd-b"), c.spec("cp1", "fd-c")
 	url := func(s MachineSpec) string { return "https://" + s.Address + ":2379" }
 	startEtcd := func(spec MachineSpec, local bootstrap.LocalEtcd) {
-		data, err := bootstrap.Marshal(bootstrap.NewEtcdOnly("c3-etcd", c.cas.Etcd, local))
-		if err != nil {
-			t.Fatal(err)
-		}
-		c.started = append(c.started, spec.Name)
-		if err := h.Start(spec, data); err != nil {
-			t.Fatal(err)
-		}
+		c.startDoc(spec, bootstrap.NewEtcdOnly("c3-etcd", c.cas.Etcd, local))
 		c.waitHealthy(spec, 2*time.Minute)
 	}
 	startEtcd(e1, bootstrap.NewMember())
@@ -108,17 +87,10 @@ func TestEtcdEndpointFollowsMembership(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	data, err := bootstrap.Marshal(bootstrap.NewExternal("c3", c.cas, c.lbAddr, bootstrap.ExternalEtcd{
+	c.startDoc(cp, bootstrap.NewExternal("c3", c.cas, c.lbAddr, bootstrap.ExternalEtcd{
 		Endpoints: []string{url(e1)}, FollowMembership: true,
 		CACert: string(c.cas.Etcd.CertPEM), ClientCert: string(client.CertPEM), ClientKey: string(client.KeyPEM),
 	}))
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.started = append(c.started, cp.Name)
-	if err := h.Start(cp, data); err != nil {
-		t.Fatal(err)
-	}
 	if err := h.SetBackends("ns3", "c3", []string{cp.Address + ":6443"}); err != nil {
 		t.Fatal(err)
 	}

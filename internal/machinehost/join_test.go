@@ -3,9 +3,10 @@ package machinehost
 import (
 	"context"
 	"fmt"
-	"sync"
 	"testing"
 	"time"
+
+	"golang.org/x/sync/errgroup"
 
 	"github.com/qcp-dev/qcp/internal/bootstrap"
 	"github.com/qcp-dev/qcp/internal/testkit"
@@ -41,23 +42,18 @@ func TestJoinAfterCompactionServesAtOnce(t *testing.T) {
 
 	// 5,300 entries: past the 5,000 kept after the snapshot at 5,200.
 	const writes, workers = 5300, 16
-	var wg sync.WaitGroup
-	errs := make(chan error, workers)
+	g, gctx := errgroup.WithContext(ctx)
 	for w := range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		g.Go(func() error {
 			for i := w; i < writes; i += workers {
-				if _, err := cli.Raw().Put(ctx, fmt.Sprintf("/fill/%05d", i), "x"); err != nil {
-					errs <- err
-					return
+				if _, err := cli.Raw().Put(gctx, fmt.Sprintf("/fill/%05d", i), "x"); err != nil {
+					return err
 				}
 			}
-		}()
+			return nil
+		})
 	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
+	if err := g.Wait(); err != nil {
 		t.Fatal(err)
 	}
 

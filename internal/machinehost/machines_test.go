@@ -1,7 +1,6 @@
 package machinehost
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os"
@@ -314,12 +313,10 @@ func threadNiceness(pid int) (map[string]int, error) {
 	}
 	out := map[string]int{}
 	for _, task := range tasks {
-		data, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/stat", pid, task.Name()))
+		fields, err := testkit.ProcStat(fmt.Sprintf("/proc/%d/task/%s/stat", pid, task.Name()))
 		if err != nil {
 			continue // the thread ended
 		}
-		// The command name may hold spaces; the fields after it do not.
-		fields := strings.Fields(string(data[bytes.LastIndexByte(data, ')')+1:]))
 		if len(fields) < 17 {
 			return nil, fmt.Errorf("/proc/%d/task/%s/stat: %d fields after the name", pid, task.Name(), len(fields))
 		}
