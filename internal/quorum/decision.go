@@ -35,6 +35,10 @@ const (
 	// DeleteMachine: delete Decision.Machine (its hook, if any, holds the
 	// drain until the member is removed).
 	DeleteMachine Kind = "DeleteMachine"
+	// DisarmAlarm: disarm alarm Decision.Alarm raised by member
+	// Decision.MemberID (etcd's AlarmDisarm), a member that is no longer
+	// listed.
+	DisarmAlarm Kind = "DisarmAlarm"
 	// Wait: nothing to do until the world changes; Reason names what for.
 	Wait Kind = "Wait"
 	// Degraded: the planner refuses to act and a human is needed; Reason
@@ -57,6 +61,8 @@ type Decision struct {
 	MemberID uint64
 	// PeerURL is the peer URL AddLearner registers.
 	PeerURL string
+	// Alarm is the alarm DisarmAlarm disarms (NOSPACE).
+	Alarm string
 	// Reason is a sentence for humans: why this step, or what is waited for.
 	Reason string
 	// Expect is what the world must still look like when the caller acts.
@@ -229,6 +235,8 @@ func (d Decision) String() string {
 		target = fmt.Sprintf("(%s %s)", d.Machine, d.PeerURL)
 	case Promote, MoveLeader, RemoveMember:
 		target = fmt.Sprintf("(%x on %s)", d.MemberID, orNone(d.Machine))
+	case DisarmAlarm:
+		target = fmt.Sprintf("(%s of %x)", d.Alarm, d.MemberID)
 	case AddHook, RemoveHook, DeleteMachine:
 		target = fmt.Sprintf("(%s)", d.Machine)
 	}

@@ -195,6 +195,16 @@ type State struct {
 	// checks, and remediating them would only replace the whole control
 	// plane.
 	ExternalEtcdProblem string
+	// DepartedAlarms are active alarms raised by members that are no longer
+	// listed. etcd keeps an alarm after the member that raised it is
+	// removed, and only an explicit disarm clears it: a NOSPACE left behind
+	// still refuses every write, and a CORRUPT still means some data may be
+	// wrong. The caller reads them from the cluster-wide alarm list.
+	DepartedAlarms []Alarm
+	// QuotaBackendBytes is etcd's backend quota (--quota-backend-bytes) as
+	// the caller configured it; 0 when unknown. A departed member's NOSPACE
+	// is disarmed only once every member's DBSize is known to be below it.
+	QuotaBackendBytes int64
 	// Now is the caller's clock; the planner never reads the system clock.
 	Now time.Time
 	// Tunables are the configurable thresholds; zero values get defaults.
@@ -214,6 +224,20 @@ type Tunables struct {
 	// CatchUpMaxLag is how far, in applied raft index, a learner may trail
 	// the leader and still be promoted. Default 1000.
 	CatchUpMaxLag uint64
+	// LearnerStallTimeout is how long a started learner that answers but
+	// trails the leader by more than CatchUpMaxLag may go without getting
+	// closer (Member.CatchUpProgressAt) before it is removed and its machine
+	// replaced: it holds etcd's only learner slot, and every rollout,
+	// scale-up and replacement waits behind it. Default 5 minutes.
+	LearnerStallTimeout time.Duration
+}
+
+// Alarm is one active etcd alarm and the member that raised it.
+type Alarm struct {
+	// MemberID is the member that raised the alarm.
+	MemberID uint64
+	// Type is the alarm, as etcd names it: NOSPACE or CORRUPT.
+	Type string
 }
 
 // Machine is one machine that hosts (or will host) an etcd member.
@@ -322,6 +346,15 @@ type Member struct {
 	Alarms []string
 	// Leader is true for the member that is currently the raft leader.
 	Leader bool
+	// CatchUpProgressAt is, for a learner, when the caller last saw it get
+	// closer to the leader: its lag (the leader's applied index minus its
+	// own) reached a new low. A learner catching up steadily keeps moving
+	// it; one whose disk cannot keep up, or whose snapshots keep failing,
+	// does not. Zero means unknown and counts as Now.
+	CatchUpProgressAt time.Time
+	// DBSize is the member's backend database size in bytes, from Status;
+	// 0 when unknown.
+	DBSize int64
 }
 
 // Started reports whether the member's process has joined (etcd fills in the

@@ -12,6 +12,7 @@ const (
 	DefaultLearnerStartTimeout = 5 * time.Minute
 	DefaultUnhealthyTimeout    = 5 * time.Minute
 	DefaultCatchUpMaxLag       = 1000
+	DefaultLearnerStallTimeout = 5 * time.Minute
 )
 
 // view is a sorted, indexed copy of a State, so that rules can ask questions
@@ -66,6 +67,9 @@ func (t Tunables) withDefaults() Tunables {
 	}
 	if t.CatchUpMaxLag == 0 {
 		t.CatchUpMaxLag = DefaultCatchUpMaxLag
+	}
+	if t.LearnerStallTimeout <= 0 {
+		t.LearnerStallTimeout = DefaultLearnerStallTimeout
 	}
 	return t
 }
