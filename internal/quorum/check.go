@@ -5,7 +5,7 @@ import (
 	"fmt"
 )
 
-// Check reports every invariant (I1–I7) that taking decision d in state
+// Check reports every invariant (I1–I8) that taking decision d in state
 // before, ending in state after, breaks; nil if none. "after" is the state
 // right after the step; faults and progress of the world may also show in
 // it, so Check only blames d for what d can cause.
@@ -95,6 +95,10 @@ func checkQuorum(b view, d Decision, _ view) error {
 	// about to drop out: removing it first lowers nothing.
 	if !keepsTolerance(b.atRiskVoters(), m.ID) {
 		return fmt.Errorf("I1 quorum: removing healthy voter %s while another voter is down leaves etcd unable to survive one more failure", b.memberName(m))
+	}
+	if !floorAfterRemoval(b.atRiskVoters(), b.Desired, m.ID) {
+		return fmt.Errorf("I8 floor: removing healthy voter %s leaves %d voters, fewer than desired %d − 1: the cluster was already a voter short",
+			b.memberName(m), len(b.voters())-1, b.Desired)
 	}
 	return nil
 }

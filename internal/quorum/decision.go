@@ -95,6 +95,12 @@ type Expectation struct {
 	// other one has started leaving since (I4), and a member is removed only
 	// while no voter's machine has lost its hook since (it is about to drain).
 	Deleting, Hooked []string
+	// Machines are the names of every machine the plan saw, sorted. A
+	// machine that appeared since (a create that committed after its client
+	// timed out, or a second manager's during a leader-election hand-over)
+	// would otherwise let a second creation through (I4), or desired + 2
+	// machines during a surge.
+	Machines []string
 	// Members are the IDs of every member the plan saw, sorted. Every step
 	// is taken only if a fresh member list has exactly these IDs: a member
 	// that only looked gone must not lose its hook or its machine, and a
@@ -144,6 +150,9 @@ func (d Decision) Verify(fresh State) error {
 				idList(ids), idList(learners), idList(e.Members), idList(e.Learners))
 		}
 	}
+	if all := allMachineNames(v.machines); e.Machines != nil && !slices.Equal(all, e.Machines) {
+		return fmt.Errorf("the machines changed since the plan: %v, planned with %v", all, e.Machines)
+	}
 	if l, ok := v.member(e.Leader); e.Leader != 0 && (!ok || !l.Leader) {
 		return fmt.Errorf("member %s no longer leads; the plan relied on it", idString(e.Leader))
 	}
@@ -168,6 +177,16 @@ func machineNames(machines []Machine) (deleting, hooked []string) {
 	slices.Sort(deleting)
 	slices.Sort(hooked)
 	return deleting, hooked
+}
+
+// allMachineNames returns the names of machines, sorted and non-nil.
+func allMachineNames(machines []Machine) []string {
+	out := make([]string, 0, len(machines))
+	for _, mc := range machines {
+		out = append(out, mc.Name)
+	}
+	slices.Sort(out)
+	return out
 }
 
 // healthyIDs returns the IDs of the healthy, started members, sorted.

@@ -68,6 +68,20 @@ func initialWorlds(n int) map[string]world {
 			w.members = append(w.members, wMember{id: w.nextMember, host: w.nextMachine, learner: true, since: w.epoch})
 		}),
 	}
+	if n == 1 {
+		// Issue 28, hole 4: the first machine bootstrapped etcd, and is
+		// being deleted, before QCP ever read the member list (nothing
+		// recorded). More replicas only add the scale-up after it.
+		ws["unknown membership with a first machine deleting"] = world{desired: n, domains: threeDomains, epoch: 1, nextMachine: 1, nextMember: 1,
+			machines: []wMachine{{id: 1, fd: "fd-a", addr: true, upToDate: true, hook: true, deleting: true}},
+			members:  []wMember{{id: 1, host: 1, started: true, healthy: true, caughtUp: true, leader: true}}}
+	}
+	if n != 3 {
+		// Controller hole 2: alarms whose members QCP already removed
+		// (3 replicas reach them through removals of alarmed members).
+		ws["a removed member's NOSPACE"] = healthy.with(func(w *world) { w.departed = []Alarm{{MemberID: 99, Type: "NOSPACE"}} })
+		ws["a removed member's CORRUPT"] = healthy.with(func(w *world) { w.departed = []Alarm{{MemberID: 99, Type: "CORRUPT"}} })
+	}
 	if n == 3 {
 		// Issue 7 item 3: a scale-down victim must wait while another
 		// voter is down, or one more failure loses quorum.
@@ -87,7 +101,6 @@ func initialWorlds(n int) map[string]world {
 			w.machines[0].deleting, w.machines[1].deleting = true, true
 		})
 		ws["two members down"] = healthy.with(crash(n-1, n))
-		ws["scale down to "+fmt.Sprint(n-2)] = healthy.with(func(w *world) { w.desired = n - 2 })
 	}
 	if n <= 3 {
 		ws["scale up to "+fmt.Sprint(n+2)] = healthy.with(func(w *world) { w.desired = n + 2 })
@@ -133,7 +146,7 @@ func exploreAll(plan func(State) Decision, n, maxErrs int, first ...string) *exp
 
 // TestExhaustive explores, for 1, 3 and 5 replicas, every state reachable
 // from the initial worlds under the planner within the fault budget,
-// and checks every transition (I1–I7 and the world invariant) and
+// and checks every transition (I1–I8 and the world invariant) and
 // convergence once faults stop.
 func TestExhaustive(t *testing.T) {
 	for _, n := range []int{1, 3, 5} {
@@ -176,12 +189,30 @@ func TestExhaustiveCatchesBrokenPlanners(t *testing.T) {
 		{"with protectVoters run last", options{protectVotersLast: true}, []string{"I5", "world"}, "hook removed by hand"},
 		{"removing a healthy voter while another is down", options{removeHealthyWithOtherDown: true}, []string{"I1 quorum: removing healthy voter"},
 			"scale down from 5 with a member down"},
+		// Issue 28's planner holes, one mutant each.
+		{"letting a voter leave a maxSurge 0 rollout already a voter short", options{noVoterFloor: true}, []string{"I8"}, "outdated machines, maxSurge 0"},
+		{"whose preconditions ignore machines created since the plan", options{verifyIgnoresMachines: true}, []string{"I4", "at most"}, "scale up to 5"},
+		{"releasing a first machine's hook while the member list is unreadable", options{releaseHookUnknown: true}, []string{"I5"},
+			"unknown membership with a first machine deleting"},
+		{"waiting forever for a stalled learner", options{keepStalledLearners: true}, []string{"does not converge"}, "outdated machines"},
 	}
+	t.Run("deleting a marked API server first while it serves again", func(t *testing.T) {
+		t.Parallel()
+		states, _, err := exploreAPIServers(func(s State) Decision { return planWith(s, options{deleteServingMarked: true}) })
+		if !strings.Contains(err, "deleted serving machine") {
+			t.Fatalf("the APIServersOnly exploration did not catch it (%d states): %q", states, err)
+		}
+		t.Logf("caught: %s", err)
+	})
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			t.Parallel()
 			broken := func(s State) Decision { return planWith(s, tt.opts) }
-			e := exploreAll(broken, 3, 1, tt.world)
+			replicas := 3
+			if _, ok := initialWorlds(3)[tt.world]; !ok {
+				replicas = 1 // a world only one replica explores
+			}
+			e := exploreAll(broken, replicas, 1, tt.world)
 			if len(e.errs) == 0 {
 				t.Fatalf("the exploration did not catch a planner %s (%d states)", tt.name, e.states)
 			}

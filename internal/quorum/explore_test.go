@@ -2,6 +2,7 @@ package quorum
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 )
 
@@ -101,6 +102,16 @@ func (e *explorer) explore(start world, name string) {
 				}
 			}
 		}
+		for _, f := range staleFaults() {
+			for _, w := range f.apply(n.w) {
+				if !stale {
+					continue
+				}
+				if after, ok := e.act(n, w, d, "FAULT "+f.name+" between plan and act, then "); ok {
+					queue = append(queue, e.successor(n, after, 1, 1, "FAULT "+f.name+" between plan and act, then "+d.String()))
+				}
+			}
+		}
 		if n.stale >= e.maxStale {
 			continue
 		}
@@ -125,7 +136,7 @@ func (e *explorer) successor(n node, w world, fault, stale int, step string) nod
 }
 
 // act carries out d in w, as a caller that enforces d's preconditions
-// would, and checks the transition: the invariants I1–I7 (Check, against
+// would, and checks the transition: the invariants I1–I8 (Check, against
 // the world as it really was), the member bound, and the world invariant.
 // A step whose preconditions fail is dropped; the caller plans again.
 func (e *explorer) act(n node, w world, d Decision, how string) (world, bool) {
@@ -317,6 +328,9 @@ func recoverAll(w world) world {
 			m.alarm = "" // its machine is gone: disarm what is left
 		}
 	}
+	// A departed member's CORRUPT waits for a person, who checks the data
+	// and disarms it; QCP disarms a departed NOSPACE itself.
+	w.departed = slices.DeleteFunc(w.departed, func(a Alarm) bool { return a.Type == "CORRUPT" })
 	w.elect()
 	return w
 }

@@ -39,6 +39,14 @@ func faults() []fault {
 			m.leader = true
 			return true
 		})},
+		{"learner stalls: it starts and answers but never catches up", eachMachine(func(mc *wMachine, w *world) bool {
+			m := w.memberOn(mc.id)
+			if mc.stalled || mc.deleting || m == nil || !m.learner || !m.started || m.caughtUp {
+				return false // only a started learner still catching up can stall
+			}
+			mc.stalled = true
+			return true
+		})},
 		{"learner never starts", eachMachine(func(mc *wMachine, w *world) bool {
 			if mc.broken || mc.deleting || (w.memberOn(mc.id) != nil && w.memberOn(mc.id).started) {
 				return false
@@ -144,6 +152,19 @@ func faults() []fault {
 				return nil
 			}
 			return []world{c}
+		}},
+	}
+}
+
+// staleFaults strike only between plan and act: as faults of their own
+// they reach nothing the others do not.
+func staleFaults() []fault {
+	return []fault{
+		{"a machine appears (a create that committed after its client timed out, or a second manager's)", func(w world) []world {
+			w = w.clone()
+			w.nextMachine++
+			w.machines = append(w.machines, wMachine{id: w.nextMachine, fd: "fd-a", born: w.epoch, upToDate: true})
+			return []world{w}
 		}},
 	}
 }

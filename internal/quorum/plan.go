@@ -1,6 +1,7 @@
 package quorum
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 	"strconv"
@@ -44,6 +45,21 @@ type options struct {
 	// removeHealthyWithOtherDown lets a healthy departing voter go while
 	// another voter is down, lowering fault tolerance.
 	removeHealthyWithOtherDown bool
+	// noVoterFloor lets a healthy departing voter go under RemoveFirst
+	// while the cluster is already a voter short (issue 28, hole 1).
+	noVoterFloor bool
+	// verifyIgnoresMachines leaves the set of machines out of every
+	// Expectation, so a machine created since the plan goes unseen (hole 2).
+	verifyIgnoresMachines bool
+	// deleteServingMarked deletes a marked machine first in the
+	// APIServersOnly topology even while it serves (hole 3).
+	deleteServingMarked bool
+	// releaseHookUnknown releases a deleting first machine's hook while the
+	// member list cannot be read (hole 4).
+	releaseHookUnknown bool
+	// keepStalledLearners never gives up on a learner that answers but
+	// does not catch up (hole 5).
+	keepStalledLearners bool
 }
 
 // planner holds one observation; its methods are the rules.
@@ -107,6 +123,9 @@ func (p planner) expect(d Decision) Decision {
 	}
 	d.Expect.Desired, d.Expect.FailureDomains = p.Desired, sortedDomains(p.FailureDomains)
 	d.Expect.Deleting, d.Expect.Hooked = machineNames(p.machines)
+	if !p.opts.verifyIgnoresMachines {
+		d.Expect.Machines = allMachineNames(p.machines)
+	}
 	if len(p.members) > 0 {
 		d.Expect.Members, d.Expect.Learners = memberIDs(p.members)
 		d.Expect.Healthy = healthyIDs(p.members)
@@ -150,6 +169,12 @@ func (p planner) bootstrap() (Decision, bool) {
 	}
 	for _, mc := range p.machines {
 		switch {
+		case mc.Deleting && mc.HasHook && mc.PeerURL != "" && !p.opts.releaseHookUnknown:
+			// No member seen is not no member: a machine with an address
+			// may run the only one, bootstrapped but not yet observed, and
+			// its hook goes only once its member is known to be gone (I5).
+			return waitf("waiting to read a member list from etcd before releasing the drain of deleting machine %s: it may host the only member; if it never ran etcd, removing its hook annotations by hand lets it go",
+				mc.Name), true
 		case mc.Deleting && mc.HasHook:
 			return Decision{Kind: RemoveHook, Machine: mc.Name,
 				Reason: "machine " + mc.Name + " is being deleted and hosts no etcd member"}, true
@@ -241,8 +266,12 @@ func (p planner) refuseWithoutQuorum() (Decision, bool) {
 // and replacing it is the standard fix for a CORRUPT member.
 func (p planner) refuseWithAlarms() (Decision, bool) {
 	alarmed := filter(p.members, func(m Member) bool { return len(m.Alarms) > 0 })
-	if len(alarmed) == 0 {
+	departed := p.departedAlarms()
+	if len(alarmed) == 0 && len(departed) == 0 {
 		return Decision{}, false
+	}
+	if d, ok := p.disarmDepartedNoSpace(departed); ok {
+		return d, true
 	}
 	if d, ok := p.removeStrayLearners(); ok {
 		return d, true
@@ -264,11 +293,70 @@ func (p planner) refuseWithAlarms() (Decision, bool) {
 		if d, blocked := p.membershipBusy(); blocked {
 			return d, true
 		}
-		return p.removeVoter(m, fmt.Sprintf("member %s is leaving while member %s has alarms %v; removing it first%s",
-			p.memberName(m), p.memberName(alarmed[0]), alarmed[0].Alarms, why(len(m.Alarms) > 0, ", then replacing its machine", "")))
+		if !p.keepsFloor(m) {
+			continue
+		}
+		return p.removeVoter(m, fmt.Sprintf("member %s is leaving while %s; removing it first%s",
+			p.memberName(m), p.alarmSummary(alarmed, departed), why(len(m.Alarms) > 0, ", then replacing its machine", "")))
+	}
+	if len(alarmed) == 0 {
+		return degradedf("%s; QCP changes no membership until it is cleared: %s", p.alarmSummary(alarmed, departed), departedAdvice(departed[0])), true
 	}
 	return degradedf("member %s has alarms %v; resolve them (defragment and disarm, or restore) before QCP changes membership",
 		p.memberName(alarmed[0]), alarmed[0].Alarms), true
+}
+
+// departedAlarms are the alarms of members no longer listed (etcd keeps an
+// alarm until it is disarmed), CORRUPT first.
+func (p planner) departedAlarms() []Alarm {
+	out := filter(p.DepartedAlarms, func(a Alarm) bool { _, listed := p.member(a.MemberID); return !listed })
+	slices.SortStableFunc(out, func(a, b Alarm) int {
+		return cmp.Or(-cmp.Compare(boolInt(a.Type == "CORRUPT"), boolInt(b.Type == "CORRUPT")), cmp.Compare(a.MemberID, b.MemberID))
+	})
+	return out
+}
+
+// disarmDepartedNoSpace disarms a NOSPACE alarm whose member is gone, once
+// every member's database is known to be below the quota: the space it
+// complained of left with it, and the alarm alone keeps refusing every
+// write. Reclaiming space on members still listed is etcd maintenance's
+// job, not this rule's.
+func (p planner) disarmDepartedNoSpace(departed []Alarm) (Decision, bool) {
+	for _, a := range departed {
+		if a.Type != "NOSPACE" || p.QuotaBackendBytes <= 0 || len(p.members) == 0 {
+			continue
+		}
+		below := filter(p.members, func(m Member) bool { return m.DBSize > 0 && m.DBSize < p.QuotaBackendBytes })
+		if len(below) != len(p.members) {
+			continue
+		}
+		return Decision{Kind: DisarmAlarm, MemberID: a.MemberID, Alarm: a.Type,
+			Reason: fmt.Sprintf("disarming NOSPACE raised by member %s, since removed: every member's database is below the quota of %d bytes", idString(a.MemberID), p.QuotaBackendBytes)}, true
+	}
+	return Decision{}, false
+}
+
+// alarmSummary names the first alarm, a listed member's before a departed one's.
+func (p planner) alarmSummary(alarmed []Member, departed []Alarm) string {
+	if len(alarmed) > 0 {
+		return fmt.Sprintf("member %s has alarms %v", p.memberName(alarmed[0]), alarmed[0].Alarms)
+	}
+	return fmt.Sprintf("member %s, since removed, raised %s, which etcd keeps until it is disarmed", idString(departed[0].MemberID), departed[0].Type)
+}
+
+// departedAdvice says what a person does about a departed member's alarm.
+func departedAdvice(a Alarm) string {
+	if a.Type == "CORRUPT" {
+		return "check the remaining members' data (etcdctl check hashkv), then disarm it (etcdctl alarm disarm), or restore etcd from a backup"
+	}
+	return "QCP disarms it once every member's database is known to be below the quota; defragment the members, or disarm it by hand (etcdctl alarm disarm)"
+}
+
+func boolInt(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 func quoteFD(fd string) string {

@@ -74,10 +74,13 @@ func (p planner) waitForExternalEtcd() (Decision, bool) {
 // remediateMarkedMachine deletes a machine a health check marked, first,
 // as KCP does with external etcd: it holds no member, and it is already
 // not serving, so nothing waits on a replacement. One at a time: not while
-// another machine is being deleted.
+// another machine is being deleted. A marked machine that serves (a stale
+// mark: CAPI's health check never clears one) is not deleted first: it may
+// be the last API server. It is outdated, so it is replaced like a
+// rollout, and deleteServingMachine's "only while the others serve" holds.
 func (p planner) remediateMarkedMachine() (Decision, bool) {
 	for _, mc := range p.keep() {
-		if !mc.Remediate {
+		if !mc.Remediate || (p.serves(mc) && !p.opts.deleteServingMarked) {
 			continue
 		}
 		for _, o := range p.machines {

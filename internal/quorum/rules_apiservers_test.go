@@ -17,6 +17,9 @@ type apiMachine struct {
 	stage                      int // 0 pending, 1 starting, 2 serving
 	outdated, marked, deleting bool
 	failed, hook               bool
+	// stale: the machine recovered after a health check marked it, and
+	// serves; CAPI's health check never clears a mark (issue 28, hole 3).
+	stale bool
 }
 
 type apiWorld struct {
@@ -45,7 +48,7 @@ func (w apiWorld) state() State {
 		if m.stage > 0 {
 			pm.PeerURL = "https://" + m.name + ":2380"
 		}
-		if m.stage == 2 && !m.marked {
+		if m.stage == 2 && (!m.marked || m.stale) {
 			pm.NodeReady, pm.ComponentsHealthy = true, true
 		}
 		s.Machines = append(s.Machines, pm)
@@ -57,7 +60,7 @@ func (w apiWorld) key() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%d%s%v|", w.desired, w.strategy, w.domains)
 	for _, m := range w.machines {
-		fmt.Fprintf(&b, "%s%s%d%d%s;", m.name, m.fd, m.age, m.stage, bits(m.outdated, m.marked, m.deleting, m.failed, m.hook))
+		fmt.Fprintf(&b, "%s%s%d%d%s;", m.name, m.fd, m.age, m.stage, bits(m.outdated, m.marked, m.deleting, m.failed, m.hook, m.stale))
 	}
 	return b.String()
 }
@@ -96,6 +99,10 @@ func (w apiWorld) progress() []apiWorld {
 			n := w.clone()
 			n.machines[i].stage++
 			out = append(out, n)
+		case m.marked && !m.stale && !m.deleting && m.stage == 2:
+			n := w.clone() // the marked machine recovers; its mark stays
+			n.machines[i].stale = true
+			out = append(out, n)
 		}
 	}
 	return out
@@ -104,7 +111,7 @@ func (w apiWorld) progress() []apiWorld {
 func (w apiWorld) serving(except string) int {
 	n := 0
 	for _, m := range w.machines {
-		if m.name != except && !m.deleting && !m.failed && !m.marked && m.stage == 2 {
+		if m.name != except && !m.deleting && !m.failed && (!m.marked || m.stale) && m.stage == 2 {
 			n++
 		}
 	}
@@ -112,7 +119,7 @@ func (w apiWorld) serving(except string) int {
 }
 
 // apiInvariant is what a step of the APIServersOnly planner must never do,
-// besides I1–I7 (Check): create while a kept machine starts (I4) or beyond
+// besides I1–I8 (Check): create while a kept machine starts (I4) or beyond
 // the machine budget (I2: desired, and desired + 1 only to replace a kept
 // machine surge-first), delete a serving machine while another machine
 // is deleting or starting, or leave fewer serving machines than desired
@@ -148,8 +155,8 @@ func apiInvariant(w apiWorld, s State, d Decision) string {
 		if victim.deleting {
 			return "deleted a deleting machine"
 		}
-		if victim.stage < 2 || victim.marked || victim.failed {
-			return ""
+		if victim.stage < 2 || (victim.marked && !victim.stale) || victim.failed {
+			return "" // it serves nothing: deleting it loses nothing
 		}
 		for _, m := range w.machines {
 			if m.name != victim.name && (m.deleting || (!m.failed && !m.marked && m.stage < 2)) {
@@ -181,7 +188,7 @@ func (w apiWorld) converged(d Decision) bool {
 // each strategy, with and without failure domains.
 func apiStarts() []apiWorld {
 	kinds := []apiMachine{
-		{stage: 2}, {stage: 2, outdated: true}, {stage: 0}, {stage: 1}, {stage: 2, marked: true},
+		{stage: 2}, {stage: 2, outdated: true}, {stage: 0}, {stage: 1}, {stage: 2, marked: true}, {stage: 2, marked: true, stale: true},
 		{stage: 2, deleting: true, hook: true}, {failed: true}, {stage: 2, hook: true},
 	}
 	var out []apiWorld
@@ -214,40 +221,14 @@ func apiStarts() []apiWorld {
 
 // TestAPIServersOnlyExhaustive walks every state reachable from apiStarts,
 // the world advancing any one machine between steps, and checks every
-// step against I1–I7 and apiInvariant; from every state, the planner left
+// step against I1–I8 and apiInvariant; from every state, the planner left
 // alone with a progressing world must converge.
 func TestAPIServersOnlyExhaustive(t *testing.T) {
-	seen := map[string]bool{}
-	kinds := map[Kind]int{}
-	var queue []apiWorld
-	queue = append(queue, apiStarts()...)
-	for len(queue) > 0 {
-		w := queue[0]
-		queue = queue[1:]
-		if seen[w.key()] || len(w.machines) > 5 {
-			continue
-		}
-		seen[w.key()] = true
-		s := w.state()
-		d := Plan(s)
-		kinds[d.Kind]++
-		if err := d.Verify(s); err != nil {
-			t.Fatalf("%s: %s does not verify on the state it was planned on: %v", s.describe(), d, err)
-		}
-		if bad := apiInvariant(w, s, d); bad != "" {
-			t.Fatalf("%s: %s: %s", s.describe(), d, bad)
-		}
-		if d.Kind == Degraded {
-			t.Fatalf("%s: degraded: %s", s.describe(), d.Reason)
-		}
-		if why := apiConverges(w); why != "" {
-			t.Fatalf("from %s: %s", s.describe(), why)
-		}
-		after := w.apply(d)
-		queue = append(queue, after)
-		queue = append(queue, after.progress()...)
+	states, kinds, err := exploreAPIServers(Plan)
+	if err != "" {
+		t.Fatal(err)
 	}
-	t.Logf("%d states; decisions %v", len(seen), kinds)
+	t.Logf("%d states; decisions %v", states, kinds)
 	for _, k := range []Kind{CreateMachine, DeleteMachine, RemoveHook, Wait} {
 		if kinds[k] == 0 {
 			t.Errorf("the exploration never took a %s step", k)
@@ -260,13 +241,48 @@ func TestAPIServersOnlyExhaustive(t *testing.T) {
 	}
 }
 
+// exploreAPIServers explores the APIServersOnly world under plan and
+// returns the first violation, or "".
+func exploreAPIServers(plan func(State) Decision) (states int, kinds map[Kind]int, violation string) {
+	seen := map[string]bool{}
+	kinds = map[Kind]int{}
+	queue := apiStarts()
+	for len(queue) > 0 {
+		w := queue[0]
+		queue = queue[1:]
+		if seen[w.key()] || len(w.machines) > 5 {
+			continue
+		}
+		seen[w.key()] = true
+		s := w.state()
+		d := plan(s)
+		kinds[d.Kind]++
+		if err := d.Verify(s); err != nil {
+			return len(seen), kinds, fmt.Sprintf("%s: %s does not verify on the state it was planned on: %v", s.describe(), d, err)
+		}
+		if bad := apiInvariant(w, s, d); bad != "" {
+			return len(seen), kinds, fmt.Sprintf("%s: %s: %s", s.describe(), d, bad)
+		}
+		if d.Kind == Degraded {
+			return len(seen), kinds, fmt.Sprintf("%s: degraded: %s", s.describe(), d.Reason)
+		}
+		if why := apiConverges(w, plan); why != "" {
+			return len(seen), kinds, fmt.Sprintf("from %s: %s", s.describe(), why)
+		}
+		after := w.apply(d)
+		queue = append(queue, after)
+		queue = append(queue, after.progress()...)
+	}
+	return len(seen), kinds, ""
+}
+
 // apiConverges runs the planner on w with the world progressing in order
 // (every machine advancing at once) and reports why it does not converge.
-func apiConverges(w apiWorld) string {
+func apiConverges(w apiWorld, plan func(State) Decision) string {
 	var trail []string
 	for range 40 {
 		s := w.state()
-		d := Plan(s)
+		d := plan(s)
 		trail = append(trail, d.String())
 		if w.converged(d) {
 			return ""
@@ -324,6 +340,12 @@ func TestAPIServersOnlyDecisions(t *testing.T) {
 		{"RemoveFirst deletes the outdated machine first",
 			apiWorld{desired: 3, strategy: RemoveFirst, machines: []apiMachine{serving("a", "", 0), serving("b", "", 1), {name: "c", stage: 2, outdated: true, age: 2}}},
 			DeleteMachine, "c", "deleting it first (maxSurge 0)"},
+		{"a marked machine that serves again is replaced first: it may be the last API server",
+			apiWorld{desired: 2, machines: []apiMachine{{name: "a", stage: 2, marked: true, stale: true}, {name: "b", stage: 1, age: 1}}},
+			Wait, "", "waiting for machine b to serve"},
+		{"a marked machine that serves again goes once its replacement serves",
+			apiWorld{desired: 2, machines: []apiMachine{{name: "a", stage: 2, marked: true, stale: true}, serving("b", "", 1), serving("c", "", 2)}},
+			DeleteMachine, "a", "deleting a (marked for remediation)"},
 		{"a marked machine is deleted first, then replaced",
 			apiWorld{desired: 2, machines: []apiMachine{serving("a", "", 0), {name: "b", stage: 2, marked: true, age: 1}}},
 			DeleteMachine, "b", "remediating: a health check marked machine b"},

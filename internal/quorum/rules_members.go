@@ -18,9 +18,26 @@ func (p planner) removeStrayLearners() (Decision, bool) {
 		case (!m.Started() || !m.Healthy) && p.learnerAge(m) >= p.tun.LearnerStartTimeout:
 			return p.removeMember(m, fmt.Sprintf("learner %s has not started or is unreachable %s after it was added (timeout %s); removing it so machine %s can be replaced",
 				p.memberName(m), roundDuration(p.learnerAge(m)), p.tun.LearnerStartTimeout, mc.Name)), true
+		case p.stalled(m):
+			leader, _ := p.leader()
+			return p.removeMember(m, fmt.Sprintf("learner %s has not got closer to the leader for %s (applied index %d of %d, timeout %s); removing it so machine %s can be replaced",
+				p.memberName(m), roundDuration(p.since(m.CatchUpProgressAt)), m.AppliedIndex, leader.AppliedIndex, p.tun.LearnerStallTimeout, mc.Name)), true
 		}
 	}
 	return Decision{}, false
+}
+
+// stalled reports whether learner m answers but has trailed the leader by
+// more than CatchUpMaxLag without getting closer for LearnerStallTimeout.
+// It holds etcd's only learner slot, so every rollout, scale-up and
+// replacement would wait behind it forever. One catching up steadily keeps
+// moving CatchUpProgressAt, and is never stalled.
+func (p planner) stalled(m Member) bool {
+	leader, ok := p.leader()
+	if p.opts.keepStalledLearners || !ok || !m.Started() || !m.Healthy || leader.AppliedIndex <= m.AppliedIndex+p.tun.CatchUpMaxLag {
+		return false
+	}
+	return p.since(m.CatchUpProgressAt) >= p.tun.LearnerStallTimeout
 }
 
 // deleteUnusableMachines deletes machines that can never host a member:
@@ -62,7 +79,7 @@ func (p planner) removeDepartingVoter() (Decision, bool) {
 		if !p.departing(m) {
 			continue
 		}
-		if m.Healthy && len(voters) <= p.Desired && (p.Strategy != RemoveFirst || !p.removalSafe(m)) {
+		if m.Healthy && len(voters) <= p.Desired && (p.Strategy != RemoveFirst || !p.removalSafe(m) || !p.keepsFloor(m)) {
 			continue // wait for the replacement to be promoted
 		}
 		if !p.removalSafe(m) {

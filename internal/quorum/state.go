@@ -1,6 +1,6 @@
 // Package quorum is QCP's quorum engine: a pure planner that looks at a
 // snapshot of a control plane's machines and etcd members and returns exactly
-// one next step, plus the safety invariants I1–I7 that every step must keep.
+// one next step, plus the safety invariants I1–I8 that every step must keep.
 //
 // The package does no I/O and imports only the standard library. Like etcd's
 // raft package, it is a state machine whose caller (a reconciler, or the

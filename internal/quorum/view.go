@@ -299,6 +299,29 @@ func (v view) hasQuorum() bool {
 	return len(voters) > 0 && len(unhealthy) <= tolerance(len(voters))
 }
 
+// keepsFloor is I8: removing voter m leaves at least desired − 1 voters,
+// unless m is down or about to drop out (atRiskVoters). A maxSurge 0
+// rollout trades exactly one voter at a time; a healthy voter leaving for
+// any other reason (a user deleting its machine, its infrastructure
+// vanishing) waits while the cluster is already a voter short, or 3 of 3
+// could end on one disk holding every acknowledged write. A user lowering
+// desired lowers the floor with it.
+// A CORRUPT member is no trustworthy copy of the data, so removing it
+// first, the standard fix, lowers nothing either.
+func (p planner) keepsFloor(m Member) bool {
+	return p.opts.noVoterFloor || floorAfterRemoval(p.atRiskVoters(), p.Desired, m.ID)
+}
+
+// floorAfterRemoval reports whether removing voter gone keeps I8's floor.
+func floorAfterRemoval(voters []Member, desired int, gone uint64) bool {
+	for _, m := range voters {
+		if m.ID == gone && (!m.Healthy || slices.Contains(m.Alarms, "CORRUPT")) {
+			return true
+		}
+	}
+	return len(voters)-1 >= desired-1
+}
+
 // tolerance is how many unhealthy voters n voters survive.
 func tolerance(n int) int { return (n - 1) / 2 }
 

@@ -23,7 +23,17 @@ type world struct {
 	nextMember  uint64
 	// bootstrapped is set once etcd has had a member (State.Bootstrapped).
 	bootstrapped bool
+	// departed are the alarms of removed members, which etcd keeps until
+	// they are disarmed (State.DepartedAlarms).
+	departed []Alarm
 }
+
+// The backend quota of the world's etcd, and the database sizes its
+// members report: below it, or above it for a member that raised NOSPACE.
+const (
+	worldQuota  = 2 << 30
+	worldDBSize = 1 << 30
+)
 
 type wMachine struct {
 	id          int
@@ -39,6 +49,7 @@ type wMachine struct {
 	broken      bool // etcd on it never starts
 	noInfra     bool // its infrastructure never becomes ready
 	slow        bool // its next step of progress (address, start, catch-up) is late by an epoch
+	stalled     bool // its learner starts and answers but never catches up
 	remediate   bool // a MachineHealthCheck marked it
 	joinStarted bool
 	memberID    uint64
@@ -92,6 +103,7 @@ func bits(flags ...bool) string {
 func (w world) clone() world {
 	w.machines = slices.Clone(w.machines)
 	w.members = slices.Clone(w.members)
+	w.departed = slices.Clone(w.departed)
 	return w
 }
 
@@ -99,7 +111,8 @@ func (w world) clone() world {
 func (w world) state() State {
 	now := t0.Add(time.Duration(w.epoch)*epochLen + 2*time.Minute)
 	at := func(epoch int) time.Time { return t0.Add(time.Duration(epoch) * epochLen) }
-	s := State{Desired: w.desired, Topology: Stacked, Strategy: w.strategy, FailureDomains: w.domains, Now: now, Bootstrapped: w.bootstrapped}
+	s := State{Desired: w.desired, Topology: Stacked, Strategy: w.strategy, FailureDomains: w.domains, Now: now, Bootstrapped: w.bootstrapped,
+		DepartedAlarms: slices.Clone(w.departed), QuotaBackendBytes: worldQuota}
 	for _, m := range w.machines {
 		mc := Machine{
 			Name: machineName(m.id), FailureDomain: m.fd, UpToDate: m.upToDate,
@@ -116,12 +129,18 @@ func (w world) state() State {
 	}
 	for _, m := range w.members {
 		mm := Member{ID: m.id, PeerURL: peerURL(m.host), Learner: m.learner, Healthy: m.healthy,
-			Leader: m.leader, AppliedIndex: 5000, Revision: 4000}
+			Leader: m.leader, AppliedIndex: 5000, Revision: 4000, DBSize: worldDBSize, CatchUpProgressAt: now}
 		if m.started {
 			mm.Name = machineName(m.host)
 		}
 		if !m.caughtUp {
 			mm.AppliedIndex = 100
+			if mc := w.machine(machineName(m.host)); mc != nil && mc.stalled {
+				mm.CatchUpProgressAt = at(m.since) // no closer since it was added
+			}
+		}
+		if m.alarm == "NOSPACE" {
+			mm.DBSize = worldQuota + 1
 		}
 		if m.learner {
 			mm.AddedAt = at(m.since)
@@ -181,8 +200,13 @@ func (w world) apply(d Decision) world {
 			w.members[i].leader = w.members[i].id == d.MemberID
 		}
 	case RemoveMember:
+		if m := w.member(d.MemberID); m != nil && m.alarm != "" {
+			w.departed = append(w.departed, Alarm{MemberID: m.id, Type: m.alarm}) // etcd keeps it
+		}
 		w.members = slices.DeleteFunc(w.members, func(m wMember) bool { return m.id == d.MemberID })
 		w.elect()
+	case DisarmAlarm:
+		w.departed = slices.DeleteFunc(w.departed, func(a Alarm) bool { return a.MemberID == d.MemberID && a.Type == d.Alarm })
 	case AddHook:
 		w.machine(d.Machine).hook = true
 	case RemoveHook:
@@ -206,7 +230,7 @@ func (w *world) progress() {
 		case mc.slow:
 		case !m.started && !mc.broken && !mc.deleting:
 			m.started, m.healthy = true, true
-		case m.started && m.healthy && !m.caughtUp:
+		case m.started && m.healthy && !m.caughtUp && !mc.stalled:
 			m.caughtUp = true
 		}
 	}
@@ -304,7 +328,7 @@ func (w world) margin() int {
 // an outdated machine, or one in a removed domain, stays until a user
 // deletes it.
 func (w world) converged() bool {
-	if len(w.machines) != w.desired || len(w.members) != w.desired {
+	if len(w.machines) != w.desired || len(w.members) != w.desired || len(w.departed) > 0 {
 		return false
 	}
 	for _, mc := range w.machines {
@@ -374,7 +398,7 @@ func (w world) key() string {
 		b = strconv.AppendInt(b, int64(min(w.epoch-mc.born, 3)), 10)
 		b = append(b, ',')
 		b = append(b, bits(w.epoch > mc.readyAt, mc.addr, mc.upToDate, mc.deleting, mc.annotated, mc.hook, mc.failed, mc.broken,
-			mc.noInfra, mc.slow, mc.remediate, mc.joinStarted, mc.memberID != 0)...)
+			mc.noInfra, mc.slow, mc.remediate, mc.joinStarted, mc.memberID != 0, mc.stalled)...)
 		b = append(b, ',')
 		b = strconv.AppendInt(b, int64(mid), 10)
 		b = append(b, ';')
@@ -389,6 +413,11 @@ func (w world) key() string {
 		b = append(b, ',')
 		b = append(b, bits(m.learner, m.started, m.healthy, m.caughtUp, m.leader, w.epoch > m.since)...)
 		b = append(b, m.alarm...)
+		b = append(b, ';')
+	}
+	b = append(b, '|')
+	for _, a := range w.departed {
+		b = append(b, a.Type...)
 		b = append(b, ';')
 	}
 	return string(b)
