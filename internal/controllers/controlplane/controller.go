@@ -245,8 +245,9 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Clu
 }
 
 // act verifies d against a fresh observation and takes it, through the
-// engine's Stepper. The first step on a machine a health check marked
-// starts its remediation.
+// engine's Stepper. The first step on a machine being remediated (a health
+// check marked it, or its voter was unhealthy past the timeout) starts its
+// remediation, recorded on the control plane before the step is taken.
 func (r *Reconciler) act(ctx context.Context, cluster *clusterv1.Cluster, cp *controlplanev1.QuorumControlPlane, secrets *clusterSecrets,
 	d quorum.Decision, learned time.Time) (acted, replan bool, err error) {
 	var fresh *observation
@@ -262,10 +263,15 @@ func (r *Reconciler) act(ctx context.Context, cluster *clusterv1.Cluster, cp *co
 		CreateMachine: func(ctx context.Context, _ *engine.Observation) error {
 			return r.createMachine(ctx, cluster, cp, secrets, fresh, d)
 		},
-		Starting: func(*engine.Observation) {
-			if next, ok := fresh.remediationNext[d.Machine]; ok && d.Kind != quorum.CreateMachine {
-				cp.Annotations = mergeInto(cp.Annotations, map[string]string{RemediationInProgressAnnotation: next.String()})
+		Starting: func(ctx context.Context, _ *engine.Observation) error {
+			// MoveLeader names the machine leadership goes to, not the one
+			// leaving; a replacement created first is not yet a step on the
+			// machine it replaces.
+			next, ok := fresh.remediationNext[d.Machine]
+			if !ok || d.Kind == quorum.CreateMachine || d.Kind == quorum.MoveLeader {
+				return nil
 			}
+			return r.recordRemediationStart(ctx, cp, next)
 		},
 	})
 }

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apiequality "k8s.io/apimachinery/pkg/api/equality"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
@@ -71,7 +72,8 @@ func bootstrapDocument(cluster *clusterv1.Cluster, cp *controlplanev1.QuorumCont
 
 // tendMachines keeps each machine's records (see records.go) and what is
 // propagated in place (template metadata, deletion timeouts,
-// minReadySeconds, the UpToDate condition) current. These writes go through
+// minReadySeconds, the UpToDate condition) current, and clears health-check
+// marks that went stale. These writes go through
 // CAPI's patch helper as plain merge patches, not conditional on the
 // resourceVersion observed: they only add bookkeeping, and the planner's
 // steps that follow are (see act.go). obs is rebuilt from the written
@@ -85,6 +87,7 @@ func (r *Reconciler) tendMachines(ctx context.Context, cluster *clusterv1.Cluste
 			propagate(want, cp, obs.rollout.outdated(want))
 		}
 		setOwnerRemediated(want, obs.remediationRefused[m.Name])
+		stale := clearStaleMark(want)
 		if apiequality.Semantic.DeepEqual(m, want) {
 			continue
 		}
@@ -94,6 +97,10 @@ func (r *Reconciler) tendMachines(ctx context.Context, cluster *clusterv1.Cluste
 		}
 		if err := helper.Patch(ctx, want, patch.WithOwnedConditions{Conditions: []string{clusterv1.MachineUpToDateCondition, clusterv1.MachineOwnerRemediatedCondition}}); err != nil {
 			return fmt.Errorf("updating machine %s: %w", m.Name, err)
+		}
+		if stale {
+			r.Recorder.Eventf(cp, corev1.EventTypeNormal, "StaleRemediationMarkCleared",
+				"Machine %s is healthy again (its health check no longer fails): cleared its OwnerRemediated mark; it is not remediated", m.Name)
 		}
 		obs.Machines[i], changed = want, true
 	}

@@ -10,7 +10,6 @@ import (
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/collections"
-	"sigs.k8s.io/cluster-api/util/conditions"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
@@ -24,9 +23,7 @@ import (
 // tell the planner. upToDate is the caller's rollout verdict on the machine.
 func plannerMachine(machine *clusterv1.Machine, node *corev1.Node, upToDate bool) quorum.Machine {
 	m := engine.PlannerMachine(machine, upToDate)
-	// A MachineHealthCheck asks the machine's owner to remediate it by
-	// setting OwnerRemediated to False.
-	m.Remediate = conditions.IsFalse(machine, clusterv1.MachineOwnerRemediatedCondition)
+	m.Remediate = marked(machine)
 	m.NodeReady, m.ComponentsHealthy = nodeHealth(node)
 	return m
 }
@@ -169,7 +166,7 @@ func (o *observation) build(cp *controlplanev1.QuorumControlPlane, cluster *clus
 	o.remediationRefused, o.remediationNext = map[string]string{}, map[string]remediationData{}
 	for _, m := range o.Machines {
 		pm := plannerMachine(m, o.node(m), len(o.rollout.outdated(m)) == 0)
-		if pm.Remediate {
+		if pm.Remediate || o.unhealthyPastTimeout(m, now, tun) {
 			next, why, queued := o.remediation.verdict(m)
 			if why != "" {
 				pm.Remediate, pm.HoldRemediation, pm.RemediationQueued = false, true, queued
@@ -181,6 +178,34 @@ func (o *observation) build(cp *controlplanev1.QuorumControlPlane, cluster *clus
 		s.Machines = append(s.Machines, pm)
 	}
 	o.State = s
+}
+
+// unhealthyPastTimeout reports whether m, not being deleted, hosts a voter
+// unhealthy for UnhealthyTimeout: the planner then removes the member and
+// replaces m without a health check's mark (quorum.view.dueForRemediation),
+// so the remediation policy (one at a time, maxRetry, retryPeriod) must
+// judge it as it judges a mark.
+func (o *observation) unhealthyPastTimeout(m *clusterv1.Machine, now time.Time, tun quorum.Tunables) bool {
+	if !m.DeletionTimestamp.IsZero() {
+		return false
+	}
+	mb, ok := o.MemberOn(m)
+	if !ok || !mb.Voter() || mb.Healthy || mb.UnhealthySince.IsZero() {
+		return false
+	}
+	timeout := tun.UnhealthyTimeout
+	if timeout <= 0 {
+		timeout = quorum.DefaultUnhealthyTimeout
+	}
+	return now.Sub(mb.UnhealthySince) >= timeout
+}
+
+// remediating reports whether m is one the remediation policy judged: a
+// machine marked, or one whose voter is unhealthy past the timeout.
+func (o *observation) remediating(m *clusterv1.Machine) bool {
+	_, refused := o.remediationRefused[m.Name]
+	_, next := o.remediationNext[m.Name]
+	return marked(m) || refused || next
 }
 
 // topology is where the control plane's etcd runs: on its machines, or

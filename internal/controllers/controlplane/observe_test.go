@@ -8,6 +8,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/conditions"
 
 	"github.com/qcp-dev/qcp/internal/controllers/engine"
 	"github.com/qcp-dev/qcp/internal/quorum"
@@ -62,11 +63,29 @@ func TestPlannerMachine(t *testing.T) {
 		now := metav1.Now()
 		mc.DeletionTimestamp = &now
 		mc.Annotations[quorum.DeleteAnnotation] = ""
-		mc.Status.Conditions = []metav1.Condition{{Type: clusterv1.MachineOwnerRemediatedCondition, Status: metav1.ConditionFalse}}
+		mc.Status.Conditions = []metav1.Condition{{Type: clusterv1.MachineOwnerRemediatedCondition, Status: metav1.ConditionFalse},
+			{Type: clusterv1.MachineHealthCheckSucceededCondition, Status: metav1.ConditionFalse}}
 		if m := plannerMachine(mc, healthyNode(), false); !m.Deleting || !m.DeleteAnnotated || !m.Remediate || m.UpToDate {
 			t.Errorf("%+v", m)
 		}
 	})
+	// The health check never takes its mark back: a machine that passes it
+	// again, or that no health check judges any more, is not remediated.
+	for name, health := range map[string][]metav1.Condition{
+		"a stale mark: the health check passes again": {{Type: clusterv1.MachineHealthCheckSucceededCondition, Status: metav1.ConditionTrue}},
+		"a stale mark: no health check result":        nil,
+	} {
+		t.Run(name, func(t *testing.T) {
+			mc := observedMachine("cp-1")
+			mc.Status.Conditions = append([]metav1.Condition{{Type: clusterv1.MachineOwnerRemediatedCondition, Status: metav1.ConditionFalse}}, health...)
+			if m := plannerMachine(mc, healthyNode(), true); m.Remediate {
+				t.Errorf("a recovered machine counts as marked: %+v", m)
+			}
+			if !clearStaleMark(mc) || conditions.Has(mc, clusterv1.MachineOwnerRemediatedCondition) {
+				t.Errorf("the stale mark was kept: %+v", mc.Status.Conditions)
+			}
+		})
+	}
 }
 
 func TestPlannerMembersCarryRecords(t *testing.T) {

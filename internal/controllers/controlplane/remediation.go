@@ -1,15 +1,18 @@
 package controlplane
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"strings"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/conditions"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
 	"github.com/qcp-dev/qcp/internal/quorum"
@@ -106,9 +109,26 @@ func (p remediationPolicy) verdict(m *clusterv1.Machine) (next remediationData, 
 	return next, "", false
 }
 
-// marked reports whether a health check asked the owner to remediate m.
+// marked reports whether a health check asks the owner to remediate m now.
+// The MachineHealthCheck sets OwnerRemediated=False and never takes it back
+// (the owner must, as KCP does); only HealthCheckSucceeded says whether the
+// machine is still unhealthy. A mark alone would remediate a machine that
+// recovered while it waited its turn, waited out the retry period, or was
+// marked during an outage.
 func marked(m *clusterv1.Machine) bool {
-	return conditions.IsFalse(m, clusterv1.MachineOwnerRemediatedCondition)
+	return conditions.IsFalse(m, clusterv1.MachineOwnerRemediatedCondition) && conditions.IsFalse(m, clusterv1.MachineHealthCheckSucceededCondition)
+}
+
+// clearStaleMark deletes m's OwnerRemediated=False once the health check no
+// longer finds m unhealthy (HealthCheckSucceeded True, or gone with the
+// health check), and reports whether it did. A deleting machine keeps it:
+// it goes anyway.
+func clearStaleMark(m *clusterv1.Machine) bool {
+	if !conditions.IsFalse(m, clusterv1.MachineOwnerRemediatedCondition) || marked(m) || !m.DeletionTimestamp.IsZero() {
+		return false
+	}
+	conditions.Delete(m, clusterv1.MachineOwnerRemediatedCondition)
+	return true
 }
 
 // setOwnerRemediated writes on a marked machine why its remediation waits
@@ -121,14 +141,15 @@ func setOwnerRemediated(m *clusterv1.Machine, why string) {
 		Reason: clusterv1.MachineOwnerRemediatedWaitingForRemediationReason, Message: why})
 }
 
-// setRemediating reports on the control plane which machines are marked,
-// and for each whether QCP remediates it or why not.
+// setRemediating reports on the control plane which machines are marked
+// (or hold a voter unhealthy past the timeout), and for each whether QCP
+// remediates it or why not.
 func setRemediating(cp *controlplanev1.QuorumControlPlane, obs *observation, d quorum.Decision) {
 	cond := metav1.Condition{Type: controlplanev1.RemediatingCondition, Status: metav1.ConditionFalse, Reason: controlplanev1.NotRemediatingReason}
 	var lines []string
 	refused := false
 	for _, m := range obs.Machines {
-		if !marked(m) {
+		if !obs.remediating(m) {
 			continue
 		}
 		why := obs.remediationRefused[m.Name]
@@ -171,4 +192,28 @@ func forgetFinishedRemediation(cp *controlplanev1.QuorumControlPlane, obs *obser
 	if kept >= int(ptr.Deref(cp.Spec.Replicas, 1)) {
 		delete(cp.Annotations, RemediationInProgressAnnotation)
 	}
+}
+
+// recordRemediationStart writes on the control plane that next's
+// remediation is in progress, before its first step is taken (as a join is
+// recorded before MemberAddAsLearner). Left to the deferred status patch, a
+// crash right after the step would lose it, and with it one remediation at
+// a time and maxRetry. Only the annotation is patched: the rest of cp, as
+// changed this round, is the status patch's. No optimistic lock: the record
+// is QCP's own and only the elected manager writes it, while cp's
+// resourceVersion moves with every status patch.
+func (r *Reconciler) recordRemediationStart(ctx context.Context, cp *controlplanev1.QuorumControlPlane, next remediationData) error {
+	value := next.String()
+	if cp.Annotations[RemediationInProgressAnnotation] == value {
+		return nil
+	}
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{RemediationInProgressAnnotation: value}}})
+	if err != nil {
+		return err
+	}
+	if err := r.Client.Patch(ctx, cp.DeepCopy(), client.RawPatch(types.MergePatchType, patch)); err != nil {
+		return fmt.Errorf("recording on QuorumControlPlane %s that the remediation of machine %s started: %w", klogRef(cp), next.Machine, err)
+	}
+	cp.Annotations = mergeInto(cp.Annotations, map[string]string{RemediationInProgressAnnotation: value})
+	return nil
 }

@@ -101,6 +101,8 @@ func TestRemediatingSaysWhatItWaitsFor(t *testing.T) {
 		m := &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Name: name}}
 		conditions.Set(m, metav1.Condition{Type: clusterv1.MachineOwnerRemediatedCondition, Status: metav1.ConditionFalse,
 			Reason: clusterv1.MachineOwnerRemediatedWaitingForRemediationReason})
+		conditions.Set(m, metav1.Condition{Type: clusterv1.MachineHealthCheckSucceededCondition, Status: metav1.ConditionFalse,
+			Reason: clusterv1.MachineHealthCheckNodeDeletedReason})
 		return m
 	}
 	wait := quorum.Decision{Kind: quorum.Wait, Reason: "waiting for member m-1 to become healthy (unhealthy for 10s, replaced after 5m0s) before creating a machine"}
@@ -128,6 +130,67 @@ func TestRemediatingSaysWhatItWaitsFor(t *testing.T) {
 			}
 			if strings.Contains(c.Message, "m-1:") {
 				t.Errorf("the unmarked machine has a line: %q", c.Message)
+			}
+		})
+	}
+}
+
+// TestUnhealthyTimeoutObeysRemediationPolicy: a voter unhealthy past
+// UnhealthyTimeout is removed and its machine replaced with no health
+// check's mark, so the policy judges it as a mark: it waits its turn, it
+// counts against maxRetry, and when allowed its first step records the
+// remediation in progress.
+func TestUnhealthyTimeoutObeysRemediationPolicy(t *testing.T) {
+	now := t0.Add(time.Hour)
+	machine := func(name string, id uint64) *clusterv1.Machine {
+		m := observedMachine(name)
+		m.Annotations[engine.MemberIDAnnotation] = engine.FormatMemberID(id)
+		return m
+	}
+	for _, tc := range []struct {
+		name         string
+		downFor      time.Duration
+		inProgress   string
+		retriesUsed  bool
+		wantJudged   bool
+		wantHeld     bool
+		wantQueued   bool
+		wantRemovals bool
+	}{
+		{name: "due and allowed", downFor: 10 * time.Minute, wantJudged: true, wantRemovals: true},
+		{name: "not due yet", downFor: time.Minute},
+		{name: "another remediation unfinished", downFor: 10 * time.Minute, inProgress: "m-9", wantJudged: true, wantHeld: true, wantQueued: true},
+		{name: "maxRetry used up", downFor: 10 * time.Minute, retriesUsed: true, wantJudged: true, wantHeld: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cp := &controlplanev1.QuorumControlPlane{Spec: controlplanev1.QuorumControlPlaneSpec{Replicas: ptr.To[int32](3),
+				Remediation: controlplanev1.RemediationSpec{MaxRetry: ptr.To[int32](1)}}}
+			if tc.inProgress != "" {
+				cp.Annotations = map[string]string{RemediationInProgressAnnotation: remediationData{Machine: tc.inProgress, Timestamp: metav1.NewTime(now)}.String()}
+			}
+			down := machine("m-1", 1)
+			if tc.retriesUsed {
+				down.Annotations[RemediationForAnnotation] = remediationData{Machine: "m-0", Timestamp: metav1.NewTime(now.Add(-time.Minute)), RetryCount: 1}.String()
+			}
+			obs := &observation{
+				Observation: engine.Observation{Machines: []*clusterv1.Machine{down, machine("m-2", 2), machine("m-3", 3)}, Members: []quorum.Member{
+					{ID: 1, Name: "m-1", PeerURL: "https://127.20.0.7:2380", UnhealthySince: now.Add(-tc.downFor)},
+					{ID: 2, Name: "m-2", PeerURL: "https://127.20.0.8:2380", Healthy: true, Leader: true},
+					{ID: 3, Name: "m-3", PeerURL: "https://127.20.0.9:2380", Healthy: true},
+				}},
+				remediation: newRemediationPolicy(cp, now),
+			}
+			obs.build(cp, &clusterv1.Cluster{}, now, quorum.Tunables{})
+			pm := obs.State.Machines[0]
+			if pm.Remediate || pm.HoldRemediation != tc.wantHeld || pm.RemediationQueued != tc.wantQueued {
+				t.Errorf("m-1 remediate %v, held %v, queued %v; want held %v, queued %v", pm.Remediate, pm.HoldRemediation, pm.RemediationQueued, tc.wantHeld, tc.wantQueued)
+			}
+			if _, next := obs.remediationNext["m-1"]; next != (tc.wantJudged && !tc.wantHeld) || obs.remediating(down) != tc.wantJudged {
+				t.Errorf("m-1 allowed %v, judged %v; want judged %v, held %v", next, obs.remediating(down), tc.wantJudged, tc.wantHeld)
+			}
+			d := quorum.Plan(obs.State)
+			if removes := d.Kind == quorum.RemoveMember && d.MemberID == 1; removes != tc.wantRemovals {
+				t.Errorf("plan %s, want removing m-1's member: %v", d, tc.wantRemovals)
 			}
 		})
 	}

@@ -41,8 +41,10 @@ type Step struct {
 	// CreateMachine carries out CreateMachine on the fresh observation.
 	CreateMachine func(context.Context, *Observation) error
 	// Starting, if set, is called once the step has passed its check, just
-	// before it is taken.
-	Starting func(*Observation)
+	// before it is taken. What it records must be written by then, not left
+	// to the owner's deferred status patch, which a crash right after the
+	// step never runs; an error drops the step.
+	Starting func(context.Context, *Observation) error
 }
 
 // Take verifies the step against a fresh observation and takes it. It
@@ -68,11 +70,13 @@ func (s *Stepper) Take(ctx context.Context, st Step) (acted, replan bool, err er
 	if f := st.LastOperation.FinishTime.Time; f.After(trigger) {
 		trigger = f
 	}
+	if st.Starting != nil {
+		if err := st.Starting(ctx, fresh); err != nil {
+			return false, false, fmt.Errorf("before taking step %s: %w", d, err)
+		}
+	}
 	startedAt := s.Now()
 	StartOperation(st.LastOperation, d, startedAt)
-	if st.Starting != nil {
-		st.Starting(fresh)
-	}
 	logger.Info("Taking step", "reason", d.Reason, "reactionLatency", startedAt.Sub(trigger).String())
 	if d.Kind == quorum.CreateMachine {
 		err = st.CreateMachine(ctx, fresh)
