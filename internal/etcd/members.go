@@ -289,6 +289,28 @@ type Alarm struct {
 	Type     string
 }
 
+// DisarmAlarm disarms alarm typ (NOSPACE, CORRUPT) raised by member id,
+// which need not be listed any more: etcd keeps a removed member's alarms.
+// An alarm that is not raised counts as disarmed, so a retry after a lost
+// reply succeeds.
+func (c *Client) DisarmAlarm(ctx context.Context, id uint64, typ string) error {
+	t, ok := etcdserverpb.AlarmType_value[typ]
+	if !ok || etcdserverpb.AlarmType(t) == etcdserverpb.AlarmType_NONE {
+		// NONE with member 0 would make the client disarm every alarm.
+		return fmt.Errorf("disarming alarm %q of member %x: not an etcd alarm type (NOSPACE, CORRUPT)", typ, id)
+	}
+	ctx, cancel := bounded(ctx)
+	defer cancel()
+	err := c.onVoter(func(cli *clientv3.Client) error {
+		_, err := cli.AlarmDisarm(ctx, &clientv3.AlarmMember{MemberID: id, Alarm: etcdserverpb.AlarmType(t)})
+		return err
+	})
+	if err != nil {
+		return fmt.Errorf("disarming alarm %s of member %x: %w", typ, id, err)
+	}
+	return nil
+}
+
 // Health checks one member the way etcd's /health does: a linearizable read
 // through that member, within MembershipTimeout. It fails for a learner,
 // which serves no reads, for a member cut off from the leader, and for one

@@ -15,11 +15,17 @@ import (
 // so a longer one costs nothing while etcd answers.
 const ObserveTimeout = MembershipTimeout
 
-// ObserveMembers reads the member list, each member's status and the alarm
-// list, and returns the members as the planner sees them. An error means
-// the list could not be read; the caller must then tell the planner the
-// membership is unknown (quorum.State.MembersUnknown), never that it is
-// empty.
+// ObserveMembers is Observe without the departed members' alarms.
+func (c *Client) ObserveMembers(ctx context.Context) ([]quorum.Member, error) {
+	members, _, err := c.Observe(ctx)
+	return members, err
+}
+
+// Observe reads the alarm list, the member list and each member's status,
+// and returns the members as the planner sees them, with the alarms raised
+// by members no longer listed (departed). An error means the list could
+// not be read; the caller must then tell the planner the membership is
+// unknown (quorum.State.MembersUnknown), never that it is empty.
 //
 // Health and alarms are kept apart. A voter is healthy when it answers a
 // status request and knows a leader (a member cut off from the leader
@@ -28,16 +34,22 @@ const ObserveTimeout = MembershipTimeout
 // Errors of a member's status are not used: etcd repeats every
 // cluster-wide alarm there on every member, so one NOSPACE would mark every
 // member unhealthy and look like lost quorum.
-func (c *Client) ObserveMembers(ctx context.Context) ([]quorum.Member, error) {
+//
+// etcd keeps an alarm after the member that raised it is removed, until
+// someone disarms it, and it goes on refusing writes (NOSPACE) meanwhile.
+// The alarm list is read before the member list: member IDs are never
+// reused, so an alarm whose member the later list lacks was raised by a
+// member since removed, never by one added in between.
+func (c *Client) Observe(ctx context.Context) (members []quorum.Member, departed []quorum.Alarm, err error) {
 	lctx, cancel := context.WithTimeout(ctx, ObserveTimeout)
 	defer cancel()
-	list, err := c.Members(lctx)
-	if err != nil {
-		return nil, err
-	}
 	alarms, err := c.Alarms(lctx)
 	if err != nil {
-		return nil, fmt.Errorf("observing etcd members: %w", err)
+		return nil, nil, fmt.Errorf("observing etcd members: %w", err)
+	}
+	list, err := c.Members(lctx)
+	if err != nil {
+		return nil, nil, err
 	}
 	raised := map[uint64][]string{}
 	for _, a := range alarms {
@@ -47,6 +59,7 @@ func (c *Client) ObserveMembers(ctx context.Context) ([]quorum.Member, error) {
 	out := make([]quorum.Member, 0, len(list))
 	for _, mb := range list {
 		qm := quorum.Member{ID: mb.ID, Name: mb.Name, Learner: mb.IsLearner, Alarms: raised[mb.ID]}
+		delete(raised, mb.ID)
 		if len(mb.PeerURLs) > 0 {
 			qm.PeerURL = mb.PeerURLs[0]
 		}
@@ -54,8 +67,14 @@ func (c *Client) ObserveMembers(ctx context.Context) ([]quorum.Member, error) {
 			qm.Healthy = mb.IsLearner || s.Leader != 0
 			qm.AppliedIndex, qm.Revision = s.AppliedIndex, s.Revision
 			qm.Leader = s.Leader == s.ID
+			qm.DBSize = s.DBSize
 		}
 		out = append(out, qm)
 	}
-	return out, nil
+	for _, a := range alarms {
+		if _, gone := raised[a.MemberID]; gone {
+			departed = append(departed, quorum.Alarm{MemberID: a.MemberID, Type: a.Type})
+		}
+	}
+	return out, departed, nil
 }

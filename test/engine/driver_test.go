@@ -201,12 +201,14 @@ func (d *driver) observe(ctx context.Context) quorum.State {
 	s := quorum.State{Desired: d.desired, Topology: quorum.External, FailureDomains: d.opts.failureDomains, Now: now, Tunables: d.opts.tunables,
 		Bootstrapped: d.cli != nil}
 	if d.cli != nil {
-		members, err := d.cli.ObserveMembers(ctx)
+		members, departed, err := d.cli.Observe(ctx)
 		s.MembersUnknown = err != nil
 		if err == nil {
 			d.recordMembers(members, now)
-			s.Members = members
+			s.Members, s.DepartedAlarms = members, departed
 		}
+		// The driver's members run with etcd's default backend quota, 2 GiB.
+		s.QuotaBackendBytes = 2 << 30
 	}
 	for _, mc := range d.machines {
 		running := mc.proc.Running()
@@ -342,6 +344,8 @@ func (d *driver) act(ctx context.Context, dec quorum.Decision) error {
 			d.leaderRemovals++
 		}
 		return retry(ctx, 20*time.Second, func(ctx context.Context) error { return d.cli.Remove(ctx, dec.MemberID) })
+	case quorum.DisarmAlarm:
+		return retry(ctx, 20*time.Second, func(ctx context.Context) error { return d.cli.DisarmAlarm(ctx, dec.MemberID, dec.Alarm) })
 	case quorum.AddHook, quorum.RemoveHook, quorum.DeleteMachine:
 		mc := d.machineByName(dec.Machine)
 		if mc == nil {

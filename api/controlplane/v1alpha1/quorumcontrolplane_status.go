@@ -124,7 +124,7 @@ type EtcdMemberStatus struct {
 
 // OperationKind is a step of the quorum engine. The values are the kinds of
 // internal/quorum's Decision.
-// +kubebuilder:validation:Enum=CreateMachine;AddLearner;Promote;MoveLeader;RemoveMember;AddHook;RemoveHook;DeleteMachine;Wait;Degraded
+// +kubebuilder:validation:Enum=CreateMachine;AddLearner;Promote;MoveLeader;RemoveMember;AddHook;RemoveHook;DeleteMachine;DisarmAlarm;Wait;Degraded
 type OperationKind string
 
 // The quorum engine's steps; see internal/quorum for what each one does.
@@ -137,6 +137,7 @@ const (
 	OperationAddHook       OperationKind = "AddHook"
 	OperationRemoveHook    OperationKind = "RemoveHook"
 	OperationDeleteMachine OperationKind = "DeleteMachine"
+	OperationDisarmAlarm   OperationKind = "DisarmAlarm"
 	OperationWait          OperationKind = "Wait"
 	OperationDegraded      OperationKind = "Degraded"
 )

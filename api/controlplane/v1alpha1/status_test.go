@@ -23,6 +23,7 @@ func TestOperationKindsMatchQuorumKindsAndCRDEnum(t *testing.T) {
 		quorum.AddHook:       controlplanev1.OperationAddHook,
 		quorum.RemoveHook:    controlplanev1.OperationRemoveHook,
 		quorum.DeleteMachine: controlplanev1.OperationDeleteMachine,
+		quorum.DisarmAlarm:   controlplanev1.OperationDisarmAlarm,
 		quorum.Wait:          controlplanev1.OperationWait,
 		quorum.Degraded:      controlplanev1.OperationDegraded,
 	}

@@ -100,7 +100,7 @@ func (r *Reconciler) observe(ctx context.Context, cluster *clusterv1.Cluster, cp
 	}
 	obs.external = secrets.external
 	if obs.external == nil {
-		obs.Etcd, obs.Members, obs.MembersErr = r.observeEtcd(ctx, cluster, secrets, obs.Machines)
+		obs.Etcd, obs.Members, obs.DepartedAlarms, obs.MembersErr = r.observeEtcd(ctx, cluster, secrets, obs.Machines)
 	}
 	obs.rollout = r.newRollout(ctx, cp)
 	obs.remediation = newRemediationPolicy(cp, r.Now())
@@ -143,7 +143,7 @@ func byName(list []corev1.Node) map[string]*corev1.Node {
 
 // observeEtcd reads the stacked members through the machines' client
 // URLs, with a client certificate QCP issues itself from the etcd CA.
-func (r *Reconciler) observeEtcd(ctx context.Context, cluster *clusterv1.Cluster, secrets *clusterSecrets, machines []*clusterv1.Machine) (*etcd.Client, []quorum.Member, error) {
+func (r *Reconciler) observeEtcd(ctx context.Context, cluster *clusterv1.Cluster, secrets *clusterSecrets, machines []*clusterv1.Machine) (*etcd.Client, []quorum.Member, []quorum.Alarm, error) {
 	return engine.ObserveEtcd(ctx, r.Etcd, klogRef(cluster), secrets.cas.Etcd, machines, r.Now())
 }
 
@@ -157,8 +157,11 @@ func (o *observation) build(cp *controlplanev1.QuorumControlPlane, cluster *clus
 		Members:        o.Members,
 		MembersUnknown: o.MembersErr != nil,
 		Bootstrapped:   o.initialized || len(o.Members) > 0,
-		Now:            now,
-		Tunables:       tun,
+		DepartedAlarms: o.DepartedAlarms,
+		// The spec's quota, which a rollout gives every member.
+		QuotaBackendBytes: engine.QuotaBackendBytes(cp.Spec.Etcd.Stacked.ExtraArgs),
+		Now:               now,
+		Tunables:          tun,
 	}
 	if o.external != nil {
 		s.ExternalEtcdProblem = o.external.problem

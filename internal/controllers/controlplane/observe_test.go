@@ -2,6 +2,7 @@ package controlplane
 
 import (
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
@@ -10,6 +11,7 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/conditions"
 
+	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
 	"github.com/qcp-dev/qcp/internal/controllers/engine"
 	"github.com/qcp-dev/qcp/internal/quorum"
 )
@@ -134,5 +136,23 @@ func TestEtcdRoleLabel(t *testing.T) {
 		if got := m.Labels[engine.EtcdRoleLabel]; got != step.want {
 			t.Errorf("member %+v (read error %v): role label %q, want %q", step.member, step.err, got, step.want)
 		}
+	}
+}
+
+// The planner sees the alarms of members since removed, and the quota etcd
+// runs with: the spec's, or etcd's own default when the spec sets none.
+func TestBuildCarriesDepartedAlarmsAndQuota(t *testing.T) {
+	departed := []quorum.Alarm{{MemberID: 0xc3, Type: "NOSPACE"}}
+	cp := &controlplanev1.QuorumControlPlane{}
+	obs := &observation{Observation: engine.Observation{Members: []quorum.Member{{ID: 0xa1, Name: "cp-1", Healthy: true}}, DepartedAlarms: departed}}
+	obs.build(cp, &clusterv1.Cluster{}, t0, quorum.Tunables{})
+	if !slices.Equal(obs.State.DepartedAlarms, departed) || obs.State.QuotaBackendBytes != engine.DefaultQuotaBackendBytes {
+		t.Errorf("State: departed alarms %v, quota %d; want %v and etcd's default %d",
+			obs.State.DepartedAlarms, obs.State.QuotaBackendBytes, departed, engine.DefaultQuotaBackendBytes)
+	}
+	cp.Spec.Etcd.Stacked.ExtraArgs = []controlplanev1.Arg{{Name: "quota-backend-bytes", Value: "4294967296"}}
+	obs.build(cp, &clusterv1.Cluster{}, t0, quorum.Tunables{})
+	if obs.State.QuotaBackendBytes != 4294967296 {
+		t.Errorf("quota %d, want the spec's 4294967296", obs.State.QuotaBackendBytes)
 	}
 }

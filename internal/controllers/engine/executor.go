@@ -72,6 +72,8 @@ func (x Executor) Execute(ctx context.Context, d quorum.Decision, machine *clust
 		return x.Etcd.MoveLeader(ctx, d.MemberID)
 	case quorum.RemoveMember:
 		return x.Etcd.Remove(ctx, d.MemberID)
+	case quorum.DisarmAlarm:
+		return x.Etcd.DisarmAlarm(ctx, d.MemberID, d.Alarm)
 	}
 	return fmt.Errorf("%s: %w", d.Kind, errNotHere)
 }

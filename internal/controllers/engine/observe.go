@@ -4,14 +4,17 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
+	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
 	"github.com/qcp-dev/qcp/internal/bootstrap"
 	"github.com/qcp-dev/qcp/internal/certs"
 	"github.com/qcp-dev/qcp/internal/etcd"
@@ -31,7 +34,10 @@ type Observation struct {
 	// they are unknown.
 	Members    []quorum.Member
 	MembersErr error
-	State      quorum.State
+	// DepartedAlarms are the active alarms of members no longer listed
+	// (see etcd.Client.Observe).
+	DepartedAlarms []quorum.Alarm
+	State          quorum.State
 }
 
 // PlannerMachine is what every owner's machine tells the planner: where it
@@ -125,8 +131,9 @@ func (o *Observation) LocalMember() bootstrap.LocalEtcd {
 // ObserveEtcd reads the member list through the machines' client URLs,
 // each member's status, the alarms, and whether every voter reports the
 // same member list, with a client certificate issued from ca. The client
-// is kept in pool under key. An error means the membership is unknown.
-func ObserveEtcd(ctx context.Context, pool *etcd.Pool, key string, ca *certs.KeyPair, machines []*clusterv1.Machine, now time.Time) (*etcd.Client, []quorum.Member, error) {
+// is kept in pool under key. It returns the members and the alarms of
+// members since removed. An error means the membership is unknown.
+func ObserveEtcd(ctx context.Context, pool *etcd.Pool, key string, ca *certs.KeyPair, machines []*clusterv1.Machine, now time.Time) (*etcd.Client, []quorum.Member, []quorum.Alarm, error) {
 	var endpoints []string
 	for _, m := range machines {
 		if u := ClientURL(m); u != "" {
@@ -134,7 +141,7 @@ func ObserveEtcd(ctx context.Context, pool *etcd.Pool, key string, ca *certs.Key
 		}
 	}
 	if len(endpoints) == 0 {
-		return nil, nil, errors.New("no machine has an address yet, so no etcd member can be asked")
+		return nil, nil, nil, errors.New("no machine has an address yet, so no etcd member can be asked")
 	}
 	cli, err := pool.GetFunc(key, func() (etcd.Config, error) {
 		pair, err := certs.IssueEtcdClient(ca, "qcp-manager", now)
@@ -144,25 +151,25 @@ func ObserveEtcd(ctx context.Context, pool *etcd.Pool, key string, ca *certs.Key
 		return etcd.Config{Endpoints: endpoints, CAPEM: ca.CertPEM, CertPEM: pair.CertPEM, KeyPEM: pair.KeyPEM}, nil
 	})
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	if !slices.Equal(cli.Endpoints(), endpoints) {
 		cli.SetEndpoints(endpoints...)
 	}
-	members, err := cli.ObserveMembers(ctx)
+	members, departed, err := cli.Observe(ctx)
 	if err != nil {
-		return cli, nil, fmt.Errorf("reading the etcd member list: %w", err)
+		return cli, nil, nil, fmt.Errorf("reading the etcd member list: %w", err)
 	}
 	agreement, err := cli.MemberListAgreement(ctx)
 	if err != nil {
-		return cli, nil, fmt.Errorf("comparing the voters' member lists: %w", err)
+		return cli, nil, nil, fmt.Errorf("comparing the voters' member lists: %w", err)
 	}
 	// A voter that does not answer is down, which its health says; only
 	// voters that answer with different lists make the membership unknown.
 	if !agreement.Consistent() {
-		return cli, nil, fmt.Errorf("the voters report different member lists: %v", agreement.Views)
+		return cli, nil, nil, fmt.Errorf("the voters report different member lists: %v", agreement.Views)
 	}
-	return cli, PlannerMembers(members, machines), nil
+	return cli, PlannerMembers(members, machines), departed, nil
 }
 
 // PlannerMembers adds the caller's records to the observed members: when
@@ -184,6 +191,36 @@ func PlannerMembers(members []quorum.Member, machines []*clusterv1.Machine) []qu
 		}
 	}
 	return out
+}
+
+// DefaultQuotaBackendBytes is etcd's own backend quota, 2 GiB, in force
+// when --quota-backend-bytes is unset or 0. QCP sets no quota itself; a
+// user may, through the etcd extra args.
+const DefaultQuotaBackendBytes int64 = 2 << 30
+
+// QuotaBackendBytes is the backend quota etcd runs with under extraArgs,
+// for quorum.State.QuotaBackendBytes. etcd takes the last of repeated
+// flags. A negative quota turns etcd's quota off, so every size is below
+// it; a value etcd cannot parse (no member would start) is unknown, 0.
+func QuotaBackendBytes(extraArgs []controlplanev1.Arg) int64 {
+	quota := DefaultQuotaBackendBytes
+	for _, a := range extraArgs {
+		if a.Name != "quota-backend-bytes" {
+			continue
+		}
+		v, err := strconv.ParseInt(a.Value, 0, 64) // as etcd's flag package parses it
+		switch {
+		case err != nil:
+			quota = 0
+		case v < 0:
+			quota = math.MaxInt64
+		case v == 0:
+			quota = DefaultQuotaBackendBytes
+		default:
+			quota = v
+		}
+	}
+	return quota
 }
 
 // PeerURL is the etcd peer URL of machine: its first internal IP on the

@@ -2,6 +2,7 @@ package engine
 
 import (
 	"fmt"
+	"math"
 	"slices"
 	"sort"
 	"strings"
@@ -72,6 +73,8 @@ func target(d quorum.Decision) string {
 	switch d.Kind {
 	case quorum.CreateMachine:
 		return "failure domain " + quoteFD(d.FailureDomain)
+	case quorum.DisarmAlarm:
+		return d.Alarm + " of " + FormatMemberID(d.MemberID)
 	case quorum.Promote, quorum.MoveLeader, quorum.RemoveMember:
 		if d.Machine == "" {
 			return FormatMemberID(d.MemberID)
@@ -91,7 +94,7 @@ func quoteFD(fd string) string {
 }
 
 // SetEtcdHealthy sets owner's EtcdClusterHealthy: every member healthy and started, the voters agree on
-// the list, no alarm.
+// the list, no alarm, not even one raised by a member since removed.
 func SetEtcdHealthy(owner conditions.Setter, obs *Observation) {
 	if obs.MembersErr != nil {
 		reason := controlplanev1.EtcdClusterInspectionFailedReason
@@ -115,6 +118,9 @@ func SetEtcdHealthy(owner conditions.Setter, obs *Observation) {
 			problems = append(problems, fmt.Sprintf("* Member %s: alarm %s raised", name, a))
 		}
 	}
+	for _, a := range obs.DepartedAlarms {
+		problems = append(problems, "* "+DepartedAlarmMessage(a, obs.State.QuotaBackendBytes))
+	}
 	if len(obs.Members) == 0 {
 		problems = append(problems, "* No etcd member yet")
 	}
@@ -124,6 +130,25 @@ func SetEtcdHealthy(owner conditions.Setter, obs *Observation) {
 		return
 	}
 	conditions.Set(owner, metav1.Condition{Type: controlplanev1.EtcdClusterHealthyCondition, Status: metav1.ConditionTrue, Reason: controlplanev1.EtcdClusterHealthyReason})
+}
+
+// DepartedAlarmMessage names alarm a of a member since removed, what it
+// does and who clears it. etcd keeps such an alarm until it is disarmed,
+// and no member QCP lists shows it.
+func DepartedAlarmMessage(a quorum.Alarm, quota int64) string {
+	head := fmt.Sprintf("Member %s, since removed, raised %s", FormatMemberID(a.MemberID), a.Type)
+	switch a.Type {
+	case "NOSPACE":
+		limit := "etcd's backend quota"
+		if quota > 0 && quota < math.MaxInt64 {
+			limit = fmt.Sprintf("the backend quota (%d bytes)", quota)
+		}
+		return fmt.Sprintf("%s; etcd refuses writes until it is disarmed, which QCP does once every member's database is below %s", head, limit)
+	case "CORRUPT":
+		return head + "; some member's data may differ from the others', so QCP adds no member until a person has compared them " +
+			"(etcdctl endpoint hashkv --cluster) and disarmed the alarm (etcdctl alarm disarm)"
+	}
+	return head + "; etcd keeps it until it is disarmed (etcdctl alarm disarm)"
 }
 
 func memberName(obs *Observation, mb quorum.Member) string {

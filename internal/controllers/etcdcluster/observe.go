@@ -41,7 +41,7 @@ func (r *Reconciler) observe(ctx context.Context, cluster *clusterv1.Cluster, ec
 		return nil, err
 	}
 	obs := &observation{Observation: engine.Observation{Machines: machines}, rollout: newRollout(ec, r.Now())}
-	obs.Etcd, obs.Members, obs.MembersErr = engine.ObserveEtcd(ctx, r.Etcd, poolKey(ec), ca, machines, r.Now())
+	obs.Etcd, obs.Members, obs.DepartedAlarms, obs.MembersErr = engine.ObserveEtcd(ctx, r.Etcd, poolKey(ec), ca, machines, r.Now())
 	obs.build(ec, cluster, r.Now(), r.tunables(ec))
 	return obs, nil
 }
@@ -66,8 +66,11 @@ func (o *observation) build(ec *etcdv1.EtcdCluster, cluster *clusterv1.Cluster, 
 		Members:        o.Members,
 		MembersUnknown: o.MembersErr != nil,
 		Bootstrapped:   ec.Status.Initialized || len(o.Members) > 0,
-		Now:            now,
-		Tunables:       tun,
+		DepartedAlarms: o.DepartedAlarms,
+		// The spec's quota, which a rollout gives every member.
+		QuotaBackendBytes: engine.QuotaBackendBytes(ec.Spec.ExtraArgs),
+		Now:               now,
+		Tunables:          tun,
 	}
 	for _, m := range o.Machines {
 		pm := engine.PlannerMachine(m, len(o.rollout.outdated(m)) == 0)

@@ -1,0 +1,200 @@
+package engine
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/conditions"
+
+	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
+	"github.com/qcp-dev/qcp/internal/etcd"
+	"github.com/qcp-dev/qcp/internal/quorum"
+	"github.com/qcp-dev/qcp/internal/testkit"
+)
+
+// TestDepartedAlarmIsObservedAndDisarmed is issue 28's controller hole 2
+// on a real 3-member etcd cluster. A member raises NOSPACE and CORRUPT and
+// is then removed, as QCP removes an alarmed member before replacing it.
+// etcd keeps both alarms, still refusing writes, and the observation must
+// keep them too: as departed alarms naming the member, shown in
+// EtcdClusterHealthy, while the members that remain carry none. The
+// executor's DisarmAlarm then clears the NOSPACE in etcd itself, and the
+// CORRUPT, which only a person may disarm, stays observed.
+func TestDepartedAlarmIsObservedAndDisarmed(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	cl, ps, cli := testkit.StartEtcdCluster(ctx, t, "departed", 3)
+	list, err := cli.Members(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var gone etcd.Member
+	var stay []*testkit.EtcdProcess
+	for _, p := range ps {
+		i := slices.IndexFunc(list, func(m etcd.Member) bool { return m.Name == p.Name })
+		if gone.ID == 0 {
+			gone = list[i]
+			continue
+		}
+		stay = append(stay, p)
+	}
+	for _, typ := range []etcdserverpb.AlarmType{etcdserverpb.AlarmType_NOSPACE, etcdserverpb.AlarmType_CORRUPT} {
+		req := &etcdserverpb.AlarmRequest{Action: etcdserverpb.AlarmRequest_ACTIVATE, MemberID: gone.ID, Alarm: typ}
+		if _, err := etcdserverpb.NewMaintenanceClient(cli.Raw().ActiveConnection()).Alarm(ctx, req); err != nil {
+			t.Fatalf("raising %s on %x: %v", typ, gone.ID, err)
+		}
+	}
+	// etcd refuses a removal for its first seconds ("unhealthy cluster"),
+	// until the members have been connected long enough.
+	if err := testkit.Eventually(ctx, 200*time.Millisecond, "the alarmed member removed", func(ctx context.Context) error {
+		return cli.Remove(ctx, gone.ID)
+	}); err != nil {
+		t.Fatal(err)
+	}
+
+	// What the owner's machines are now: the removed member's machine is
+	// gone, as it is once QCP has replaced it.
+	var machines []*clusterv1.Machine
+	for _, p := range stay {
+		machines = append(machines, &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Name: p.Name},
+			Status: clusterv1.MachineStatus{Addresses: []clusterv1.MachineAddress{{Type: clusterv1.MachineInternalIP, Address: p.IP.String()}}}})
+	}
+	pool := etcd.NewPool()
+	t.Cleanup(func() { _ = pool.Close() })
+	observe := func(ctx context.Context) (*Observation, error) {
+		obs := &Observation{Machines: machines}
+		obs.Etcd, obs.Members, obs.DepartedAlarms, obs.MembersErr = ObserveEtcd(ctx, pool, "departed", cl.CA, machines, time.Now())
+		obs.State.QuotaBackendBytes = DefaultQuotaBackendBytes
+		if obs.MembersErr != nil {
+			return nil, obs.MembersErr
+		}
+		if len(obs.Members) != len(stay) {
+			return nil, fmt.Errorf("%d members listed, want %d", len(obs.Members), len(stay))
+		}
+		return obs, nil
+	}
+	var obs *Observation
+	if err := testkit.Eventually(ctx, 200*time.Millisecond, "the removal observed, with every member's status", func(ctx context.Context) (err error) {
+		if obs, err = observe(ctx); err != nil {
+			return err
+		}
+		for _, mb := range obs.Members {
+			if !mb.Healthy {
+				return fmt.Errorf("member %x not healthy", mb.ID)
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	for _, mb := range obs.Members {
+		if mb.DBSize <= 0 {
+			t.Errorf("member %x's DB size %d: the planner needs each member's, from its status", mb.ID, mb.DBSize)
+		}
+	}
+	want := []quorum.Alarm{{MemberID: gone.ID, Type: "NOSPACE"}, {MemberID: gone.ID, Type: "CORRUPT"}}
+	if !sameAlarms(obs.DepartedAlarms, want) {
+		t.Fatalf("departed alarms %v, want %v: etcd keeps a removed member's alarms", obs.DepartedAlarms, want)
+	}
+	for _, mb := range obs.Members {
+		if len(mb.Alarms) > 0 {
+			t.Errorf("member %x carries alarms %v it never raised", mb.ID, mb.Alarms)
+		}
+	}
+	cp := &controlplanev1.QuorumControlPlane{}
+	SetEtcdHealthy(cp, obs)
+	msg := conditions.GetMessage(cp, controlplanev1.EtcdClusterHealthyCondition)
+	for _, typ := range []string{"NOSPACE", "CORRUPT"} {
+		if !conditions.IsFalse(cp, controlplanev1.EtcdClusterHealthyCondition) || !strings.Contains(msg, FormatMemberID(gone.ID)+", since removed, raised "+typ) {
+			t.Errorf("EtcdClusterHealthy %v does not name %x's %s", conditions.Get(cp, controlplanev1.EtcdClusterHealthyCondition), gone.ID, typ)
+		}
+	}
+
+	x := Executor{Etcd: obs.Etcd, Now: time.Now}
+	disarm := quorum.Decision{Kind: quorum.DisarmAlarm, MemberID: gone.ID, Alarm: "NOSPACE"}
+	if err := x.Execute(ctx, disarm, nil); err != nil {
+		t.Fatalf("%s: %v", disarm, err)
+	}
+	alarms, err := cli.Alarms(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []etcd.Alarm{{MemberID: gone.ID, Type: "CORRUPT"}}; !slices.Equal(alarms, want) {
+		t.Fatalf("etcd's alarms after disarming NOSPACE: %v, want %v", alarms, want)
+	}
+	// A retry after a lost reply finds nothing to disarm, and succeeds.
+	if err := x.Execute(ctx, disarm, nil); err != nil {
+		t.Fatalf("%s again: %v", disarm, err)
+	}
+	if obs, err = observe(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if want := want[1:]; !sameAlarms(obs.DepartedAlarms, want) {
+		t.Fatalf("departed alarms after the disarm %v, want %v", obs.DepartedAlarms, want)
+	}
+}
+
+func sameAlarms(got, want []quorum.Alarm) bool {
+	key := func(a, b quorum.Alarm) int { return strings.Compare(a.Type, b.Type) }
+	return slices.Equal(slices.SortedFunc(slices.Values(got), key), slices.SortedFunc(slices.Values(want), key))
+}
+
+// A departed member's alarm must turn EtcdClusterHealthy false even when
+// every listed member is healthy, and say who raised it, what it does and
+// who clears it.
+func TestEtcdHealthyNamesDepartedAlarms(t *testing.T) {
+	obs := &Observation{
+		Members: []quorum.Member{{ID: 1, Name: "a", Healthy: true, Leader: true}, {ID: 2, Name: "b", Healthy: true}},
+		State:   quorum.State{QuotaBackendBytes: DefaultQuotaBackendBytes},
+	}
+	cp := &controlplanev1.QuorumControlPlane{}
+	SetEtcdHealthy(cp, obs)
+	if !conditions.IsTrue(cp, controlplanev1.EtcdClusterHealthyCondition) {
+		t.Fatalf("healthy members, no alarm: %v", conditions.Get(cp, controlplanev1.EtcdClusterHealthyCondition))
+	}
+	obs.DepartedAlarms = []quorum.Alarm{{MemberID: 0x8e9e05c52164694d, Type: "CORRUPT"}, {MemberID: 0x91bc3c398fb3c146, Type: "NOSPACE"}}
+	SetEtcdHealthy(cp, obs)
+	c := conditions.Get(cp, controlplanev1.EtcdClusterHealthyCondition)
+	if c.Status != metav1.ConditionFalse || c.Reason != controlplanev1.EtcdClusterNotHealthyReason {
+		t.Fatalf("EtcdClusterHealthy with departed alarms: %v", c)
+	}
+	for _, want := range []string{
+		"* Member 8e9e05c52164694d, since removed, raised CORRUPT; ",
+		"etcdctl alarm disarm",
+		"* Member 91bc3c398fb3c146, since removed, raised NOSPACE; etcd refuses writes",
+		"below the backend quota (2147483648 bytes)",
+	} {
+		if !strings.Contains(c.Message, want) {
+			t.Errorf("EtcdClusterHealthy message %q lacks %q", c.Message, want)
+		}
+	}
+}
+
+func TestQuotaBackendBytes(t *testing.T) {
+	arg := func(v string) controlplanev1.Arg { return controlplanev1.Arg{Name: "quota-backend-bytes", Value: v} }
+	for _, tc := range []struct {
+		name string
+		args []controlplanev1.Arg
+		want int64
+	}{
+		{"unset: etcd's default", []controlplanev1.Arg{{Name: "log-level", Value: "debug"}}, 2147483648},
+		{"set", []controlplanev1.Arg{arg("8589934592")}, 8589934592},
+		{"zero: etcd's default", []controlplanev1.Arg{arg("0")}, 2147483648},
+		{"negative: no quota", []controlplanev1.Arg{arg("-1")}, math.MaxInt64},
+		{"repeated: the last wins", []controlplanev1.Arg{arg("1024"), arg("4096")}, 4096},
+		{"unparsable: unknown", []controlplanev1.Arg{arg("8G")}, 0},
+	} {
+		if got := QuotaBackendBytes(tc.args); got != tc.want {
+			t.Errorf("%s: QuotaBackendBytes(%v) = %d, want %d", tc.name, tc.args, got, tc.want)
+		}
+	}
+}
