@@ -82,6 +82,7 @@ type Reconciler struct {
 	metrics    *engine.Metrics
 	stepper    *engine.Stepper
 	wakeups    *engine.Wakeups
+	catchUp    *engine.CatchUp
 	controller controller.Controller
 }
 
@@ -108,6 +109,7 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) err
 	r.metrics = engine.NewMetrics("qcp_controlplane", "QuorumControlPlane")
 	r.stepper = &engine.Stepper{Client: r.Client, Recorder: r.Recorder, Metrics: r.metrics, Failpoints: r.Failpoints, Now: r.Now}
 	r.wakeups = engine.NewWakeups(r.Now)
+	r.catchUp = engine.NewCatchUp()
 	c, err := ctrl.NewControllerManagedBy(mgr).
 		For(&controlplanev1.QuorumControlPlane{}).
 		WithOptions(controller.Options{MaxConcurrentReconciles: max(r.Concurrency, 1)}).

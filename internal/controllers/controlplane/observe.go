@@ -144,7 +144,8 @@ func byName(list []corev1.Node) map[string]*corev1.Node {
 // observeEtcd reads the stacked members through the machines' client
 // URLs, with a client certificate QCP issues itself from the etcd CA.
 func (r *Reconciler) observeEtcd(ctx context.Context, cluster *clusterv1.Cluster, secrets *clusterSecrets, machines []*clusterv1.Machine) (*etcd.Client, []quorum.Member, []quorum.Alarm, error) {
-	return engine.ObserveEtcd(ctx, r.Etcd, klogRef(cluster), secrets.cas.Etcd, machines, r.Now())
+	cli, members, departed, err := engine.ObserveEtcd(ctx, r.Etcd, klogRef(cluster), secrets.cas.Etcd, machines, r.Now())
+	return cli, r.catchUp.Observe(members, r.Now()), departed, err
 }
 
 // build turns the observation into the planner's State.

@@ -66,6 +66,7 @@ type Reconciler struct {
 	metrics *engine.Metrics
 	stepper *engine.Stepper
 	wakeups *engine.Wakeups
+	catchUp *engine.CatchUp
 }
 
 // +kubebuilder:rbac:groups=etcd.cluster.x-k8s.io,resources=etcdclusters;etcdclusters/status;etcdclusters/finalizers,verbs=get;list;watch;update;patch
@@ -87,6 +88,7 @@ func (r *Reconciler) SetupWithManager(_ context.Context, mgr ctrl.Manager) error
 	r.metrics = engine.NewMetrics("qcp_etcdcluster", "EtcdCluster")
 	r.stepper = &engine.Stepper{Client: r.Client, Recorder: r.Recorder, Metrics: r.metrics, Failpoints: r.Failpoints, Now: r.Now}
 	r.wakeups = engine.NewWakeups(r.Now)
+	r.catchUp = engine.NewCatchUp()
 	err := ctrl.NewControllerManagedBy(mgr).
 		For(&etcdv1.EtcdCluster{}).
 		WithOptions(controller.Options{MaxConcurrentReconciles: max(r.Concurrency, 1)}).
