@@ -4,10 +4,12 @@ import (
 	"context"
 	"crypto/tls"
 	"fmt"
+	"slices"
 	"sort"
 	"strings"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 
@@ -95,16 +97,27 @@ func (a *machineCtx) checkMembership(ctx context.Context, cli *clientv3.Client, 
 	if err != nil {
 		return fmt.Sprintf("the etcd member list from %v (error: %v)", a.doc.Etcd.Local.ExistingEndpoints, err), ""
 	}
+	return joinCluster(resp.Members, a.machine.Name, myPeer)
+}
+
+// joinCluster is etcd's --initial-cluster for machine myName joining at
+// myPeer, once members lists it, or what the machine waits for. etcd takes
+// the member whose peer URL it advertises for its own, so a member at
+// myPeer that has started under another name is an old member whose
+// address this machine reuses: joining as it with an empty data directory
+// would bring back a voter that has forgotten its log. The machine waits
+// for it to be removed instead.
+func joinCluster(members []*etcdserverpb.Member, myName, myPeer string) (waitingFor, initialCluster string) {
 	var parts, seen []string
 	found := false
-	for _, m := range resp.Members {
+	for _, m := range members {
 		name := m.Name
-		isMe := false
-		for _, u := range m.PeerURLs {
-			isMe = isMe || u == myPeer
+		isMe := slices.Contains(m.PeerURLs, myPeer)
+		if isMe && !isOwn(m, myName) {
+			return fmt.Sprintf("etcd member %s (%x), which holds this machine's peer URL %s, to be removed: it is an earlier machine's member at a reused address", m.Name, m.ID, myPeer), ""
 		}
 		if isMe {
-			found, name = true, a.machine.Name
+			found, name = true, myName
 		}
 		if name == "" {
 			// Another added but unstarted member: etcd matches members by
@@ -124,6 +137,10 @@ func (a *machineCtx) checkMembership(ctx context.Context, cli *clientv3.Client, 
 	return "", strings.Join(parts, ",")
 }
 
+// isOwn reports whether m can be this machine's member: not started yet,
+// or started under this machine's name (the agent restarted).
+func isOwn(m *etcdserverpb.Member, myName string) bool { return m.Name == "" || m.Name == myName }
+
 // waitVoter blocks until this machine's member is a voter. A learner
 // refuses the API server's requests, so starting kube-apiserver earlier
 // would only crash-loop it.
@@ -140,10 +157,8 @@ func (a *machineCtx) waitVoter(ctx context.Context) error {
 		cancel()
 		if err == nil {
 			for _, m := range resp.Members {
-				for _, u := range m.PeerURLs {
-					if u == myPeer && !m.IsLearner {
-						return nil
-					}
+				if slices.Contains(m.PeerURLs, myPeer) && isOwn(m, a.machine.Name) && !m.IsLearner {
+					return nil
 				}
 			}
 		}

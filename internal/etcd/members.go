@@ -246,20 +246,31 @@ func (c *Client) Statuses(ctx context.Context, members []Member) (map[uint64]Mem
 	return ok, failed
 }
 
-// Leader returns the status of the member that all reachable members agree
-// leads the cluster, or an error if none does.
+// Leader returns the status of the member the reachable members follow
+// (ElectedLeader), or an error if they name none that is still a member.
+// An old leader cut off from the others, which still calls itself leader,
+// is not taken for it. When the leader did not answer its own status in
+// time, only ID and Endpoint are set: requests that must go to the leader
+// still can.
 func (c *Client) Leader(ctx context.Context) (MemberStatus, error) {
 	members, err := c.Members(ctx)
 	if err != nil {
 		return MemberStatus{}, err
 	}
 	statuses, _ := c.Statuses(ctx, members)
-	for _, s := range statuses {
-		if s.Leader != 0 && s.Leader == s.ID {
-			return s, nil
+	id := ElectedLeader(statuses)
+	if id == 0 {
+		return MemberStatus{}, errors.New("no etcd member reports a leader")
+	}
+	if s, ok := statuses[id]; ok {
+		return s, nil
+	}
+	for _, m := range members {
+		if m.ID == id && len(m.ClientURLs) > 0 {
+			return MemberStatus{ID: id, Endpoint: m.ClientURLs[0]}, nil
 		}
 	}
-	return MemberStatus{}, errors.New("no member reports itself as etcd leader")
+	return MemberStatus{}, fmt.Errorf("the etcd members follow %x, which is no longer a started member", id)
 }
 
 // Alarms lists the raised alarms (NOSPACE, CORRUPT) with the member raising each.

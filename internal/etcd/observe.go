@@ -3,6 +3,8 @@ package etcd
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
 
 	"github.com/qcp-dev/qcp/internal/quorum"
 )
@@ -33,7 +35,9 @@ func (c *Client) ObserveMembers(ctx context.Context) ([]quorum.Member, error) {
 // come from the alarm list, which names the member that raised each. The
 // Errors of a member's status are not used: etcd repeats every
 // cluster-wide alarm there on every member, so one NOSPACE would mark every
-// member unhealthy and look like lost quorum.
+// member unhealthy and look like lost quorum. The leader is the one the
+// members' statuses name (ElectedLeader), whether or not it answered its
+// own.
 //
 // etcd keeps an alarm after the member that raised it is removed, until
 // someone disarms it, and it goes on refusing writes (NOSPACE) meanwhile.
@@ -56,6 +60,7 @@ func (c *Client) Observe(ctx context.Context) (members []quorum.Member, departed
 		raised[a.MemberID] = append(raised[a.MemberID], a.Type)
 	}
 	statuses, _ := c.Statuses(ctx, list)
+	leader := ElectedLeader(statuses)
 	out := make([]quorum.Member, 0, len(list))
 	for _, mb := range list {
 		qm := quorum.Member{ID: mb.ID, Name: mb.Name, Learner: mb.IsLearner, Alarms: raised[mb.ID]}
@@ -66,9 +71,13 @@ func (c *Client) Observe(ctx context.Context) (members []quorum.Member, departed
 		if s, ok := statuses[mb.ID]; ok {
 			qm.Healthy = mb.IsLearner || s.Leader != 0
 			qm.AppliedIndex, qm.Revision = s.AppliedIndex, s.Revision
-			qm.Leader = s.Leader == s.ID
 			qm.DBSize = s.DBSize
 		}
+		// Even when its own status did not answer: a leader too loaded to
+		// answer within StatusTimeout then reads as an unhealthy leader,
+		// which the planner waits on, not as a down voter it may remove
+		// without moving leadership first.
+		qm.Leader = leader != 0 && mb.ID == leader && !mb.IsLearner
 		out = append(out, qm)
 	}
 	for _, a := range alarms {
@@ -77,4 +86,28 @@ func (c *Client) Observe(ctx context.Context) (members []quorum.Member, departed
 		}
 	}
 	return out, departed, nil
+}
+
+// ElectedLeader is the member the answering members follow, taken from the
+// view with the highest raft term that names a leader; 0 if none names
+// one. Every member's view counts, not only the leader's own: a leader
+// whose status request timed out is still named by its followers. The
+// term decides between views that disagree: an old leader cut off from
+// the others still names itself, in a term the others have left behind
+// when they elected another. A higher term whose members name nobody yet
+// (an election under way) does not unseat the last leader named: keeping
+// it marked can only make the planner wait or move leadership, while
+// unmarking it could let the planner remove a member that still leads.
+// Raft elects at most one leader per term; should two views of one term
+// disagree all the same, the lowest member ID's view wins, so that the
+// answer does not depend on map order.
+func ElectedLeader(statuses map[uint64]MemberStatus) uint64 {
+	var leader, term uint64
+	for _, id := range slices.Sorted(maps.Keys(statuses)) {
+		s := statuses[id]
+		if s.Leader != 0 && (leader == 0 || s.RaftTerm > term) {
+			leader, term = s.Leader, s.RaftTerm
+		}
+	}
+	return leader
 }

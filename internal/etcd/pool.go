@@ -32,6 +32,9 @@ type Config struct {
 	// AutoSyncInterval refreshes the endpoints from the member list; 0
 	// disables it, and callers then call Sync after membership changes.
 	AutoSyncInterval time.Duration
+	// DialOptions are added to every connection's own, for tests that
+	// inject faults with a gRPC interceptor.
+	DialOptions []grpc.DialOption
 }
 
 // TLSConfig builds the client TLS configuration from the PEM material.
@@ -166,10 +169,10 @@ func dial(cfg Config, tlsCfg *tls.Config, endpoints []string, autoSync time.Dura
 		// endpoint that refused it. A member that is starting (the first
 		// one of a new cluster, one restarting) would then stay unseen long
 		// after it serves; a short cap keeps the quorum engine's view fresh.
-		DialOptions: []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
+		DialOptions: append([]grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
 			Backoff:           backoff.Config{BaseDelay: 100 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
 			MinConnectTimeout: 2 * time.Second,
-		})},
+		})}, cfg.DialOptions...),
 	})
 	if err != nil {
 		return nil, fmt.Errorf("dialling etcd %v: %w", endpoints, err)

@@ -72,23 +72,85 @@ func (o *Observation) Machine(name string) *clusterv1.Machine {
 	return nil
 }
 
-// MemberOn returns the member hosted on machine m: by recorded ID, then by
-// name, then by peer URL (a learner added just before a crash has neither
-// a record nor a name yet).
+// MemberOn returns the member hosted on machine m (see FindMember); none
+// when the match is ambiguous.
 func (o *Observation) MemberOn(m *clusterv1.Machine) (quorum.Member, bool) {
+	mb, ok, _ := o.FindMember(m)
+	return mb, ok
+}
+
+// FindMember returns the member hosted on machine m: by recorded ID, then
+// by name, then, for a machine without a recorded ID, by peer URL among
+// members that have not started (a learner added just before a crash has
+// neither a record nor a name yet). A started member is never matched by
+// address: an address reused by a new machine would otherwise hand it an
+// old member's ID, which KeepRecords records and the new machine would
+// rejoin as, with an empty data directory. A pass that finds more than one
+// candidate, or a peer URL other unrecorded machines share, matches
+// nothing, and refused says why, for the owner's status.
+func (o *Observation) FindMember(m *clusterv1.Machine) (mb quorum.Member, ok bool, refused string) {
 	id, url := ReadRecords(m).MemberID, PeerURL(m)
-	for _, pass := range []func(quorum.Member) bool{
-		func(mb quorum.Member) bool { return id != 0 && mb.ID == id },
-		func(mb quorum.Member) bool { return mb.Name != "" && mb.Name == m.Name },
-		func(mb quorum.Member) bool { return url != "" && mb.PeerURL == url },
-	} {
+	passes := []struct {
+		by    string
+		match func(quorum.Member) bool
+	}{
+		{"member ID", func(mb quorum.Member) bool { return id != 0 && mb.ID == id }},
+		{"name", func(mb quorum.Member) bool { return mb.Name != "" && mb.Name == m.Name }},
+		{"peer URL", func(mb quorum.Member) bool { return id == 0 && url != "" && !mb.Started() && mb.PeerURL == url }},
+	}
+	for _, pass := range passes {
+		var found []quorum.Member
 		for _, mb := range o.Members {
-			if pass(mb) {
-				return mb, true
+			if pass.match(mb) {
+				found = append(found, mb)
 			}
 		}
+		switch {
+		case len(found) > 1:
+			return quorum.Member{}, false, fmt.Sprintf("members %s all match it by %s; not mapping any of them to it", memberIDs(found), pass.by)
+		case len(found) == 0:
+			continue
+		case pass.by == "peer URL":
+			if others := o.unrecordedAt(url, m.Name); len(others) > 0 {
+				return quorum.Member{}, false, fmt.Sprintf("its address %s is also that of machine %s, so unstarted member %s may be any of theirs; not mapping it",
+					url, strings.Join(others, ", "), FormatMemberID(found[0].ID))
+			}
+		}
+		return found[0], true, ""
 	}
-	return quorum.Member{}, false
+	return quorum.Member{}, false, ""
+}
+
+// unrecordedAt names the machines other than except with peer URL url and
+// no recorded member ID: the ones an unstarted member at url may belong to.
+func (o *Observation) unrecordedAt(url, except string) []string {
+	var out []string
+	for _, m := range o.Machines {
+		if m.Name != except && PeerURL(m) == url && ReadRecords(m).MemberID == 0 {
+			out = append(out, m.Name)
+		}
+	}
+	return out
+}
+
+// RefusedMatches lists, per machine, why no member was mapped to it when a
+// match was ambiguous.
+func (o *Observation) RefusedMatches() []string {
+	var out []string
+	for _, m := range o.Machines {
+		if _, _, refused := o.FindMember(m); refused != "" {
+			out = append(out, fmt.Sprintf("Machine %s: %s", m.Name, refused))
+		}
+	}
+	return out
+}
+
+func memberIDs(ms []quorum.Member) string {
+	ids := make([]string, 0, len(ms))
+	for _, mb := range ms {
+		ids = append(ids, FormatMemberID(mb.ID))
+	}
+	return strings.Join(ids, ", ")
 }
 
 // MembershipInFlight reports whether a membership change no watch reports

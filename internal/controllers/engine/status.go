@@ -124,6 +124,9 @@ func SetEtcdHealthy(owner conditions.Setter, obs *Observation) {
 	if len(obs.Members) == 0 {
 		problems = append(problems, "* No etcd member yet")
 	}
+	for _, r := range obs.RefusedMatches() {
+		problems = append(problems, "* "+r)
+	}
 	if len(problems) > 0 {
 		conditions.Set(owner, metav1.Condition{Type: controlplanev1.EtcdClusterHealthyCondition, Status: metav1.ConditionFalse,
 			Reason: controlplanev1.EtcdClusterNotHealthyReason, Message: strings.Join(problems, "\n")})
