@@ -160,3 +160,28 @@ func TestDepartedAlarms(t *testing.T) {
 		expectDecision(t, s, RemoveMember, "4", "while member 99, since removed, raised CORRUPT")
 	})
 }
+
+// Controller hole 7, the planner's half: an unstarted member is mapped by
+// peer URL only to a single machine without a recorded member; two at one
+// address are ambiguous, and neither hosts it.
+func TestAmbiguousPeerURLMatchesNoMachine(t *testing.T) {
+	s := edit(cluster(3, 3), func(s *State) {
+		for _, name := range []string{"m-08", "m-09"} {
+			s.Machines = append(s.Machines, Machine{Name: name, PeerURL: "https://10.0.0.9:2380", UpToDate: true, CreatedAt: s.Now, ResourceVersion: "1"})
+		}
+		s.Members = append(s.Members, Member{ID: 9, PeerURL: "https://10.0.0.9:2380", Learner: true, AddedAt: s.Now})
+	})
+	v := newView(s)
+	for _, name := range []string{"m-08", "m-09"} {
+		if m, ok := v.memberOn(name); ok {
+			t.Errorf("machine %s is taken to host member %s, though another machine has its address", name, idString(m.ID))
+		}
+	}
+	if mc, ok := v.machineOf(s.Members[3]); ok {
+		t.Errorf("learner 9 is taken to run on %s", mc.Name)
+	}
+	one := edit(s, func(s *State) { s.Machines = s.Machines[:4] })
+	if m, ok := newView(one).memberOn("m-08"); !ok || m.ID != 9 {
+		t.Errorf("a single machine at the learner's address must host it")
+	}
+}

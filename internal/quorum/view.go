@@ -112,7 +112,7 @@ func (v view) memberOn(machine string) (Member, bool) {
 		return Member{}, false
 	}
 	for _, m := range v.members {
-		if hosts(mc, m) {
+		if hosts(mc, m) && !v.ambiguous(mc, m) {
 			return m, true
 		}
 	}
@@ -122,11 +122,28 @@ func (v view) memberOn(machine string) (Member, bool) {
 // machineOf returns the machine hosting m.
 func (v view) machineOf(m Member) (Machine, bool) {
 	for _, mc := range v.machines {
-		if hosts(mc, m) {
+		if hosts(mc, m) && !v.ambiguous(mc, m) {
 			return mc, true
 		}
 	}
 	return Machine{}, false
+}
+
+// ambiguous reports whether mc hosts m only by peer URL while another
+// machine without a recorded member has the same URL: an address reused
+// while an old machine still holds it. Neither is taken to host m, as the
+// controllers' MemberOn refuses the match: the wrong one would record the
+// member and join it with another machine's data directory.
+func (v view) ambiguous(mc Machine, m Member) bool {
+	if mc.MemberID != 0 || m.Name != "" {
+		return false
+	}
+	for _, o := range v.machines {
+		if o.Name != mc.Name && o.MemberID == 0 && o.PeerURL == mc.PeerURL {
+			return true
+		}
+	}
+	return false
 }
 
 func (v view) voters() []Member {
