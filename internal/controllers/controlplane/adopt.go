@@ -17,6 +17,18 @@ import (
 	"github.com/qcp-dev/qcp/internal/controllers/engine"
 )
 
+// EtcdBootstrappedAnnotation on a control plane records that its etcd
+// holds data QCP may never have seen: it adopted a machine that runs a
+// member. The planner's Bootstrapped is otherwise "initialized, or a
+// member seen", and an adopted machine carries no records of QCP's; if QCP
+// cannot read its etcd (a migration from KCP where the manager reaches
+// only the API server's port), the machine would look like a first
+// machine that failed to bootstrap, and be deleted with its etcd data.
+// With the annotation the planner reports that it cannot see the
+// membership instead. Remove it by hand only when no machine holds etcd
+// data worth keeping: QCP may then bootstrap a new etcd cluster.
+const EtcdBootstrappedAnnotation = "controlplane.cluster.x-k8s.io/qcp-etcd-bootstrapped"
+
 // adoptMachines makes cp the controller of the cluster's control plane
 // Machines that have none (made by hand, or left behind by another
 // provider), as KCP adopts its machines. An adopted machine keeps running
@@ -39,6 +51,9 @@ func (r *Reconciler) adoptMachines(ctx context.Context, cluster *clusterv1.Clust
 			refused = append(refused, fmt.Errorf("not adopting machine %s: %s", m.Name, why))
 			continue
 		}
+		if err := r.markEtcdBootstrapped(ctx, cp, m); err != nil {
+			return err
+		}
 		if err := r.adopt(ctx, cp, m); err != nil {
 			return err
 		}
@@ -46,6 +61,34 @@ func (r *Reconciler) adoptMachines(ctx context.Context, cluster *clusterv1.Clust
 		r.Recorder.Eventf(cp, corev1.EventTypeNormal, "Adopted", "Adopted machine %s", m.Name)
 	}
 	return errors.Join(refused...)
+}
+
+// markEtcdBootstrapped writes EtcdBootstrappedAnnotation on cp before m is
+// adopted, not with the round's deferred status patch: a crash in between
+// would leave an adopted machine that the next round takes for a first
+// machine that never bootstrapped. With external etcd the machines run no
+// member, and there is nothing to protect.
+func (r *Reconciler) markEtcdBootstrapped(ctx context.Context, cp *controlplanev1.QuorumControlPlane, m *clusterv1.Machine) error {
+	if _, ok := cp.Annotations[EtcdBootstrappedAnnotation]; ok || !cp.Spec.Etcd.IsStacked() {
+		return nil
+	}
+	mark := map[string]string{EtcdBootstrappedAnnotation: "adopted machine " + m.Name}
+	// A copy, so that the answer does not overwrite this round's status in
+	// cp; the deferred patch then finds the annotation already written.
+	before, marked := cp.DeepCopy(), cp.DeepCopy()
+	marked.Annotations = mergeInto(marked.Annotations, mark)
+	if err := r.Client.Patch(ctx, marked, client.MergeFrom(before)); err != nil {
+		return fmt.Errorf("recording on QuorumControlPlane %s that etcd holds data, before adopting machine %s: %w", cp.Name, m.Name, err)
+	}
+	cp.Annotations = mergeInto(cp.Annotations, mark)
+	return nil
+}
+
+// etcdBootstrapped reports whether cp's etcd held data before QCP saw a
+// member of it (see EtcdBootstrappedAnnotation).
+func etcdBootstrapped(cp *controlplanev1.QuorumControlPlane) bool {
+	_, ok := cp.Annotations[EtcdBootstrappedAnnotation]
+	return ok
 }
 
 // adoptionRefusal says why QCP may not adopt m, or "" if it may: it must

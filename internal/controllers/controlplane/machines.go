@@ -29,7 +29,7 @@ import (
 func (r *Reconciler) createMachine(ctx context.Context, cluster *clusterv1.Cluster, cp *controlplanev1.QuorumControlPlane,
 	secrets *clusterSecrets, obs *observation, d quorum.Decision) error {
 	tmpl := cp.Spec.MachineTemplate
-	machine, err := engine.CreateMachine(ctx, r.Client, r.Failpoints, engine.NewMachine{
+	machine, err := engine.CreateMachine(ctx, r.Client, r.APIReader, r.Failpoints, engine.NewMachine{
 		Owner: cp, OwnerRef: controlPlaneOwnerRef(cp), Cluster: cluster,
 		Name:             cp.Name + "-" + util.RandomString(5),
 		Labels:           machineLabels(cluster, cp),

@@ -157,7 +157,7 @@ func (o *observation) build(cp *controlplanev1.QuorumControlPlane, cluster *clus
 		FailureDomains: engine.ControlPlaneFailureDomains(cluster),
 		Members:        o.Members,
 		MembersUnknown: o.MembersErr != nil,
-		Bootstrapped:   o.initialized || len(o.Members) > 0,
+		Bootstrapped:   o.initialized || etcdBootstrapped(cp) || len(o.Members) > 0,
 		DepartedAlarms: o.DepartedAlarms,
 		// The spec's quota, which a rollout gives every member.
 		QuotaBackendBytes: engine.QuotaBackendBytes(cp.Spec.Etcd.Stacked.ExtraArgs),

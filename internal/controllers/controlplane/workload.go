@@ -30,8 +30,9 @@ const initializeProbeTimeout = 2 * time.Second
 // probe uses the kubeconfig directly rather than the ClusterCache.
 func (r *Reconciler) initialize(ctx context.Context, cluster *clusterv1.Cluster, cp *controlplanev1.QuorumControlPlane, obs *observation) {
 	// With stacked etcd no API server can answer before the first member
-	// runs; with external etcd, before the first machine exists.
-	if obs.initialized || len(obs.Members) == 0 && (obs.external == nil || len(obs.Machines) == 0) {
+	// runs (or an adopted machine brought one QCP may be unable to read);
+	// with external etcd, before the first machine exists.
+	if obs.initialized || !obs.State.Bootstrapped && (obs.external == nil || len(obs.Machines) == 0) {
 		return
 	}
 	cs, err := r.directWorkloadClient(ctx, cluster)

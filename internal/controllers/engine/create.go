@@ -2,12 +2,18 @@ package engine
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
+	"net/http"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/klog/v2"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/controllers/external"
@@ -49,7 +55,9 @@ type NewMachine struct {
 // the owner until the Machine exists, so a crash in between leaves nothing
 // that outlives the owner; CAPI core then makes the infrastructure machine
 // the Machine's, and the bootstrap Secret is handed to the Machine here.
-func CreateMachine(ctx context.Context, c client.Client, fp Failpoints, nm NewMachine) (*clusterv1.Machine, error) {
+// reader reads the API server directly: after a failed Machine create it
+// says whether the Machine exists (see createdAnyway).
+func CreateMachine(ctx context.Context, c client.Client, reader client.Reader, fp Failpoints, nm NewMachine) (*clusterv1.Machine, error) {
 	data, err := BootstrapDataSecret(&clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Name: nm.Name, Namespace: nm.Owner.GetNamespace()},
 		Spec: clusterv1.MachineSpec{ClusterName: nm.Cluster.Name}}, nm.Bootstrap)
 	if err != nil {
@@ -84,8 +92,22 @@ func CreateMachine(ctx context.Context, c client.Client, fp Failpoints, nm NewMa
 		},
 	}
 	if err := c.Create(ctx, machine); err != nil {
-		cleanUp(ctx, c, data, infra)
-		return nil, fmt.Errorf("creating machine %s: %w", nm.Name, err)
+		// Decided by what exists, not by the error: a create whose answer
+		// was lost may have committed, and cleaning up after it left a
+		// Machine without bootstrap data. When not even that can be read,
+		// both are kept; owned by the owner, at worst they go with it.
+		created, lookErr := createdAnyway(ctx, reader, machine, nm.OwnerRef, err)
+		switch {
+		case created != nil:
+			log.FromContext(ctx).Info("Creating the Machine failed, but it was created; keeping it", "Machine", klog.KObj(created), "error", err.Error())
+			machine = created
+		case lookErr != nil:
+			return nil, fmt.Errorf("creating machine %s: %w; whether it was created anyway cannot be read (%v), so its bootstrap data and %s %s are kept, owned by %s %s",
+				nm.Name, err, lookErr, infra.GetKind(), infra.GetName(), nm.OwnerRef.Kind, nm.OwnerRef.Name)
+		default:
+			cleanUp(ctx, c, data, infra)
+			return nil, fmt.Errorf("creating machine %s: %w", nm.Name, err)
+		}
 	}
 	fp.Hit(FailpointAfterMachine)
 
@@ -95,6 +117,65 @@ func CreateMachine(ctx context.Context, c client.Client, fp Failpoints, nm NewMa
 		return machine, fmt.Errorf("handing the bootstrap data of machine %s to the machine: %w", nm.Name, err)
 	}
 	return machine, nil
+}
+
+// createdLookupWait bounds how long a Machine whose create failed without
+// a definite answer is looked for: a write whose answer was lost to a
+// timeout or a broken connection may still commit. It is far above the time
+// a committed write takes to be readable, and short enough for a reconcile
+// to wait out.
+const createdLookupWait = 15 * time.Second
+
+// createdAnyway looks machine up, uncached, after its create returned
+// createErr, and returns it if it exists and is the one that create sent
+// (controlled by owner, with the same bootstrap data). A definite refusal
+// (a 4xx answer other than a timeout) committed nothing, and one read
+// settles it; after any other error it looks until createdLookupWait has
+// passed. It returns an error only when no read was answered, so whether
+// the Machine exists is unknown.
+func createdAnyway(ctx context.Context, reader client.Reader, machine *clusterv1.Machine, owner metav1.OwnerReference, createErr error) (*clusterv1.Machine, error) {
+	// The create's own context may be what timed out.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), createdLookupWait)
+	defer cancel()
+	var found *clusterv1.Machine
+	var lastErr error
+	answered := false
+	_ = wait.PollUntilContextCancel(ctx, 200*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		got := &clusterv1.Machine{}
+		err := reader.Get(ctx, client.ObjectKeyFromObject(machine), got)
+		switch {
+		case err == nil:
+			answered = true
+			if ref := metav1.GetControllerOf(got); ref != nil && ref.UID == owner.UID &&
+				ptr.Deref(got.Spec.Bootstrap.DataSecretName, "") == ptr.Deref(machine.Spec.Bootstrap.DataSecretName, "") {
+				found = got
+			}
+			return true, nil // someone else's Machine of that name will not become this one
+		case apierrors.IsNotFound(err):
+			answered = true
+			return refusedOutright(createErr), nil
+		default:
+			lastErr = err
+			return false, nil
+		}
+	})
+	if found != nil || answered {
+		return found, nil
+	}
+	return nil, fmt.Errorf("reading machine %s: %w", machine.Name, lastErr)
+}
+
+// refusedOutright reports whether err is an answer that the API server
+// refused the request, which then changed nothing: a 4xx status other than
+// a request timeout. Anything else (a timeout, a server error, a broken
+// connection, the client's own deadline) may follow a write that commits.
+func refusedOutright(err error) bool {
+	var status apierrors.APIStatus
+	if !errors.As(err, &status) {
+		return false
+	}
+	code := status.Status().Code
+	return code >= 400 && code < 500 && code != http.StatusRequestTimeout
 }
 
 // withBootstrapHooks adds the deletion hooks (I5) to the annotations of a

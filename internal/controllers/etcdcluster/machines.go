@@ -112,7 +112,7 @@ func (r *Reconciler) createMachine(ctx context.Context, cluster *clusterv1.Clust
 	}
 	infraOwner := ownerRef(ec)
 	infraOwner.Controller = nil
-	_, err = engine.CreateMachine(ctx, r.Client, r.Failpoints, engine.NewMachine{
+	_, err = engine.CreateMachine(ctx, r.Client, r.APIReader, r.Failpoints, engine.NewMachine{
 		Owner: ec, OwnerRef: ownerRef(ec), InfraOwnerRef: &infraOwner, Cluster: cluster,
 		Name:          ec.Name + "-" + util.RandomString(5),
 		Labels:        machineLabels(cluster, ec),
