@@ -27,7 +27,7 @@ import (
 	"github.com/qcp-dev/qcp/internal/quorum"
 )
 
-// TestAdoptedMachineWithUnreadableEtcdIsKept is issue 28's controller hole
+// testAdoptedMachineWithUnreadableEtcdIsKept is issue 28's controller hole
 // 4: a QuorumControlPlane adopts the one control plane Machine of a cluster
 // whose etcd QCP cannot read (a migration from KCP where the manager
 // reaches only the API server's port). The machine carries none of QCP's
@@ -38,8 +38,7 @@ import (
 // Each round is the controller's own (reconcileNormal on a real management
 // cluster, the control plane read back from the API server every time), so
 // a DeleteMachine it planned would really be taken.
-func TestAdoptedMachineWithUnreadableEtcdIsKept(t *testing.T) {
-	env := localenv.StartForTest(t, localenv.Options{})
+func testAdoptedMachineWithUnreadableEtcdIsKept(t *testing.T, env *localenv.Env) {
 	for i, tc := range []struct {
 		name    string
 		changes []func(*adoptWorld)

@@ -24,15 +24,14 @@ import (
 	"github.com/qcp-dev/qcp/internal/testkit"
 )
 
-// TestRemediationAgainstRealParts runs the reconciler's rounds (observe,
+// testRemediationAgainstRealParts runs the reconciler's rounds (observe,
 // tend the machines, plan, act) against a real management cluster with CAPI
 // core. The Cluster and its Machines are paused, so that CAPI core and the
 // MachineHealthCheck leave the conditions the test writes alone. Each round
 // is reconcileNormal on a fresh read of the control plane, without the
 // status patch Reconcile defers: as if the manager crashed right after every
 // round.
-func TestRemediationAgainstRealParts(t *testing.T) {
-	env := localenv.StartForTest(t, localenv.Options{})
+func testRemediationAgainstRealParts(t *testing.T, env *localenv.Env) {
 	t.Run("a recovered machine with a stale mark is not remediated", func(t *testing.T) {
 		testStaleMarkNotRemediated(t, newRemediationWorld(t, env, "stale"))
 	})
