@@ -30,9 +30,8 @@ func TestAlarmIsObservedApartFromHealth(t *testing.T) {
 		t.Fatal(err)
 	}
 	raiser := list[1].ID
-	alarm := &etcdserverpb.AlarmRequest{Action: etcdserverpb.AlarmRequest_ACTIVATE, MemberID: raiser, Alarm: etcdserverpb.AlarmType_NOSPACE}
-	if _, err := etcdserverpb.NewMaintenanceClient(cli.Raw().ActiveConnection()).Alarm(ctx, alarm); err != nil {
-		t.Fatalf("raising NOSPACE on %x: %v", raiser, err)
+	if err := testkit.RaiseAlarm(ctx, cli, raiser, etcdserverpb.AlarmType_NOSPACE); err != nil {
+		t.Fatal(err)
 	}
 
 	// The trap: the raw status of a member that did not raise it lists it.

@@ -46,7 +46,7 @@ func newView(s State) view {
 		}
 		return 0
 	})
-	v.tun = s.Tunables.withDefaults()
+	v.tun = s.Tunables.WithDefaults()
 	if v.Strategy == RemoveFirst && v.Desired < minRemoveFirst {
 		// Removing one of one or two voters first loses quorum: surge.
 		v.Strategy = SurgeFirst
@@ -58,7 +58,9 @@ func newView(s State) view {
 // webhook's rule for maxSurge 0); below it the planner surges instead.
 const minRemoveFirst = 3
 
-func (t Tunables) withDefaults() Tunables {
+// WithDefaults returns t with every zero threshold set to its default, as
+// the planner reads it.
+func (t Tunables) WithDefaults() Tunables {
 	if t.LearnerStartTimeout <= 0 {
 		t.LearnerStartTimeout = DefaultLearnerStartTimeout
 	}

@@ -72,13 +72,25 @@ func (r *Reconciler) markEtcdBootstrapped(ctx context.Context, cp *controlplanev
 	if _, ok := cp.Annotations[EtcdBootstrappedAnnotation]; ok || !cp.Spec.Etcd.IsStacked() {
 		return nil
 	}
-	mark := map[string]string{EtcdBootstrappedAnnotation: "adopted machine " + m.Name}
-	// A copy, so that the answer does not overwrite this round's status in
-	// cp; the deferred patch then finds the annotation already written.
+	if err := r.annotateNow(ctx, cp, EtcdBootstrappedAnnotation, "adopted machine "+m.Name); err != nil {
+		return fmt.Errorf("recording on QuorumControlPlane %s that etcd holds data, before adopting machine %s: %w", cp.Name, m.Name, err)
+	}
+	return nil
+}
+
+// annotateNow writes one annotation on cp at once, not with the round's
+// deferred status patch, for records that must survive a crash right after
+// the step they precede. Only the annotation is patched, from copies, so
+// that neither the answer nor the patch touches this round's status in cp;
+// the deferred patch then finds the annotation already written. No
+// optimistic lock: the record is QCP's own and only the elected manager
+// writes it, while cp's resourceVersion moves with every status patch.
+func (r *Reconciler) annotateNow(ctx context.Context, cp *controlplanev1.QuorumControlPlane, key, value string) error {
+	mark := map[string]string{key: value}
 	before, marked := cp.DeepCopy(), cp.DeepCopy()
 	marked.Annotations = mergeInto(marked.Annotations, mark)
 	if err := r.Client.Patch(ctx, marked, client.MergeFrom(before)); err != nil {
-		return fmt.Errorf("recording on QuorumControlPlane %s that etcd holds data, before adopting machine %s: %w", cp.Name, m.Name, err)
+		return err
 	}
 	cp.Annotations = mergeInto(cp.Annotations, mark)
 	return nil

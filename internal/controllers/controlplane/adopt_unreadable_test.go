@@ -21,7 +21,6 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
-	"github.com/qcp-dev/qcp/internal/controllers/engine"
 	"github.com/qcp-dev/qcp/internal/etcd"
 	"github.com/qcp-dev/qcp/internal/localenv"
 	"github.com/qcp-dev/qcp/internal/quorum"
@@ -85,26 +84,7 @@ func newAdoptWorld(ctx context.Context, t *testing.T, env *localenv.Env, name st
 	w := &adoptWorld{t: t, c: env.Client, name: name, now: time.Now()}
 	hangUpOn(t, net.JoinHostPort(ip.String(), "2379"))
 
-	cluster := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
-		Spec: clusterv1.ClusterSpec{Paused: ptr.To(true), ControlPlaneEndpoint: clusterv1.APIEndpoint{Host: ip.String(), Port: 6443},
-			ControlPlaneRef: clusterv1.ContractVersionedObjectReference{APIGroup: controlplanev1.GroupVersion.Group, Kind: "QuorumControlPlane", Name: name}}}
-	w.create(ctx, cluster)
-	if err := retry.RetryOnConflict(retry.DefaultRetry, func() error {
-		if err := w.c.Get(ctx, client.ObjectKeyFromObject(cluster), cluster); err != nil {
-			return err
-		}
-		cluster.Status.Initialization.InfrastructureProvisioned = ptr.To(true)
-		return w.c.Status().Update(ctx, cluster)
-	}); err != nil {
-		t.Fatal(err)
-	}
-	w.create(ctx, &controlplanev1.QuorumControlPlane{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default",
-			OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(cluster, clusterv1.GroupVersion.WithKind("Cluster"))}},
-		Spec: controlplanev1.QuorumControlPlaneSpec{Replicas: ptr.To[int32](1), Version: "v1.36.3",
-			MachineTemplate: controlplanev1.QuorumControlPlaneMachineTemplate{Spec: controlplanev1.QuorumControlPlaneMachineTemplateSpec{
-				InfrastructureRef: clusterv1.ContractVersionedObjectReference{APIGroup: "infrastructure.cluster.x-k8s.io", Kind: "ProcessMachineTemplate", Name: name}}}},
-	})
+	createPausedControlPlane(ctx, t, w.c, name, ip.String(), 1)
 	m := &clusterv1.Machine{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default", Annotations: map[string]string{clusterv1.PausedAnnotation: ""},
 			Labels: map[string]string{clusterv1.ClusterNameLabel: name, clusterv1.MachineControlPlaneLabel: ""}},
@@ -125,11 +105,8 @@ func newAdoptWorld(ctx context.Context, t *testing.T, env *localenv.Env, name st
 	pool := etcd.NewPool()
 	t.Cleanup(func() { _ = pool.Close() })
 	w.r = &Reconciler{Client: env.Client, APIReader: env.Client, Etcd: pool, Recorder: record.NewFakeRecorder(1000),
-		KubeconfigLifetime: DefaultKubeconfigLifetime, Tunables: quorum.Tunables{LearnerStartTimeout: adoptLearnerStartTimeout},
-		Now: w.clock}
-	w.r.metrics = engine.NewMetrics("qcp_controlplane", "QuorumControlPlane")
-	w.r.stepper = &engine.Stepper{Client: w.r.Client, Recorder: w.r.Recorder, Metrics: w.r.metrics, Now: w.r.Now}
-	w.r.wakeups = engine.NewWakeups(w.r.Now)
+		Tunables: quorum.Tunables{LearnerStartTimeout: adoptLearnerStartTimeout}, Now: w.clock}
+	w.r.init()
 	return w
 }
 

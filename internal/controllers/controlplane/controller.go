@@ -100,16 +100,7 @@ type Reconciler struct {
 // wake the control plane that owns them, the Cluster its control plane, and
 // the ClusterCache reports the workload cluster connecting.
 func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) error {
-	if r.Now == nil {
-		r.Now = time.Now
-	}
-	if r.KubeconfigLifetime == 0 {
-		r.KubeconfigLifetime = DefaultKubeconfigLifetime
-	}
-	r.metrics = engine.NewMetrics("qcp_controlplane", "QuorumControlPlane")
-	r.stepper = &engine.Stepper{Client: r.Client, Recorder: r.Recorder, Metrics: r.metrics, Failpoints: r.Failpoints, Now: r.Now}
-	r.wakeups = engine.NewWakeups(r.Now)
-	r.catchUp = engine.NewCatchUp()
+	r.init()
 	c, err := ctrl.NewControllerManagedBy(mgr).
 		For(&controlplanev1.QuorumControlPlane{}).
 		WithOptions(controller.Options{MaxConcurrentReconciles: max(r.Concurrency, 1)}).
@@ -124,6 +115,21 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) err
 	}
 	r.controller = c
 	return nil
+}
+
+// init fills in the defaults and the reconciler's own parts: what a round
+// needs besides the fields its owner sets.
+func (r *Reconciler) init() {
+	if r.Now == nil {
+		r.Now = time.Now
+	}
+	if r.KubeconfigLifetime == 0 {
+		r.KubeconfigLifetime = DefaultKubeconfigLifetime
+	}
+	r.metrics = engine.NewMetrics("qcp_controlplane", "QuorumControlPlane")
+	r.stepper = &engine.Stepper{Client: r.Client, Recorder: r.Recorder, Metrics: r.metrics, Failpoints: r.Failpoints, Now: r.Now}
+	r.wakeups = engine.NewWakeups(r.Now)
+	r.catchUp = engine.NewCatchUp()
 }
 
 // Reconcile takes at most one step toward cp's desired state, and reports

@@ -197,11 +197,7 @@ func (o *observation) unhealthyPastTimeout(m *clusterv1.Machine, now time.Time, 
 	if !ok || !mb.Voter() || mb.Healthy || mb.UnhealthySince.IsZero() {
 		return false
 	}
-	timeout := tun.UnhealthyTimeout
-	if timeout <= 0 {
-		timeout = quorum.DefaultUnhealthyTimeout
-	}
-	return now.Sub(mb.UnhealthySince) >= timeout
+	return now.Sub(mb.UnhealthySince) >= tun.WithDefaults().UnhealthyTimeout
 }
 
 // remediating reports whether m is one the remediation policy judged: a

@@ -8,11 +8,9 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/conditions"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
 	"github.com/qcp-dev/qcp/internal/quorum"
@@ -198,22 +196,14 @@ func forgetFinishedRemediation(cp *controlplanev1.QuorumControlPlane, obs *obser
 // remediation is in progress, before its first step is taken (as a join is
 // recorded before MemberAddAsLearner). Left to the deferred status patch, a
 // crash right after the step would lose it, and with it one remediation at
-// a time and maxRetry. Only the annotation is patched: the rest of cp, as
-// changed this round, is the status patch's. No optimistic lock: the record
-// is QCP's own and only the elected manager writes it, while cp's
-// resourceVersion moves with every status patch.
+// a time and maxRetry.
 func (r *Reconciler) recordRemediationStart(ctx context.Context, cp *controlplanev1.QuorumControlPlane, next remediationData) error {
 	value := next.String()
 	if cp.Annotations[RemediationInProgressAnnotation] == value {
 		return nil
 	}
-	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{RemediationInProgressAnnotation: value}}})
-	if err != nil {
-		return err
-	}
-	if err := r.Client.Patch(ctx, cp.DeepCopy(), client.RawPatch(types.MergePatchType, patch)); err != nil {
+	if err := r.annotateNow(ctx, cp, RemediationInProgressAnnotation, value); err != nil {
 		return fmt.Errorf("recording on QuorumControlPlane %s that the remediation of machine %s started: %w", klogRef(cp), next.Machine, err)
 	}
-	cp.Annotations = mergeInto(cp.Annotations, map[string]string{RemediationInProgressAnnotation: value})
 	return nil
 }

@@ -18,7 +18,6 @@ import (
 
 	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
 	infrav1 "github.com/qcp-dev/qcp/api/infrastructure/v1alpha1"
-	"github.com/qcp-dev/qcp/internal/controllers/engine"
 	"github.com/qcp-dev/qcp/internal/etcd"
 	"github.com/qcp-dev/qcp/internal/localenv"
 	"github.com/qcp-dev/qcp/internal/testkit"
@@ -160,39 +159,9 @@ func newRemediationWorld(t *testing.T, env *localenv.Env, name string) *remediat
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	w := &remediationWorld{t: t, c: env.Client, rec: record.NewFakeRecorder(1000), key: client.ObjectKey{Namespace: "default", Name: name}}
-	cluster := &clusterv1.Cluster{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
-		Spec: clusterv1.ClusterSpec{
-			Paused:               ptr.To(true),
-			ControlPlaneEndpoint: clusterv1.APIEndpoint{Host: "127.0.0.1", Port: 6443},
-			ControlPlaneRef:      clusterv1.ContractVersionedObjectReference{APIGroup: controlplanev1.GroupVersion.Group, Kind: "QuorumControlPlane", Name: name},
-		},
-	}
-	if err := w.c.Create(ctx, cluster); err != nil {
-		t.Fatal(err)
-	}
-	w.eventually(ctx, "Cluster "+name+" infrastructure provisioned", func(ctx context.Context) error {
-		c := w.cluster(ctx)
-		c.Status.Initialization.InfrastructureProvisioned = ptr.To(true)
-		return w.c.Status().Update(ctx, c)
-	})
-	cp := &controlplanev1.QuorumControlPlane{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: "default"},
-		Spec: controlplanev1.QuorumControlPlaneSpec{
-			Replicas: ptr.To[int32](3), Version: "v1.36.3",
-			MachineTemplate: controlplanev1.QuorumControlPlaneMachineTemplate{Spec: controlplanev1.QuorumControlPlaneMachineTemplateSpec{
-				InfrastructureRef: clusterv1.ContractVersionedObjectReference{APIGroup: infrav1.GroupVersion.Group, Kind: "ProcessMachineTemplate", Name: name},
-			}},
-		},
-	}
-	if err := w.c.Create(ctx, cp); err != nil {
-		t.Fatal(err)
-	}
-	w.r = &Reconciler{Client: env.Client, APIReader: env.Client, Etcd: etcd.NewPool(), Recorder: w.rec,
-		KubeconfigLifetime: DefaultKubeconfigLifetime, Now: time.Now}
-	w.r.metrics = engine.NewMetrics("qcp_controlplane", "QuorumControlPlane")
-	w.r.stepper = &engine.Stepper{Client: w.r.Client, Recorder: w.r.Recorder, Metrics: w.r.metrics, Now: w.r.Now}
-	w.r.wakeups = engine.NewWakeups(w.r.Now)
+	createPausedControlPlane(ctx, t, w.c, name, "127.0.0.1", 3)
+	w.r = &Reconciler{Client: env.Client, APIReader: env.Client, Etcd: etcd.NewPool(), Recorder: w.rec}
+	w.r.init()
 	return w
 }
 

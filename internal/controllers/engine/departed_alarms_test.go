@@ -48,9 +48,8 @@ func TestDepartedAlarmIsObservedAndDisarmed(t *testing.T) {
 		stay = append(stay, p)
 	}
 	for _, typ := range []etcdserverpb.AlarmType{etcdserverpb.AlarmType_NOSPACE, etcdserverpb.AlarmType_CORRUPT} {
-		req := &etcdserverpb.AlarmRequest{Action: etcdserverpb.AlarmRequest_ACTIVATE, MemberID: gone.ID, Alarm: typ}
-		if _, err := etcdserverpb.NewMaintenanceClient(cli.Raw().ActiveConnection()).Alarm(ctx, req); err != nil {
-			t.Fatalf("raising %s on %x: %v", typ, gone.ID, err)
+		if err := testkit.RaiseAlarm(ctx, cli, gone.ID, typ); err != nil {
+			t.Fatal(err)
 		}
 	}
 	// etcd refuses a removal for its first seconds ("unhealthy cluster"),
