@@ -1,0 +1,361 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// sample is one line of the profile: what the CPUs did since the sample
+// before.
+type sample struct {
+	// T is the sample's time, in Unix milliseconds.
+	T int64 `json:"t"`
+	// Busy and Idle are CPU-seconds of the whole host (/proc/stat) since
+	// the sample before; Busy counts user, nice, system, irq and softirq
+	// time, Idle counts idle and iowait.
+	Busy float64 `json:"busy"`
+	Idle float64 `json:"idle"`
+	// CPU is CPU-seconds by group (owner|component|cluster) since the
+	// sample before. Busy minus their sum is what no group was found for.
+	CPU map[string]float64 `json:"cpu,omitempty"`
+}
+
+// proc is what the recorder remembers of one process.
+type proc struct {
+	ppid  int
+	comm  string
+	start uint64 // start time in ticks, to tell a reused PID apart
+	cpu   uint64 // utime+stime, ticks
+	child uint64 // cutime+cstime, ticks
+	group string
+}
+
+const ticks = 100.0 // USER_HZ on Linux
+
+// record runs the command and writes a sample every interval until it exits;
+// it exits with the command's status.
+func record(out string, interval time.Duration, args []string) int {
+	f, err := os.Create(out)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	defer f.Close()
+	w := bufio.NewWriter(f)
+	defer w.Flush()
+	enc := json.NewEncoder(w)
+
+	if len(args) == 2 && args[0] == "-attach" {
+		// Record a run that already started, until its process exits.
+		pid, err := strconv.Atoi(args[1])
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			return 2
+		}
+		r := &recorder{procs: map[int]*proc{}, root: pid}
+		r.busy, r.idle = hostCPU()
+		r.scan()
+		for syscall.Kill(pid, 0) == nil {
+			time.Sleep(interval)
+			_ = enc.Encode(r.sample())
+			_ = w.Flush()
+		}
+		return 0
+	}
+	cmd := exec.Command(args[0], args[1:]...)
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	if err := cmd.Start(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	// Signals go to the command; the recorder keeps sampling until it exits.
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	go func() {
+		for s := range sigs {
+			_ = cmd.Process.Signal(s)
+		}
+	}()
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+
+	r := &recorder{procs: map[int]*proc{}, root: cmd.Process.Pid}
+	r.busy, r.idle = hostCPU()
+	r.scan() // the baseline: nothing is attributed for what ran before
+	tick := time.NewTicker(interval)
+	defer tick.Stop()
+	for {
+		select {
+		case err := <-done:
+			_ = enc.Encode(r.sample())
+			if ee, ok := err.(*exec.ExitError); ok {
+				return ee.ExitCode()
+			}
+			if err != nil {
+				return 2
+			}
+			return 0
+		case <-tick.C:
+			_ = enc.Encode(r.sample())
+			_ = w.Flush() // a run cut short keeps what it recorded
+		}
+	}
+}
+
+type recorder struct {
+	procs      map[int]*proc
+	root       int
+	busy, idle uint64
+}
+
+// sample reads the host and every process, and returns what changed.
+func (r *recorder) sample() sample {
+	busy, idle := hostCPU()
+	s := sample{T: time.Now().UnixMilli(), Busy: float64(busy-r.busy) / ticks, Idle: float64(idle-r.idle) / ticks}
+	r.busy, r.idle = busy, idle
+	s.CPU = r.scan()
+	return s
+}
+
+// scan reads /proc and returns CPU-seconds by group since the last scan.
+// A process that exited between two scans is counted through its parent's
+// reaped-children time (less what was seen of it while it ran), so that
+// short-lived compilers are not lost.
+func (r *recorder) scan() map[string]float64 {
+	seen := map[int]*proc{}
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		p, err := readStat(pid)
+		if err != nil {
+			continue
+		}
+		seen[pid] = p
+	}
+	out := map[string]float64{}
+	// Whose children exited, and how much of them was already counted.
+	counted := map[int]uint64{}
+	for pid, old := range r.procs {
+		if p, ok := seen[pid]; !ok || p.start != old.start {
+			// The parent's reaped-children time grows by all of the child's
+			// time, its own and its reaped children's, both counted already.
+			counted[old.ppid] += old.cpu + old.child
+		}
+	}
+	for pid, p := range seen {
+		old, ok := r.procs[pid]
+		if ok && old.start == p.start {
+			p.group = old.group
+		} else {
+			old = nil
+		}
+		if p.group == "" {
+			p.group = r.classify(pid, p, seen)
+		}
+		if old == nil {
+			// New since the last scan: all of its CPU is new, unless this is
+			// the first scan.
+			if len(r.procs) > 0 {
+				out[p.group] += float64(p.cpu) / ticks
+			}
+			continue
+		}
+		if d := int64(p.cpu) - int64(old.cpu); d > 0 {
+			out[p.group] += float64(d) / ticks
+		}
+		if d := int64(p.child) - int64(old.child) - int64(counted[pid]); d > 0 {
+			out[p.group] += float64(d) / ticks
+		}
+	}
+	r.procs = seen
+	for k, v := range out {
+		if v == 0 || strings.HasPrefix(k, "-") {
+			delete(out, k)
+		}
+	}
+	return out
+}
+
+// inTree reports whether pid descends from the recorded command, or is a
+// machine it left running (an agent reparented to init).
+func (r *recorder) inTree(pid int, seen map[int]*proc) bool {
+	for i := 0; i < 64 && pid > 1; i++ {
+		if pid == r.root {
+			return true
+		}
+		p := seen[pid]
+		if p == nil {
+			return false
+		}
+		pid = p.ppid
+	}
+	return false
+}
+
+// classify names a process's group: owner|component|cluster. Groups
+// starting with "-" are not the recorded command's.
+func (r *recorder) classify(pid int, p *proc, seen map[int]*proc) string {
+	owner, cluster := "", ""
+	self := cmdline(pid)
+	for cur, i := pid, 0; cur > 1 && i < 64; i++ {
+		q := seen[cur]
+		if q == nil {
+			break
+		}
+		if cur != pid && q.group != "" {
+			// An ancestor already classified: inherit its owner and cluster.
+			parts := strings.SplitN(q.group, "|", 3)
+			if owner == "" {
+				owner = parts[0]
+			}
+			if cluster == "" && len(parts) == 3 {
+				cluster = parts[2]
+			}
+			break
+		}
+		args := cmdline(cur)
+		if cluster == "" && filepath.Base(first(args)) == "qcp-agent" {
+			cluster = machineCluster(args)
+		}
+		if owner == "" {
+			owner = ownerOf(cur, args)
+		}
+		if cur == r.root && owner == "" {
+			owner = "make"
+		}
+		cur = q.ppid
+	}
+	if owner == "" {
+		owner = "host"
+	}
+	if !r.inTree(pid, seen) {
+		owner = "-" + owner // not the recorded command's
+	}
+	return owner + "|" + component(p.comm, self) + "|" + cluster
+}
+
+// ownerOf names who a process works for, if it says so itself: a test
+// binary (by its package directory, the binary's working directory), a
+// build step, or a go command.
+func ownerOf(pid int, args []string) string {
+	switch {
+	case strings.HasSuffix(first(args), ".test"):
+		if dir, err := os.Readlink(fmt.Sprintf("/proc/%d/cwd", pid)); err == nil {
+			return "test " + dir
+		}
+		return "test " + strings.TrimSuffix(filepath.Base(first(args)), ".test")
+	case strings.Contains(strings.Join(args, " "), "build-pinned.sh"):
+		for i, a := range args {
+			if strings.HasSuffix(a, "build-pinned.sh") && i+2 < len(args) {
+				return "build " + args[i+1] + " " + args[i+2]
+			}
+		}
+	case filepath.Base(first(args)) == "go" && len(args) > 1:
+		return "go " + args[1]
+	}
+	return ""
+}
+
+// machineCluster is the cluster of a process machine's agent, from its
+// --dir <root>/<namespace>/<machine>: the machine name less its last part
+// (a Machine is named <cluster or template>-<suffix>).
+func machineCluster(args []string) string {
+	for i, a := range args {
+		if a == "--dir" && i+1 < len(args) {
+			name := filepath.Base(args[i+1])
+			if j := strings.LastIndex(name, "-"); j > 0 {
+				name = name[:j]
+			}
+			return name
+		}
+	}
+	return "?"
+}
+
+// component is what a process is, by the name of its program.
+func component(comm string, args []string) string {
+	switch {
+	case strings.HasSuffix(first(args), ".test"):
+		return "test binary"
+	case strings.HasPrefix(filepath.Base(first(args)), "kube-v") && len(args) > 1:
+		return args[1] // one binary runs every Kubernetes component
+	case strings.HasPrefix(comm, "etcd"):
+		return "etcd"
+	case strings.HasPrefix(comm, "kube-apiserver"), strings.HasPrefix(comm, "kube-controller"), strings.HasPrefix(comm, "kube-scheduler"):
+		return comm
+	case strings.HasPrefix(comm, "capi-manager"):
+		return "capi-manager"
+	case comm == "compile", comm == "link", comm == "asm", comm == "cgo", comm == "vet", comm == "go", comm == "cc1", comm == "gcc", comm == "ld", comm == "as", comm == "collect2":
+		return "go toolchain"
+	}
+	return comm
+}
+
+func first(args []string) string {
+	if len(args) == 0 {
+		return ""
+	}
+	return args[0]
+}
+
+func cmdline(pid int) []string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+	if err != nil || len(b) == 0 {
+		return nil
+	}
+	return strings.Split(strings.TrimRight(string(b), "\x00"), "\x00")
+}
+
+// readStat reads /proc/<pid>/stat.
+func readStat(pid int) (*proc, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return nil, err
+	}
+	// comm is in parentheses and may hold spaces; the fields follow the last ')'.
+	i, j := bytes.IndexByte(b, '('), bytes.LastIndexByte(b, ')')
+	if i < 0 || j < i {
+		return nil, fmt.Errorf("malformed stat")
+	}
+	f := strings.Fields(string(b[j+2:]))
+	if len(f) < 20 {
+		return nil, fmt.Errorf("short stat")
+	}
+	n := func(k int) uint64 { v, _ := strconv.ParseUint(f[k], 10, 64); return v }
+	// Fields from 3 (state) on: ppid is 4, utime 14, stime 15, cutime 16,
+	// cstime 17, starttime 22; f[0] is field 3.
+	ppid, _ := strconv.Atoi(f[1])
+	return &proc{ppid: ppid, comm: string(b[i+1 : j]), cpu: n(11) + n(12), child: n(13) + n(14), start: n(19)}, nil
+}
+
+// hostCPU returns busy and idle ticks from /proc/stat's cpu line.
+func hostCPU() (busy, idle uint64) {
+	b, err := os.ReadFile("/proc/stat")
+	if err != nil {
+		return 0, 0
+	}
+	line, _, _ := strings.Cut(string(b), "\n")
+	f := strings.Fields(line)
+	for k := 1; k < len(f) && k <= 8; k++ {
+		v, _ := strconv.ParseUint(f[k], 10, 64)
+		if k == 4 || k == 5 { // idle, iowait
+			idle += v
+		} else {
+			busy += v
+		}
+	}
+	return busy, idle
+}

@@ -1,0 +1,299 @@
+package main
+
+import (
+	"bufio"
+	"cmp"
+	"encoding/json"
+	"fmt"
+	"io"
+	"maps"
+	"os"
+	"slices"
+	"strings"
+	"time"
+)
+
+// testEvent is one line of `go test -json`.
+type testEvent struct {
+	Time    time.Time
+	Action  string
+	Package string
+	Test    string
+	Elapsed float64
+}
+
+// span is a package's or a test's run.
+type span struct {
+	name       string
+	start, end time.Time
+	elapsed    float64 // what go test reports: a parallel test's paused time is not in it
+	result     string
+}
+
+func (s span) wall() float64 { return s.end.Sub(s.start).Seconds() }
+
+// run is what report reads: the samples and the test events.
+type run struct {
+	samples  []sample
+	packages []span
+	tests    []span // top-level tests
+	// testStart and testEnd bound the test phase: from go test's first
+	// event to its last.
+	testStart, testEnd time.Time
+}
+
+func load(prof, tests string) (*run, error) {
+	r := &run{}
+	f, err := os.Open(prof)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 1<<20), 1<<24)
+	for sc.Scan() {
+		var s sample
+		if err := json.Unmarshal(sc.Bytes(), &s); err != nil {
+			return nil, fmt.Errorf("%s: %w", prof, err)
+		}
+		r.samples = append(r.samples, s)
+	}
+	if err := sc.Err(); err != nil {
+		return nil, err
+	}
+	if len(r.samples) == 0 {
+		return nil, fmt.Errorf("%s: no samples", prof)
+	}
+
+	tf, err := os.Open(tests)
+	if err != nil {
+		return nil, err
+	}
+	defer tf.Close()
+	sc = bufio.NewScanner(tf)
+	sc.Buffer(make([]byte, 1<<20), 1<<24)
+	pkgs, tsts := map[string]*span{}, map[string]*span{}
+	for sc.Scan() {
+		var e testEvent
+		if json.Unmarshal(sc.Bytes(), &e) != nil || e.Time.IsZero() {
+			continue // make's own lines, or a build event without a time
+		}
+		if r.testStart.IsZero() || e.Time.Before(r.testStart) {
+			r.testStart = e.Time
+		}
+		if e.Time.After(r.testEnd) {
+			r.testEnd = e.Time
+		}
+		if e.Package == "" {
+			continue
+		}
+		m, key := pkgs, e.Package
+		if e.Test != "" {
+			if strings.Contains(e.Test, "/") {
+				continue
+			}
+			m, key = tsts, e.Package+" "+e.Test
+		}
+		s := m[key]
+		if s == nil {
+			s = &span{name: key, start: e.Time}
+			m[key] = s
+		}
+		s.end = e.Time
+		switch e.Action {
+		case "pass", "fail", "skip":
+			s.result, s.elapsed = e.Action, e.Elapsed
+		}
+	}
+	if err := sc.Err(); err != nil {
+		return nil, err
+	}
+	r.packages, r.tests = ended(pkgs), ended(tsts)
+	return r, nil
+}
+
+// ended lists the spans that have a result, by start.
+func ended(m map[string]*span) []span {
+	var out []span
+	for _, s := range m {
+		if s.result != "" {
+			out = append(out, *s)
+		}
+	}
+	slices.SortFunc(out, func(a, b span) int { return cmp.Or(a.start.Compare(b.start), strings.Compare(a.name, b.name)) })
+	return out
+}
+
+// totals sums the samples in [from, to).
+type totals struct {
+	wall, busy, idle float64
+	groups           map[string]float64
+}
+
+func (r *run) sum(from, to time.Time) totals {
+	t := totals{groups: map[string]float64{}}
+	for _, s := range r.samples {
+		// A sample covers the second before it.
+		if at := time.UnixMilli(s.T); at.Before(from) || !at.Before(to) {
+			continue
+		}
+		t.busy += s.Busy
+		t.idle += s.Idle
+		for g, v := range s.CPU {
+			t.groups[g] += v
+		}
+	}
+	t.wall = to.Sub(from).Seconds()
+	return t
+}
+
+// by adds up groups by one of their parts (0 owner, 1 component, 2 cluster).
+func (t totals) by(part int, keep func(owner string) bool) map[string]float64 {
+	out := map[string]float64{}
+	for g, v := range t.groups {
+		p := strings.SplitN(g, "|", 3)
+		if len(p) < 3 || keep != nil && !keep(p[0]) {
+			continue
+		}
+		out[p[part]] += v
+	}
+	return out
+}
+
+func report(w io.Writer, prof, tests string) error {
+	r, err := load(prof, tests)
+	if err != nil {
+		return err
+	}
+	first, last := r.samples[0], r.samples[len(r.samples)-1]
+	start := time.UnixMilli(first.T).Add(-time.Second)
+	end := time.UnixMilli(last.T)
+	if r.testStart.IsZero() {
+		r.testStart, r.testEnd = end, end
+	}
+	// The test phase starts with go test itself, which compiles and links
+	// the test binaries before the first package starts.
+	for _, s := range r.samples {
+		if at := time.UnixMilli(s.T).Add(-time.Second); at.Before(r.testStart) && hasOwner(s, "go test") {
+			r.testStart = at
+			break
+		}
+	}
+	all := r.sum(start, end.Add(time.Millisecond))
+	build := r.sum(start, r.testStart)
+	test := r.sum(r.testStart, r.testEnd)
+	after := r.sum(r.testEnd, end.Add(time.Millisecond))
+	cores := (all.busy + all.idle) / max(all.wall, 1)
+
+	fmt.Fprintf(w, "## Phases\n\n%.0f cores. CPU-seconds are the host's (/proc/stat); idle is core-seconds no process used.\n\n", cores)
+	fmt.Fprintf(w, "| phase | wall (s) | CPU-seconds | idle core-seconds | cores busy (mean) |\n|---|---:|---:|---:|---:|\n")
+	for _, p := range []struct {
+		name string
+		t    totals
+	}{{"builds, generate, vet (before go test)", build}, {"test (go test: compiling, then running)", test}, {"after (stray check)", after}, {"whole run", all}} {
+		fmt.Fprintf(w, "| %s | %.0f | %.0f | %.0f | %.2f |\n", p.name, p.t.wall, p.t.busy, p.t.idle, p.t.busy/max(p.t.wall, 1))
+	}
+
+	fmt.Fprintf(w, "\n## Build steps\n\nCPU-seconds by who asked for them, before go test started.\n\n")
+	table(w, []string{"step", "CPU-seconds"}, build.by(0, nil), 0)
+
+	fmt.Fprintf(w, "\n## Test phase: CPU by component\n\n")
+	table(w, []string{"component", "CPU-seconds"}, test.by(1, nil), 0)
+	fmt.Fprintf(w, "\nUnattributed (processes that started and exited between two samples, and not reaped by a process seen): %.0f CPU-seconds.\n", test.busy-sum(test.groups))
+
+	owners := test.by(0, nil)
+	fmt.Fprintf(w, "\n## Packages\n\nWall time from the package's first event to its result; CPU-seconds of its test binary and every process under it.\n\n")
+	fmt.Fprintf(w, "| package | start (s) | wall (s) | CPU-seconds | result |\n|---|---:|---:|---:|---|\n")
+	for _, p := range r.packages {
+		if p.wall() < 1 {
+			continue // no test files, or nothing that takes time
+		}
+		cpu := 0.0
+		for o, v := range owners {
+			if dir, ok := strings.CutPrefix(o, "test "); ok && strings.HasSuffix(dir, "/"+lastTwo(p.name)) {
+				cpu += v
+			}
+		}
+		fmt.Fprintf(w, "| %s | %.0f | %.0f | %.0f | %s |\n", short(p.name), p.start.Sub(r.testStart).Seconds(), p.wall(), cpu, p.result)
+	}
+	rest := map[string]float64{}
+	for o, v := range owners {
+		if !strings.HasPrefix(o, "test ") {
+			rest[o] += v
+		}
+	}
+	fmt.Fprintf(w, "\nCPU in the test phase outside any test binary (go test compiling and linking, the go command):\n\n")
+	table(w, []string{"owner", "CPU-seconds"}, rest, 1)
+
+	fmt.Fprintf(w, "\n## Tests over 20 s\n\nWall from start to result (a parallel test's includes its wait for a slot); go test's elapsed excludes that wait.\n\n")
+	fmt.Fprintf(w, "| test | start (s) | wall (s) | elapsed (s) | result |\n|---|---:|---:|---:|---|\n")
+	for _, t := range r.tests {
+		if t.wall() >= 20 {
+			fmt.Fprintf(w, "| %s | %.0f | %.0f | %.0f | %s |\n", short(t.name), t.start.Sub(r.testStart).Seconds(), t.wall(), t.elapsed, t.result)
+		}
+	}
+
+	fmt.Fprintf(w, "\n## Process machines: CPU by cluster\n\nEvery process of a machine (agent, etcd, Kubernetes components), by the cluster its machine belongs to; the scenarios name their clusters.\n\n")
+	clusters := test.by(2, nil)
+	delete(clusters, "")
+	table(w, []string{"cluster", "CPU-seconds"}, clusters, 1)
+
+	fmt.Fprintf(w, "\n## Timeline\n\nEach minute of the test phase: the cores busy (mean) and the packages running.\n\n| minute | cores busy | packages |\n|---:|---:|---|\n")
+	for m := r.testStart; m.Before(r.testEnd); m = m.Add(time.Minute) {
+		t := r.sum(m, m.Add(time.Minute))
+		var running []string
+		for _, p := range r.packages {
+			if p.start.Before(m.Add(time.Minute)) && p.end.After(m) {
+				running = append(running, short(p.name))
+			}
+		}
+		fmt.Fprintf(w, "| %.0f | %.2f | %s |\n", m.Sub(r.testStart).Minutes(), t.busy/60, strings.Join(running, ", "))
+	}
+	return nil
+}
+
+func hasOwner(s sample, owner string) bool {
+	for g := range s.CPU {
+		if strings.HasPrefix(g, owner+"|") {
+			return true
+		}
+	}
+	return false
+}
+
+func table(w io.Writer, head []string, rows map[string]float64, min float64) {
+	fmt.Fprintf(w, "| %s |\n|---|---:|\n", strings.Join(head, " | "))
+	keys := slices.Collect(maps.Keys(rows))
+	slices.SortFunc(keys, func(a, b string) int { return cmp.Or(cmp.Compare(rows[b], rows[a]), strings.Compare(a, b)) })
+	for _, k := range keys {
+		if rows[k] >= min {
+			fmt.Fprintf(w, "| %s | %.0f |\n", cmp.Or(k, "(none)"), rows[k])
+		}
+	}
+	fmt.Fprintf(w, "| total | %.0f |\n", sum(rows))
+}
+
+func sum(m map[string]float64) float64 {
+	t := 0.0
+	for _, v := range m {
+		t += v
+	}
+	return t
+}
+
+// short strips the module path from a package or test name.
+func short(name string) string {
+	if i := strings.Index(name, "/qcp/"); i >= 0 {
+		return name[i+len("/qcp/"):]
+	}
+	return name
+}
+
+// lastTwo is the last two elements of an import path.
+func lastTwo(pkg string) string {
+	p := strings.Split(pkg, "/")
+	if len(p) < 2 {
+		return pkg
+	}
+	return strings.Join(p[len(p)-2:], "/")
+}
