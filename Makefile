@@ -30,7 +30,7 @@ TEST_FLAGS ?=
 
 export QCP_BIN_DIR := $(BIN)
 
-.PHONY: all binaries qcp-binaries generate verify-generate test unit bench chaos lint up down clean check-strays
+.PHONY: all binaries qcp-binaries generate verify-generate test test-steps test-profile unit bench chaos lint up down clean check-strays
 
 all: binaries
 
@@ -75,17 +75,37 @@ verify-generate: generate
 	@test -z "$$(git status --porcelain -- api config)" || { git status --porcelain -- api config; echo "untracked generated files: run 'make generate' and commit"; exit 1; }
 
 ## test: everything CI runs: generated files up to date, vet, all tests, no stray process.
+# The whole run is recorded (hack/testprofile: CPU by package, scenario and
+# component, once a second) into bin/profile.jsonl; its report, a timeline
+# of builds and tests, is bin/profile.md. `make test-profile` prints it.
+test:
+	@mkdir -p $(BIN) && go build -o $(BIN)/testprofile ./hack/testprofile
+	@status=0; $(BIN)/testprofile record -o $(BIN)/profile.jsonl -- $(MAKE) --no-print-directory test-steps || status=$$?; \
+	$(BIN)/testprofile report -profile $(BIN)/profile.jsonl -tests $(BIN)/test.json > $(BIN)/profile.md && \
+		echo ">> where the time went: bin/profile.md (make test-profile)"; \
+	exit $$status
+
+## test-profile: the timeline of the last `make test`: phases, packages, scenarios, CPU by component.
+test-profile:
+	@go build -o $(BIN)/testprofile ./hack/testprofile
+	@$(BIN)/testprofile report -profile $(BIN)/profile.jsonl -tests $(BIN)/test.json
+
 # QCP_REQUIRE_BINARIES turns a test's skip for a missing pinned binary into a
-# failure. QCP_TEST_RUN marks every process the tests start (children inherit
+# failure. QCP_FRESH_BIN_DIR hands the tests the qcp-* binaries just built
+# (qcp-binaries), so they link none of their own. QCP_TEST_RUN marks every process the tests start (children inherit
 # it), so the stray check finds them wherever their binary was built; it runs,
 # and reports, whether the tests passed or not. The report ends with the
 # skipped tests, which plain `go test` does not show.
-test: binaries $(KUBE_PREVIOUS) $(ETCD_PREVIOUS) verify-generate
+# The packages are listed longest first: go test starts them in that order,
+# so test/e2e, the longest by far, starts at once instead of after the
+# others, and the short ones fill the end.
+TEST_PACKAGES ?= ./test/e2e ./test/engine ./internal/controllers/process ./internal/machinehost ./internal/cli ./...
+test-steps: binaries $(KUBE_PREVIOUS) $(ETCD_PREVIOUS) verify-generate
 	go vet ./...
 	@hack/inotify-limit.sh
 	@go build -o $(BIN)/testreport ./hack/testreport
 	@run=qcp-test-$$$$-$$(date +%s); status=0; \
-	QCP_REQUIRE_BINARIES=1 QCP_TEST_RUN=$$run go test -json -count=1 -p $(TEST_PARALLEL) -timeout $(TEST_TIMEOUT) $(TEST_FLAGS) ./... 2>&1 \
+	QCP_REQUIRE_BINARIES=1 QCP_FRESH_BIN_DIR=$(BIN) QCP_TEST_RUN=$$run go test -json -count=1 -p $(TEST_PARALLEL) -timeout $(TEST_TIMEOUT) $(TEST_FLAGS) $(TEST_PACKAGES) 2>&1 \
 		| tee $(BIN)/test.json | $(BIN)/testreport | tee $(BIN)/test.log || status=1; \
 	hack/check-strays.sh $(BIN) $$run || status=1; \
 	exit $$status
