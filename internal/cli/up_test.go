@@ -29,6 +29,7 @@ import (
 	"github.com/qcp-dev/qcp/internal/localenv"
 	"github.com/qcp-dev/qcp/internal/machinehost"
 	"github.com/qcp-dev/qcp/internal/scheme"
+	"github.com/qcp-dev/qcp/internal/testkit"
 )
 
 // TestNewcomerTour is issue 10's tour, as a newcomer types it: qcpctl up on
@@ -396,10 +397,8 @@ func waitForReadyNodes(t *testing.T, kubeconfig string, n int) {
 func binDir(t *testing.T) string {
 	t.Helper()
 	bin := t.TempDir()
-	build := exec.Command("go", "build", "-o", bin+"/", "./cmd/qcpctl", "./cmd/qcp-manager", "./cmd/qcp-agent")
-	build.Dir = "../.."
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("building: %v\n%s", err, out)
+	if err := testkit.BuildQCP(bin, "qcpctl", "qcp-manager", "qcp-agent"); err != nil {
+		t.Fatal(err)
 	}
 	for _, b := range [][2]string{{"etcd", binaries.EtcdVersion}, {"kube", binaries.KubeVersion}, {"capi-manager", binaries.CAPIVersion}} {
 		path, err := binaries.Path(b[0], b[1])

@@ -3,7 +3,6 @@ package localenv_test
 import (
 	"context"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -19,6 +18,7 @@ import (
 	"github.com/qcp-dev/qcp/internal/binaries"
 	"github.com/qcp-dev/qcp/internal/localenv"
 	"github.com/qcp-dev/qcp/internal/machinehost"
+	"github.com/qcp-dev/qcp/internal/testkit"
 )
 
 // TestCAPICoreReconcilesClusterOfQCPObjects proves CAPI core runs against
@@ -178,10 +178,8 @@ func TestStopLeavesNoProcess(t *testing.T) {
 func buildManager(t *testing.T) string {
 	t.Helper()
 	dir := t.TempDir()
-	build := exec.Command("go", "build", "-o", dir+"/", "./cmd/qcp-manager")
-	build.Dir = "../.."
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("building qcp-manager: %v\n%s", err, out)
+	if err := testkit.BuildQCP(dir, "qcp-manager"); err != nil {
+		t.Fatal(err)
 	}
 	return filepath.Join(dir, "qcp-manager")
 }

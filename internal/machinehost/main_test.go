@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/qcp-dev/qcp/internal/binaries"
+	"github.com/qcp-dev/qcp/internal/testkit"
 )
 
 // agentPath is the qcp-agent built once for the package's tests.
@@ -36,15 +37,16 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	agentPath = filepath.Join(tmp, "qcp-agent")
-	args := []string{"build", "-o", agentPath}
 	// QCP_AGENT_RACE=1 builds the agent with the race detector; races then
 	// appear in each machine's agent.log.
 	if os.Getenv("QCP_AGENT_RACE") == "1" {
-		args = append(args, "-race")
+		build := exec.Command("go", "build", "-race", "-o", agentPath, "github.com/qcp-dev/qcp/cmd/qcp-agent")
+		build.Stdout, build.Stderr = os.Stderr, os.Stderr
+		err = build.Run()
+	} else {
+		err = testkit.BuildQCP(tmp, "qcp-agent")
 	}
-	build := exec.Command("go", append(args, "github.com/qcp-dev/qcp/cmd/qcp-agent")...)
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "building qcp-agent:", err)
 		os.Exit(1)
 	}

@@ -15,9 +15,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
@@ -25,6 +23,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 
 	"github.com/qcp-dev/qcp/internal/localenv"
+	"github.com/qcp-dev/qcp/internal/testkit"
 )
 
 // addressRange keeps this package's machines apart from other packages'
@@ -63,7 +62,7 @@ func TestMain(m *testing.M) {
 	}
 	code := func() int {
 		defer os.RemoveAll(binDir)
-		if err := buildQCP(binDir); err != nil {
+		if err := testkit.BuildQCP(binDir, "qcp-manager", "qcp-agent"); err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
 		}
@@ -77,21 +76,6 @@ func TestMain(m *testing.M) {
 		return m.Run()
 	}()
 	os.Exit(code)
-}
-
-// buildQCP builds qcp-manager and qcp-agent from this tree into dir, so the
-// tests never run a stale binary.
-func buildQCP(dir string) error {
-	gomod, err := exec.Command("go", "env", "GOMOD").Output()
-	if err != nil {
-		return fmt.Errorf("finding the module root: %w", err)
-	}
-	build := exec.Command("go", "build", "-o", dir+"/", "./cmd/qcp-manager", "./cmd/qcp-agent")
-	build.Dir = filepath.Dir(strings.TrimSpace(string(gomod)))
-	if out, err := build.CombinedOutput(); err != nil {
-		return fmt.Errorf("building qcp-manager and qcp-agent: %w\n%s", err, out)
-	}
-	return nil
 }
 
 // startManagement starts a management cluster and qcp-manager on it, with

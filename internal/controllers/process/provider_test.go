@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -59,14 +58,8 @@ type world struct {
 func buildQCP(t *testing.T) string {
 	t.Helper()
 	dir := t.TempDir()
-	root, err := filepath.Abs("../../..")
-	if err != nil {
+	if err := testkit.BuildQCP(dir, "qcp-manager", "qcp-agent"); err != nil {
 		t.Fatal(err)
-	}
-	cmd := exec.Command("go", "build", "-o", dir+"/", "./cmd/qcp-manager", "./cmd/qcp-agent")
-	cmd.Dir = root
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Fatalf("building qcp-manager and qcp-agent: %v\n%s", err, out)
 	}
 	return dir
 }

@@ -1,0 +1,66 @@
+package testkit
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+)
+
+// FreshBinDirEnv names a directory holding qcp-manager, qcp-agent and qcpctl
+// built from this tree by the run that starts the tests: `make test` builds
+// them before go test starts, and sets it. Tests then link to those instead
+// of each linking its own (about 8 CPU-seconds for a manager and an agent).
+const FreshBinDirEnv = "QCP_FRESH_BIN_DIR"
+
+// BuildQCP puts QCP's commands (qcp-manager, qcp-agent, qcpctl), built from
+// this tree, into dir, so that a test never runs a stale binary: it builds
+// them, or links to the fresh ones of FreshBinDirEnv.
+func BuildQCP(dir string, commands ...string) error {
+	if fresh := os.Getenv(FreshBinDirEnv); fresh != "" {
+		for _, c := range commands {
+			src, err := filepath.Abs(filepath.Join(fresh, c))
+			if err != nil {
+				return err
+			}
+			if _, err := os.Stat(src); err != nil {
+				return fmt.Errorf("%s is set, but %w", FreshBinDirEnv, err)
+			}
+			if err := os.Symlink(src, filepath.Join(dir, c)); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	root, err := moduleRoot()
+	if err != nil {
+		return err
+	}
+	args := []string{"build", "-o", dir + "/"}
+	for _, c := range commands {
+		args = append(args, "./cmd/"+c)
+	}
+	build := exec.Command("go", args...)
+	build.Dir = root
+	if out, err := build.CombinedOutput(); err != nil {
+		return fmt.Errorf("building %v: %w\n%s", commands, err, out)
+	}
+	return nil
+}
+
+// moduleRoot is the directory of the go.mod above the working directory (a
+// test runs in its package's directory).
+func moduleRoot() (string, error) {
+	wd, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for dir := wd; ; dir = filepath.Dir(dir) {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir, nil
+		}
+		if filepath.Dir(dir) == dir {
+			return "", fmt.Errorf("no go.mod above %s", wd)
+		}
+	}
+}
