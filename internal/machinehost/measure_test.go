@@ -2,7 +2,9 @@ package machinehost
 
 import (
 	"fmt"
+	"os"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -66,4 +68,78 @@ func componentBreakdown(tb testing.TB, h *Host, ns, name string) string {
 	}
 	sort.Strings(lines)
 	return "per process:\n" + strings.Join(lines, "\n")
+}
+
+// BenchmarkMachineCPU measures what one stacked control plane machine costs
+// in CPU: from its start until every component is healthy and its Node is
+// Ready (start-cpu-s), and then each second over a minute
+// (steady-cpu-ms/s), with the per-component breakdown logged:
+//
+//	go test ./internal/machinehost -run '^$' -bench MachineCPU -benchtime 1x
+//
+// QCP_BENCH_APISERVER_ARGS (flags separated by spaces, each --name=value)
+// adds kube-apiserver flags, so that a flag's cost is measured before a
+// test profile adopts it; the variables of the Go runtime (GOGC) reach the
+// machine's processes through the environment.
+func BenchmarkMachineCPU(b *testing.B) {
+	testkit.RequireBinaries(b, "etcd", "kube")
+	for range b.N {
+		h := newHost(b)
+		c := newTestCluster(b, h, "ns-cpu", "cc")
+		spec := c.spec("m1", "fd-a")
+		doc := bootstrap.NewStacked(c.cl, c.cas, c.lbAddr, bootstrap.NewMember())
+		doc.ExtraArgs = map[bootstrap.Component][]bootstrap.Arg{}
+		for _, f := range strings.Fields(os.Getenv("QCP_BENCH_APISERVER_ARGS")) {
+			name, value, _ := strings.Cut(strings.TrimLeft(f, "-"), "=")
+			doc.ExtraArgs[bootstrap.KubeAPIServer] = append(doc.ExtraArgs[bootstrap.KubeAPIServer], bootstrap.Arg{Name: name, Value: value})
+		}
+		started := time.Now()
+		c.startDoc(spec, doc)
+		if err := h.SetBackends(c.ns, c.cl, []string{spec.Address + ":6443"}); err != nil {
+			b.Fatal(err)
+		}
+		c.waitNodeReady("m1", corev1.ConditionTrue, 3*time.Minute)
+		c.waitHealthy(spec, 3*time.Minute)
+		healthy := time.Since(started)
+		atStart := machineCPU(b, h, "ns-cpu", "m1")
+		window := time.Minute
+		time.Sleep(window) // a measurement window, not a wait for a condition
+		after := machineCPU(b, h, "ns-cpu", "m1")
+		var lines []string
+		var start, steady float64
+		for name, v := range after {
+			start += atStart[name]
+			steady += v - atStart[name]
+			lines = append(lines, fmt.Sprintf("%-24s start %5.1f s   steady %4.0f ms/s", name, atStart[name], (v-atStart[name])*1000/window.Seconds()))
+		}
+		sort.Strings(lines)
+		b.ReportMetric(healthy.Seconds(), "healthy-s")
+		b.ReportMetric(start, "start-cpu-s")
+		b.ReportMetric(steady*1000/window.Seconds(), "steady-cpu-ms/s")
+		b.Log("per component:\n" + strings.Join(lines, "\n"))
+	}
+}
+
+// machineCPU is the CPU-seconds (user and system) each process of a machine
+// has used, by component.
+func machineCPU(tb testing.TB, h *Host, ns, name string) map[string]float64 {
+	procs, err := h.Processes(ns, name)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	out := map[string]float64{}
+	for _, p := range procs {
+		f, err := testkit.ProcStat(fmt.Sprintf("/proc/%d/stat", p.PID))
+		if err != nil || len(f) < 13 {
+			continue // exited meanwhile
+		}
+		utime, _ := strconv.ParseFloat(f[11], 64)
+		stime, _ := strconv.ParseFloat(f[12], 64)
+		label := p.Comm
+		if args := cmdline(p.PID); strings.HasPrefix(p.Comm, "kube-") && len(args) > 1 {
+			label = args[1]
+		}
+		out[label] += (utime + stime) / 100 // USER_HZ
+	}
+	return out
 }
