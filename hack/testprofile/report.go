@@ -133,8 +133,9 @@ type totals struct {
 func (r *run) sum(from, to time.Time) totals {
 	t := totals{groups: map[string]float64{}}
 	for _, s := range r.samples {
-		// A sample covers the second before it.
-		if at := time.UnixMilli(s.T); at.Before(from) || !at.Before(to) {
+		// A sample covers the interval before it: (from, to] holds the
+		// samples taken after from, up to and including to.
+		if at := time.UnixMilli(s.T); !at.After(from) || at.After(to) {
 			continue
 		}
 		t.busy += s.Busy
@@ -179,10 +180,10 @@ func report(w io.Writer, prof, tests string) error {
 			break
 		}
 	}
-	all := r.sum(start, end.Add(time.Millisecond))
+	all := r.sum(start, end)
 	build := r.sum(start, r.testStart)
 	test := r.sum(r.testStart, r.testEnd)
-	after := r.sum(r.testEnd, end.Add(time.Millisecond))
+	after := r.sum(r.testEnd, end)
 	cores := (all.busy + all.idle) / max(all.wall, 1)
 
 	fmt.Fprintf(w, "## Phases\n\n%.0f cores. CPU-seconds are the host's (/proc/stat); idle is core-seconds no process used.\n\n", cores)
