@@ -32,10 +32,10 @@ import (
 
 // Intervals for the waits no watch can end. etcd membership changes have
 // no watch, so while one is in flight (or a member is down) the reconciler
-// looks again quickly; otherwise Machines, infrastructure machines, the
-// Cluster and workload Nodes wake it.
+// looks again, quickly after a step and less often the longer it lasts
+// (engine.Wakeups.PollAfter); otherwise Machines, infrastructure machines,
+// the Cluster and workload Nodes wake it.
 const (
-	membershipPoll = 200 * time.Millisecond
 	// initializationPoll is how often the first API server is probed
 	// before it answers; nothing in the management cluster changes when it
 	// does.
@@ -243,8 +243,12 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Clu
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	if acted || replan || obs.inFlight() {
-		return ctrl.Result{RequeueAfter: membershipPoll}, nil
+	if acted || replan {
+		r.wakeups.Acted(client.ObjectKeyFromObject(cp))
+		return ctrl.Result{RequeueAfter: engine.FastPoll}, nil
+	}
+	if obs.inFlight() {
+		return ctrl.Result{RequeueAfter: r.wakeups.PollAfter(client.ObjectKeyFromObject(cp))}, nil
 	}
 	if !obs.initialized {
 		return ctrl.Result{RequeueAfter: initializationPoll}, nil

@@ -41,3 +41,43 @@ func TestWakeups(t *testing.T) {
 		t.Errorf("a forgotten control plane learned at %s", got)
 	}
 }
+
+// TestPollAfter: right after a step a round looks again at FastPoll; the
+// longer the in-flight change takes, the longer the wait between looks, a
+// tenth of the time since the step, up to SlowPoll; a new step starts
+// over. A control plane this process never stepped waits SlowPoll.
+func TestPollAfter(t *testing.T) {
+	now := t0
+	w := NewWakeups(func() time.Time { return now })
+	a, b := types.NamespacedName{Namespace: "ns", Name: "a"}, types.NamespacedName{Namespace: "ns", Name: "b"}
+	if got := w.PollAfter(a); got != SlowPoll {
+		t.Errorf("before any step: %s, want %s", got, SlowPoll)
+	}
+	w.Acted(a)
+	for _, c := range []struct {
+		since time.Duration
+		want  time.Duration
+	}{
+		{0, FastPoll},
+		{time.Second, FastPoll},
+		{5 * time.Second, 500 * time.Millisecond},
+		{12 * time.Second, 1200 * time.Millisecond},
+		{time.Minute, SlowPoll},
+	} {
+		now = t0.Add(c.since)
+		if got := w.PollAfter(a); got != c.want {
+			t.Errorf("%s after a step: %s, want %s", c.since, got, c.want)
+		}
+	}
+	if got := w.PollAfter(b); got != SlowPoll {
+		t.Errorf("another control plane: %s, want %s", got, SlowPoll)
+	}
+	w.Acted(a)
+	if got := w.PollAfter(a); got != FastPoll {
+		t.Errorf("right after a new step: %s, want %s", got, FastPoll)
+	}
+	w.Forget(a)
+	if got := w.PollAfter(a); got != SlowPoll {
+		t.Errorf("forgotten: %s, want %s", got, SlowPoll)
+	}
+}

@@ -35,10 +35,6 @@ import (
 	"github.com/qcp-dev/qcp/internal/quorum"
 )
 
-// membershipPoll is how often a round looks again while a membership
-// change is under way, which no watch reports.
-const membershipPoll = 200 * time.Millisecond
-
 // healthPoll is how often a steady EtcdCluster looks at its members
 // again. A member that hangs or dies changes no object (etcd machines
 // have no Node and no health check), so only looking finds it.
@@ -224,8 +220,12 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Clu
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	if acted || replan || obs.MembershipInFlight() {
-		return ctrl.Result{RequeueAfter: membershipPoll}, nil
+	if acted || replan {
+		r.wakeups.Acted(client.ObjectKeyFromObject(ec))
+		return ctrl.Result{RequeueAfter: engine.FastPoll}, nil
+	}
+	if obs.MembershipInFlight() {
+		return ctrl.Result{RequeueAfter: r.wakeups.PollAfter(client.ObjectKeyFromObject(ec))}, nil
 	}
 	// Nothing in flight: look again for a member going down, or sooner
 	// when a machine goes out of date with time (rollout.after).
