@@ -45,7 +45,7 @@ func TestComponentAndOwner(t *testing.T) {
 }
 
 // TestRecordSeesAChildsCPU records a shell that counts for a while in a
-// child shell, and checks that the profile attributes to the command about
+// grandchild shell (reaped by a child that exits at once), and checks that the profile attributes to the command about
 // the CPU its processes used (their rusage), and never more: a process that
 // exits is counted through its parent's reaped-children time, once.
 func TestRecordSeesAChildsCPU(t *testing.T) {
@@ -55,7 +55,7 @@ func TestRecordSeesAChildsCPU(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "p.jsonl")
 	var before, after syscall.Rusage
 	_ = syscall.Getrusage(syscall.RUSAGE_CHILDREN, &before)
-	if code := record(out, 200*time.Millisecond, []string{"sh", "-c", "sh -c 'i=0; while [ $i -lt 2000000 ]; do i=$((i+1)); done'; sleep 0.5"}); code != 0 {
+	if code := record(out, 200*time.Millisecond, []string{"sh", "-c", `sh -c "sh -c 'i=0; while [ \$i -lt 2000000 ]; do i=\$((i+1)); done'; true"; sleep 0.5`}); code != 0 {
 		t.Fatalf("record exited %d", code)
 	}
 	_ = syscall.Getrusage(syscall.RUSAGE_CHILDREN, &after)

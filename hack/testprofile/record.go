@@ -37,7 +37,10 @@ type proc struct {
 	start uint64 // start time in ticks, to tell a reused PID apart
 	cpu   uint64 // utime+stime, ticks
 	child uint64 // cutime+cstime, ticks
-	group string
+	// credited is what the recorder has accounted for of this process and
+	// of the children it reaped, in ticks.
+	credited uint64
+	group    string
 }
 
 const ticks = 100.0 // USER_HZ on Linux
@@ -146,14 +149,30 @@ func (r *recorder) scan() map[string]float64 {
 		seen[pid] = p
 	}
 	out := map[string]float64{}
-	// Whose children exited, and how much of them was already counted.
-	counted := map[int]uint64{}
+	// A process that exited is counted through its parent's reaped-children
+	// time, which grows by all it and its own reaped children used. As far
+	// as the scans saw them, they are accounted for already (credited), so
+	// only the rest counts: their last moments, and children never seen. A
+	// child whose parent exited too ends up in the reaped time of the first
+	// ancestor still running.
+	gone := map[int]*proc{}
 	for pid, old := range r.procs {
 		if p, ok := seen[pid]; !ok || p.start != old.start {
-			// The parent's reaped-children time grows by all of the child's
-			// time, its own and its reaped children's, both counted already.
-			counted[old.ppid] += old.cpu + old.child
+			gone[pid] = old
 		}
+	}
+	credit := map[int]uint64{}
+	for _, g := range gone {
+		// Up to the first ancestor still running: it reaped them all.
+		ppid := g.ppid
+		for i := 0; i < 64; i++ {
+			parent, ok := gone[ppid]
+			if !ok {
+				break
+			}
+			ppid = parent.ppid
+		}
+		credit[ppid] += g.credited
 	}
 	for pid, p := range seen {
 		old, ok := r.procs[pid]
@@ -166,19 +185,19 @@ func (r *recorder) scan() map[string]float64 {
 			p.group = r.classify(pid, p, seen)
 		}
 		if old == nil {
-			// New since the last scan: all of its CPU is new, unless this is
-			// the first scan.
+			// New since the last scan: all it and its reaped children used
+			// is new, unless this is the first scan, which only notes what
+			// ran before.
 			if len(r.procs) > 0 {
-				out[p.group] += float64(p.cpu) / ticks
+				out[p.group] += float64(p.cpu+p.child) / ticks
 			}
+			p.credited = p.cpu + p.child
 			continue
 		}
-		if d := int64(p.cpu) - int64(old.cpu); d > 0 {
-			out[p.group] += float64(d) / ticks
-		}
-		if d := int64(p.child) - int64(old.child) - int64(counted[pid]); d > 0 {
-			out[p.group] += float64(d) / ticks
-		}
+		own := max(int64(p.cpu)-int64(old.cpu), 0)
+		extra := max(int64(p.child)-int64(old.child)-int64(credit[pid]), 0)
+		out[p.group] += float64(own+extra) / ticks
+		p.credited = old.credited + uint64(own+extra) + credit[pid]
 	}
 	r.procs = seen
 	for k, v := range out {
