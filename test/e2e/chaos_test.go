@@ -44,7 +44,7 @@ const chaosAddressRange = "127.26.0.0/16"
 // campaign (TestChaos, built with -tags chaos).
 func TestChaosSmoke(t *testing.T) {
 	requireShared(t)
-	// Not parallel, for the reason TestCrashesAndRotation gives.
+	t.Parallel() // beside the others, as TestCrashesAndRotation
 	mgmt := ownManagement(t, chaosAddressRange, nil)
 	t.Run("the leftover check finds leftovers", func(t *testing.T) { checkLeftoverCheck(t, mgmt) })
 	campaign(t, mgmt, chaos.SmokeSeeds, nil, time.Time{})

@@ -48,10 +48,10 @@ var crashPoints = []string{
 // short-lived client certificate is issued again and keeps working.
 func TestCrashesAndRotation(t *testing.T) {
 	requireShared(t)
-	// Not parallel: it runs first, alone, before the other scenarios'
-	// machines hold the host's inotify instances (128 per user by
-	// default), which this scenario's own management cluster also needs.
-	// Beside them, CAPI core failed to start twice in a row.
+	// Beside the others: its own management cluster needs inotify
+	// instances, which the others' machines hold too; TestMain makes sure
+	// the host allows enough (testkit.EnsureInotifyInstances).
+	t.Parallel()
 	mgmt := ownManagement(t, crashAddressRange, []string{"--kubeconfig-lifetime=" + kubeconfigLifetime.String()})
 	s := newScenario(t, mgmt, "crash", 3)
 	s.startTraffic(3)

@@ -60,6 +60,11 @@ func TestMain(m *testing.M) {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
+	// Scenarios with management clusters of their own start beside the
+	// others' machines.
+	if err := testkit.EnsureInotifyInstances(1024); err != nil {
+		fmt.Fprintln(os.Stderr, "warning:", err)
+	}
 	code := func() int {
 		defer os.RemoveAll(binDir)
 		if err := testkit.BuildQCP(binDir, "qcp-manager", "qcp-agent"); err != nil {
