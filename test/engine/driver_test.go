@@ -98,6 +98,7 @@ func (d *driver) converge(ctx context.Context, desired int, timeout time.Duratio
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	lastWait := ""
+	lastStep := time.Now()
 	for {
 		before := d.observe(ctx)
 		dec := quorum.PlanWithOptions(before, quorum.Options{SkipLeaderTransfer: d.opts.noLeaderTransfer})
@@ -114,6 +115,7 @@ func (d *driver) converge(ctx context.Context, desired int, timeout time.Duratio
 			lastWait = dec.Reason
 		default:
 			d.step(ctx, before, dec)
+			lastStep = time.Now()
 			continue
 		}
 		if err := d.releaseDrainedMachines(); err != nil {
@@ -122,9 +124,18 @@ func (d *driver) converge(ctx context.Context, desired int, timeout time.Duratio
 		select {
 		case <-ctx.Done():
 			d.t.Fatalf("%s: not converged to %d voters within %s; waiting for %s\nsteps:\n%s", d.name, desired, timeout, lastWait, strings.Join(d.steps, "\n"))
-		case <-time.After(100 * time.Millisecond):
+		case <-time.After(pollAfter(time.Since(lastStep))):
 		}
 	}
+}
+
+// pollAfter is how long the driver waits before it looks again, given the
+// time since its last step: as the controllers do
+// (engine.Wakeups.PollAfter), quickly after a step and then a tenth of
+// the wait so far, up to a second. Every look asks each member for its
+// status.
+func pollAfter(since time.Duration) time.Duration {
+	return min(max(since/10, 100*time.Millisecond), time.Second)
 }
 
 // step carries out one decision and checks it against the invariants with
