@@ -86,14 +86,14 @@ verify-generate: generate
 test:
 	@mkdir -p $(BIN) && go build -o $(BIN)/testprofile ./hack/testprofile
 	@status=0; $(BIN)/testprofile record -o $(BIN)/profile.jsonl -- $(MAKE) --no-print-directory test-steps || status=$$?; \
-	$(BIN)/testprofile report -profile $(BIN)/profile.jsonl -tests $(BIN)/test.json > $(BIN)/profile.md && \
+	$(BIN)/testprofile report -profile $(BIN)/profile.jsonl -tests $(BIN)/test.json -test-start $(BIN)/test-start > $(BIN)/profile.md && \
 		echo ">> where the time went: bin/profile.md (make test-profile)"; \
 	exit $$status
 
 ## test-profile: the timeline of the last `make test`: phases, packages, scenarios, CPU by component.
 test-profile:
 	@go build -o $(BIN)/testprofile ./hack/testprofile
-	@$(BIN)/testprofile report -profile $(BIN)/profile.jsonl -tests $(BIN)/test.json
+	@$(BIN)/testprofile report -profile $(BIN)/profile.jsonl -tests $(BIN)/test.json -test-start $(BIN)/test-start
 
 # QCP_REQUIRE_BINARIES turns a test's skip for a missing pinned binary into a
 # failure. QCP_FRESH_BIN_DIR hands the tests the qcp-* binaries just built
@@ -109,7 +109,7 @@ test-steps: binaries $(KUBE_PREVIOUS) $(ETCD_PREVIOUS) verify-generate
 	go vet ./...
 	@hack/inotify-limit.sh
 	@go build -o $(BIN)/testreport ./hack/testreport
-	@run=qcp-test-$$$$-$$(date +%s); status=0; \
+	@run=qcp-test-$$$$-$$(date +%s); status=0; date +%s%3N > $(BIN)/test-start; \
 	QCP_REQUIRE_BINARIES=1 QCP_FRESH_BIN_DIR=$(BIN) QCP_TEST_RUN=$$run go test -json -count=1 -p $(TEST_PARALLEL) -parallel $(TEST_SCENARIOS) -timeout $(TEST_TIMEOUT) $(TEST_FLAGS) $(TEST_PACKAGES) 2>&1 \
 		| tee $(BIN)/test.json | $(BIN)/testreport | tee $(BIN)/test.log || status=1; \
 	hack/check-strays.sh $(BIN) $$run || status=1; \

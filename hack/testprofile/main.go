@@ -18,6 +18,8 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"strconv"
+	"strings"
 	"time"
 )
 
@@ -39,8 +41,18 @@ func main() {
 		fs := flag.NewFlagSet("report", flag.ExitOnError)
 		prof := fs.String("profile", "bin/profile.jsonl", "samples from testprofile record")
 		tests := fs.String("tests", "bin/test.json", "go test -json output of the same run")
+		startFile := fs.String("test-start", "bin/test-start", "a file holding the Unix time in milliseconds at which go test started; ignored when missing")
 		_ = fs.Parse(os.Args[2:])
-		if err := report(os.Stdout, *prof, *tests); err != nil {
+		var start time.Time
+		if b, err := os.ReadFile(*startFile); err == nil {
+			ms, err := strconv.ParseInt(strings.TrimSpace(string(b)), 10, 64)
+			if err != nil {
+				fmt.Fprintln(os.Stderr, "testprofile:", *startFile, err)
+				os.Exit(1)
+			}
+			start = time.UnixMilli(ms)
+		}
+		if err := report(os.Stdout, *prof, *tests, start); err != nil {
 			fmt.Fprintln(os.Stderr, "testprofile:", err)
 			os.Exit(1)
 		}

@@ -116,7 +116,7 @@ func TestReport(t *testing.T) {
 		t.Fatal(err)
 	}
 	var b strings.Builder
-	if err := report(&b, p, tj); err != nil {
+	if err := report(&b, p, tj, time.Time{}); err != nil {
 		t.Fatal(err)
 	}
 	got := b.String()

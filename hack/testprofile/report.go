@@ -161,7 +161,10 @@ func (t totals) by(part int, keep func(owner string) bool) map[string]float64 {
 	return out
 }
 
-func report(w io.Writer, prof, tests string) error {
+// report writes the timeline. testStart, when not zero, is when go test
+// started (make test notes it in bin/test-start); without it the test
+// phase starts with the first sample of a go test command.
+func report(w io.Writer, prof, tests string, testStart time.Time) error {
 	r, err := load(prof, tests)
 	if err != nil {
 		return err
@@ -174,10 +177,14 @@ func report(w io.Writer, prof, tests string) error {
 	}
 	// The test phase starts with go test itself, which compiles and links
 	// the test binaries before the first package starts.
-	for _, s := range r.samples {
-		if at := time.UnixMilli(s.T).Add(-time.Second); at.Before(r.testStart) && hasOwner(s, "go test") {
-			r.testStart = at
-			break
+	if !testStart.IsZero() {
+		r.testStart = testStart
+	} else {
+		for _, s := range r.samples {
+			if at := time.UnixMilli(s.T).Add(-time.Second); at.Before(r.testStart) && hasOwner(s, "go test") {
+				r.testStart = at
+				break
+			}
 		}
 	}
 	all := r.sum(start, end)
@@ -244,7 +251,7 @@ func report(w io.Writer, prof, tests string) error {
 		t := r.sum(m, m.Add(time.Minute))
 		var running []string
 		for _, p := range r.packages {
-			if p.start.Before(m.Add(time.Minute)) && p.end.After(m) {
+			if p.wall() >= 1 && p.start.Before(m.Add(time.Minute)) && p.end.After(m) {
 				running = append(running, short(p.name))
 			}
 		}
