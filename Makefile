@@ -22,10 +22,12 @@ CONTROLLER_GEN := $(BIN)/controller-gen-$(CONTROLLER_TOOLS_VERSION)
 # Tests run packages in parallel; 2 keeps the heavy process tests within the
 # memory and CPU of a 2-core machine.
 TEST_PARALLEL ?= 2
-# Scenarios (parallel tests) of one package run this many at a time: most of
-# a scenario's time is spent waiting on timers and health checks, and four
+# test/e2e runs this many scenarios at a time (QCP_E2E_SCENARIOS): most of a
+# scenario's time is spent waiting on timers and health checks, and four
 # scenarios' machines (about 600 MB each) fit in 24 GiB beside the other
-# packages. See docs/testing.md for the budget.
+# packages. The other packages keep go test's default (2 on 2 cores): run
+# four at a time beside test/e2e, test/engine's five-member clusters starved
+# their own members. See docs/testing.md for the budget.
 TEST_SCENARIOS ?= 4
 # The longest package, test/e2e (16 scenarios, two at a time), took 2,407 s
 # in CI and 3,136 s on a slower VM of the same kind, unloaded; 80m leaves
@@ -103,14 +105,16 @@ test-profile:
 # skipped tests, which plain `go test` does not show.
 # The packages are listed longest first: go test starts them in that order,
 # so test/e2e, the longest by far, starts at once instead of after the
-# others, and the short ones fill the end.
-TEST_PACKAGES ?= ./test/e2e ./test/engine ./internal/controllers/process ./internal/machinehost ./internal/cli ./...
+# others, and the short ones fill the end. test/engine waits until the
+# scenarios' first machines are up: its five-member clusters beside them
+# starved both.
+TEST_PACKAGES ?= ./test/e2e ./internal/controllers/process ./internal/cli ./internal/machinehost ./test/engine ./...
 test-steps: binaries $(KUBE_PREVIOUS) $(ETCD_PREVIOUS) verify-generate
 	go vet ./...
 	@hack/inotify-limit.sh
 	@go build -o $(BIN)/testreport ./hack/testreport
 	@run=qcp-test-$$$$-$$(date +%s); status=0; date +%s%3N > $(BIN)/test-start; \
-	QCP_REQUIRE_BINARIES=1 QCP_FRESH_BIN_DIR=$(BIN) QCP_TEST_RUN=$$run go test -json -count=1 -p $(TEST_PARALLEL) -parallel $(TEST_SCENARIOS) -timeout $(TEST_TIMEOUT) $(TEST_FLAGS) $(TEST_PACKAGES) 2>&1 \
+	QCP_REQUIRE_BINARIES=1 QCP_FRESH_BIN_DIR=$(BIN) QCP_TEST_RUN=$$run QCP_E2E_SCENARIOS=$(TEST_SCENARIOS) go test -json -count=1 -p $(TEST_PARALLEL) -timeout $(TEST_TIMEOUT) $(TEST_FLAGS) $(TEST_PACKAGES) 2>&1 \
 		| tee $(BIN)/test.json | $(BIN)/testreport | tee $(BIN)/test.log || status=1; \
 	hack/check-strays.sh $(BIN) $$run || status=1; \
 	exit $$status

@@ -2,6 +2,7 @@ package testkit
 
 import (
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -27,7 +28,10 @@ func BuildQCP(dir string, commands ...string) error {
 			if _, err := os.Stat(src); err != nil {
 				return fmt.Errorf("%s is set, but %w", FreshBinDirEnv, err)
 			}
-			if err := os.Symlink(src, filepath.Join(dir, c)); err != nil {
+			// A hard link (a copy across file systems), not a symlink: a
+			// process's /proc/<pid>/exe then names the test's directory, as
+			// a binary built there would.
+			if err := linkOrCopy(src, filepath.Join(dir, c)); err != nil {
 				return err
 			}
 		}
@@ -47,6 +51,26 @@ func BuildQCP(dir string, commands ...string) error {
 		return fmt.Errorf("building %v: %w\n%s", commands, err, out)
 	}
 	return nil
+}
+
+func linkOrCopy(src, dst string) error {
+	if os.Link(src, dst) == nil {
+		return nil
+	}
+	in, err := os.Open(src)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(dst, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o755)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return err
+	}
+	return out.Close()
 }
 
 // moduleRoot is the directory of the go.mod above the working directory (a

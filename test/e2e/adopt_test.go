@@ -33,7 +33,7 @@ import (
 // ID on each), and neither replaces nor adds a machine.
 func TestAdoption(t *testing.T) {
 	mgmt := requireShared(t)
-	t.Parallel()
+	parallel(t, 2*time.Minute)
 	s, cp := newScenarioWithoutControlPlane(t, mgmt, "adopt", 3, failureDomains)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()

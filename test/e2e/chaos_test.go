@@ -44,7 +44,7 @@ const chaosAddressRange = "127.26.0.0/16"
 // campaign (TestChaos, built with -tags chaos).
 func TestChaosSmoke(t *testing.T) {
 	requireShared(t)
-	t.Parallel() // beside the others, as TestCrashesAndRotation
+	parallel(t, 4*time.Minute+30*time.Second) // beside the others, as TestCrashesAndRotation
 	mgmt := ownManagement(t, chaosAddressRange, nil)
 	t.Run("the leftover check finds leftovers", func(t *testing.T) { checkLeftoverCheck(t, mgmt) })
 	campaign(t, mgmt, chaos.SmokeSeeds, nil, time.Time{})

@@ -25,7 +25,7 @@ import (
 // killed at once and replaced, one at a time.
 func TestCreateAndScale(t *testing.T) {
 	mgmt := requireShared(t)
-	t.Parallel()
+	parallel(t, 2*time.Minute+55*time.Second)
 	s := newScenario(t, mgmt, "scale", 3)
 	s.startTraffic(3)
 	cp := s.waitAvailable(convergeTimeout, 3)

@@ -51,7 +51,7 @@ func TestCrashesAndRotation(t *testing.T) {
 	// Beside the others: its own management cluster needs inotify
 	// instances, which the others' machines hold too; TestMain makes sure
 	// the host allows enough (testkit.EnsureInotifyInstances).
-	t.Parallel()
+	parallel(t, time.Minute+40*time.Second)
 	mgmt := ownManagement(t, crashAddressRange, []string{"--kubeconfig-lifetime=" + kubeconfigLifetime.String()})
 	s := newScenario(t, mgmt, "crash", 3)
 	s.startTraffic(3)

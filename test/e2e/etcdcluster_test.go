@@ -142,7 +142,7 @@ func (s *scenario) scaleEtcd(ctx context.Context, replicas int32) {
 // time, nothing lost, the control plane Available throughout.
 func TestEtcdClusterCreateAndScale(t *testing.T) {
 	mgmt := requireShared(t)
-	t.Parallel()
+	parallel(t, 55*time.Second)
 	s := newEtcdScenario(t, mgmt, "etcd-scale", 3, 1, func(ec *etcdv1.EtcdCluster) {
 		ec.Annotations = map[string]string{clusterv1.PausedAnnotation: ""}
 	})
@@ -240,7 +240,7 @@ func TestEtcdClusterCreateAndScale(t *testing.T) {
 // then takes the EtcdCluster and every machine with it.
 func TestEtcdClusterFlappingAndReplacement(t *testing.T) {
 	mgmt := requireShared(t)
-	t.Parallel()
+	parallel(t, 2*time.Minute+20*time.Second)
 	const timeout = 30 * time.Second
 	s := newEtcdScenario(t, mgmt, "etcd-replace", 3, 0, func(ec *etcdv1.EtcdCluster) {
 		ec.Spec.UnhealthyMemberTimeoutSeconds = ptr.To(int32(timeout / time.Second))
@@ -362,7 +362,7 @@ func (s *scenario) deleteOnlyTheCluster(ctx context.Context) {
 // the new version.
 func TestEtcdClusterUpgrade(t *testing.T) {
 	mgmt := requireShared(t)
-	t.Parallel()
+	parallel(t, 50*time.Second)
 	testkit.RequireBinaries(t, "etcd-previous")
 	from, to := binaries.PreviousEtcdVersion, binaries.EtcdVersion
 	s := newEtcdScenario(t, mgmt, "etcd-upgrade", 3, 1, func(ec *etcdv1.EtcdCluster) { ec.Spec.Version = from })

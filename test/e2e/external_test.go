@@ -28,7 +28,7 @@ import (
 // test kit's writer and monitor running against it meanwhile.
 func TestExternalEtcdEndpoints(t *testing.T) {
 	mgmt := requireShared(t)
-	t.Parallel()
+	parallel(t, 35*time.Second)
 	const name = "external-endpoints"
 	ext := testkit.NewEtcdCluster(t, name)
 	member, err := ext.NewMember(name + "-etcd")

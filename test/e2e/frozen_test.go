@@ -26,7 +26,7 @@ import (
 // says why, and waits; once one is thawed, it remediates the other.
 func TestFrozenMachines(t *testing.T) {
 	mgmt := requireShared(t)
-	t.Parallel()
+	parallel(t, 6*time.Minute+55*time.Second)
 	s := newScenario(t, mgmt, "frozen", 3)
 	s.startTraffic(3)
 	cp := s.waitAvailable(convergeTimeout, 3)
@@ -126,7 +126,7 @@ func leaderMachine(cp *controlplanev1.QuorumControlPlane) string {
 // Once the hung etcd resumes, QCP remediates the marked machine.
 func TestHungEtcdBlocksRemediation(t *testing.T) {
 	mgmt := requireShared(t)
-	t.Parallel()
+	parallel(t, 2*time.Minute+50*time.Second)
 	s := newScenario(t, mgmt, "hungetcd", 3)
 	s.startTraffic(3)
 	s.waitAvailable(convergeTimeout, 3)

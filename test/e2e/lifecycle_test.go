@@ -32,7 +32,7 @@ const pauseHold = 20 * time.Second
 // exists.
 func TestPauseAndDeletion(t *testing.T) {
 	mgmt := requireShared(t)
-	t.Parallel()
+	parallel(t, time.Minute+15*time.Second)
 	s := newScenario(t, mgmt, "pause", 1)
 	s.startTraffic(1)
 	s.waitAvailable(convergeTimeout, 1)

@@ -27,7 +27,7 @@ import (
 // why.
 func TestRemediation(t *testing.T) {
 	mgmt := requireShared(t)
-	t.Parallel()
+	parallel(t, 5*time.Minute)
 	s := newScenario(t, mgmt, "remediate", 3, func(cp *controlplanev1.QuorumControlPlane) {
 		cp.Spec.Remediation.MaxRetry = ptr.To[int32](1)
 	})

@@ -20,7 +20,7 @@ import (
 // deletes another and removes its hook by hand.
 func TestReplacementAndEscapeHatch(t *testing.T) {
 	mgmt := requireShared(t)
-	t.Parallel()
+	parallel(t, 55*time.Second)
 	s := newScenario(t, mgmt, "replace", 3)
 	s.startTraffic(3)
 	s.waitAvailable(convergeTimeout, 3)
@@ -124,7 +124,7 @@ func (s *scenario) checkEscapeHatch(t *testing.T) {
 // the deleted machine had no Node yet, the other case CAPI skips.)
 func TestDeleteTheOnlyMachine(t *testing.T) {
 	mgmt := requireShared(t)
-	t.Parallel()
+	parallel(t, 2*time.Minute+30*time.Second)
 	s := newScenario(t, mgmt, "only-machine", 1)
 	s.startTraffic(1)
 	s.waitAvailable(convergeTimeout, 1)

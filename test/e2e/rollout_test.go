@@ -35,7 +35,7 @@ import (
 func TestVersionUpgradeAndRollouts(t *testing.T) {
 	mgmt := requireShared(t)
 	testkit.RequireBinaries(t, "kube-previous")
-	t.Parallel()
+	parallel(t, 2*time.Minute)
 	from := binaries.PreviousKubeVersion
 	s := newScenario(t, mgmt, "upgrade", 3, withoutAutorepair, func(cp *controlplanev1.QuorumControlPlane) {
 		cp.Spec.Version = from
@@ -83,7 +83,7 @@ func withoutAutorepair(cp *controlplanev1.QuorumControlPlane) {
 // plane then switches to OnDelete (see checkOnDelete).
 func TestTemplateRolloutWithoutSurgeThenOnDelete(t *testing.T) {
 	mgmt := requireShared(t)
-	t.Parallel()
+	parallel(t, time.Minute+25*time.Second)
 	s := newScenario(t, mgmt, "nosurge", 3, withoutAutorepair, func(cp *controlplanev1.QuorumControlPlane) {
 		cp.Spec.Rollout.Strategy.RollingUpdate.MaxSurge = ptr.To[int32](0)
 		cp.Spec.Etcd.Stacked.ExtraArgs = []controlplanev1.Arg{{Name: "snapshot-count", Value: "10000"}}
@@ -263,7 +263,7 @@ const maxAPIGap = 5 * time.Second
 // one machine per domain, saying meanwhile that it is rebalancing.
 func TestRebalancing(t *testing.T) {
 	mgmt := requireShared(t)
-	t.Parallel()
+	parallel(t, 55*time.Second)
 	s := newScenarioIn(t, mgmt, "rebalance", 3, failureDomains[:1], withoutAutorepair)
 	s.startTraffic(3)
 	s.waitAvailable(convergeTimeout, 3)

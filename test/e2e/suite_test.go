@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"testing"
 	"time"
 
@@ -47,8 +48,21 @@ type management struct {
 	outages outages
 }
 
+// ScenariosEnv sets how many scenarios run side by side (default
+// defaultScenarios) when go test is given no -parallel: most of a
+// scenario's time goes to waiting on timers and health checks, and four
+// scenarios' machines (about 600 MB each) fit in 24 GiB. An explicit
+// -parallel wins, as `make chaos` gives.
+const ScenariosEnv = "QCP_E2E_SCENARIOS"
+
+const defaultScenarios = 4
+
 func TestMain(m *testing.M) {
 	flag.Parse()
+	if err := scenariosAtOnce(); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
 	// The test's own clients log nothing worth reading; the managers log
 	// to their files in the environment's directory.
 	ctrl.SetLogger(logr.Discard())
@@ -81,6 +95,26 @@ func TestMain(m *testing.M) {
 		return m.Run()
 	}()
 	os.Exit(code)
+}
+
+// scenariosAtOnce sets how many scenarios the queue runs at once: -parallel
+// if given, else ScenariosEnv, else defaultScenarios. Then it lifts go
+// test's own limit, which the queue replaces (see scenarios).
+func scenariosAtOnce() error {
+	p := flag.Lookup("test.parallel")
+	n := defaultScenarios
+	given := false
+	flag.Visit(func(f *flag.Flag) { given = given || f.Name == "test.parallel" })
+	if given {
+		n, _ = strconv.Atoi(p.Value.String())
+	} else if v := os.Getenv(ScenariosEnv); v != "" {
+		var err error
+		if n, err = strconv.Atoi(v); err != nil || n < 1 {
+			return fmt.Errorf("%s=%q: want a positive number of scenarios", ScenariosEnv, v)
+		}
+	}
+	scenarios.slots = max(n, 1)
+	return p.Value.Set("1000")
 }
 
 // startManagement starts a management cluster and qcp-manager on it, with
