@@ -11,9 +11,17 @@ set -euo pipefail
 bin=$(realpath "$1")
 run=${2:-}
 strays=()
+# The processes this check runs under (make, and the profile recorder of
+# `make test`, built into BIN_DIR) are not strays.
+ancestors=" "
+p=$$
+while [ "$p" -gt 1 ] 2>/dev/null; do
+  ancestors+="$p "
+  p=$(awk '{print $4}' "/proc/$p/stat" 2>/dev/null) || break
+done
 for dir in /proc/[0-9]*; do
   pid=${dir#/proc/}
-  [ "$pid" = $$ ] && continue
+  case $ancestors in *" $pid "*) continue ;; esac
   target=$(readlink "$dir/exe" 2>/dev/null) || continue
   cmd=$(tr '\0' ' ' < "$dir/cmdline" 2>/dev/null | cut -c1-200) || continue
   case $target in
