@@ -106,6 +106,7 @@ func TestReport(t *testing.T) {
 	pkg := "github.com/qcp-dev/qcp/test/e2e"
 	_ = ev.Encode(testEvent{Time: t0.Add(71 * time.Second), Action: "start", Package: pkg})
 	_ = ev.Encode(testEvent{Time: t0.Add(72 * time.Second), Action: "run", Package: pkg, Test: "TestCreateAndScale"})
+	_ = ev.Encode(testEvent{Time: t0.Add(80 * time.Second), Action: "output", Package: pkg, Test: "TestCreateAndScale", Output: "    queue_test.go:60: " + QueuedPrefix + "8.2s for a slot\n"})
 	_ = ev.Encode(testEvent{Time: t0.Add(170 * time.Second), Action: "pass", Package: pkg, Test: "TestCreateAndScale", Elapsed: 98})
 	_ = ev.Encode(testEvent{Time: t0.Add(180 * time.Second), Action: "pass", Package: pkg, Elapsed: 109})
 	p, tj := filepath.Join(dir, "p.jsonl"), filepath.Join(dir, "t.json")
@@ -125,7 +126,7 @@ func TestReport(t *testing.T) {
 		"| test (go test: compiling, then running) | 120 | 180 | 60 | 1.50 |",
 		"| build kube v1.36.3 | 90 |",
 		"| test/e2e | 11 | 109 | 165 | pass |",
-		"| test/e2e TestCreateAndScale | 12 | 98 | 98 | pass |",
+		"| test/e2e TestCreateAndScale | 12 | 8 | 98 | 98 | pass |",
 		"| scale | 110 |",
 	} {
 		if !strings.Contains(got, want) {

@@ -20,13 +20,19 @@ type testEvent struct {
 	Package string
 	Test    string
 	Elapsed float64
+	Output  string
 }
+
+// QueuedPrefix starts the line a test/e2e scenario logs once the package's
+// scenario queue gives it a slot, followed by the seconds it waited.
+const QueuedPrefix = "scenario queue: waited "
 
 // span is a package's or a test's run.
 type span struct {
 	name       string
 	start, end time.Time
 	elapsed    float64 // what go test reports: a parallel test's paused time is not in it
+	queued     float64 // seconds it waited in its package's own queue, if it logged them
 	result     string
 }
 
@@ -100,6 +106,9 @@ func load(prof, tests string) (*run, error) {
 			m[key] = s
 		}
 		s.end = e.Time
+		if _, rest, ok := strings.Cut(e.Output, QueuedPrefix); ok && e.Action == "output" {
+			fmt.Sscanf(rest, "%fs", &s.queued)
+		}
 		switch e.Action {
 		case "pass", "fail", "skip":
 			s.result, s.elapsed = e.Action, e.Elapsed
@@ -233,11 +242,11 @@ func report(w io.Writer, prof, tests string, testStart time.Time) error {
 	fmt.Fprintf(w, "\nCPU in the test phase outside any test binary (go test compiling and linking, the go command):\n\n")
 	table(w, []string{"owner", "CPU-seconds"}, rest, 1)
 
-	fmt.Fprintf(w, "\n## Tests over 20 s\n\nWall from start to result (a parallel test's includes its wait for a slot); go test's elapsed excludes that wait.\n\n")
-	fmt.Fprintf(w, "| test | start (s) | wall (s) | elapsed (s) | result |\n|---|---:|---:|---:|---|\n")
+	fmt.Fprintf(w, "\n## Tests over 20 s\n\nWall from start to result; a parallel test's includes its wait for a slot, which go test's elapsed excludes. A test/e2e scenario also waits in the package's own queue (queued), so it ran from start + queued for wall − queued.\n\n")
+	fmt.Fprintf(w, "| test | start (s) | queued (s) | wall (s) | elapsed (s) | result |\n|---|---:|---:|---:|---:|---|\n")
 	for _, t := range r.tests {
 		if t.wall() >= 20 {
-			fmt.Fprintf(w, "| %s | %.0f | %.0f | %.0f | %s |\n", short(t.name), t.start.Sub(r.testStart).Seconds(), t.wall(), t.elapsed, t.result)
+			fmt.Fprintf(w, "| %s | %.0f | %.0f | %.0f | %.0f | %s |\n", short(t.name), t.start.Sub(r.testStart).Seconds(), t.queued, t.wall(), t.elapsed, t.result)
 		}
 	}
 
