@@ -29,9 +29,10 @@ TEST_PARALLEL ?= 2
 # four at a time beside test/e2e, test/engine's five-member clusters starved
 # their own members. See docs/testing.md for the budget.
 TEST_SCENARIOS ?= 4
-# The longest package, test/e2e (16 scenarios, two at a time), took 2,407 s
-# in CI and 3,136 s on a slower VM of the same kind, unloaded; 80m leaves
-# it room under CI's 90-minute limit.
+# The longest package, test/e2e (17 scenarios), took 2,407 s in CI and
+# 3,136 s on a slower VM of the same kind when it ran two scenarios at a
+# time, and 944 s at four (docs/measurements.md); 80m leaves it room under
+# CI's 90-minute limit.
 TEST_TIMEOUT ?= 80m
 TEST_FLAGS ?=
 
@@ -99,9 +100,10 @@ test-profile:
 
 # QCP_REQUIRE_BINARIES turns a test's skip for a missing pinned binary into a
 # failure. QCP_FRESH_BIN_DIR hands the tests the qcp-* binaries just built
-# (qcp-binaries), so they link none of their own. QCP_TEST_RUN marks every process the tests start (children inherit
-# it), so the stray check finds them wherever their binary was built; it runs,
-# and reports, whether the tests passed or not. The report ends with the
+# (qcp-binaries), so they link none of their own. QCP_TEST_RUN marks every
+# process the tests start (children inherit it), so the stray check finds
+# them wherever their binary was built; it runs, and reports, whether the
+# tests passed or not. The report ends with the
 # skipped tests, which plain `go test` does not show.
 # The packages are listed longest first: go test starts them in that order,
 # so test/e2e, the longest by far, starts at once instead of after the
