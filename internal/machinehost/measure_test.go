@@ -52,6 +52,15 @@ func BenchmarkMachineRSS(b *testing.B) {
 	b.Log(componentBreakdown(b, h, "ns-measure", "m1"))
 }
 
+// componentName names a machine's process: its command, or for the one kube
+// binary that runs every Kubernetes component, the component it runs.
+func componentName(p Proc) string {
+	if args := cmdline(p.PID); strings.HasPrefix(p.Comm, "kube-") && len(args) > 1 {
+		return args[1]
+	}
+	return p.Comm
+}
+
 func componentBreakdown(tb testing.TB, h *Host, ns, name string) string {
 	procs, err := h.Processes(ns, name)
 	if err != nil {
@@ -60,10 +69,7 @@ func componentBreakdown(tb testing.TB, h *Host, ns, name string) string {
 	var lines []string
 	for _, p := range procs {
 		kb, _ := rssKB(p.PID)
-		label := p.Comm
-		if args := cmdline(p.PID); strings.HasPrefix(p.Comm, "kube-") && len(args) > 1 {
-			label = args[1]
-		}
+		label := componentName(p)
 		lines = append(lines, fmt.Sprintf("%-24s %5d MB", label, kb>>10))
 	}
 	sort.Strings(lines)
@@ -135,10 +141,7 @@ func machineCPU(tb testing.TB, h *Host, ns, name string) map[string]float64 {
 		}
 		utime, _ := strconv.ParseFloat(f[11], 64)
 		stime, _ := strconv.ParseFloat(f[12], 64)
-		label := p.Comm
-		if args := cmdline(p.PID); strings.HasPrefix(p.Comm, "kube-") && len(args) > 1 {
-			label = args[1]
-		}
+		label := componentName(p)
 		out[label] += (utime + stime) / 100 // USER_HZ
 	}
 	return out
