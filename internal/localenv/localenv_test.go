@@ -147,6 +147,7 @@ func TestStopLeavesNoProcess(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	checkManagersEndingWhileStarting(ctx, t, env)
 	if _, err := env.StartManager(ctx, localenv.ManagerOptions{Path: manager}); err != nil {
 		_ = env.Stop()
 		t.Fatal(err)
@@ -170,6 +171,42 @@ func TestStopLeavesNoProcess(t *testing.T) {
 	}
 	if err := env.Stop(); err != nil {
 		t.Errorf("second Stop: %v", err)
+	}
+}
+
+// checkManagersEndingWhileStarting starts managers that end while starting
+// (the test binary standing in for them): StartManager must return one
+// that was allowed to kill itself, and killed itself, without error, and
+// report any other end at once, not after its timeout.
+func checkManagersEndingWhileStarting(ctx context.Context, t *testing.T, env *localenv.Env) {
+	t.Helper()
+	for _, c := range []struct {
+		how           string
+		mayKillItself bool
+		wantErr       bool
+	}{
+		{localenv.StandInKilledAtStart, true, false},
+		{localenv.StandInKilledWhenReady, true, false},
+		{localenv.StandInKilledWhenReady, false, true},
+		{localenv.StandInFailsWhenReady, true, true},
+	} {
+		begin := time.Now()
+		p, err := env.StartManager(ctx, localenv.ManagerOptions{
+			Path:          os.Args[0],
+			Env:           []string{localenv.StandInManagerEnv + "=" + c.how},
+			MayKillItself: c.mayKillItself,
+		})
+		took := time.Since(begin)
+		switch {
+		case c.wantErr && err == nil:
+			t.Errorf("a manager %s, allowed to kill itself: %v: started without error", c.how, c.mayKillItself)
+		case !c.wantErr && err != nil:
+			t.Errorf("a manager %s, allowed to kill itself: %v: %v", c.how, c.mayKillItself, err)
+		case !c.wantErr && !(p.Exited() && p.Killed()):
+			t.Errorf("a manager %s: StartManager returned it not killed (exited %v, %v)", c.how, p.Exited(), p.Err())
+		case took > 30*time.Second:
+			t.Errorf("a manager %s, allowed to kill itself: %v: StartManager took %s to see it end", c.how, c.mayKillItself, took)
+		}
 	}
 }
 

@@ -22,6 +22,11 @@ type ManagerOptions struct {
 	ExtraArgs []string
 	// Env is added to the manager's environment, e.g. QCP_FAILPOINTS.
 	Env []string
+	// MayKillItself is for a manager with a failpoint armed: it may reach
+	// the failpoint, and SIGKILL itself, before StartManager has seen it
+	// ready or its webhooks called. StartManager then returns the killed
+	// process without error. Any other exit is still an error.
+	MayKillItself bool
 }
 
 // StartManager starts qcp-manager against this management cluster, waits
@@ -57,15 +62,29 @@ func (e *Env) StartManager(ctx context.Context, opts ManagerOptions) (*Process, 
 		}, e.qcpWebhookArgs()...)
 		return StartProcess("qcp-manager", opts.Path, append(args, opts.ExtraArgs...), append([]string{"KUBE_FEATURE_WatchListClient=false"}, opts.Env...), e.Dir)
 	}
+	// last is the process started last, for a failed start's verdict.
+	var last *Process
+	startLast := func(addrs []string) (*Process, error) {
+		p, err := start(addrs)
+		last = p
+		return p, err
+	}
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	p, _, err := e.startOnFreePorts(ctx, "qcp-manager", 2, start, func(addrs []string) string { return "http://" + addrs[1] + "/readyz" })
+	p, _, err := e.startOnFreePorts(ctx, "qcp-manager", 2, startLast, func(addrs []string) string { return "http://" + addrs[1] + "/readyz" })
 	if err != nil {
+		if opts.MayKillItself && last != nil && last.Killed() {
+			e.managers = append(e.managers, last)
+			return last, nil
+		}
 		return nil, fmt.Errorf("qcp-manager did not become ready (log: %s/qcp-manager.log): %w", e.Dir, err)
 	}
 	p.MetricsAddr = metricsAddr
 	e.managers = append(e.managers, p)
-	if err := e.installQCPWebhooks(ctx); err != nil {
+	if err := e.installQCPWebhooks(ctx, p); err != nil {
+		if opts.MayKillItself && p.Killed() {
+			return p, nil
+		}
 		return nil, err
 	}
 	return p, nil

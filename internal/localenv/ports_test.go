@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -13,13 +16,62 @@ import (
 // address it is given, standing in for a manager.
 const helperEnv = "QCP_LOCALENV_HELPER_ADDR"
 
+// StandInManagerEnv makes the test binary stand in for a qcp-manager that
+// ends while starting; its value says how (one of the StandIn constants).
+// Such a stand-in serves /readyz on its --health-probe-bind-address, and
+// never the webhooks.
+const StandInManagerEnv = "QCP_LOCALENV_STAND_IN_MANAGER"
+
+// How a stand-in manager ends.
+const (
+	// StandInKilledAtStart kills itself with SIGKILL before it is ready.
+	StandInKilledAtStart = "killed-at-start"
+	// StandInKilledWhenReady kills itself with SIGKILL once /readyz has
+	// answered, as a manager that reaches an armed failpoint does.
+	StandInKilledWhenReady = "killed-when-ready"
+	// StandInFailsWhenReady exits with status 1 once /readyz has answered.
+	StandInFailsWhenReady = "fails-when-ready"
+)
+
 func TestMain(m *testing.M) {
 	if addr := os.Getenv(helperEnv); addr != "" {
 		http.HandleFunc("/readyz", func(http.ResponseWriter, *http.Request) {})
 		fmt.Fprintln(os.Stderr, http.ListenAndServe(addr, nil))
 		os.Exit(1)
 	}
+	if how := os.Getenv(StandInManagerEnv); how != "" {
+		standInManager(how)
+	}
 	os.Exit(m.Run())
+}
+
+// standInManager is the test binary standing in for a qcp-manager that ends
+// while starting, the way how says.
+func standInManager(how string) {
+	if how == StandInKilledAtStart {
+		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		select {}
+	}
+	var probe string
+	for _, arg := range os.Args[1:] {
+		if v, ok := strings.CutPrefix(arg, "--health-probe-bind-address="); ok {
+			probe = v
+		}
+	}
+	var once sync.Once
+	http.HandleFunc("/readyz", func(http.ResponseWriter, *http.Request) {
+		once.Do(func() {
+			go func() {
+				time.Sleep(time.Second) // the reply goes out first
+				if how == StandInKilledWhenReady {
+					_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+				}
+				os.Exit(1)
+			}()
+		})
+	})
+	fmt.Fprintln(os.Stderr, http.ListenAndServe(probe, nil))
+	os.Exit(1)
 }
 
 // TestChildRestartedWhenItsPortWasTaken takes the port a child was given

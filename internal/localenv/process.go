@@ -63,6 +63,25 @@ func (p *Process) Exited() bool {
 	}
 }
 
+// Err returns how the process ended (nil while it runs, or after a clean
+// exit).
+func (p *Process) Err() error {
+	if !p.Exited() {
+		return nil
+	}
+	return p.err
+}
+
+// Killed reports whether the process has ended by SIGKILL, as a qcp-manager
+// that reaches an armed failpoint does.
+func (p *Process) Killed() bool {
+	if !p.Exited() {
+		return false
+	}
+	ws, ok := p.cmd.ProcessState.Sys().(syscall.WaitStatus)
+	return ok && ws.Signaled() && ws.Signal() == syscall.SIGKILL
+}
+
 // Stop asks the process to stop, then kills it after a grace period.
 func (p *Process) Stop() error {
 	if p.Exited() {

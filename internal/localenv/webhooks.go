@@ -87,8 +87,8 @@ func ephemeralLow() int {
 }
 
 // installQCPWebhooks creates or updates QCP's webhook configurations and
-// waits until the API server calls them.
-func (e *Env) installQCPWebhooks(ctx context.Context) error {
+// waits until the API server calls them, served by manager.
+func (e *Env) installQCPWebhooks(ctx context.Context, manager *Process) error {
 	serving := e.env.WebhookInstallOptions
 	opts := envtest.WebhookInstallOptions{
 		LocalServingHost:   e.webhookHost,
@@ -108,7 +108,7 @@ func (e *Env) installQCPWebhooks(ctx context.Context) error {
 	if err := opts.Install(e.Config); err != nil {
 		return fmt.Errorf("installing QCP's webhook configurations: %w", err)
 	}
-	return e.waitForQCPAdmission(ctx)
+	return e.waitForQCPAdmission(ctx, manager)
 }
 
 // qcpWebhookConfigurations reads config/webhook/manifests.yaml.
@@ -156,11 +156,14 @@ func (e *Env) qcpWebhookConfigurations() (
 // once, but the API server loads them asynchronously; until it has, requests
 // would be admitted unchecked. Server-side dry runs show when it has, and
 // store nothing.
-func (e *Env) waitForQCPAdmission(ctx context.Context) error {
+func (e *Env) waitForQCPAdmission(ctx context.Context, manager *Process) error {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	var last string
 	err := wait.PollUntilContextCancel(ctx, 100*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		if manager.Exited() {
+			return false, fmt.Errorf("qcp-manager exited (%v) before the API server called its webhooks", manager.Err())
+		}
 		defaulted := admissionProbe(nil)
 		if err := e.Client.Create(ctx, defaulted, client.DryRunAll); err != nil {
 			last = "dry-run create of a valid QuorumControlPlane: " + err.Error()

@@ -592,7 +592,7 @@ func (s *scenario) processFault(ctx context.Context, kind chaos.FaultKind) (stop
 	if kind == chaos.RestartAPIServer {
 		return func() error { return s.mgmt.env.StopAPIServer(ctx) }, s.mgmt.env.StartAPIServer
 	}
-	p, restart := func() *localenv.Process { return s.mgmt.manager }, func() error { return s.mgmt.startManager(ctx, nil) }
+	p, restart := func() *localenv.Process { return s.mgmt.manager }, func() error { return s.mgmt.startManager(ctx, "") }
 	if kind == chaos.KillCAPI {
 		p, restart = s.mgmt.env.CAPI, func() error { return s.mgmt.env.RestartCAPI(ctx) }
 	}

@@ -69,6 +69,9 @@ func TestCrashesAndRotation(t *testing.T) {
 			}
 			return nil
 		})
+		if !mgmt.manager.Killed() {
+			t.Fatalf("qcp-manager, armed with failpoint %s, ended otherwise than by the failpoint's SIGKILL: %v", point, mgmt.manager.Err())
+		}
 		next := ""
 		if i+1 < len(crashPoints) {
 			next = crashPoints[i+1]
@@ -88,11 +91,7 @@ func (s *scenario) restartManager(ctx context.Context, failpoint string) {
 			s.t.Fatal(err)
 		}
 	}
-	var env []string
-	if failpoint != "" {
-		env = []string{engine.FailpointsEnv + "=" + failpoint}
-	}
-	if err := s.mgmt.startManager(ctx, env); err != nil {
+	if err := s.mgmt.startManager(ctx, failpoint); err != nil {
 		s.t.Fatal(err)
 	}
 }

@@ -92,7 +92,7 @@ func setLeaderTransfer(tb testing.TB, m *management, transfer bool) {
 	m.managerArgs = args
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	if err := m.startManager(ctx, nil); err != nil {
+	if err := m.startManager(ctx, ""); err != nil {
 		tb.Fatal(err)
 	}
 }

@@ -23,6 +23,7 @@ import (
 	"github.com/go-logr/logr"
 	ctrl "sigs.k8s.io/controller-runtime"
 
+	"github.com/qcp-dev/qcp/internal/controllers/engine"
 	"github.com/qcp-dev/qcp/internal/localenv"
 	"github.com/qcp-dev/qcp/internal/testkit"
 )
@@ -85,7 +86,7 @@ func TestMain(m *testing.M) {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
 		}
-		mgmt, err := startManagement(binDir, addressRange, nil, nil)
+		mgmt, err := startManagement(binDir, addressRange, nil)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
@@ -118,8 +119,8 @@ func scenariosAtOnce() error {
 }
 
 // startManagement starts a management cluster and qcp-manager on it, with
-// extra flags and environment for the manager.
-func startManagement(binDir, addrs string, args, env []string) (*management, error) {
+// extra flags for the manager.
+func startManagement(binDir, addrs string, args []string) (*management, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	e, err := localenv.Start(ctx, localenv.Options{})
@@ -127,20 +128,25 @@ func startManagement(binDir, addrs string, args, env []string) (*management, err
 		return nil, fmt.Errorf("starting the local management cluster: %w", err)
 	}
 	m := &management{env: e, binDir: binDir, addressRange: addrs, managerArgs: args}
-	if err := m.startManager(ctx, env); err != nil {
+	if err := m.startManager(ctx, ""); err != nil {
 		_ = e.Stop()
 		return nil, err
 	}
 	return m, nil
 }
 
-// startManager starts qcp-manager with extra environment.
-func (m *management) startManager(ctx context.Context, env []string) error {
-	p, err := m.env.StartManager(ctx, localenv.ManagerOptions{
+// startManager starts qcp-manager with failpoint armed ("" for none). An
+// armed manager may reach its failpoint, and kill itself, while starting.
+func (m *management) startManager(ctx context.Context, failpoint string) error {
+	opts := localenv.ManagerOptions{
 		Path:      filepath.Join(m.binDir, "qcp-manager"),
 		ExtraArgs: append([]string{"--address-range=" + m.addressRange}, m.managerArgs...),
-		Env:       env,
-	})
+	}
+	if failpoint != "" {
+		opts.Env = []string{engine.FailpointsEnv + "=" + failpoint}
+		opts.MayKillItself = true
+	}
+	p, err := m.env.StartManager(ctx, opts)
 	if err != nil {
 		return err
 	}
@@ -162,10 +168,10 @@ func (m *management) stop() {
 // QCP, so it gets a second attempt.
 func ownManagement(t *testing.T, addrs string, args []string) *management {
 	t.Helper()
-	mgmt, err := startManagement(shared.binDir, addrs, args, nil)
+	mgmt, err := startManagement(shared.binDir, addrs, args)
 	if err != nil {
 		t.Logf("starting this scenario's management cluster, attempt 1: %v", err)
-		mgmt, err = startManagement(shared.binDir, addrs, args, nil)
+		mgmt, err = startManagement(shared.binDir, addrs, args)
 	}
 	if err != nil {
 		t.Fatal(err)
