@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
@@ -18,12 +19,15 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/client-go/kubernetes"
+	toolscache "k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/conditions"
 	"sigs.k8s.io/cluster-api/util/secret"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
@@ -511,10 +515,12 @@ func (tr *traffic) stop(ctx context.Context) (testkit.WriterReport, testkit.Moni
 	return wr, mr
 }
 
-// machineBound samples the number of control plane Machines (deleting ones
-// included) and checks it never exceeds desired + surge (1, or 0 for
-// maxSurge 0). After a scale down the bound starts at the machines that
-// exist and ratchets down as they go.
+// machineBound watches the control plane Machines (deleting ones included)
+// and checks, after every change, that they never exceed desired + surge
+// (1, or 0 for maxSurge 0). After a scale down the bound starts at the
+// machines that exist and ratchets down as they go. A watch sees every
+// state of the Machines, where polling would miss one that lived between
+// two polls, and costs the management cluster nothing between changes.
 type machineBound struct {
 	mu         sync.Mutex
 	desired    int
@@ -524,6 +530,8 @@ type machineBound struct {
 	cancel     context.CancelFunc
 	done       chan struct{}
 	samples    int
+	// machines are the Machines as the watch last told them.
+	machines map[string]*clusterv1.Machine
 	// present are the machines of the last sample, and departed the
 	// machines in the order they were first seen deleting (or gone).
 	present  map[string]bool
@@ -533,44 +541,82 @@ type machineBound struct {
 }
 
 func startMachineBound(s *scenario, desired, surge int) *machineBound {
+	s.t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
-	b := &machineBound{desired: desired, surge: surge, bound: desired + surge, cancel: cancel, done: make(chan struct{}), seen: map[string]bool{}}
+	b := &machineBound{desired: desired, surge: surge, bound: desired + surge, cancel: cancel, done: make(chan struct{}),
+		machines: map[string]*clusterv1.Machine{}, seen: map[string]bool{}}
+	c, err := cache.New(s.mgmt.env.Config, cache.Options{
+		Scheme:               s.mgmt.env.Scheme,
+		DefaultNamespaces:    map[string]cache.Config{ns: {}},
+		DefaultLabelSelector: labels.SelectorFromSet(labels.Set(s.selector)),
+	})
+	if err != nil {
+		cancel()
+		s.t.Fatalf("watching the machines: %v", err)
+	}
+	informer, err := c.GetInformer(ctx, &clusterv1.Machine{})
+	if err != nil {
+		cancel()
+		s.t.Fatalf("watching the machines: %v", err)
+	}
+	reg, err := informer.AddEventHandler(toolscache.ResourceEventHandlerFuncs{
+		AddFunc:    func(obj any) { b.observe(obj, false) },
+		UpdateFunc: func(_, obj any) { b.observe(obj, false) },
+		DeleteFunc: func(obj any) { b.observe(obj, true) },
+	})
+	if err != nil {
+		cancel()
+		s.t.Fatalf("watching the machines: %v", err)
+	}
 	go func() {
 		defer close(b.done)
-		t := time.NewTicker(200 * time.Millisecond)
-		defer t.Stop()
-		for {
-			if ms, err := s.machines(ctx); err == nil {
-				b.sample(ms)
-			}
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-			}
+		if err := c.Start(ctx); err != nil {
+			s.t.Errorf("watching the machines: %v", err)
 		}
 	}()
+	// The first sample is the machines that exist now, none included.
+	if !toolscache.WaitForCacheSync(ctx.Done(), reg.HasSynced) {
+		s.t.Fatal("watching the machines: the first list never arrived")
+	}
+	b.mu.Lock()
+	b.sampleLocked()
+	b.mu.Unlock()
 	return b
 }
 
-func (b *machineBound) sample(ms []clusterv1.Machine) {
+// observe takes one change the watch reported, and samples the result.
+func (b *machineBound) observe(obj any, deleted bool) {
+	if gone, ok := obj.(toolscache.DeletedFinalStateUnknown); ok {
+		obj = gone.Obj
+	}
+	m, ok := obj.(*clusterv1.Machine)
+	if !ok {
+		return
+	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.samples++
-	if len(ms) > b.bound {
-		names := make([]string, 0, len(ms))
-		for _, m := range ms {
-			names = append(names, m.Name)
-		}
-		b.violations = append(b.violations, fmt.Sprintf("%s: %d machines (%s) with desired %d, bound %d",
-			time.Now().Format("15:04:05.000"), len(ms), strings.Join(names, " "), b.desired, b.bound))
+	if deleted {
+		delete(b.machines, m.Name)
+	} else {
+		b.machines[m.Name] = m
 	}
-	b.bound = max(b.desired+b.surge, min(b.bound, len(ms)))
+	b.sampleLocked()
+}
+
+// sampleLocked checks the machines as they are now; b.mu is held.
+func (b *machineBound) sampleLocked() {
+	b.samples++
+	if len(b.machines) > b.bound {
+		names := slices.Sorted(maps.Keys(b.machines))
+		b.violations = append(b.violations, fmt.Sprintf("%s: %d machines (%s) with desired %d, bound %d",
+			time.Now().Format("15:04:05.000"), len(b.machines), strings.Join(names, " "), b.desired, b.bound))
+	}
+	b.bound = max(b.desired+b.surge, min(b.bound, len(b.machines)))
 	now := map[string]bool{}
-	for _, m := range ms {
-		now[m.Name], b.seen[m.Name] = true, true
-		if !m.DeletionTimestamp.IsZero() && !slices.Contains(b.departed, m.Name) {
-			b.departed = append(b.departed, m.Name)
+	for name, m := range b.machines {
+		now[name], b.seen[name] = true, true
+		if !m.DeletionTimestamp.IsZero() && !slices.Contains(b.departed, name) {
+			b.departed = append(b.departed, name)
 		}
 	}
 	for name := range b.present {
