@@ -37,9 +37,9 @@ TEST_TIMEOUT ?= 80m
 # Every Go process the tests start (test binaries, qcp-manager, agents, etcd,
 # kube-apiserver, CAPI core: some 40 at once) inherits GOMAXPROCS. At Go's
 # default, one per core, each runs its garbage collector and idle scheduler
-# threads on both cores; at 1 the same tests used 19 % fewer CPU-seconds and
-# 9 % less wall time (docs/measurements.md). It is set for go test only: the
-# builds, and `make up`, keep the default.
+# threads on both cores; at 1 the same tests used 14 to 19 % fewer CPU-seconds
+# and 6 to 9 % less wall time (docs/measurements.md). It is set for go test
+# only: the builds, and `make up`, keep the default.
 TEST_GOMAXPROCS ?= 1
 TEST_FLAGS ?=
 
