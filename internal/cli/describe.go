@@ -86,6 +86,8 @@ type MachineRow struct {
 	MemberHealthy *bool  `json:"memberHealthy,omitempty"`
 	// Revision is a learner's, as status.etcd.members gives it.
 	Revision int64 `json:"revision,omitempty"`
+	// Database is the member's database, as status.etcd.members gives it.
+	Database *controlplanev1.EtcdDatabaseStatus `json:"database,omitempty"`
 	// DeletionHooks are the full annotation keys of the CAPI delete hooks
 	// that hold the machine's deletion.
 	DeletionHooks []string               `json:"deletionHooks,omitempty"`
@@ -278,6 +280,7 @@ func collect(ctx context.Context, c client.Client, namespace, name string, now t
 				row.EtcdRole = strings.ToLower(string(mem.Role))
 				row.MemberHealthy = ptr.To(mem.Healthy)
 				row.Revision = mem.Revision
+				row.Database = mem.Database
 			}
 		}
 		cp.Machines = append(cp.Machines, row)
@@ -339,15 +342,25 @@ func renderJSON(w io.Writer, t *ClusterTree) error {
 
 const maxMessage = 60
 
+// database is a member's database for the table: its size, the part in
+// use, and the fragmentation (1 - inUse/size); blank when unknown.
+func database(db *controlplanev1.EtcdDatabaseStatus) (size, inUse, frag string) {
+	if db == nil || db.Size.IsZero() {
+		return "", "", ""
+	}
+	used := float64(db.InUse.Value()) / float64(db.Size.Value())
+	return db.Size.String(), db.InUse.String(), fmt.Sprintf("%.0f%%", 100*max(0, 1-used))
+}
+
 // renderTree prints t as a clusterctl-like table. The operation line goes
 // under the control plane row but outside the table, so that its length does
 // not widen the NAME column.
 func renderTree(w io.Writer, t *ClusterTree, color bool) error {
 	rows := [][]string{{"NAME", "REPLICAS", "READY", "UP-TO-DATE", "VERSION", paint("STATUS", color),
-		"REASON", "SINCE", "DOMAIN", "ROLE", "MEMBER", "REVISION", "HOOKS", "MESSAGE"}}
+		"REASON", "SINCE", "DOMAIN", "ROLE", "MEMBER", "REVISION", "DB SIZE", "IN USE", "FRAG", "HOOKS", "MESSAGE"}}
 	add := func(prefix string, r Row, version string) {
 		rows = append(rows, []string{prefix + r.Kind + "/" + r.Name, r.Replicas, count(r.Ready), count(r.UpToDate), version,
-			paint(string(r.Status), color), r.Reason, r.Since, "", "", "", "", "", short(r.Message)})
+			paint(string(r.Status), color), r.Reason, r.Since, "", "", "", "", "", "", "", "", short(r.Message)})
 	}
 	add("", t.Cluster, "")
 	if t.Infrastructure != nil {
@@ -388,9 +401,10 @@ func renderTree(w io.Writer, t *ClusterTree, color bool) error {
 			if m.Revision > 0 { // a learner's: how far it has caught up
 				revision = fmt.Sprint(m.Revision)
 			}
+			size, inUse, frag := database(m.Database)
 			rows = append(rows, []string{"  " + branch(i == len(cp.Machines)-1) + name, "", "", string(m.UpToDate),
 				m.Version, paint(string(m.Status), color), m.Reason, m.Since, m.FailureDomain, m.EtcdRole,
-				health(m.MemberHealthy), revision, shortHooks(m.DeletionHooks), short(m.Message)})
+				health(m.MemberHealthy), revision, size, inUse, frag, shortHooks(m.DeletionHooks), short(m.Message)})
 		}
 	}
 

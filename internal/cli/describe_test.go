@@ -13,6 +13,7 @@ import (
 	"unicode/utf8"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
@@ -51,8 +52,10 @@ func scaleUp(now time.Time) []client.Object {
 	qcp.Status.Version = "v1.36.3"
 	qcp.Status.Conditions = cond(controlplanev1.AvailableCondition, metav1.ConditionTrue, "Available")
 	qcp.Status.Etcd.Members = []controlplanev1.EtcdMemberStatus{
-		{ID: "a1", Name: "demo-cp-1", Machine: "demo-cp-1", Role: controlplanev1.EtcdMemberRoleLeader, Healthy: true},
-		{ID: "a2", Name: "demo-cp-2", Machine: "demo-cp-2", Role: controlplanev1.EtcdMemberRoleVoter, Healthy: true},
+		{ID: "a1", Name: "demo-cp-1", Machine: "demo-cp-1", Role: controlplanev1.EtcdMemberRoleLeader, Healthy: true,
+			Database: &controlplanev1.EtcdDatabaseStatus{Size: resource.MustParse("100Mi"), InUse: resource.MustParse("40Mi"), Quota: ptr.To(resource.MustParse("2Gi"))}},
+		{ID: "a2", Name: "demo-cp-2", Machine: "demo-cp-2", Role: controlplanev1.EtcdMemberRoleVoter, Healthy: true,
+			Database: &controlplanev1.EtcdDatabaseStatus{Size: resource.MustParse("64Mi"), InUse: resource.MustParse("60Mi")}},
 		{ID: "a3", Name: "demo-cp-3", Machine: "demo-cp-3", Role: controlplanev1.EtcdMemberRoleVoter, Healthy: true},
 		{ID: "a4", Name: "demo-cp-4", Machine: "demo-cp-4", Role: controlplanev1.EtcdMemberRoleLearner, Healthy: false, Revision: 12},
 	}
@@ -153,11 +156,12 @@ func TestDescribeTreeShowsEtcdRolesHooksAndWait(t *testing.T) {
 		t.Errorf("want %q right under the control plane row, got line %d %q:\n%s", want, waitAt, wait, out)
 	}
 
-	want := []struct{ machine, role, member, revision, hooks string }{
-		{"demo-cp-1", "leader", "healthy", "", "qcp-etcd"},
-		{"demo-cp-2", "voter", "healthy", "", ""},
-		{"demo-cp-3", "voter", "healthy", "", ""},
-		{"demo-cp-4", "learner", "unhealthy", "12", ""},
+	// demo-cp-3 and the learner have not reported their databases.
+	want := []struct{ machine, role, member, revision, size, inUse, frag, hooks string }{
+		{"demo-cp-1", "leader", "healthy", "", "100Mi", "40Mi", "60%", "qcp-etcd"},
+		{"demo-cp-2", "voter", "healthy", "", "64Mi", "60Mi", "6%", ""},
+		{"demo-cp-3", "voter", "healthy", "", "", "", "", ""},
+		{"demo-cp-4", "learner", "unhealthy", "12", "", "", "", ""},
 	}
 	prev := waitAt
 	for _, w := range want {
@@ -168,7 +172,8 @@ func TestDescribeTreeShowsEtcdRolesHooksAndWait(t *testing.T) {
 		prev = at
 		row += " "
 		for _, cell := range []struct{ head, value string }{
-			{"ROLE", w.role}, {"MEMBER", w.member}, {"REVISION", w.revision}, {"HOOKS", w.hooks},
+			{"ROLE", w.role}, {"MEMBER", w.member}, {"REVISION", w.revision},
+			{"DB SIZE", w.size}, {"IN USE", w.inUse}, {"FRAG", w.frag}, {"HOOKS", w.hooks},
 		} {
 			if cell.value == "" {
 				continue

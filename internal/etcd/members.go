@@ -186,6 +186,11 @@ type MemberStatus struct {
 	Leader       uint64
 	IsLearner    bool
 	DBSize       int64
+	// DBSizeInUse is the part of DBSize that holds data; DBSizeQuota the
+	// backend quota the member runs with (0 from etcd 3.5, which does not
+	// report it).
+	DBSizeInUse int64
+	DBSizeQuota int64
 	// Version is the etcd server version the member runs, e.g. 3.6.16.
 	Version string
 	// Errors are the member's own complaints, such as a raised alarm.
@@ -205,7 +210,7 @@ func (c *Client) Status(ctx context.Context, endpoint string) (MemberStatus, err
 	return MemberStatus{
 		ID: r.Header.MemberId, Endpoint: endpoint, Revision: r.Header.Revision, RaftIndex: r.RaftIndex,
 		AppliedIndex: r.RaftAppliedIndex, RaftTerm: r.RaftTerm, Leader: r.Leader, IsLearner: r.IsLearner,
-		DBSize: r.DbSize, Errors: r.Errors, Version: r.Version,
+		DBSize: r.DbSize, DBSizeInUse: r.DbSizeInUse, DBSizeQuota: r.DbSizeQuota, Errors: r.Errors, Version: r.Version,
 	}, nil
 }
 

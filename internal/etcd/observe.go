@@ -71,7 +71,7 @@ func (c *Client) Observe(ctx context.Context) (members []quorum.Member, departed
 		if s, ok := statuses[mb.ID]; ok {
 			qm.Healthy = mb.IsLearner || s.Leader != 0
 			qm.AppliedIndex, qm.Revision = s.AppliedIndex, s.Revision
-			qm.DBSize = s.DBSize
+			qm.DBSize, qm.DBSizeInUse, qm.DBSizeQuota = s.DBSize, s.DBSizeInUse, s.DBSizeQuota
 		}
 		// Even when its own status did not answer: a leader too loaded to
 		// answer within StatusTimeout then reads as an unhealthy leader,

@@ -355,6 +355,12 @@ type Member struct {
 	// DBSize is the member's backend database size in bytes, from Status;
 	// 0 when unknown.
 	DBSize int64
+	// DBSizeInUse is the part of DBSize that holds data, from Status; the
+	// rest is free pages that only defragmentation gives back.
+	DBSizeInUse int64
+	// DBSizeQuota is the backend quota the member reports it runs with
+	// (etcd 3.6 and later); 0 when it does not say, as etcd 3.5 does not.
+	DBSizeQuota int64
 }
 
 // Started reports whether the member's process has joined (etcd fills in the

@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
@@ -67,6 +68,7 @@ func TestCreateAndScale(t *testing.T) {
 		t.Errorf("3 machines spread %v over fd-a, fd-b, fd-c; want 1/1/1", got)
 	}
 	s.checkMetrics(ctx)
+	s.checkDatabases()
 	s.finish()
 }
 
@@ -163,6 +165,48 @@ func (s *scenario) checkMetrics(ctx context.Context) {
 			s.t.Errorf("metric %s= %v (%v); want %s", c.series, v, err, c.want)
 		}
 	}
+}
+
+// checkDatabases checks that status and the metrics show each member's
+// database: in status a size, the part in use (no larger) and etcd's
+// default quota of 2 GiB; in the metrics the exact bytes and a revision.
+func (s *scenario) checkDatabases() {
+	s.t.Helper()
+	quota := resource.MustParse("2Gi")
+	s.eventually(time.Minute, "every member's database in status and metrics", func(ctx context.Context) error {
+		cp, err := s.controlPlane(ctx)
+		if err != nil {
+			return err
+		}
+		if len(cp.Status.Etcd.Members) != 3 {
+			return fmt.Errorf("%d members in status, want 3", len(cp.Status.Etcd.Members))
+		}
+		for _, m := range cp.Status.Etcd.Members {
+			db := m.Database
+			switch {
+			case db == nil:
+				return fmt.Errorf("member %s: no database in status", m.ID)
+			case db.Size.Sign() <= 0 || db.InUse.Sign() <= 0 || db.InUse.Cmp(db.Size) > 0:
+				return fmt.Errorf("member %s: database of %s with %s in use", m.ID, db.Size.String(), db.InUse.String())
+			case db.Quota == nil || db.Quota.Cmp(quota) != 0:
+				return fmt.Errorf("member %s: quota %v, want etcd's default %s", m.ID, db.Quota, quota.String())
+			}
+			labels := fmt.Sprintf(`{member=%q,name=%q,namespace=%q} `, m.ID, s.name, ns)
+			values := map[string]float64{}
+			for _, metric := range []string{"db_size_bytes", "db_size_in_use_bytes", "db_quota_bytes", "revision"} {
+				if values[metric], err = testkit.Metric(ctx, s.mgmt.manager.MetricsAddr, "qcp_controlplane_etcd_"+metric+labels); err != nil {
+					return err
+				}
+			}
+			if size, inUse := values["db_size_bytes"], values["db_size_in_use_bytes"]; size <= 0 || inUse <= 0 || inUse > size {
+				return fmt.Errorf("member %s: metrics say %v bytes with %v in use", m.ID, size, inUse)
+			}
+			if values["db_quota_bytes"] != float64(quota.Value()) || values["revision"] <= 0 {
+				return fmt.Errorf("member %s: metrics say quota %v and revision %v", m.ID, values["db_quota_bytes"], values["revision"])
+			}
+		}
+		return nil
+	})
 }
 
 // checkCreated checks a fresh 3-machine control plane: one machine per

@@ -1,6 +1,7 @@
 package v1alpha1
 
 import (
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 )
 
@@ -120,6 +121,31 @@ type EtcdMemberStatus struct {
 	// +optional
 	// +kubebuilder:validation:Minimum=0
 	Revision int64 `json:"revision,omitempty"`
+	// database is the member's backend database as it last reported it, in
+	// whole mebibytes rounded up: status then changes when the database
+	// grows or shrinks by a mebibyte, not with every write. The exact
+	// figures, and every member's revision, are qcp-manager's metrics.
+	// Unset until the member answers a status request.
+	// +optional
+	Database *EtcdDatabaseStatus `json:"database,omitempty"`
+}
+
+// EtcdDatabaseStatus is a member's backend database: the file, the part of
+// it that holds data, and the quota beyond which etcd refuses writes.
+type EtcdDatabaseStatus struct {
+	// size is the size of the database file.
+	// +required
+	Size resource.Quantity `json:"size"`
+	// inUse is the part of size that holds data. The rest is free pages,
+	// which only defragmentation gives back: 1 - inUse/size is the member's
+	// fragmentation.
+	// +required
+	InUse resource.Quantity `json:"inUse"`
+	// quota is the backend quota (--quota-backend-bytes) the member runs
+	// with: as it reports it (etcd 3.6 and later), else as QCP configured
+	// it. Unset when the quota is off.
+	// +optional
+	Quota *resource.Quantity `json:"quota,omitempty"`
 }
 
 // OperationKind is a step of the quorum engine. The values are the kinds of

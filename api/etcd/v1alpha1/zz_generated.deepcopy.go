@@ -133,7 +133,9 @@ func (in *EtcdClusterStatus) DeepCopyInto(out *EtcdClusterStatus) {
 	if in.Members != nil {
 		in, out := &in.Members, &out.Members
 		*out = make([]controlplanev1alpha1.EtcdMemberStatus, len(*in))
-		copy(*out, *in)
+		for i := range *in {
+			(*in)[i].DeepCopyInto(&(*out)[i])
+		}
 	}
 	in.LastOperation.DeepCopyInto(&out.LastOperation)
 }

@@ -19,6 +19,9 @@ type Metrics struct {
 	membershipSteps *prometheus.HistogramVec
 	members         *prometheus.GaugeVec
 	reaction        *prometheus.SummaryVec
+	// The database and revision of each member that answered its status
+	// request, exact where status rounds (EtcdMemberStatus.Database).
+	dbSize, dbSizeInUse, dbSizeQuota, revision *prometheus.GaugeVec
 }
 
 // NewMetrics returns the metrics named prefix_*, for owners of kind (for
@@ -49,6 +52,22 @@ func NewMetrics(prefix, kind string) *Metrics {
 			Objectives: map[float64]float64{0.5: 0.01, 0.9: 0.01, 0.99: 0.001},
 			MaxAge:     time.Hour,
 		}, []string{"namespace", "name"}),
+		dbSize: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: prefix + "_etcd_db_size_bytes",
+			Help: "Size of each etcd member's backend database file, from the member's status in the latest observation; absent while the member does not answer.",
+		}, memberLabels),
+		dbSizeInUse: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: prefix + "_etcd_db_size_in_use_bytes",
+			Help: "The part of each etcd member's backend database that holds data; the rest is free pages that only defragmentation gives back.",
+		}, memberLabels),
+		dbSizeQuota: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: prefix + "_etcd_db_quota_bytes",
+			Help: "The backend quota each etcd member runs with: as it reports it (etcd 3.6 and later), else as QCP configured it; absent when the quota is off.",
+		}, memberLabels),
+		revision: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: prefix + "_etcd_revision",
+			Help: "Each etcd member's key-value store revision, from the member's status in the latest observation; absent while the member does not answer.",
+		}, memberLabels),
 	}).register()
 }
 
@@ -58,6 +77,10 @@ func (m *Metrics) register() *Metrics {
 	m.membershipSteps = qcpmetrics.RegisterOrReuse(m.membershipSteps)
 	m.members = qcpmetrics.RegisterOrReuse(m.members)
 	m.reaction = qcpmetrics.RegisterOrReuse(m.reaction)
+	m.dbSize = qcpmetrics.RegisterOrReuse(m.dbSize)
+	m.dbSizeInUse = qcpmetrics.RegisterOrReuse(m.dbSizeInUse)
+	m.dbSizeQuota = qcpmetrics.RegisterOrReuse(m.dbSizeQuota)
+	m.revision = qcpmetrics.RegisterOrReuse(m.revision)
 	return m
 }
 
@@ -88,10 +111,34 @@ func (m *Metrics) ObserveDecision(owner client.Object, d quorum.Decision, err er
 	}
 }
 
-// ObserveState sets owner's member gauges from an observation.
+// memberLabels label the per-member gauges: the owner, and the member's ID
+// in hexadecimal as status.etcd.members gives it.
+var memberLabels = []string{"namespace", "name", "member"}
+
+// ObserveState sets owner's member gauges from an observation. The
+// per-member series are set anew each time, so that a removed member's
+// go with it.
 func (m *Metrics) ObserveState(owner client.Object, obs *Observation) {
 	if obs.MembersErr != nil {
 		return
+	}
+	ownerLabels := prometheus.Labels{"namespace": owner.GetNamespace(), "name": owner.GetName()}
+	perMember := []*prometheus.GaugeVec{m.dbSize, m.dbSizeInUse, m.dbSizeQuota, m.revision}
+	for _, g := range perMember {
+		g.DeletePartialMatch(ownerLabels)
+	}
+	for _, mb := range obs.Members {
+		db := databaseStatus(mb, obs.State.QuotaBackendBytes)
+		if db == nil {
+			continue // it did not answer
+		}
+		id := FormatMemberID(mb.ID)
+		m.dbSize.WithLabelValues(owner.GetNamespace(), owner.GetName(), id).Set(float64(mb.DBSize))
+		m.dbSizeInUse.WithLabelValues(owner.GetNamespace(), owner.GetName(), id).Set(float64(mb.DBSizeInUse))
+		if db.Quota != nil {
+			m.dbSizeQuota.WithLabelValues(owner.GetNamespace(), owner.GetName(), id).Set(float64(db.Quota.Value()))
+		}
+		m.revision.WithLabelValues(owner.GetNamespace(), owner.GetName(), id).Set(float64(mb.Revision))
 	}
 	voters, learners := 0, 0
 	for _, mb := range obs.Members {

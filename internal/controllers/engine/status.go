@@ -8,6 +8,7 @@ import (
 	"strings"
 	"time"
 
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/conditions"
@@ -28,6 +29,7 @@ func MemberStatuses(obs *Observation) []controlplanev1.EtcdMemberStatus {
 		if mb.Learner {
 			s.Revision = mb.Revision // see EtcdMemberStatus.Revision
 		}
+		s.Database = databaseStatus(mb, obs.State.QuotaBackendBytes)
 		for _, m := range obs.Machines {
 			if on, ok := obs.MemberOn(m); ok && on.ID == mb.ID {
 				s.Machine = m.Name
@@ -37,6 +39,30 @@ func MemberStatuses(obs *Observation) []controlplanev1.EtcdMemberStatus {
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
 	return out
+}
+
+// databaseStatus is mb's database for status, nil if mb did not say: sizes
+// in whole mebibytes rounded up (see EtcdMemberStatus.Database), and the
+// quota mb reports, else configured (0 unknown, math.MaxInt64 off).
+func databaseStatus(mb quorum.Member, configured int64) *controlplanev1.EtcdDatabaseStatus {
+	if mb.DBSize <= 0 {
+		return nil
+	}
+	d := &controlplanev1.EtcdDatabaseStatus{Size: mebibytesUp(mb.DBSize), InUse: mebibytesUp(mb.DBSizeInUse)}
+	quota := mb.DBSizeQuota
+	if quota <= 0 && configured > 0 && configured < math.MaxInt64 {
+		quota = configured
+	}
+	if quota > 0 {
+		d.Quota = resource.NewQuantity(quota, resource.BinarySI)
+	}
+	return d
+}
+
+// mebibytesUp is n bytes in whole mebibytes, rounded up.
+func mebibytesUp(n int64) resource.Quantity {
+	const mi = 1 << 20
+	return *resource.NewQuantity((n+mi-1)/mi*mi, resource.BinarySI)
 }
 
 // MemberRole is mb's part in raft, as status shows it.
