@@ -52,22 +52,14 @@ func NewMetrics(prefix, kind string) *Metrics {
 			Objectives: map[float64]float64{0.5: 0.01, 0.9: 0.01, 0.99: 0.001},
 			MaxAge:     time.Hour,
 		}, []string{"namespace", "name"}),
-		dbSize: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: prefix + "_etcd_db_size_bytes",
-			Help: "Size of each etcd member's backend database file, from the member's status in the latest observation; absent while the member does not answer.",
-		}, memberLabels),
-		dbSizeInUse: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: prefix + "_etcd_db_size_in_use_bytes",
-			Help: "The part of each etcd member's backend database that holds data; the rest is free pages that only defragmentation gives back.",
-		}, memberLabels),
-		dbSizeQuota: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: prefix + "_etcd_db_quota_bytes",
-			Help: "The backend quota each etcd member runs with: as it reports it (etcd 3.6 and later), else as QCP configured it; absent when the quota is off.",
-		}, memberLabels),
-		revision: prometheus.NewGaugeVec(prometheus.GaugeOpts{
-			Name: prefix + "_etcd_revision",
-			Help: "Each etcd member's key-value store revision, from the member's status in the latest observation; absent while the member does not answer.",
-		}, memberLabels),
+		dbSize: memberGauge(prefix+"_etcd_db_size_bytes",
+			"Size of each etcd member's backend database file, from the member's status in the latest observation; absent while the member does not answer."),
+		dbSizeInUse: memberGauge(prefix+"_etcd_db_size_in_use_bytes",
+			"The part of each etcd member's backend database that holds data; the rest is free pages that only defragmentation gives back."),
+		dbSizeQuota: memberGauge(prefix+"_etcd_db_quota_bytes",
+			"The backend quota each etcd member runs with: as it reports it (etcd 3.6 and later), else as QCP configured it; absent when the quota is off."),
+		revision: memberGauge(prefix+"_etcd_revision",
+			"Each etcd member's key-value store revision, from the member's status in the latest observation; absent while the member does not answer."),
 	}).register()
 }
 
@@ -111,9 +103,11 @@ func (m *Metrics) ObserveDecision(owner client.Object, d quorum.Decision, err er
 	}
 }
 
-// memberLabels label the per-member gauges: the owner, and the member's ID
-// in hexadecimal as status.etcd.members gives it.
-var memberLabels = []string{"namespace", "name", "member"}
+// memberGauge is a gauge by member: the owner, and the member's ID in
+// hexadecimal as status.etcd.members gives it.
+func memberGauge(name, help string) *prometheus.GaugeVec {
+	return prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: name, Help: help}, []string{"namespace", "name", "member"})
+}
 
 // ObserveState sets owner's member gauges from an observation. The
 // per-member series are set anew each time, so that a removed member's
