@@ -449,10 +449,14 @@ func health(healthy *bool) string {
 }
 
 // shortHooks drops the CAPI prefixes, which are the same on every machine.
+// shortHooks names each hook once: a pre-drain hook and its pre-terminate
+// twin of the same name (QCP's quorum hook is both) are one cell entry.
 func shortHooks(hooks []string) string {
 	names := make([]string, 0, len(hooks))
 	for _, h := range hooks {
-		names = append(names, h[strings.Index(h, "/")+1:])
+		if name := h[strings.Index(h, "/")+1:]; !slices.Contains(names, name) {
+			names = append(names, name)
+		}
 	}
 	return strings.Join(names, ",")
 }

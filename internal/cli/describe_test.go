@@ -28,6 +28,8 @@ import (
 const (
 	waitReason = "learner demo-cp-4 is catching up: revision 12 of 40"
 	etcdHook   = clusterv1.PreTerminateDeleteHookAnnotationPrefix + "/qcp-etcd"
+	// drainHook is etcdHook's pre-drain twin, as QCP's quorum hook has.
+	drainHook = clusterv1.PreDrainDeleteHookAnnotationPrefix + "/qcp-etcd"
 )
 
 // scaleUp is demo mid scale-up from 3 to 5 machines: the fourth machine's
@@ -76,7 +78,7 @@ func scaleUp(now time.Time) []client.Object {
 	}
 	// Listed out of order: describe sorts them.
 	machine("demo-cp-3", "demo", "fd-3", true)
-	machine("demo-cp-1", "demo", "fd-1", true).Annotations = map[string]string{etcdHook: "", "unrelated": "x"}
+	machine("demo-cp-1", "demo", "fd-1", true).Annotations = map[string]string{etcdHook: "", drainHook: "", "unrelated": "x"}
 	machine("demo-cp-2", "demo", "fd-2", true)
 	machine("demo-cp-4", "demo", "fd-1", true).Status.Conditions = cond(clusterv1.MachineReadyCondition, metav1.ConditionFalse, "EtcdMemberNotPromoted")
 	machine("demo-worker-1", "demo", "fd-1", false) // not a control plane machine
@@ -243,7 +245,7 @@ func TestDescribeJSONHasTheTreeData(t *testing.T) {
 		got = append(got, machine{m.Name, m.EtcdRole, m.FailureDomain, *m.MemberHealthy, m.Revision, m.DeletionHooks})
 	}
 	want := []machine{
-		{"demo-cp-1", "leader", "fd-1", true, 0, []string{etcdHook}},
+		{"demo-cp-1", "leader", "fd-1", true, 0, []string{drainHook, etcdHook}},
 		{"demo-cp-2", "voter", "fd-2", true, 0, nil},
 		{"demo-cp-3", "voter", "fd-3", true, 0, nil},
 		{"demo-cp-4", "learner", "fd-1", false, 12, nil},
