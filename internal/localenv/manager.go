@@ -62,20 +62,13 @@ func (e *Env) StartManager(ctx context.Context, opts ManagerOptions) (*Process, 
 		}, e.qcpWebhookArgs()...)
 		return StartProcess("qcp-manager", opts.Path, append(args, opts.ExtraArgs...), append([]string{"KUBE_FEATURE_WatchListClient=false"}, opts.Env...), e.Dir)
 	}
-	// last is the process started last, for a failed start's verdict.
-	var last *Process
-	startLast := func(addrs []string) (*Process, error) {
-		p, err := start(addrs)
-		last = p
-		return p, err
-	}
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	p, _, err := e.startOnFreePorts(ctx, "qcp-manager", 2, startLast, func(addrs []string) string { return "http://" + addrs[1] + "/readyz" })
+	p, _, err := e.startOnFreePorts(ctx, "qcp-manager", 2, start, func(addrs []string) string { return "http://" + addrs[1] + "/readyz" })
 	if err != nil {
-		if opts.MayKillItself && last != nil && last.Killed() {
-			e.managers = append(e.managers, last)
-			return last, nil
+		if opts.MayKillItself && p != nil && p.Killed() {
+			e.managers = append(e.managers, p)
+			return p, nil
 		}
 		return nil, fmt.Errorf("qcp-manager did not become ready (log: %s/qcp-manager.log): %w", e.Dir, err)
 	}

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -23,6 +24,8 @@ type Process struct {
 	cmd         *exec.Cmd
 	done        chan struct{}
 	err         error
+	// stopped is set when Stop signals the process: its end is then ours.
+	stopped atomic.Bool
 }
 
 // StartProcess starts path with args, logging to <logDir>/<name>.log.
@@ -72,10 +75,10 @@ func (p *Process) Err() error {
 	return p.err
 }
 
-// Killed reports whether the process has ended by SIGKILL, as a qcp-manager
-// that reaches an armed failpoint does.
+// Killed reports whether the process has ended by a SIGKILL that Stop did
+// not send, as a qcp-manager that reaches an armed failpoint does.
 func (p *Process) Killed() bool {
-	if !p.Exited() {
+	if !p.Exited() || p.stopped.Load() {
 		return false
 	}
 	ws, ok := p.cmd.ProcessState.Sys().(syscall.WaitStatus)
@@ -87,6 +90,7 @@ func (p *Process) Stop() error {
 	if p.Exited() {
 		return nil
 	}
+	p.stopped.Store(true)
 	_ = syscall.Kill(-p.PID(), syscall.SIGTERM)
 	select {
 	case <-p.done:
@@ -140,6 +144,7 @@ func FreeAddr() (string, error) {
 // waits until it answers readyURL(addrs). Another process (tests run
 // packages in parallel) may take a port between the check and the child's
 // bind; a child that then exits saying so is started again on new ports.
+// On failure it also returns the child it started last, if any, ended.
 func (e *Env) startOnFreePorts(ctx context.Context, name string, n int, start func(addrs []string) (*Process, error), readyURL func(addrs []string) string) (*Process, []string, error) {
 	for attempt := 1; ; attempt++ {
 		addrs, err := freeAddrs(n)
@@ -156,7 +161,7 @@ func (e *Env) startOnFreePorts(ctx context.Context, name string, n int, start fu
 		}
 		if attempt == 3 || !p.Exited() || !e.logSays(name, "address already in use") {
 			_ = p.Stop()
-			return nil, nil, err
+			return p, nil, err
 		}
 	}
 }

@@ -532,9 +532,8 @@ type machineBound struct {
 	samples    int
 	// machines are the Machines as the watch last told them.
 	machines map[string]*clusterv1.Machine
-	// present are the machines of the last sample, and departed the
-	// machines in the order they were first seen deleting (or gone).
-	present  map[string]bool
+	// departed are the machines in the order they were first seen
+	// deleting (or gone).
 	departed []string
 	// seen counts every machine ever sampled.
 	seen map[string]bool
@@ -599,6 +598,10 @@ func (b *machineBound) observe(obj any, deleted bool) {
 		delete(b.machines, m.Name)
 	} else {
 		b.machines[m.Name] = m
+		b.seen[m.Name] = true
+	}
+	if (deleted || !m.DeletionTimestamp.IsZero()) && !slices.Contains(b.departed, m.Name) {
+		b.departed = append(b.departed, m.Name)
 	}
 	b.sampleLocked()
 }
@@ -612,19 +615,6 @@ func (b *machineBound) sampleLocked() {
 			time.Now().Format("15:04:05.000"), len(b.machines), strings.Join(names, " "), b.desired, b.bound))
 	}
 	b.bound = max(b.desired+b.surge, min(b.bound, len(b.machines)))
-	now := map[string]bool{}
-	for name, m := range b.machines {
-		now[name], b.seen[name] = true, true
-		if !m.DeletionTimestamp.IsZero() && !slices.Contains(b.departed, name) {
-			b.departed = append(b.departed, name)
-		}
-	}
-	for name := range b.present {
-		if !now[name] && !slices.Contains(b.departed, name) {
-			b.departed = append(b.departed, name)
-		}
-	}
-	b.present = now
 }
 
 // departures returns the machines seen leaving so far, in order.
