@@ -140,6 +140,9 @@ func checkLearnersFirst(b view, d Decision, a view) error {
 }
 
 func checkOneAtATime(b view, d Decision, _ view) error {
+	if err := checkOneDisruption(b, d); err != nil {
+		return err
+	}
 	switch d.Kind {
 	case CreateMachine:
 		if prov := b.provisioning(); len(prov) > 0 {
@@ -172,6 +175,42 @@ func checkOneAtATime(b view, d Decision, _ view) error {
 				return fmt.Errorf("I4 one at a time: removing voter %s while learner %s has not started", b.memberName(m), b.memberName(l))
 			}
 		}
+	}
+	return nil
+}
+
+// checkOneDisruption is I4's wider class: a membership change and a
+// defragmentation each take a member out of service for a while, so at
+// most one is in flight, and a defragmentation starts only while the
+// cluster can lose the member (at least three voters, every one healthy,
+// no learner joining).
+func checkOneDisruption(b view, d Decision) error {
+	if busy, ok := b.disrupted(); ok && busy.ID != d.MemberID {
+		switch d.Kind {
+		case AddLearner, Promote, Defragment:
+			return fmt.Errorf("I4 one at a time: %s while member %s is defragmenting", d.Kind, b.memberName(busy))
+		case RemoveMember, DeleteMachine:
+			if d.Destructive(b.State) {
+				return fmt.Errorf("I4 one at a time: %s of a voter while member %s is defragmenting", d.Kind, b.memberName(busy))
+			}
+		}
+	}
+	if d.Kind != Defragment {
+		return nil
+	}
+	m, ok := b.member(d.MemberID)
+	if !ok || !m.Voter() || !m.Started() || !m.Healthy {
+		return fmt.Errorf("I4 one at a time: defragmenting %s, which is not a healthy, started voter", idString(d.MemberID))
+	}
+	voters := b.voters()
+	if down := filter(voters, func(o Member) bool { return !o.Healthy }); len(down) > 0 {
+		return fmt.Errorf("I4 one at a time: defragmenting %s while voter %s is unhealthy: the cluster cannot lose both", b.memberName(m), b.memberName(down[0]))
+	}
+	if l := b.learners(); len(l) > 0 {
+		return fmt.Errorf("I4 one at a time: defragmenting %s while learner %s is joining", b.memberName(m), b.memberName(l[0]))
+	}
+	if tolerance(len(voters)) < 1 {
+		return fmt.Errorf("I4 one at a time: defragmenting %s, one of %d voters: the cluster cannot lose it", b.memberName(m), len(voters))
 	}
 	return nil
 }
@@ -210,6 +249,11 @@ func checkLeader(b view, d Decision, _ view) error {
 		leaving, ok = b.memberOn(d.Machine)
 	case MoveLeader:
 		return checkLeaderTarget(b, d)
+	case Defragment:
+		if m, ok := b.member(d.MemberID); ok && m.Leader && len(b.voters()) > 1 {
+			return fmt.Errorf("I6 leader: defragmenting leader %s without moving leadership first", b.memberName(m))
+		}
+		return nil
 	}
 	if ok && leaving.Voter() && leaving.Leader && leaving.Healthy && len(b.voters()) > 1 {
 		return fmt.Errorf("I6 leader: %s removes leader %s without moving leadership first", d.Kind, b.memberName(leaving))

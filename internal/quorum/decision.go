@@ -39,6 +39,12 @@ const (
 	// Decision.MemberID (etcd's AlarmDisarm), a member that is no longer
 	// listed.
 	DisarmAlarm Kind = "DisarmAlarm"
+	// Defragment: record Machine.DefragStartedAt on Decision.Machine, call
+	// etcd's Defragment on member Decision.MemberID alone, then record
+	// Machine.DefragmentedAt and clear DefragStartedAt. The member blocks
+	// its reads and writes while it defragments: a disruption of one
+	// member, like a membership change.
+	Defragment Kind = "Defragment"
 	// Wait: nothing to do until the world changes; Reason names what for.
 	Wait Kind = "Wait"
 	// Degraded: the planner refuses to act and a human is needed; Reason
@@ -56,7 +62,7 @@ type Decision struct {
 	// DeleteMachine act on; for member steps it names the hosting machine
 	// when there is one (for messages).
 	Machine string
-	// MemberID is the member Promote, RemoveMember act on, and the member
+	// MemberID is the member Promote, RemoveMember, Defragment act on, and the member
 	// MoveLeader hands leadership to.
 	MemberID uint64
 	// PeerURL is the peer URL AddLearner registers.
@@ -252,7 +258,7 @@ func (d Decision) String() string {
 		target = fmt.Sprintf("(fd=%q)", d.FailureDomain)
 	case AddLearner:
 		target = fmt.Sprintf("(%s %s)", d.Machine, d.PeerURL)
-	case Promote, MoveLeader, RemoveMember:
+	case Promote, MoveLeader, RemoveMember, Defragment:
 		target = fmt.Sprintf("(%x on %s)", d.MemberID, orNone(d.Machine))
 	case DisarmAlarm:
 		target = fmt.Sprintf("(%s of %x)", d.Alarm, d.MemberID)

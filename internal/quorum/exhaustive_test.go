@@ -40,6 +40,13 @@ func crash(ids ...int) func(*world) {
 	}
 }
 
+// fragment makes every member's database mostly free pages.
+func fragment(w *world) {
+	for i := range w.members {
+		w.members[i].fragmented = true
+	}
+}
+
 // initialWorlds are the interesting starting points for desired replicas n.
 func initialWorlds(n int) map[string]world {
 	healthy := healthyWorld(n, n)
@@ -60,6 +67,7 @@ func initialWorlds(n int) map[string]world {
 		"delete-annotated outdated machine": healthy.with(func(w *world) {
 			w.machines[n-1].upToDate, w.machines[n-1].annotated = false, true
 		}),
+		"fragmented databases": healthy.with(fragment),
 		"stuck learner": healthy.with(func(w *world) {
 			w.machines[0].upToDate = false // a rollout surge whose machine never starts etcd
 			w.nextMachine++
@@ -101,6 +109,7 @@ func initialWorlds(n int) map[string]world {
 			w.machines[0].deleting, w.machines[1].deleting = true, true
 		})
 		ws["two members down"] = healthy.with(crash(n-1, n))
+		ws["fragmented databases, outdated machines"] = outdated.with(fragment)
 	}
 	if n <= 3 {
 		ws["scale up to "+fmt.Sprint(n+2)] = healthy.with(func(w *world) { w.desired = n + 2 })
@@ -160,7 +169,7 @@ func TestExhaustive(t *testing.T) {
 			for _, err := range e.errs {
 				t.Error(err)
 			}
-			for _, k := range []Kind{CreateMachine, AddLearner, Promote, MoveLeader, RemoveMember, AddHook, RemoveHook, DeleteMachine, Wait, Degraded} {
+			for _, k := range []Kind{CreateMachine, AddLearner, Promote, MoveLeader, RemoveMember, AddHook, RemoveHook, DeleteMachine, Defragment, Wait, Degraded} {
 				if e.kinds[k] == 0 {
 					t.Errorf("the exploration never took a %s step", k)
 				}
@@ -195,6 +204,9 @@ func TestExhaustiveCatchesBrokenPlanners(t *testing.T) {
 		{"releasing a first machine's hook while the member list is unreadable", options{releaseHookUnknown: true}, []string{"I5"},
 			"unknown membership with a first machine deleting"},
 		{"waiting forever for a stalled learner", options{keepStalledLearners: true}, []string{"does not converge"}, "outdated machines"},
+		// Issue 36: a defragmentation is a disruption of its own.
+		{"defragmenting before every other rule, without its preflight", options{defragFirst: true}, []string{"I4 one at a time"}, "fragmented databases"},
+		{"defragmenting the leader in place", options{defragLeader: true}, []string{"I6 leader: defragmenting leader"}, "fragmented databases"},
 	}
 	t.Run("deleting a marked API server first while it serves again", func(t *testing.T) {
 		t.Parallel()

@@ -25,6 +25,7 @@ func faults() []fault {
 			if !m.started || m.healthy || mc == nil {
 				return false
 			}
+			m.finishDefrag()
 			m.healthy, m.caughtUp = true, true
 			w.elect()
 			return true
@@ -59,7 +60,7 @@ func faults() []fault {
 				return false
 			}
 			m := w.memberOn(mc.id)
-			if mc.addr && (m == nil || m.caughtUp) {
+			if mc.addr && (m == nil || m.caughtUp) && (m == nil || !m.defragmenting) {
 				return false // nothing in progress to slow down
 			}
 			mc.slow = true
@@ -136,6 +137,14 @@ func faults() []fault {
 			}
 			return out
 		}},
+		{"manager restarts during a defragmentation, which ends with its end unrecorded", eachMember(func(m *wMember, w *world) bool {
+			if !m.defragmenting {
+				return false
+			}
+			m.finishDefrag() // its machine's record stays open
+			w.elect()
+			return true
+		})},
 		{"manager restarts and loses its in-memory records", func(w world) []world {
 			c := w.clone()
 			changed := false

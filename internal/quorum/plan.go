@@ -60,6 +60,11 @@ type options struct {
 	// keepStalledLearners never gives up on a learner that answers but
 	// does not catch up (hole 5).
 	keepStalledLearners bool
+	// defragFirst runs defragment right after the quorum checks, without
+	// its preflight, so that it disrupts a second member.
+	defragFirst bool
+	// defragLeader defragments the leader without moving leadership.
+	defragLeader bool
 }
 
 // planner holds one observation; its methods are the rules.
@@ -92,6 +97,10 @@ func planWith(s State, o options) Decision {
 		planner.createMachine,
 		planner.scaleDown,
 		planner.waitForUnhealthyVoters,
+		planner.defragment,
+	}
+	if o.defragFirst {
+		rules = slices.Insert(rules[:len(rules)-1], 6, planner.defragment)
 	}
 	if o.protectVotersLast {
 		rules = append(slices.Delete(rules, 2, 3), planner.protectVoters)

@@ -213,7 +213,7 @@ func targets(d Decision, target string) bool {
 	switch d.Kind {
 	case CreateMachine:
 		return target == "" || d.FailureDomain == target
-	case Promote, MoveLeader, RemoveMember:
+	case Promote, MoveLeader, RemoveMember, Defragment:
 		return idString(d.MemberID) == target
 	case Wait, Degraded:
 		return target == ""

@@ -138,8 +138,13 @@ func (p planner) removalSafe(m Member) bool {
 }
 
 // membershipBusy is I4 for voter removals: an unstarted learner is a
-// membership change still in flight, so wait for it to start or time out.
+// membership change still in flight, so wait for it to start or time out,
+// and a member defragmenting is a disruption in flight, so wait for it to
+// finish.
 func (p planner) membershipBusy() (Decision, bool) {
+	if d, ok := p.waitForDisrupted("removing a voter"); ok {
+		return d, true
+	}
 	for _, l := range p.learners() {
 		if !l.Started() {
 			return waitf("waiting for learner %s to start before removing a voter", p.memberName(l)), true
@@ -277,6 +282,9 @@ func (p planner) promote(mc Machine, m Member) (Decision, bool) {
 	case len(p.voters()) >= p.Desired+1:
 		return Decision{}, false
 	}
+	if d, ok := p.waitForDisrupted("promoting learner " + mc.Name); ok {
+		return d, true
+	}
 	voters := p.voters()
 	healthy := len(filter(voters, func(v Member) bool { return v.Healthy }))
 	if 2*(healthy+1) <= len(voters)+1 {
@@ -300,6 +308,9 @@ func (p planner) waitForVoters(what string, skipQueued bool) (Decision, bool) {
 	for _, m := range p.voters() {
 		if mc, ok := p.machineOf(m); skipQueued && ok && mc.RemediationQueued {
 			continue
+		}
+		if p.defragmenting(m) {
+			return p.waitForDisrupted(what)
 		}
 		if !m.Healthy {
 			return waitf("waiting for member %s to become healthy (unhealthy for %s, replaced after %s) before %s",

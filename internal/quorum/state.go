@@ -83,6 +83,15 @@
 //     more machines are kept than desired (plus one surge machine while an
 //     outdated voter remains), instead of being joined only to shrink etcd
 //     again.
+//   - Maintenance. A member whose database is more fragmented than
+//     Tunables.DefragThresholdPercent is defragmented (Defragment) only
+//     when nothing else is to be done: no learner, every voter healthy,
+//     at least three voters (so the cluster can lose the one that
+//     defragments), no other member defragmenting, and its last
+//     defragmentation DefragMinInterval ago. Followers go first; the
+//     leader's leadership is moved away first. A defragmentation, like a
+//     membership change, disrupts one member: while one is in flight no
+//     membership changes and no voter is remediated for not answering.
 //   - Failure domains. A new machine goes to the domain with the fewest
 //     machines that will remain (every kept machine except the one a
 //     rollout replaces), ties broken alphabetically; scale-down takes the
@@ -230,6 +239,23 @@ type Tunables struct {
 	// replaced: it holds etcd's only learner slot, and every rollout,
 	// scale-up and replacement waits behind it. Default 5 minutes.
 	LearnerStallTimeout time.Duration
+	// DefragDisabled turns automatic defragmentation off.
+	DefragDisabled bool
+	// DefragThresholdPercent is the share of a member's database, in
+	// percent, that must be free pages (1 − DBSizeInUse/DBSize) before the
+	// member is defragmented. Default 45, as OpenShift's etcd operator.
+	DefragThresholdPercent int
+	// DefragMinDBSize is the database size, in bytes, below which a member
+	// is never defragmented, however fragmented: the space is not worth a
+	// disruption. Default 100 MiB.
+	DefragMinDBSize int64
+	// DefragMinInterval is the least time between two defragmentations of
+	// the same member. Default 1 hour.
+	DefragMinInterval time.Duration
+	// DefragTimeout is how long after a defragmentation started a member
+	// that does not answer counts as busy defragmenting, a disruption in
+	// flight, rather than unhealthy. Default 10 minutes.
+	DefragTimeout time.Duration
 }
 
 // Alarm is one active etcd alarm and the member that raised it.
@@ -311,6 +337,15 @@ type Machine struct {
 	// time would wait forever behind a second dead member (two of five
 	// down, cluster-api#10125).
 	RemediationQueued bool
+	// DefragStartedAt is when QCP started defragmenting the machine's
+	// member and has not yet recorded the end (the caller records it right
+	// before the call and clears it right after); zero when none is open.
+	// An open record on a member that does not answer means the member is
+	// busy defragmenting, a disruption in flight (see Tunables.DefragTimeout).
+	DefragStartedAt time.Time
+	// DefragmentedAt is when QCP last finished defragmenting the machine's
+	// member; zero if never. Tunables.DefragMinInterval counts from it.
+	DefragmentedAt time.Time
 }
 
 // Member is one etcd member, from MemberList plus per-member Status.

@@ -13,6 +13,11 @@ const (
 	DefaultUnhealthyTimeout    = 5 * time.Minute
 	DefaultCatchUpMaxLag       = 1000
 	DefaultLearnerStallTimeout = 5 * time.Minute
+	// DefaultDefragThresholdPercent is OpenShift's etcd operator's.
+	DefaultDefragThresholdPercent = 45
+	DefaultDefragMinDBSize        = 100 << 20
+	DefaultDefragMinInterval      = time.Hour
+	DefaultDefragTimeout          = 10 * time.Minute
 )
 
 // view is a sorted, indexed copy of a State, so that rules can ask questions
@@ -72,6 +77,18 @@ func (t Tunables) WithDefaults() Tunables {
 	}
 	if t.LearnerStallTimeout <= 0 {
 		t.LearnerStallTimeout = DefaultLearnerStallTimeout
+	}
+	if t.DefragThresholdPercent <= 0 {
+		t.DefragThresholdPercent = DefaultDefragThresholdPercent
+	}
+	if t.DefragMinDBSize <= 0 {
+		t.DefragMinDBSize = DefaultDefragMinDBSize
+	}
+	if t.DefragMinInterval <= 0 {
+		t.DefragMinInterval = DefaultDefragMinInterval
+	}
+	if t.DefragTimeout <= 0 {
+		t.DefragTimeout = DefaultDefragTimeout
 	}
 	return t
 }
@@ -284,7 +301,7 @@ func (v view) dueForRemediation(m Member) bool {
 		return false
 	}
 	mc, ok := v.machineOf(m)
-	if ok && mc.HoldRemediation {
+	if ok && mc.HoldRemediation || v.defragmenting(m) {
 		return false
 	}
 	if ok && mc.Remediate {

@@ -33,6 +33,9 @@ type world struct {
 const (
 	worldQuota  = 2 << 30
 	worldDBSize = 1 << 30
+	// worldDefragInterval is shorter than an epoch, so that a member
+	// defragmented in an earlier epoch may be again.
+	worldDefragInterval = 5 * time.Minute
 )
 
 type wMachine struct {
@@ -53,13 +56,16 @@ type wMachine struct {
 	remediate   bool // a MachineHealthCheck marked it
 	joinStarted bool
 	memberID    uint64
+	defragOpen  bool // a defragmentation record is open (started, end not recorded)
+	defragged   bool // its member was defragmented, at epoch defragAt
+	defragAt    int
 }
 
 // version stands in for the Machine's resourceVersion: it changes whenever
 // anything the API server stores about the machine changes.
 func (m wMachine) version() string {
-	return m.fd + "/" + bits(m.addr, m.upToDate, m.deleting, m.annotated, m.hook, m.failed, m.remediate, m.joinStarted) +
-		"/" + strconv.FormatUint(m.memberID, 10)
+	return m.fd + "/" + bits(m.addr, m.upToDate, m.deleting, m.annotated, m.hook, m.failed, m.remediate, m.joinStarted, m.defragOpen, m.defragged) +
+		"/" + strconv.FormatUint(m.memberID, 10) + "/" + strconv.Itoa(m.defragAt)
 }
 
 type wMember struct {
@@ -72,6 +78,9 @@ type wMember struct {
 	leader   bool
 	since    int    // epoch it was added (learners) or went down (unhealthy)
 	alarm    string // "", "NOSPACE" or "CORRUPT", raised by this member
+	// fragmented: most of its database is free pages; defragmenting: it
+	// is busy defragmenting, and answers nothing until it is done.
+	fragmented, defragmenting bool
 }
 
 var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -112,7 +121,7 @@ func (w world) state() State {
 	now := t0.Add(time.Duration(w.epoch)*epochLen + 2*time.Minute)
 	at := func(epoch int) time.Time { return t0.Add(time.Duration(epoch) * epochLen) }
 	s := State{Desired: w.desired, Topology: Stacked, Strategy: w.strategy, FailureDomains: w.domains, Now: now, Bootstrapped: w.bootstrapped,
-		DepartedAlarms: slices.Clone(w.departed), QuotaBackendBytes: worldQuota}
+		DepartedAlarms: slices.Clone(w.departed), QuotaBackendBytes: worldQuota, Tunables: Tunables{DefragMinInterval: worldDefragInterval}}
 	for _, m := range w.machines {
 		mc := Machine{
 			Name: machineName(m.id), FailureDomain: m.fd, UpToDate: m.upToDate,
@@ -125,11 +134,20 @@ func (w world) state() State {
 			mc.PeerURL = peerURL(m.id)
 			mc.InfraReadyAt = at(m.readyAt).Add(time.Duration(m.id) * time.Second)
 		}
+		switch {
+		case m.defragOpen:
+			mc.DefragStartedAt = at(m.defragAt)
+		case m.defragged:
+			mc.DefragmentedAt = at(m.defragAt)
+		}
 		s.Machines = append(s.Machines, mc)
 	}
 	for _, m := range w.members {
 		mm := Member{ID: m.id, PeerURL: peerURL(m.host), Learner: m.learner, Healthy: m.healthy,
-			Leader: m.leader, AppliedIndex: 5000, Revision: 4000, DBSize: worldDBSize, CatchUpProgressAt: now}
+			Leader: m.leader, AppliedIndex: 5000, Revision: 4000, DBSize: worldDBSize, DBSizeInUse: worldDBSize * 9 / 10, CatchUpProgressAt: now}
+		if m.fragmented {
+			mm.DBSizeInUse = worldDBSize / 4
+		}
 		if m.started {
 			mm.Name = machineName(m.host)
 		}
@@ -199,6 +217,12 @@ func (w world) apply(d Decision) world {
 		for i := range w.members {
 			w.members[i].leader = w.members[i].id == d.MemberID
 		}
+	case Defragment:
+		// It answers nothing until it is done, in progress.
+		m, mc := w.member(d.MemberID), w.machine(d.Machine)
+		m.defragmenting, m.healthy, m.leader, m.since = true, false, false, w.epoch
+		mc.defragOpen, mc.defragged, mc.defragAt = true, true, w.epoch
+		w.elect()
 	case RemoveMember:
 		if m := w.member(d.MemberID); m != nil && m.alarm != "" {
 			w.departed = append(w.departed, Alarm{MemberID: m.id, Type: m.alarm}) // etcd keeps it
@@ -228,6 +252,9 @@ func (w *world) progress() {
 		switch {
 		case mc == nil:
 		case mc.slow:
+		case m.defragmenting:
+			m.finishDefrag()
+			mc.defragOpen = false // the caller records the end
 		case !m.started && !mc.broken && !mc.deleting:
 			m.started, m.healthy = true, true
 		case m.started && m.healthy && !m.caughtUp && !mc.stalled:
@@ -336,6 +363,9 @@ func (w world) converged() bool {
 		if mc.deleting || mc.failed || mc.remediate || !mc.hook || m == nil || m.learner || !m.healthy || !m.caughtUp || m.alarm != "" {
 			return false
 		}
+		if m.defragmenting || (m.fragmented && w.desired >= 3) {
+			return false // a member of three or more is defragmented
+		}
 		replaced := !mc.upToDate || (len(w.domains) > 0 && !slices.Contains(w.domains, mc.fd))
 		if replaced && w.strategy != OnDelete {
 			return false
@@ -398,7 +428,7 @@ func (w world) key() string {
 		b = strconv.AppendInt(b, int64(min(w.epoch-mc.born, 3)), 10)
 		b = append(b, ',')
 		b = append(b, bits(w.epoch > mc.readyAt, mc.addr, mc.upToDate, mc.deleting, mc.annotated, mc.hook, mc.failed, mc.broken,
-			mc.noInfra, mc.slow, mc.remediate, mc.joinStarted, mc.memberID != 0, mc.stalled)...)
+			mc.noInfra, mc.slow, mc.remediate, mc.joinStarted, mc.memberID != 0, mc.stalled, mc.defragOpen, mc.defragged && mc.defragAt == w.epoch)...)
 		b = append(b, ',')
 		b = strconv.AppendInt(b, int64(mid), 10)
 		b = append(b, ';')
@@ -411,7 +441,7 @@ func (w world) key() string {
 		}
 		b = strconv.AppendInt(b, int64(host), 10)
 		b = append(b, ',')
-		b = append(b, bits(m.learner, m.started, m.healthy, m.caughtUp, m.leader, w.epoch > m.since)...)
+		b = append(b, bits(m.learner, m.started, m.healthy, m.caughtUp, m.leader, w.epoch > m.since, m.fragmented, m.defragmenting)...)
 		b = append(b, m.alarm...)
 		b = append(b, ';')
 	}
@@ -421,4 +451,12 @@ func (w world) key() string {
 		b = append(b, ';')
 	}
 	return string(b)
+}
+
+// finishDefrag ends m's defragmentation: it answers again, its database
+// compact.
+func (m *wMember) finishDefrag() {
+	if m.defragmenting {
+		m.defragmenting, m.fragmented, m.healthy, m.caughtUp = false, false, true, true
+	}
 }
