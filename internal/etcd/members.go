@@ -173,6 +173,36 @@ func (c *Client) MoveLeader(ctx context.Context, id uint64) error {
 	return nil
 }
 
+// DefragmentTimeout bounds one member's defragmentation. etcd rewrites the
+// whole database file meanwhile, at disk speed: gigabytes take seconds to
+// minutes.
+const DefragmentTimeout = 5 * time.Minute
+
+// Defragment defragments member id alone, through a client pinned to its
+// own endpoint: etcd's Defragment acts only on the member that serves the
+// request. The member blocks its reads and writes until it is done.
+func (c *Client) Defragment(ctx context.Context, id uint64) error {
+	members, err := c.Members(ctx)
+	if err != nil {
+		return fmt.Errorf("defragmenting member %x: %w", id, err)
+	}
+	i := slices.IndexFunc(members, func(m Member) bool { return m.ID == id })
+	if i < 0 || len(members[i].ClientURLs) == 0 {
+		return fmt.Errorf("defragmenting member %x: it is not a started member", id)
+	}
+	endpoint := members[i].ClientURLs[0]
+	p, err := c.pin(endpoint)
+	if err != nil {
+		return fmt.Errorf("defragmenting member %x: %w", id, err)
+	}
+	dctx, cancel := context.WithTimeout(ctx, DefragmentTimeout)
+	defer cancel()
+	if _, err := p.Defragment(dctx, endpoint); err != nil {
+		return fmt.Errorf("defragmenting member %x at %s: %w", id, endpoint, err)
+	}
+	return nil
+}
+
 // MemberStatus is what one member reports about itself.
 type MemberStatus struct {
 	ID       uint64

@@ -108,7 +108,7 @@ func TestWriterSurvivesLeaderKill(t *testing.T) {
 	if err := victim.Kill(); err != nil {
 		t.Fatal(err)
 	}
-	before := acks(w)
+	before := w.Acknowledged()
 	waitAcks(ctx, t, w, before+50)
 	if err := victim.Restart(); err != nil {
 		t.Fatal(err)
@@ -138,16 +138,10 @@ func TestWriterSurvivesLeaderKill(t *testing.T) {
 	}
 }
 
-func acks(w *Writer) int {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return len(w.acks)
-}
-
 func waitAcks(ctx context.Context, t *testing.T, w *Writer, n int) {
 	t.Helper()
 	if err := Eventually(ctx, 20*time.Millisecond, "acknowledged writes", func(context.Context) error {
-		if acks(w) < n {
+		if w.Acknowledged() < n {
 			return context.DeadlineExceeded
 		}
 		return nil

@@ -118,6 +118,13 @@ func (w *Writer) watchStalls(ctx context.Context) {
 
 func (w *Writer) now() int64 { return time.Since(w.start).Nanoseconds() }
 
+// Acknowledged is how many writes the cluster has acknowledged so far.
+func (w *Writer) Acknowledged() int {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.acks)
+}
+
 func (w *Writer) work(ctx context.Context, worker int) {
 	defer w.wg.Done()
 	key := fmt.Sprintf("%sk%d", w.opts.Prefix, worker)

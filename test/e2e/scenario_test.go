@@ -34,6 +34,7 @@ import (
 	etcdv1 "github.com/qcp-dev/qcp/api/etcd/v1alpha1"
 	infrav1 "github.com/qcp-dev/qcp/api/infrastructure/v1alpha1"
 	"github.com/qcp-dev/qcp/internal/certs"
+	"github.com/qcp-dev/qcp/internal/controllers/engine"
 	"github.com/qcp-dev/qcp/internal/etcd"
 	"github.com/qcp-dev/qcp/internal/testkit"
 )
@@ -537,6 +538,11 @@ type machineBound struct {
 	departed []string
 	// seen counts every machine ever sampled.
 	seen map[string]bool
+	// defragOrder are the machines in the order their member's
+	// defragmentation began (its record appeared), and maxDefragging the
+	// most machines ever defragmenting at once.
+	defragOrder   []string
+	maxDefragging int
 }
 
 func startMachineBound(s *scenario, desired, surge int) *machineBound {
@@ -615,6 +621,24 @@ func (b *machineBound) sampleLocked() {
 			time.Now().Format("15:04:05.000"), len(b.machines), strings.Join(names, " "), b.desired, b.bound))
 	}
 	b.bound = max(b.desired+b.surge, min(b.bound, len(b.machines)))
+	defragging := 0
+	for name, m := range b.machines {
+		if _, open := m.Annotations[engine.DefragStartedAnnotation]; open {
+			defragging++
+			if len(b.defragOrder) == 0 || b.defragOrder[len(b.defragOrder)-1] != name {
+				b.defragOrder = append(b.defragOrder, name)
+			}
+		}
+	}
+	b.maxDefragging = max(b.maxDefragging, defragging)
+}
+
+// defragmentations returns the machines in the order their member's
+// defragmentation began, and the most ever defragmenting at once.
+func (b *machineBound) defragmentations() ([]string, int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return slices.Clone(b.defragOrder), b.maxDefragging
 }
 
 // departures returns the machines seen leaving so far, in order.

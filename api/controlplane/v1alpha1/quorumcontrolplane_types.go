@@ -165,6 +165,61 @@ type StackedEtcd struct {
 	// +kubebuilder:validation:MinItems=1
 	// +kubebuilder:validation:MaxItems=100
 	ExtraArgs []Arg `json:"extraArgs,omitempty"`
+	// maintenance is QCP's upkeep of the members' databases.
+	// +optional
+	Maintenance EtcdMaintenance `json:"maintenance,omitempty,omitzero"`
+}
+
+// DefragmentationPolicy says whether QCP defragments etcd members itself.
+// +kubebuilder:validation:Enum=Automatic;Disabled
+type DefragmentationPolicy string
+
+const (
+	// DefragmentationAutomatic defragments a member whose database is
+	// mostly free pages, one member at a time, only while the cluster can
+	// lose one member, followers first and the leader after a leadership
+	// transfer.
+	DefragmentationAutomatic DefragmentationPolicy = "Automatic"
+	// DefragmentationDisabled leaves defragmentation to someone else.
+	DefragmentationDisabled DefragmentationPolicy = "Disabled"
+)
+
+// Defaults of EtcdMaintenance.
+const (
+	DefaultDefragThresholdPercent   int32 = 45
+	DefaultDefragMinSizeMiB         int32 = 100
+	DefaultDefragMinIntervalSeconds int32 = 3600
+)
+
+// EtcdMaintenance is QCP's upkeep of etcd's databases. Compaction frees
+// space inside a member's database file; only defragmentation gives it
+// back, and the member blocks its reads and writes while it defragments.
+// +kubebuilder:validation:MinProperties=1
+type EtcdMaintenance struct {
+	// defragmentation is Automatic (the default) or Disabled.
+	// +optional
+	Defragmentation DefragmentationPolicy `json:"defragmentation,omitempty"`
+	// defragThresholdPercent is the share of a member's database, in
+	// percent, that must be free pages before it is defragmented. Defaults
+	// to 45.
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=99
+	DefragThresholdPercent *int32 `json:"defragThresholdPercent,omitempty"`
+	// defragMinSizeMiB is the database size, in MiB, below which a member is
+	// never defragmented: the space is not worth the disruption. Defaults
+	// to 100.
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=1048576
+	DefragMinSizeMiB *int32 `json:"defragMinSizeMiB,omitempty"`
+	// defragMinIntervalSeconds is the least time between two
+	// defragmentations of the same member, so that a database whose data
+	// fills it never loops. Defaults to 3600.
+	// +optional
+	// +kubebuilder:validation:Minimum=60
+	// +kubebuilder:validation:Maximum=2592000
+	DefragMinIntervalSeconds *int32 `json:"defragMinIntervalSeconds,omitempty"`
 }
 
 // APIServerSpec configures kube-apiserver.

@@ -65,6 +65,10 @@ type EtcdClusterSpec struct {
 	// spec changed.
 	// +optional
 	Rollout EtcdRolloutSpec `json:"rollout,omitempty,omitzero"`
+
+	// maintenance is QCP's upkeep of the members' databases.
+	// +optional
+	Maintenance controlplanev1.EtcdMaintenance `json:"maintenance,omitempty,omitzero"`
 }
 
 // EtcdRolloutSpec controls rollouts of an EtcdCluster.

@@ -227,6 +227,12 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Clu
 			wake = at
 		}
 	}
+	if obs.State.Topology != quorum.APIServersOnly {
+		// A database filling up or fragmenting shows in no watch.
+		if at := r.Now().Add(engine.MaintenancePoll); at.Before(wake) {
+			wake = at
+		}
+	}
 	idle := ctrl.Result{RequeueAfter: max(wake.Sub(r.Now()), time.Second)}
 	r.wakeups.Looked(client.ObjectKeyFromObject(cp), r.Now())
 	forgetFinishedRemediation(cp, obs)

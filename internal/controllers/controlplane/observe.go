@@ -162,7 +162,7 @@ func (o *observation) build(cp *controlplanev1.QuorumControlPlane, cluster *clus
 		// The spec's quota, which a rollout gives every member.
 		QuotaBackendBytes: engine.QuotaBackendBytes(cp.Spec.Etcd.Stacked.ExtraArgs),
 		Now:               now,
-		Tunables:          tun,
+		Tunables:          engine.MaintenanceTunables(tun, cp.Spec.Etcd.Stacked.Maintenance),
 	}
 	if o.external != nil {
 		s.ExternalEtcdProblem = o.external.problem

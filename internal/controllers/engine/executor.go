@@ -35,7 +35,7 @@ type Executor struct {
 // for steps that name none).
 func (x Executor) Execute(ctx context.Context, d quorum.Decision, machine *clusterv1.Machine) error {
 	switch d.Kind {
-	case quorum.AddHook, quorum.RemoveHook, quorum.DeleteMachine, quorum.AddLearner:
+	case quorum.AddHook, quorum.RemoveHook, quorum.DeleteMachine, quorum.AddLearner, quorum.Defragment:
 		if machine == nil || machine.Name != d.Machine {
 			return fmt.Errorf("%s: machine %s was not observed", d.Kind, d.Machine)
 		}
@@ -74,6 +74,8 @@ func (x Executor) Execute(ctx context.Context, d quorum.Decision, machine *clust
 		return x.Etcd.Remove(ctx, d.MemberID)
 	case quorum.DisarmAlarm:
 		return x.Etcd.DisarmAlarm(ctx, d.MemberID, d.Alarm)
+	case quorum.Defragment:
+		return x.defragment(ctx, d, machine)
 	}
 	return fmt.Errorf("%s: %w", d.Kind, errNotHere)
 }
@@ -108,14 +110,42 @@ func (x Executor) addLearner(ctx context.Context, d quorum.Decision, machine *cl
 	})
 }
 
+// defragment records the start on the machine, defragments its member,
+// and records the end. A failed call leaves the start recorded: the member
+// may still be defragmenting, and the planner counts it as a
+// defragmentation started then, so it neither disrupts a second member
+// meanwhile nor retries before the minimum interval.
+func (x Executor) defragment(ctx context.Context, d quorum.Decision, machine *clusterv1.Machine) error {
+	if err := x.annotate(ctx, machine, func(a map[string]string) { a[DefragStartedAnnotation] = FormatTime(x.Now()) }); err != nil {
+		return err
+	}
+	if err := x.Etcd.Defragment(ctx, d.MemberID); err != nil {
+		return err
+	}
+	return x.recordOwn(ctx, machine, func(a map[string]string) {
+		delete(a, DefragStartedAnnotation)
+		a[DefragmentedAnnotation] = FormatTime(x.Now())
+	})
+}
+
 // forgetJoin takes machine's join record back. Its patch carries no
 // resourceVersion: CAPI core may well have written the machine's status
 // since the record was added, and the record is QCP's own, which no one
 // else writes. Failing on that conflict left the record behind, and the
 // planner then replaced a good machine whose member it took for removed.
 func (x Executor) forgetJoin(ctx context.Context, machine *clusterv1.Machine) error {
+	return x.recordOwn(ctx, machine, func(a map[string]string) { delete(a, JoinStartedAnnotation) })
+}
+
+// recordOwn changes QCP's own records on machine with a patch that carries
+// no resourceVersion: after a step, CAPI core may well have written the
+// machine since, and no one else writes these records.
+func (x Executor) recordOwn(ctx context.Context, machine *clusterv1.Machine, change func(map[string]string)) error {
 	before := machine.DeepCopy()
-	delete(machine.Annotations, JoinStartedAnnotation)
+	if machine.Annotations == nil {
+		machine.Annotations = map[string]string{}
+	}
+	change(machine.Annotations)
 	if err := x.Client.Patch(ctx, machine, client.MergeFrom(before)); err != nil {
 		return fmt.Errorf("annotating machine %s: %w", machine.Name, err)
 	}

@@ -323,3 +323,13 @@ func ControlPlaneFailureDomains(cluster *clusterv1.Cluster) []string {
 	}
 	return fds
 }
+
+// MaintenanceTunables returns t with m's defragmentation policy, as the
+// planner reads it.
+func MaintenanceTunables(t quorum.Tunables, m controlplanev1.EtcdMaintenance) quorum.Tunables {
+	t.DefragDisabled = m.Defragmentation == controlplanev1.DefragmentationDisabled
+	t.DefragThresholdPercent = int(ptr.Deref(m.DefragThresholdPercent, controlplanev1.DefaultDefragThresholdPercent))
+	t.DefragMinDBSize = int64(ptr.Deref(m.DefragMinSizeMiB, controlplanev1.DefaultDefragMinSizeMiB)) << 20
+	t.DefragMinInterval = time.Duration(ptr.Deref(m.DefragMinIntervalSeconds, controlplanev1.DefaultDefragMinIntervalSeconds)) * time.Second
+	return t
+}

@@ -34,6 +34,14 @@ const (
 	// UnhealthySinceAnnotation is when QCP first saw the machine's member
 	// unhealthy (RFC 3339); removed once it is healthy again.
 	UnhealthySinceAnnotation = "controlplane.cluster.x-k8s.io/qcp-etcd-unhealthy-since"
+	// DefragStartedAnnotation is written right before the machine's member
+	// is defragmented and removed once it is done (RFC 3339). Left behind,
+	// by a restart or a failed call, it still counts as a defragmentation
+	// started then.
+	DefragStartedAnnotation = "controlplane.cluster.x-k8s.io/qcp-etcd-defrag-started"
+	// DefragmentedAnnotation is when the machine's member was last
+	// defragmented to the end (RFC 3339).
+	DefragmentedAnnotation = "controlplane.cluster.x-k8s.io/qcp-etcd-defragmented"
 )
 
 // EtcdRoleLabel is the role of the machine's etcd member (leader, voter or
@@ -49,6 +57,8 @@ type Records struct {
 	LearnerAdded   time.Time
 	InfraReady     time.Time
 	UnhealthySince time.Time
+	DefragStarted  time.Time
+	Defragmented   time.Time
 }
 
 // ReadRecords reads obj's records. A record that does not parse counts as
@@ -60,6 +70,8 @@ func ReadRecords(obj client.Object) Records {
 		LearnerAdded:   ParseTime(a[LearnerAddedAnnotation]),
 		InfraReady:     ParseTime(a[InfraReadyAnnotation]),
 		UnhealthySince: ParseTime(a[UnhealthySinceAnnotation]),
+		DefragStarted:  ParseTime(a[DefragStartedAnnotation]),
+		Defragmented:   ParseTime(a[DefragmentedAnnotation]),
 	}
 	_, r.JoinStarted = a[JoinStartedAnnotation]
 	if id, err := strconv.ParseUint(a[MemberIDAnnotation], 16, 64); err == nil {
@@ -71,6 +83,7 @@ func ReadRecords(obj client.Object) Records {
 // Apply copies the records into the planner's view of the machine.
 func (r Records) Apply(m *quorum.Machine) {
 	m.MemberID, m.JoinStarted, m.InfraReadyAt = r.MemberID, r.JoinStarted, r.InfraReady
+	m.DefragStartedAt, m.DefragmentedAt = r.DefragStarted, r.Defragmented
 }
 
 // SetRecord sets one record on obj; the caller writes obj.

@@ -17,11 +17,16 @@ func TestRecordsRoundTrip(t *testing.T) {
 	SetRecord(m, JoinStartedAnnotation, FormatTime(at))
 	SetRecord(m, LearnerAddedAnnotation, FormatTime(at.Add(time.Second)))
 	SetRecord(m, InfraReadyAnnotation, FormatTime(at.Add(-time.Minute)))
+	SetRecord(m, DefragStartedAnnotation, FormatTime(at.Add(time.Hour)))
+	SetRecord(m, DefragmentedAnnotation, FormatTime(at.Add(2*time.Minute)))
 	r := ReadRecords(m)
 	var qm quorum.Machine
 	r.Apply(&qm)
 	if qm.MemberID != 0x8e9e05c52164694d || !qm.JoinStarted || !qm.InfraReadyAt.Equal(at.Add(-time.Minute)) || !r.LearnerAdded.Equal(at.Add(time.Second)) {
 		t.Fatalf("records read back as %+v (machine %+v)", r, qm)
+	}
+	if !qm.DefragStartedAt.Equal(at.Add(time.Hour)) || !qm.DefragmentedAt.Equal(at.Add(2*time.Minute)) {
+		t.Fatalf("defragmentation records read back as started %s, done %s", qm.DefragStartedAt, qm.DefragmentedAt)
 	}
 }
 

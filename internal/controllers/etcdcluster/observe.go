@@ -53,7 +53,7 @@ func (r *Reconciler) tunables(ec *etcdv1.EtcdCluster) quorum.Tunables {
 	if s := ec.Spec.UnhealthyMemberTimeoutSeconds; s != nil {
 		t.UnhealthyTimeout = time.Duration(*s) * time.Second
 	}
-	return t
+	return engine.MaintenanceTunables(t, ec.Spec.Maintenance)
 }
 
 // build turns the observation into the planner's State. An etcd machine

@@ -1,0 +1,325 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/utils/ptr"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
+	"github.com/qcp-dev/qcp/internal/controllers/engine"
+	"github.com/qcp-dev/qcp/internal/etcd"
+	"github.com/qcp-dev/qcp/internal/machinehost"
+)
+
+// The fragmentation the defragmentation scenario makes: 320 values of
+// 512 KiB written, deleted and compacted away beside 192 that stay leave
+// each member's database at about 256 MiB with 96 MiB in use, past the
+// 45 % threshold and the scenario's floor of 16 MiB. A defragmentation
+// copies what is in use, so the live data sets how long it takes.
+const (
+	churnKeys      = 320
+	liveKeys       = 192
+	churnValueSize = 512 << 10
+	defragFloorMiB = 16
+)
+
+// TestDefragmentation is issue 36's etcd maintenance under traffic. The
+// control plane starts with defragmentation disabled, and its database is
+// fragmented by churn. With one member's etcd frozen, enabling
+// defragmentation starts none. Once it has thawed, QCP defragments all three
+// members, one at a time, the followers first and the leader only after a
+// leadership transfer, while the writer loses nothing. The writer's longest
+// gap during that maintenance is logged beside the gap of the same
+// defragmentation done by hand on the leader.
+func TestDefragmentation(t *testing.T) {
+	mgmt := requireShared(t)
+	parallel(t, 3*time.Minute+30*time.Second)
+	s := newScenario(t, mgmt, "defrag", 3, func(cp *controlplanev1.QuorumControlPlane) {
+		cp.Spec.Etcd.Stacked.Maintenance = controlplanev1.EtcdMaintenance{
+			Defragmentation: controlplanev1.DefragmentationDisabled, DefragMinSizeMiB: ptr.To[int32](defragFloorMiB),
+		}
+	})
+	s.writerPause = 20 * time.Millisecond // a finer gap measurement
+	cp := s.waitAvailable(convergeTimeout, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	cli, _, err := s.etcdClient(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	s.fragment(ctx, cli)
+
+	// One member down (its etcd process frozen; its Node stays Ready):
+	// enabling defragmentation starts none. It is disabled again before
+	// the thaw, so that the maintenance measured below runs under traffic
+	// from its start.
+	leader := leaderMachine(cp)
+	var follower string
+	for _, m := range cp.Status.Etcd.Members {
+		if m.Machine != leader && m.Machine != "" {
+			follower = m.Machine
+		}
+	}
+	if leader == "" || follower == "" {
+		t.Fatalf("no leader and follower in status.etcd.members %+v", cp.Status.Etcd.Members)
+	}
+	host := &machinehost.Host{Root: mgmt.env.MachineRoot()}
+	s.freeze(host, follower, "etcd")
+	s.eventually(2*time.Minute, "QCP waiting for the frozen member "+follower, s.lastOperationSays(follower))
+	s.setDefragmentation(ctx, controlplanev1.DefragmentationAutomatic)
+	s.holds(20*time.Second, "no defragmentation while "+follower+"'s member is down", func(context.Context) error {
+		if order, _ := s.bound.defragmentations(); len(order) > 0 {
+			return fmt.Errorf("machines %v defragmented while %s's member was down", order, follower)
+		}
+		return nil
+	})
+	s.setDefragmentation(ctx, controlplanev1.DefragmentationDisabled)
+	if err := host.ThawProcess(ns, follower, "etcd"); err != nil {
+		t.Fatal(err)
+	}
+
+	// Maintenance under traffic, from enabling it to the last member done.
+	s.waitAvailable(convergeTimeout, 3)
+	s.startTraffic(3)
+	s.waitWrites(20)
+	leader = s.etcdLeader(ctx, cli)
+	s.setDefragmentation(ctx, controlplanev1.DefragmentationAutomatic)
+	s.eventually(5*time.Minute, "every member defragmented", s.allDefragmented(ctx, cli))
+	s.waitWrites(20)
+	wr, mr := s.stopTraffic(ctx)
+	s.checkI6(mr)
+	qcpGap := wr.MaxWriteGap
+	order, most := s.bound.defragmentations()
+	t.Logf("QCP defragmented %v (leader %s at the start); the writer's longest gap was %s", order, leader, qcpGap)
+	if most != 1 {
+		t.Errorf("%d members defragmenting at once, want 1", most)
+	}
+	if len(order) != 3 || order[0] == order[1] || order[2] != leader {
+		t.Errorf("defragmented %v; want the two followers, then %s, the leader when it began", order, leader)
+	}
+	s.checkEvent(ctx, "MoveLeader", "before defragmenting "+leader)
+	if now := s.etcdLeader(ctx, cli); now == leader {
+		t.Errorf("%s still leads: it was defragmented without a leadership transfer", leader)
+	}
+
+	// The same defragmentation by hand, on the leader.
+	s.setDefragmentation(ctx, controlplanev1.DefragmentationDisabled)
+	s.fragment(ctx, cli)
+	s.startTraffic(3)
+	s.waitWrites(20)
+	l, err := cli.Leader(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	if err := cli.Defragment(ctx, l.ID); err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(start)
+	s.waitWrites(20)
+	wr, mr = s.stopTraffic(ctx)
+	s.checkI6(mr)
+	t.Logf("defragmentation by hand of the leader %x took %s; the writer's longest gap was %s (QCP's, all three members: %s)",
+		l.ID, took.Round(time.Millisecond), wr.MaxWriteGap, qcpGap)
+	s.finish()
+}
+
+// waitWrites waits for the writer to have n more writes acknowledged.
+func (s *scenario) waitWrites(n int) {
+	s.t.Helper()
+	want := s.traffic.writer.Acknowledged() + n
+	s.eventually(time.Minute, fmt.Sprintf("%d more acknowledged writes", n), func(context.Context) error {
+		if got := s.traffic.writer.Acknowledged(); got < want {
+			return fmt.Errorf("%d of %d", got, want)
+		}
+		return nil
+	})
+}
+
+// fragment grows the database of every member with churn, then deletes
+// it and compacts it away, and waits until every member's database is
+// fragmented past the default threshold and over the scenario's floor.
+func (s *scenario) fragment(ctx context.Context, cli *etcd.Client) {
+	s.t.Helper()
+	raw, value := cli.Raw(), strings.Repeat("x", churnValueSize)
+	const prefix = "/qcp-e2e/churn/"
+	for i := range churnKeys + liveKeys {
+		key := fmt.Sprintf("%s%04d", prefix, i)
+		if i >= churnKeys {
+			key = fmt.Sprintf("/qcp-e2e/live/%04d", i-churnKeys) // the same keys again the second time
+		}
+		if err := retry(ctx, func(ctx context.Context) error {
+			_, err := raw.Put(ctx, key, value)
+			return err
+		}); err != nil {
+			s.t.Fatal(err)
+		}
+	}
+	var rev int64
+	if err := retry(ctx, func(ctx context.Context) error {
+		r, err := raw.Delete(ctx, prefix, clientv3.WithPrefix())
+		if err == nil {
+			rev = r.Header.Revision
+		}
+		return err
+	}); err != nil {
+		s.t.Fatal(err)
+	}
+	if err := retry(ctx, func(ctx context.Context) error {
+		_, err := raw.Compact(ctx, rev, clientv3.WithCompactPhysical())
+		return err
+	}); err != nil && !strings.Contains(err.Error(), "required revision has been compacted") {
+		s.t.Fatal(err)
+	}
+	s.eventually(time.Minute, "every member's database fragmented", func(ctx context.Context) error {
+		return eachMember(ctx, cli, func(st etcd.MemberStatus) error {
+			if frag := fragmentation(st); frag < 45 || st.DBSize < defragFloorMiB<<20 {
+				return fmt.Errorf("member %x: %d%% of %d MiB free", st.ID, frag, st.DBSize>>20)
+			}
+			return nil
+		})
+	})
+}
+
+// allDefragmented is a check for eventually: every machine records a
+// finished defragmentation, none an open one, and every member's database
+// is under the threshold again.
+func (s *scenario) allDefragmented(ctx context.Context, cli *etcd.Client) func(context.Context) error {
+	return func(ctx context.Context) error {
+		ms, err := s.machines(ctx)
+		if err != nil {
+			return err
+		}
+		for _, m := range ms {
+			_, open := m.Annotations[engine.DefragStartedAnnotation]
+			if _, done := m.Annotations[engine.DefragmentedAnnotation]; !done || open {
+				cp, _ := s.controlPlane(ctx)
+				return fmt.Errorf("machine %s: defragmented %v, in flight %v; last operation %s", m.Name, done, open, lastOperation(cp))
+			}
+		}
+		return eachMember(ctx, cli, func(st etcd.MemberStatus) error {
+			if frag := fragmentation(st); frag >= 45 {
+				return fmt.Errorf("member %x: still %d%% of %d MiB free", st.ID, frag, st.DBSize>>20)
+			}
+			return nil
+		})
+	}
+}
+
+// etcdLeader is the name of the member etcd's members follow.
+func (s *scenario) etcdLeader(ctx context.Context, cli *etcd.Client) string {
+	s.t.Helper()
+	var name string
+	if err := retry(ctx, func(ctx context.Context) error {
+		l, err := cli.Leader(ctx)
+		if err != nil {
+			return err
+		}
+		members, err := cli.Members(ctx)
+		if err != nil {
+			return err
+		}
+		for _, m := range members {
+			if m.ID == l.ID && m.Name != "" {
+				name = m.Name
+				return nil
+			}
+		}
+		return fmt.Errorf("leader %x is not a started member", l.ID)
+	}); err != nil {
+		s.t.Fatal(err)
+	}
+	return name
+}
+
+// eachMember calls check on the status of every member.
+func eachMember(ctx context.Context, cli *etcd.Client, check func(etcd.MemberStatus) error) error {
+	members, err := cli.Members(ctx)
+	if err != nil {
+		return err
+	}
+	statuses, failed := cli.Statuses(ctx, members)
+	for id, err := range failed {
+		return fmt.Errorf("member %x: %w", id, err)
+	}
+	for _, st := range statuses {
+		if err := check(st); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// fragmentation is the share of st's database, in percent, that is free.
+func fragmentation(st etcd.MemberStatus) int64 {
+	if st.DBSize <= 0 {
+		return 0
+	}
+	return (st.DBSize - st.DBSizeInUse) * 100 / st.DBSize
+}
+
+// setDefragmentation sets the control plane's defragmentation policy.
+func (s *scenario) setDefragmentation(ctx context.Context, policy controlplanev1.DefragmentationPolicy) {
+	s.t.Helper()
+	if err := retry(ctx, func(ctx context.Context) error {
+		cp, err := s.controlPlane(ctx)
+		if err != nil {
+			return err
+		}
+		before := cp.DeepCopy()
+		cp.Spec.Etcd.Stacked.Maintenance.Defragmentation = policy
+		return s.c.Patch(ctx, cp, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{}))
+	}); err != nil {
+		s.t.Fatal(err)
+	}
+}
+
+// checkEvent checks that the control plane emitted an event with reason
+// whose message says what.
+func (s *scenario) checkEvent(ctx context.Context, reason, what string) {
+	s.t.Helper()
+	var events corev1.EventList
+	if err := s.c.List(ctx, &events, client.InNamespace(ns), client.MatchingFields{"involvedObject.name": s.name}); err != nil {
+		s.t.Fatal(err)
+	}
+	var seen []string
+	for _, e := range events.Items {
+		if e.InvolvedObject.Kind == "QuorumControlPlane" && e.Reason == reason {
+			if strings.Contains(e.Message, what) {
+				return
+			}
+			seen = append(seen, e.Message)
+		}
+	}
+	s.t.Errorf("no %s event saying %q; %s events: %q", reason, what, reason, seen)
+}
+
+// lastOperationSays is a check for eventually: the control plane's last
+// operation names what.
+func (s *scenario) lastOperationSays(what string) func(context.Context) error {
+	return func(ctx context.Context) error {
+		cp, err := s.controlPlane(ctx)
+		if err != nil {
+			return err
+		}
+		if !strings.Contains(cp.Status.LastOperation.Reason, what) {
+			return fmt.Errorf("last operation %s", lastOperation(cp))
+		}
+		return nil
+	}
+}
+
+func lastOperation(cp *controlplanev1.QuorumControlPlane) string {
+	if cp == nil {
+		return "unknown"
+	}
+	return fmt.Sprintf("%s: %s", cp.Status.LastOperation.Kind, cp.Status.LastOperation.Reason)
+}
