@@ -209,7 +209,9 @@ func checkOneDisruption(b view, d Decision) error {
 	if l := b.learners(); len(l) > 0 {
 		return fmt.Errorf("I4 one at a time: defragmenting %s while learner %s is joining", b.memberName(m), b.memberName(l[0]))
 	}
-	if tolerance(len(voters)) < 1 {
+	// A NOSPACE recovery may defragment one of one or two voters: the
+	// cluster refuses writes already.
+	if tolerance(len(voters)) < 1 && !b.noSpaceRaised() {
 		return fmt.Errorf("I4 one at a time: defragmenting %s, one of %d voters: the cluster cannot lose it", b.memberName(m), len(voters))
 	}
 	return nil
@@ -250,7 +252,7 @@ func checkLeader(b view, d Decision, _ view) error {
 	case MoveLeader:
 		return checkLeaderTarget(b, d)
 	case Defragment:
-		if m, ok := b.member(d.MemberID); ok && m.Leader && len(b.voters()) > 1 {
+		if m, ok := b.member(d.MemberID); ok && m.Leader && m.Healthy && len(b.voters()) > 1 {
 			return fmt.Errorf("I6 leader: defragmenting leader %s without moving leadership first", b.memberName(m))
 		}
 		return nil

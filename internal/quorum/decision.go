@@ -36,9 +36,12 @@ const (
 	// drain until the member is removed).
 	DeleteMachine Kind = "DeleteMachine"
 	// DisarmAlarm: disarm alarm Decision.Alarm raised by member
-	// Decision.MemberID (etcd's AlarmDisarm), a member that is no longer
-	// listed.
+	// Decision.MemberID (etcd's AlarmDisarm), listed or not.
 	DisarmAlarm Kind = "DisarmAlarm"
+	// Compact: compact etcd's history up to Decision.Revision (physically),
+	// then record State.CompactedRevision and CompactedAt. A revision
+	// already compacted is success.
+	Compact Kind = "Compact"
 	// Defragment: record Machine.DefragStartedAt on Decision.Machine, call
 	// etcd's Defragment on member Decision.MemberID alone, then record
 	// Machine.DefragmentedAt and clear DefragStartedAt. The member blocks
@@ -69,6 +72,8 @@ type Decision struct {
 	PeerURL string
 	// Alarm is the alarm DisarmAlarm disarms (NOSPACE).
 	Alarm string
+	// Revision is the revision Compact compacts to.
+	Revision int64
 	// Reason is a sentence for humans: why this step, or what is waited for.
 	Reason string
 	// Expect is what the world must still look like when the caller acts.
@@ -262,6 +267,8 @@ func (d Decision) String() string {
 		target = fmt.Sprintf("(%x on %s)", d.MemberID, orNone(d.Machine))
 	case DisarmAlarm:
 		target = fmt.Sprintf("(%s of %x)", d.Alarm, d.MemberID)
+	case Compact:
+		target = fmt.Sprintf("(to %d)", d.Revision)
 	case AddHook, RemoveHook, DeleteMachine:
 		target = fmt.Sprintf("(%s)", d.Machine)
 	}

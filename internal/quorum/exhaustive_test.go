@@ -68,6 +68,16 @@ func initialWorlds(n int) map[string]world {
 			w.machines[n-1].upToDate, w.machines[n-1].annotated = false, true
 		}),
 		"fragmented databases": healthy.with(fragment),
+		"NOSPACE on every member": healthy.with(func(w *world) {
+			for i := range w.members {
+				w.members[i].alarm, w.members[i].overQuota = "NOSPACE", true
+			}
+		}),
+		"NOSPACE with the live data over the quota": healthy.with(func(w *world) {
+			for i := range w.members {
+				w.members[i].alarm, w.members[i].liveOverQuota = "NOSPACE", true
+			}
+		}),
 		"stuck learner": healthy.with(func(w *world) {
 			w.machines[0].upToDate = false // a rollout surge whose machine never starts etcd
 			w.nextMachine++
@@ -109,7 +119,6 @@ func initialWorlds(n int) map[string]world {
 			w.machines[0].deleting, w.machines[1].deleting = true, true
 		})
 		ws["two members down"] = healthy.with(crash(n-1, n))
-		ws["fragmented databases, outdated machines"] = outdated.with(fragment)
 	}
 	if n <= 3 {
 		ws["scale up to "+fmt.Sprint(n+2)] = healthy.with(func(w *world) { w.desired = n + 2 })
@@ -169,7 +178,7 @@ func TestExhaustive(t *testing.T) {
 			for _, err := range e.errs {
 				t.Error(err)
 			}
-			for _, k := range []Kind{CreateMachine, AddLearner, Promote, MoveLeader, RemoveMember, AddHook, RemoveHook, DeleteMachine, Defragment, Wait, Degraded} {
+			for _, k := range []Kind{CreateMachine, AddLearner, Promote, MoveLeader, RemoveMember, AddHook, RemoveHook, DeleteMachine, Defragment, Compact, DisarmAlarm, Wait, Degraded} {
 				if e.kinds[k] == 0 {
 					t.Errorf("the exploration never took a %s step", k)
 				}
@@ -207,6 +216,7 @@ func TestExhaustiveCatchesBrokenPlanners(t *testing.T) {
 		// Issue 36: a defragmentation is a disruption of its own.
 		{"defragmenting before every other rule, without its preflight", options{defragFirst: true}, []string{"I4 one at a time"}, "fragmented databases"},
 		{"defragmenting the leader in place", options{defragLeader: true}, []string{"I6 leader: defragmenting leader"}, "fragmented databases"},
+		{"compacting again on every NOSPACE round", options{compactAgain: true}, []string{"does not converge"}, "NOSPACE with the live data over the quota"},
 	}
 	t.Run("deleting a marked API server first while it serves again", func(t *testing.T) {
 		t.Parallel()

@@ -322,7 +322,7 @@ func recoverAll(w world) world {
 		}
 		switch {
 		case m.alarm == "NOSPACE":
-			m.alarm = ""
+			m.alarm, m.overQuota, m.liveOverQuota = "", false, false // quota raised, or data deleted
 		case m.alarm == "CORRUPT" && mc != nil:
 			mc.deleting = true
 		case m.alarm == "CORRUPT":

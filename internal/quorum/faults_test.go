@@ -101,13 +101,20 @@ func faults() []fault {
 			mc.remediate = true
 			return true
 		})},
-		{"member raises NOSPACE", eachMember(func(m *wMember, _ *world) bool {
-			if !m.started || m.alarm != "" {
-				return false
+		// The members hold the same data, so they reach the quota together.
+		{"every member raises NOSPACE", func(w world) []world {
+			w = w.clone()
+			raised := false
+			for i := range w.members {
+				if m := &w.members[i]; m.started && m.alarm == "" {
+					m.alarm, m.overQuota, raised = "NOSPACE", true, true
+				}
 			}
-			m.alarm = "NOSPACE"
-			return true
-		})},
+			if !raised {
+				return nil
+			}
+			return []world{w}
+		}},
 		{"member raises CORRUPT", eachMember(func(m *wMember, _ *world) bool {
 			if !m.started || m.alarm != "" {
 				return false

@@ -65,6 +65,9 @@ type options struct {
 	defragFirst bool
 	// defragLeader defragments the leader without moving leadership.
 	defragLeader bool
+	// compactAgain compacts on every NOSPACE round, forgetting the last
+	// compaction, so a recovery that cannot succeed never ends.
+	compactAgain bool
 }
 
 // planner holds one observation; its methods are the rules.
@@ -265,14 +268,20 @@ func (p planner) refuseWithoutQuorum() (Decision, bool) {
 		len(unhealthy), len(voters), names(unhealthy, p.memberName), tolerance(len(voters))), true
 }
 
-// refuseWithAlarms stops membership changes while a member has an alarm:
-// NOSPACE and CORRUPT need an operator (defragment and disarm, or restore).
-// It runs before refuseWithoutQuorum so that the message names the alarm.
+// refuseWithAlarms stops membership changes while a member has an alarm.
+// CORRUPT needs an operator (check the data, or restore); QCP recovers
+// from NOSPACE by itself (recoverFromNoSpace). It runs before
+// refuseWithoutQuorum so that the message names the alarm.
 // Removing members QCP would remove anyway is still allowed, when
 // quorum-safe: stray learners, and voters that are leaving (their machine
-// is deleting or gone, or they are due for remediation), the alarmed ones
-// first and without waiting for a replacement. Removing the alarmed member
-// and replacing it is the standard fix for a CORRUPT member.
+// is deleting or gone, or, unless NOSPACE alone is raised, they are due
+// for remediation), the alarmed ones first and without waiting for a
+// replacement. Removing the alarmed member and replacing it is the
+// standard fix for a CORRUPT member. Under NOSPACE it fixes nothing, and
+// the marks it brings (Nodes NotReady, as no lease can be renewed) are no
+// sign of a broken machine: only a member itself down past
+// UnhealthyTimeout is removed, and the rest of remediation waits for the
+// recovery.
 func (p planner) refuseWithAlarms() (Decision, bool) {
 	alarmed := filter(p.members, func(m Member) bool { return len(m.Alarms) > 0 })
 	departed := p.departedAlarms()
@@ -285,9 +294,18 @@ func (p planner) refuseWithAlarms() (Decision, bool) {
 	if d, ok := p.removeStrayLearners(); ok {
 		return d, true
 	}
+	noSpace := p.noSpaceOnly()
 	leaving := func(m Member) bool {
 		mc, ok := p.machineOf(m)
-		return !ok || mc.Deleting || mc.Remediate || p.dueForRemediation(m)
+		switch {
+		case !ok || mc.Deleting:
+			return true
+		case noSpace:
+			// Only a member down itself past the timeout: a mark alone
+			// may come from the alarm.
+			return p.dueForRemediation(m) && p.unhealthyFor(m) >= p.tun.UnhealthyTimeout
+		}
+		return mc.Remediate || p.dueForRemediation(m)
 	}
 	candidates := append(filter(alarmed, leaving), filter(p.voters(), func(m Member) bool {
 		return len(m.Alarms) == 0 && leaving(m) && !m.Healthy
@@ -307,6 +325,9 @@ func (p planner) refuseWithAlarms() (Decision, bool) {
 		}
 		return p.removeVoter(m, fmt.Sprintf("member %s is leaving while %s; removing it first%s",
 			p.memberName(m), p.alarmSummary(alarmed, departed), why(len(m.Alarms) > 0, ", then replacing its machine", "")))
+	}
+	if noSpace && p.hasQuorum() {
+		return p.recoverFromNoSpace(p.alarmSummary(alarmed, departed))
 	}
 	if len(alarmed) == 0 {
 		return degradedf("%s; QCP changes no membership until it is cleared: %s", p.alarmSummary(alarmed, departed), departedAdvice(departed[0])), true
@@ -335,8 +356,7 @@ func (p planner) disarmDepartedNoSpace(departed []Alarm) (Decision, bool) {
 		if a.Type != "NOSPACE" || p.QuotaBackendBytes <= 0 || len(p.members) == 0 {
 			continue
 		}
-		below := filter(p.members, func(m Member) bool { return m.DBSize > 0 && m.DBSize < p.QuotaBackendBytes })
-		if len(below) != len(p.members) {
+		if len(p.overQuota()) > 0 {
 			continue
 		}
 		return Decision{Kind: DisarmAlarm, MemberID: a.MemberID, Alarm: a.Type,

@@ -37,13 +37,7 @@ func down(s *State, i int, since time.Duration) {
 
 func TestPlanDecisions(t *testing.T) {
 	abc := []string{"fd-a", "fd-b", "fd-c"}
-	tests := []struct {
-		name   string
-		state  State
-		kind   Kind
-		target string // machine, or member ID in hex for member steps
-		reason string // substring of the reason
-	}{
+	runPlanCases(t, []planCase{
 		{"fresh cluster creates the first machine in the first domain",
 			cluster(3, 0, abc...), CreateMachine, "fd-a", "bootstraps a new etcd cluster"},
 		{"first machine bootstraps on its own",
@@ -142,7 +136,9 @@ func TestPlanDecisions(t *testing.T) {
 		{"two of five down is remediated",
 			edit(cluster(5, 5), func(s *State) { down(s, 3, time.Hour); down(s, 4, time.Hour) }), RemoveMember, "4", "removing it first"},
 		{"alarms stop membership changes",
-			edit(cluster(5, 3), func(s *State) { s.Members[1].Alarms = []string{"NOSPACE"} }), Degraded, "", "NOSPACE"},
+			edit(cluster(5, 3), func(s *State) { s.Members[1].Alarms = []string{"CORRUPT"} }), Degraded, "", "CORRUPT"},
+		{"NOSPACE starts its recovery instead of growth",
+			edit(cluster(5, 3), func(s *State) { s.Members[1].Alarms = []string{"NOSPACE"} }), Compact, "", "member m-02 has alarms [NOSPACE]: compacting"},
 		{"rollout creates the replacement first (maxSurge 1)",
 			edit(cluster(3, 3, abc...), func(s *State) { s.Machines[1].UpToDate = false }), CreateMachine, "fd-b", "rolling out: replacing outdated machine m-02"},
 		{"scale down removes the leader only after moving leadership",
@@ -185,8 +181,24 @@ func TestPlanDecisions(t *testing.T) {
 				s.Members[0].Leader, s.Members[2].Leader = false, true
 				s.Machines[3].UpToDate, s.Machines[3].ComponentsHealthy = false, false
 			}), DeleteMachine, "m-04", "outdated with unhealthy components"},
-	}
-	for _, tt := range tests {
+	})
+}
+
+// planCase is one row of a planner table: Plan(state) must take kind on
+// target (a machine, a member ID in hex for member steps, or a failure
+// domain for CreateMachine) with a reason containing reason, and the
+// decision must keep every invariant.
+type planCase struct {
+	name   string
+	state  State
+	kind   Kind
+	target string
+	reason string
+}
+
+func runPlanCases(t *testing.T, cases []planCase) {
+	t.Helper()
+	for _, tt := range cases {
 		t.Run(tt.name, func(t *testing.T) {
 			d := Plan(tt.state)
 			if d.Kind != tt.kind || !strings.Contains(d.Reason, tt.reason) || !targets(d, tt.target) {

@@ -60,7 +60,9 @@ func TestMaxSurgeZeroKeepsTheVoterFloor(t *testing.T) {
 	t.Run("an alarm does not let a healthy voter below the floor", func(t *testing.T) {
 		s := atFloor(3)
 		s.Members[0].Alarms = []string{"NOSPACE"}
-		expectDecision(t, s, Degraded, "", "member m-01 has alarms [NOSPACE]")
+		expectDecision(t, s, Compact, "", "member m-01 has alarms [NOSPACE]") // the recovery, not a removal
+		s.Members[0].Alarms = []string{"CORRUPT"}
+		expectDecision(t, s, Degraded, "", "member m-01 has alarms [CORRUPT]")
 	})
 }
 
@@ -139,13 +141,18 @@ func TestDepartedAlarms(t *testing.T) {
 		}
 	})
 	t.Run("not while a member's size is unknown or over the quota", func(t *testing.T) {
-		s := edit(healthy, func(s *State) {
+		// Compacted and defragmented already: only the disarm is left.
+		recovered := edit(healthy, func(s *State) {
 			s.DepartedAlarms = []Alarm{{MemberID: 0x99, Type: "NOSPACE"}}
-			s.Members[2].DBSize = 0
+			s.CompactedRevision, s.CompactedAt = 3000, s.Now.Add(-time.Hour)
+			for i := range s.Machines {
+				s.Machines[i].DefragmentedAt = s.Now.Add(-time.Minute)
+			}
 		})
-		expectDecision(t, s, Degraded, "", "member 99, since removed, raised NOSPACE")
-		s = edit(healthy, func(s *State) { s.DepartedAlarms = []Alarm{{MemberID: 0x99, Type: "NOSPACE"}}; s.QuotaBackendBytes = 0 })
-		expectDecision(t, s, Degraded, "", "raised NOSPACE")
+		s := edit(recovered, func(s *State) { s.Members[2].DBSize = 0 })
+		expectDecision(t, s, Wait, "", "member 99, since removed, raised NOSPACE, which etcd keeps until it is disarmed; waiting to read the database size and quota of member m-03")
+		s = edit(recovered, func(s *State) { s.QuotaBackendBytes = 0 })
+		expectDecision(t, s, Wait, "", "waiting to read the database size and quota of member m-01")
 	})
 	t.Run("a departed CORRUPT is never disarmed and stops growth", func(t *testing.T) {
 		s := edit(cluster(5, 3), func(s *State) { s.DepartedAlarms = []Alarm{{MemberID: 0x99, Type: "CORRUPT"}} })

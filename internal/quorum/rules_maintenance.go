@@ -25,14 +25,26 @@ func (p planner) defragment() (Decision, bool) {
 	if len(due) == 0 {
 		return Decision{}, false
 	}
+	m := followersFirst(due)
+	if d, ok := p.waitToDisrupt("defragmenting member "+p.memberName(m), 1); ok && !p.opts.defragFirst {
+		return d, true
+	}
+	return p.defragmentMember(m, fmt.Sprintf("%d%% of its %d MiB database is free pages (threshold %d%%)",
+		fragmentation(m), m.DBSize>>20, p.tun.DefragThresholdPercent))
+}
+
+// followersFirst returns the member of due to defragment first: a
+// follower before the leader, the most fragmented first.
+func followersFirst(due []Member) Member {
 	slices.SortStableFunc(due, func(a, b Member) int {
 		return cmp.Or(cmp.Compare(boolInt(a.Leader), boolInt(b.Leader)), -cmp.Compare(fragmentation(a), fragmentation(b)))
 	})
-	m := due[0]
-	if d, ok := p.waitToDisrupt("defragmenting member " + p.memberName(m)); ok && !p.opts.defragFirst {
-		return d, true
-	}
-	if m.Leader && !p.opts.defragLeader {
+	return due[0]
+}
+
+// defragmentMember defragments m, or first moves leadership off it.
+func (p planner) defragmentMember(m Member, why string) (Decision, bool) {
+	if m.Leader && len(p.voters()) > 1 && !p.opts.defragLeader {
 		d, _ := p.moveLeaderAway(m)
 		if d.Kind == MoveLeader {
 			d.Reason = fmt.Sprintf("moving etcd leadership from %s to %s before defragmenting %s, the last member due", p.memberName(m), d.Machine, p.memberName(m))
@@ -41,8 +53,95 @@ func (p planner) defragment() (Decision, bool) {
 	}
 	mc, _ := p.machineOf(m)
 	return Decision{Kind: Defragment, MemberID: m.ID, Machine: mc.Name,
-		Reason: fmt.Sprintf("defragmenting member %s: %d%% of its %d MiB database is free pages (threshold %d%%)",
-			p.memberName(m), fragmentation(m), m.DBSize>>20, p.tun.DefragThresholdPercent)}, true
+		Reason: fmt.Sprintf("defragmenting member %s: %s", p.memberName(m), why)}, true
+}
+
+// recoverFromNoSpace brings a cluster whose only alarms are NOSPACE back
+// to writable: compact the history (once per recovery), defragment every
+// member once after the compaction, one at a time, then disarm the
+// alarms once every member's database is below its quota. If one is
+// still over it after all that, the live data does not fit: it says so,
+// naming the setting to raise, and takes no second pass. what names the
+// alarm, for messages.
+func (p planner) recoverFromNoSpace(what string) (Decision, bool) {
+	leader, ok := p.leader()
+	if !ok {
+		return waitf("%s; waiting for etcd to elect a leader before recovering from it", what), true
+	}
+	if target := leader.Revision - p.tun.CompactionRetention; target > p.CompactedRevision || (p.opts.compactAgain && target > 0) {
+		return Decision{Kind: Compact, Revision: target,
+			Reason: fmt.Sprintf("%s: compacting etcd's history to revision %d (the current %d, less a retention of %d revisions), so that defragmentation can give the space back",
+				what, target, leader.Revision, p.tun.CompactionRetention)}, true
+	}
+	due := filter(p.voters(), func(m Member) bool {
+		mc, ok := p.machineOf(m)
+		return ok && m.Started() && lastDefrag(mc).Before(p.CompactedAt)
+	})
+	if len(due) > 0 {
+		if l := p.learners(); len(l) > 0 {
+			// A join cannot finish under the alarm (no promotion), and
+			// defragmentation waits for no learner: the join goes, and
+			// its machine is replaced once etcd takes writes again.
+			return p.removeMember(l[0], fmt.Sprintf("%s: removing learner %s, whose join cannot finish under the alarm, before defragmenting; its machine is replaced after the recovery",
+				what, p.memberName(l[0]))), true
+		}
+		m := followersFirst(due)
+		// The cluster refuses writes already: one or two voters may
+		// recover too, every one of them healthy.
+		if d, ok := p.waitToDisrupt("defragmenting member "+p.memberName(m)+" to recover from NOSPACE", 0); ok {
+			return d, true
+		}
+		return p.defragmentMember(m, fmt.Sprintf("%s; its %d MiB database holds %d MiB of data after the compaction to revision %d",
+			what, m.DBSize>>20, m.DBSizeInUse>>20, p.CompactedRevision))
+	}
+	if over := p.overQuota(); len(over) > 0 {
+		m := over[0]
+		if m.DBSize <= 0 || p.quotaOf(m) <= 0 {
+			return waitf("%s; waiting to read the database size and quota of member %s before disarming it", what, p.memberName(m)), true
+		}
+		return degradedf("%s, and member %s's database is %d MiB after compaction and defragmentation, not below its quota of %d MiB: the data itself does not fit; raise etcd's quota (quota-backend-bytes in extraArgs), or delete data",
+			what, p.memberName(m), m.DBSize>>20, p.quotaOf(m)>>20), true
+	}
+	for _, m := range p.members {
+		if slices.Contains(m.Alarms, "NOSPACE") {
+			return Decision{Kind: DisarmAlarm, MemberID: m.ID, Alarm: "NOSPACE", Machine: p.memberName(m),
+				Reason: fmt.Sprintf("disarming NOSPACE raised by member %s: after compaction and defragmentation every member's database is below its quota", p.memberName(m))}, true
+		}
+	}
+	return Decision{}, false // departed alarms only: disarmDepartedNoSpace decides
+}
+
+// noSpaceOnly reports whether NOSPACE is the only alarm raised, by listed
+// members or departed ones.
+func (p planner) noSpaceOnly() bool {
+	for _, m := range p.members {
+		for _, a := range m.Alarms {
+			if a != "NOSPACE" {
+				return false
+			}
+		}
+	}
+	for _, a := range p.DepartedAlarms {
+		if a.Type != "NOSPACE" {
+			return false
+		}
+	}
+	return true
+}
+
+// overQuota returns the members whose database is not known to be below
+// their quota.
+func (p planner) overQuota() []Member {
+	return filter(p.members, func(m Member) bool { return m.DBSize <= 0 || p.quotaOf(m) <= 0 || m.DBSize >= p.quotaOf(m) })
+}
+
+// quotaOf is the backend quota member m runs with: the one it reports
+// (etcd 3.6), else the configured one.
+func (p planner) quotaOf(m Member) int64 {
+	if m.DBSizeQuota > 0 {
+		return m.DBSizeQuota
+	}
+	return p.QuotaBackendBytes
 }
 
 // dueForDefrag reports whether voter m's database is worth defragmenting:
@@ -60,10 +159,11 @@ func (p planner) dueForDefrag(m Member) bool {
 	return last.IsZero() || p.Now.Sub(last) >= p.tun.DefragMinInterval
 }
 
-// waitToDisrupt is the preflight of a disruption (what): the cluster must
-// be able to lose the member disrupted, so at least three voters, all
-// healthy, no learner joining, and no other member disrupted.
-func (p planner) waitToDisrupt(what string) (Decision, bool) {
+// waitToDisrupt is the preflight of a disruption (what): every voter
+// healthy, no learner joining, no other member disrupted, and etcd
+// tolerating at least minTolerance failures (1: it can lose the member
+// disrupted).
+func (p planner) waitToDisrupt(what string, minTolerance int) (Decision, bool) {
 	if d, ok := p.waitForDisrupted(what); ok {
 		return d, true
 	}
@@ -73,7 +173,7 @@ func (p planner) waitToDisrupt(what string) (Decision, bool) {
 	if d, ok := p.waitForVoters(what, false); ok {
 		return d, true
 	}
-	if n := len(p.voters()); tolerance(n) < 1 {
+	if n := len(p.voters()); tolerance(n) < minTolerance {
 		return waitf("not %s: with %d voter%s etcd cannot lose one while it defragments", what, n, why(n == 1, "", "s")), true
 	}
 	return Decision{}, false

@@ -28,13 +28,7 @@ func TestDefragment(t *testing.T) {
 			fragmented(s, i, gib, 60)
 		}
 	}
-	tests := []struct {
-		name   string
-		state  State
-		kind   Kind
-		target string
-		reason string
-	}{
+	runPlanCases(t, []planCase{
 		{"a fragmented follower is defragmented, the most fragmented first",
 			edit(cluster(3, 3), func(s *State) { allFragmented(s); fragmented(s, 2, gib, 80) }),
 			Defragment, "3", "80% of its 1024 MiB database is free pages (threshold 45%)"},
@@ -111,18 +105,7 @@ func TestDefragment(t *testing.T) {
 		{"membership work comes first: a rollout before defragmentation",
 			edit(cluster(3, 3), func(s *State) { allFragmented(s); s.Machines[1].UpToDate = false }),
 			CreateMachine, "", "rolling out"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			d := Plan(tt.state)
-			if d.Kind != tt.kind || !strings.Contains(d.Reason, tt.reason) || !targets(d, tt.target) {
-				t.Fatalf("Plan(%s)\n = %s\nwant %s on %q with reason containing %q", tt.state.describe(), d, tt.kind, tt.target, tt.reason)
-			}
-			if err := checkAlone(tt.state, d); err != nil {
-				t.Fatalf("decision breaks an invariant: %v", err)
-			}
-		})
-	}
+	})
 }
 
 // TestCheckOneDisruption shows that Check refuses a second disruption: a
@@ -155,4 +138,96 @@ func TestCheckOneDisruption(t *testing.T) {
 	if err := checkAlone(cluster(3, 3), Decision{Kind: Defragment, MemberID: 2, Machine: "m-02"}); err != nil {
 		t.Fatalf("a follower's defragmentation in a healthy cluster of three: %v", err)
 	}
+}
+
+// noSpace raises NOSPACE on every member of s, over the quota.
+func noSpace(s *State) {
+	for i := range s.Members {
+		s.Members[i].Alarms = []string{"NOSPACE"}
+		s.Members[i].DBSize, s.Members[i].DBSizeInUse = 2<<30+1, 200<<20
+	}
+}
+
+// compacted records a compaction an hour ago to revision 3000.
+func compacted(s *State) { s.CompactedRevision, s.CompactedAt = 3000, s.Now.Add(-time.Hour) }
+
+// defraggedSinceCompaction records member i's machine defragmented after
+// the compaction, its database then below the quota.
+func defraggedSinceCompaction(s *State, i int) {
+	s.Machines[i].DefragmentedAt = s.CompactedAt.Add(time.Minute)
+	s.Members[i].DBSize = 300 << 20
+}
+
+// TestNoSpaceRecovery is issue 36's NOSPACE table: compact once, defragment
+// every member once after it, followers first, then disarm, or say that
+// the data does not fit; and no removal for a mark the alarm brought.
+func TestNoSpaceRecovery(t *testing.T) {
+	runPlanCases(t, []planCase{
+		{"first it compacts, keeping the retention",
+			edit(cluster(3, 3), noSpace), Compact, "", "compacting etcd's history to revision 3000 (the current 4000, less a retention of 1000 revisions)"},
+		{"the retention is tunable",
+			edit(cluster(3, 3), func(s *State) { noSpace(s); s.Tunables.CompactionRetention = 10 }), Compact, "", "to revision 3990"},
+		{"then it defragments a follower",
+			edit(cluster(3, 3), func(s *State) { noSpace(s); compacted(s) }), Defragment, "2", "its 2048 MiB database holds 200 MiB of data after the compaction to revision 3000"},
+		{"the next follower",
+			edit(cluster(3, 3), func(s *State) { noSpace(s); compacted(s); defraggedSinceCompaction(s, 1) }), Defragment, "3", "after the compaction"},
+		{"the leader after a transfer",
+			edit(cluster(3, 3), func(s *State) {
+				noSpace(s)
+				compacted(s)
+				defraggedSinceCompaction(s, 1)
+				defraggedSinceCompaction(s, 2)
+			}), MoveLeader, "2", "before defragmenting m-01"},
+		{"a defragmentation before the compaction counts for nothing",
+			edit(cluster(3, 3), func(s *State) {
+				noSpace(s)
+				compacted(s)
+				s.Machines[1].DefragmentedAt = s.CompactedAt.Add(-time.Minute)
+			}), Defragment, "2", "after the compaction"},
+		{"then it disarms, once every member is below the quota",
+			edit(cluster(3, 3), func(s *State) {
+				noSpace(s)
+				compacted(s)
+				for i := range s.Members {
+					defraggedSinceCompaction(s, i)
+				}
+			}), DisarmAlarm, "m-01", "disarming NOSPACE raised by member m-01"},
+		{"a member's own quota counts (etcd 3.6)",
+			edit(cluster(3, 3), func(s *State) {
+				noSpace(s)
+				compacted(s)
+				for i := range s.Members {
+					defraggedSinceCompaction(s, i)
+				}
+				s.Members[2].DBSizeQuota = 256 << 20
+			}), Degraded, "", "member m-03's database is 300 MiB after compaction and defragmentation, not below its quota of 256 MiB"},
+		{"data over the quota: it says which setting to raise, and takes no second pass",
+			edit(cluster(3, 3), func(s *State) {
+				noSpace(s)
+				compacted(s)
+				s.Members[0].Revision, s.Members[1].Revision, s.Members[2].Revision = 3500, 3500, 3500
+				for i := range s.Machines {
+					s.Machines[i].DefragmentedAt = s.CompactedAt.Add(time.Minute)
+				}
+			}), Degraded, "", "raise etcd's quota (quota-backend-bytes in extraArgs)"},
+		{"a single voter defragments itself: the cluster refuses writes already",
+			edit(cluster(1, 1), func(s *State) { noSpace(s); compacted(s) }), Defragment, "1", "after the compaction"},
+		{"not while a voter is down",
+			edit(cluster(3, 3), func(s *State) { noSpace(s); compacted(s); down(s, 2, time.Minute) }), Wait, "", "waiting for member m-03 to become healthy"},
+		{"a learner whose join cannot finish goes first",
+			withLearner(edit(cluster(5, 3), func(s *State) { noSpace(s); compacted(s) }), 5000, true), RemoveMember, "9", "removing learner m-09"},
+		{"a health check's mark on a healthy member removes nothing",
+			edit(cluster(3, 3), func(s *State) {
+				noSpace(s)
+				for i := range s.Machines {
+					s.Machines[i].Remediate, s.Machines[i].NodeReady = true, false
+				}
+			}), Compact, "", "compacting"},
+		{"nor does a marked member down for less than the timeout",
+			edit(cluster(3, 3), func(s *State) { noSpace(s); s.Machines[2].Remediate = true; down(s, 2, time.Minute) }), Compact, "", "compacting"},
+		{"a member down past the timeout is still removed",
+			edit(cluster(3, 3), func(s *State) { noSpace(s); down(s, 2, time.Hour) }), RemoveMember, "3", "has alarms [NOSPACE]"},
+		{"with CORRUPT raised too, a human decides",
+			edit(cluster(3, 3), func(s *State) { noSpace(s); s.Members[2].Alarms = []string{"NOSPACE", "CORRUPT"} }), Degraded, "", "has alarms [NOSPACE]"},
+	})
 }

@@ -92,6 +92,17 @@
 //     leader's leadership is moved away first. A defragmentation, like a
 //     membership change, disrupts one member: while one is in flight no
 //     membership changes and no voter is remediated for not answering.
+//   - NOSPACE. With only NOSPACE alarms raised, QCP recovers by itself:
+//     Compact to the leader's revision minus CompactionRetention (once
+//     per recovery: only past CompactedRevision), Defragment every member
+//     not defragmented since the compaction, one at a time as above but
+//     also in a cluster of one or two voters (it refuses writes already),
+//     then DisarmAlarm once every member's database is below its quota.
+//     If one is still over it, the live data does not fit: Degraded,
+//     naming the quota setting. While NOSPACE is raised, a health check's
+//     mark or a member past UnhealthyTimeout removes no member: Nodes go
+//     NotReady because the API servers cannot renew leases, not because
+//     machines broke.
 //   - Failure domains. A new machine goes to the domain with the fewest
 //     machines that will remain (every kept machine except the one a
 //     rollout replaces), ties broken alphabetically; scale-down takes the
@@ -214,6 +225,12 @@ type State struct {
 	// the caller configured it; 0 when unknown. A departed member's NOSPACE
 	// is disarmed only once every member's DBSize is known to be below it.
 	QuotaBackendBytes int64
+	// CompactedRevision is the revision QCP last compacted etcd to
+	// (Compact), and CompactedAt when; the caller records both, and 0 and
+	// zero mean never. A NOSPACE recovery compacts only past it, and
+	// defragments each member once after it: it never loops.
+	CompactedRevision int64
+	CompactedAt       time.Time
 	// Now is the caller's clock; the planner never reads the system clock.
 	Now time.Time
 	// Tunables are the configurable thresholds; zero values get defaults.
@@ -252,6 +269,9 @@ type Tunables struct {
 	// DefragMinInterval is the least time between two defragmentations of
 	// the same member. Default 1 hour.
 	DefragMinInterval time.Duration
+	// CompactionRetention is how many revisions of history a NOSPACE
+	// recovery keeps when it compacts etcd. Default 1000.
+	CompactionRetention int64
 	// DefragTimeout is how long after a defragmentation started a member
 	// that does not answer counts as busy defragmenting, a disruption in
 	// flight, rather than unhealthy. Default 10 minutes.

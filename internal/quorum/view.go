@@ -18,6 +18,7 @@ const (
 	DefaultDefragMinDBSize        = 100 << 20
 	DefaultDefragMinInterval      = time.Hour
 	DefaultDefragTimeout          = 10 * time.Minute
+	DefaultCompactionRetention    = 1000
 )
 
 // view is a sorted, indexed copy of a State, so that rules can ask questions
@@ -89,6 +90,9 @@ func (t Tunables) WithDefaults() Tunables {
 	}
 	if t.DefragTimeout <= 0 {
 		t.DefragTimeout = DefaultDefragTimeout
+	}
+	if t.CompactionRetention <= 0 {
+		t.CompactionRetention = DefaultCompactionRetention
 	}
 	return t
 }
@@ -460,4 +464,15 @@ func Rebalancing(s State) string {
 		}
 	}
 	return ""
+}
+
+// noSpaceRaised reports whether a NOSPACE alarm is raised, by a listed
+// member or a departed one.
+func (v view) noSpaceRaised() bool {
+	for _, m := range v.members {
+		if slices.Contains(m.Alarms, "NOSPACE") {
+			return true
+		}
+	}
+	return slices.ContainsFunc(v.DepartedAlarms, func(a Alarm) bool { return a.Type == "NOSPACE" })
 }

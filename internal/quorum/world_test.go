@@ -26,6 +26,10 @@ type world struct {
 	// departed are the alarms of removed members, which etcd keeps until
 	// they are disarmed (State.DepartedAlarms).
 	departed []Alarm
+	// compacted is set once QCP compacted etcd, in epoch compactAt
+	// (State.CompactedRevision and CompactedAt).
+	compacted bool
+	compactAt int
 }
 
 // The backend quota of the world's etcd, and the database sizes its
@@ -36,6 +40,9 @@ const (
 	// worldDefragInterval is shorter than an epoch, so that a member
 	// defragmented in an earlier epoch may be again.
 	worldDefragInterval = 5 * time.Minute
+	// worldRevision is every member's revision: worldRevision − the
+	// default retention is what QCP compacts to.
+	worldRevision = 4000
 )
 
 type wMachine struct {
@@ -81,6 +88,10 @@ type wMember struct {
 	// fragmented: most of its database is free pages; defragmenting: it
 	// is busy defragmenting, and answers nothing until it is done.
 	fragmented, defragmenting bool
+	// overQuota: its database is over the quota, until a defragmentation
+	// after a compaction; liveOverQuota: its data itself is, and nothing
+	// but a bigger quota helps.
+	overQuota, liveOverQuota bool
 }
 
 var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -122,6 +133,9 @@ func (w world) state() State {
 	at := func(epoch int) time.Time { return t0.Add(time.Duration(epoch) * epochLen) }
 	s := State{Desired: w.desired, Topology: Stacked, Strategy: w.strategy, FailureDomains: w.domains, Now: now, Bootstrapped: w.bootstrapped,
 		DepartedAlarms: slices.Clone(w.departed), QuotaBackendBytes: worldQuota, Tunables: Tunables{DefragMinInterval: worldDefragInterval}}
+	if w.compacted {
+		s.CompactedRevision, s.CompactedAt = worldRevision-DefaultCompactionRetention, at(w.compactAt)
+	}
 	for _, m := range w.machines {
 		mc := Machine{
 			Name: machineName(m.id), FailureDomain: m.fd, UpToDate: m.upToDate,
@@ -134,17 +148,18 @@ func (w world) state() State {
 			mc.PeerURL = peerURL(m.id)
 			mc.InfraReadyAt = at(m.readyAt).Add(time.Duration(m.id) * time.Second)
 		}
+		// A minute into the epoch: after a compaction in the same epoch.
 		switch {
 		case m.defragOpen:
-			mc.DefragStartedAt = at(m.defragAt)
+			mc.DefragStartedAt = at(m.defragAt).Add(time.Minute)
 		case m.defragged:
-			mc.DefragmentedAt = at(m.defragAt)
+			mc.DefragmentedAt = at(m.defragAt).Add(time.Minute)
 		}
 		s.Machines = append(s.Machines, mc)
 	}
 	for _, m := range w.members {
 		mm := Member{ID: m.id, PeerURL: peerURL(m.host), Learner: m.learner, Healthy: m.healthy,
-			Leader: m.leader, AppliedIndex: 5000, Revision: 4000, DBSize: worldDBSize, DBSizeInUse: worldDBSize * 9 / 10, CatchUpProgressAt: now}
+			Leader: m.leader, AppliedIndex: 5000, Revision: worldRevision, DBSize: worldDBSize, DBSizeInUse: worldDBSize * 9 / 10, CatchUpProgressAt: now}
 		if m.fragmented {
 			mm.DBSizeInUse = worldDBSize / 4
 		}
@@ -157,7 +172,7 @@ func (w world) state() State {
 				mm.CatchUpProgressAt = at(m.since) // no closer since it was added
 			}
 		}
-		if m.alarm == "NOSPACE" {
+		if m.overQuota || m.liveOverQuota {
 			mm.DBSize = worldQuota + 1
 		}
 		if m.learner {
@@ -231,6 +246,11 @@ func (w world) apply(d Decision) world {
 		w.elect()
 	case DisarmAlarm:
 		w.departed = slices.DeleteFunc(w.departed, func(a Alarm) bool { return a.MemberID == d.MemberID && a.Type == d.Alarm })
+		if m := w.member(d.MemberID); m != nil && m.alarm == d.Alarm {
+			m.alarm = ""
+		}
+	case Compact:
+		w.compacted, w.compactAt = true, w.epoch
 	case AddHook:
 		w.machine(d.Machine).hook = true
 	case RemoveHook:
@@ -414,6 +434,7 @@ func (w world) key() string {
 	b = strconv.AppendInt(b, int64(w.desired), 10)
 	b = append(b, w.strategy...)
 	b = strconv.AppendBool(b, w.bootstrapped)
+	b = strconv.AppendBool(b, w.compacted)
 	b = append(b, strings.Join(w.domains, ",")...)
 	b = append(b, '|')
 	for _, mc := range w.machines {
@@ -428,7 +449,8 @@ func (w world) key() string {
 		b = strconv.AppendInt(b, int64(min(w.epoch-mc.born, 3)), 10)
 		b = append(b, ',')
 		b = append(b, bits(w.epoch > mc.readyAt, mc.addr, mc.upToDate, mc.deleting, mc.annotated, mc.hook, mc.failed, mc.broken,
-			mc.noInfra, mc.slow, mc.remediate, mc.joinStarted, mc.memberID != 0, mc.stalled, mc.defragOpen, mc.defragged && mc.defragAt == w.epoch)...)
+			mc.noInfra, mc.slow, mc.remediate, mc.joinStarted, mc.memberID != 0, mc.stalled, mc.defragOpen, mc.defragged && mc.defragAt == w.epoch,
+			mc.defragged && w.compacted && mc.defragAt >= w.compactAt)...)
 		b = append(b, ',')
 		b = strconv.AppendInt(b, int64(mid), 10)
 		b = append(b, ';')
@@ -441,7 +463,7 @@ func (w world) key() string {
 		}
 		b = strconv.AppendInt(b, int64(host), 10)
 		b = append(b, ',')
-		b = append(b, bits(m.learner, m.started, m.healthy, m.caughtUp, m.leader, w.epoch > m.since, m.fragmented, m.defragmenting)...)
+		b = append(b, bits(m.learner, m.started, m.healthy, m.caughtUp, m.leader, w.epoch > m.since, m.fragmented, m.defragmenting, m.overQuota, m.liveOverQuota)...)
 		b = append(b, m.alarm...)
 		b = append(b, ';')
 	}
@@ -457,6 +479,6 @@ func (w world) key() string {
 // compact.
 func (m *wMember) finishDefrag() {
 	if m.defragmenting {
-		m.defragmenting, m.fragmented, m.healthy, m.caughtUp = false, false, true, true
+		m.defragmenting, m.fragmented, m.overQuota, m.healthy, m.caughtUp = false, false, false, true, true
 	}
 }
