@@ -111,6 +111,12 @@ func IsMemberNotFound(err error) bool {
 	return err != nil && errorDesc(err) == errorDesc(rpctypes.ErrGRPCMemberNotFound)
 }
 
+// IsCompacted reports whether a compaction was refused because the
+// revision is compacted already: the work is done.
+func IsCompacted(err error) bool {
+	return err != nil && errorDesc(err) == errorDesc(rpctypes.ErrGRPCCompacted)
+}
+
 // IsPeerURLExists reports whether an add was refused because a member with
 // that peer URL is already in the cluster.
 func IsPeerURLExists(err error) bool {

@@ -203,6 +203,23 @@ func (c *Client) Defragment(ctx context.Context, id uint64) error {
 	return nil
 }
 
+// Compact compacts the key-value history up to rev, and waits until the
+// members have freed its space in their database files (physical), so that
+// a defragmentation afterwards gives it back. A revision compacted already
+// is success.
+func (c *Client) Compact(ctx context.Context, rev int64) error {
+	cctx, cancel := context.WithTimeout(ctx, DefragmentTimeout)
+	defer cancel()
+	err := c.onVoter(func(cli *clientv3.Client) error {
+		_, err := cli.Compact(cctx, rev, clientv3.WithCompactPhysical())
+		return err
+	})
+	if err != nil && !IsCompacted(err) {
+		return fmt.Errorf("compacting etcd to revision %d: %w", rev, err)
+	}
+	return nil
+}
+
 // MemberStatus is what one member reports about itself.
 type MemberStatus struct {
 	ID       uint64

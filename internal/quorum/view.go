@@ -466,8 +466,10 @@ func Rebalancing(s State) string {
 	return ""
 }
 
-// noSpaceRaised reports whether a NOSPACE alarm is raised, by a listed
-// member or a departed one.
+// NoSpaceRaised reports whether a NOSPACE alarm is raised in s, by a
+// listed member or a departed one.
+func NoSpaceRaised(s State) bool { return newView(s).noSpaceRaised() }
+
 func (v view) noSpaceRaised() bool {
 	for _, m := range v.members {
 		if slices.Contains(m.Alarms, "NOSPACE") {

@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -322,4 +323,98 @@ func lastOperation(cp *controlplanev1.QuorumControlPlane) string {
 		return "unknown"
 	}
 	return fmt.Sprintf("%s: %s", cp.Status.LastOperation.Kind, cp.Status.LastOperation.Reason)
+}
+
+// The NOSPACE scenario's quota, and what fills it: a bounded set of keys
+// overwritten with big values, so that the live data (16 × 256 KiB) stays
+// far under the quota while the history fills it.
+const (
+	noSpaceQuota     = 32 << 20
+	noSpaceKeys      = 16
+	noSpaceValueSize = 256 << 10
+	noSpaceRetention = 20
+)
+
+// TestNoSpaceRecovery is issue 36's NOSPACE scenario: with a 32 MiB quota,
+// a writer overwriting a bounded set of keys fills the database with
+// history until etcd raises NOSPACE and refuses every write. QCP brings it
+// back to writable by itself: the alarm disarmed, every member's database
+// below the quota, writes succeeding again, no member removed, and the
+// scenario's writer losing no acknowledged write.
+func TestNoSpaceRecovery(t *testing.T) {
+	mgmt := requireShared(t)
+	parallel(t, 2*time.Minute+30*time.Second)
+	s := newScenario(t, mgmt, "nospace", 3, func(cp *controlplanev1.QuorumControlPlane) {
+		cp.Spec.Etcd.Stacked.ExtraArgs = append(cp.Spec.Etcd.Stacked.ExtraArgs,
+			controlplanev1.Arg{Name: "quota-backend-bytes", Value: fmt.Sprint(noSpaceQuota)})
+		cp.Spec.Etcd.Stacked.Maintenance = controlplanev1.EtcdMaintenance{CompactionRetentionRevisions: ptr.To[int64](noSpaceRetention)}
+	})
+	s.waitAvailable(convergeTimeout, 3)
+	s.startTraffic(3)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	cli, _, err := s.etcdClient(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cli.Close()
+	before, err := cli.Members(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	raw, value := cli.Raw(), strings.Repeat("n", noSpaceValueSize)
+	put := func(ctx context.Context, i int) error {
+		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		_, err := raw.Put(pctx, fmt.Sprintf("/qcp-e2e/nospace/%02d", i%noSpaceKeys), value)
+		return err
+	}
+	// Each overwrite adds 256 KiB of history: the quota is reached within
+	// a few hundred writes.
+	var alarmAt time.Time
+	for i := 0; alarmAt.IsZero(); i++ {
+		switch err := put(ctx, i); {
+		case err != nil && strings.Contains(err.Error(), "database space exceeded"):
+			alarmAt = time.Now()
+		case i > 4*noSpaceQuota/noSpaceValueSize:
+			t.Fatalf("no NOSPACE after %d writes of %d KiB under a quota of %d MiB (last error %v)", i, noSpaceValueSize>>10, noSpaceQuota>>20, err)
+		}
+	}
+	t.Logf("etcd raised NOSPACE at %s", alarmAt.Format("15:04:05.000"))
+	s.eventually(5*time.Minute, "etcd taking writes again", func(ctx context.Context) error {
+		if err := put(ctx, 0); err != nil {
+			cp, _ := s.controlPlane(ctx)
+			return fmt.Errorf("%w; last operation %s", err, lastOperation(cp))
+		}
+		return nil
+	})
+	writable := time.Since(alarmAt)
+	t.Logf("writable again %s after the alarm", writable.Round(time.Millisecond))
+
+	alarms, err := raw.AlarmList(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(alarms.Alarms) > 0 {
+		t.Errorf("alarms still raised: %v", alarms.Alarms)
+	}
+	if err := eachMember(ctx, cli, func(st etcd.MemberStatus) error {
+		if st.DBSize >= noSpaceQuota {
+			return fmt.Errorf("member %x's database is %d MiB, not below the quota of %d MiB", st.ID, st.DBSize>>20, noSpaceQuota>>20)
+		}
+		return nil
+	}); err != nil {
+		t.Error(err)
+	}
+	after, err := cli.Members(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.EqualFunc(before, after, func(a, b etcd.Member) bool { return a.ID == b.ID }) {
+		t.Errorf("members %v before NOSPACE, %v after: a member was removed", before, after)
+	}
+	s.checkEvent(ctx, "Compact", "has alarms [NOSPACE]: compacting")
+	s.checkEvent(ctx, "DisarmAlarm", "disarming NOSPACE")
+	s.finish()
 }

@@ -189,11 +189,15 @@ const (
 	DefaultDefragThresholdPercent   int32 = 45
 	DefaultDefragMinSizeMiB         int32 = 100
 	DefaultDefragMinIntervalSeconds int32 = 3600
+	DefaultCompactionRetention      int64 = 1000
 )
 
 // EtcdMaintenance is QCP's upkeep of etcd's databases. Compaction frees
 // space inside a member's database file; only defragmentation gives it
 // back, and the member blocks its reads and writes while it defragments.
+// When a member raises NOSPACE, QCP compacts, defragments every member one
+// at a time and disarms the alarm by itself, whatever the defragmentation
+// policy.
 // +kubebuilder:validation:MinProperties=1
 type EtcdMaintenance struct {
 	// defragmentation is Automatic (the default) or Disabled.
@@ -220,6 +224,15 @@ type EtcdMaintenance struct {
 	// +kubebuilder:validation:Minimum=60
 	// +kubebuilder:validation:Maximum=2592000
 	DefragMinIntervalSeconds *int32 `json:"defragMinIntervalSeconds,omitempty"`
+	// compactionRetentionRevisions is how many revisions of history QCP
+	// keeps when it compacts etcd to recover from a NOSPACE alarm. Watchers
+	// further behind must list again. The API servers compact every 5
+	// minutes to the revision of 5 minutes before, never more recent than
+	// this; so whichever of the two ran last decides, and neither undoes
+	// the other. Defaults to 1000.
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	CompactionRetentionRevisions *int64 `json:"compactionRetentionRevisions,omitempty"`
 }
 
 // APIServerSpec configures kube-apiserver.

@@ -216,7 +216,8 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Clu
 		return ctrl.Result{}, err
 	}
 	// With nothing in flight, the next wake-up no watch brings is the
-	// kubeconfig's renewal, or a machine going out of date with time.
+	// kubeconfig's renewal, a machine going out of date with time, or the
+	// next look at etcd's alarms and databases.
 	wake := secrets.renewAt
 	if at := obs.rollout.next(obs.Machines); !at.IsZero() && at.Before(wake) {
 		wake = at
@@ -228,7 +229,6 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Clu
 		}
 	}
 	if obs.State.Topology != quorum.APIServersOnly {
-		// A database filling up or fragmenting shows in no watch.
 		if at := r.Now().Add(engine.MaintenancePoll); at.Before(wake) {
 			wake = at
 		}

@@ -167,10 +167,16 @@ func (o *observation) build(cp *controlplanev1.QuorumControlPlane, cluster *clus
 	if o.external != nil {
 		s.ExternalEtcdProblem = o.external.problem
 	}
+	engine.ReadCompaction(cp, &s)
+	noSpace := quorum.NoSpaceRaised(s)
 	o.remediationRefused, o.remediationNext = map[string]string{}, map[string]remediationData{}
 	for _, m := range o.Machines {
 		pm := plannerMachine(m, o.node(m), len(o.rollout.outdated(m)) == 0)
-		if pm.Remediate || o.unhealthyPastTimeout(m, now, tun) {
+		pastTimeout := o.unhealthyPastTimeout(m, now, tun)
+		if pm.Remediate && noSpace && !pastTimeout {
+			pm.Remediate, pm.HoldRemediation = false, true
+			o.remediationRefused[m.Name] = "held while etcd's NOSPACE alarm is raised: the API servers cannot renew leases, so Nodes go NotReady whatever their machines' health; QCP is recovering from the alarm, and remediates once it is disarmed"
+		} else if pm.Remediate || pastTimeout {
 			next, why, queued := o.remediation.verdict(m)
 			if why != "" {
 				pm.Remediate, pm.HoldRemediation, pm.RemediationQueued = false, true, queued

@@ -2,12 +2,17 @@ package engine
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
 
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 
 	"github.com/qcp-dev/qcp/internal/etcd"
 	"github.com/qcp-dev/qcp/internal/quorum"
@@ -25,8 +30,11 @@ var errNotHere = errors.New("not a step the executor takes")
 // resourceVersion the plan saw, so a machine that changed since (a user
 // started deleting it, say) refuses the step instead of taking it.
 type Executor struct {
-	Client     client.Client
-	Etcd       *etcd.Client
+	Client client.Client
+	Etcd   *etcd.Client
+	// Owner is the control plane or EtcdCluster the step is for; Compact
+	// records the compaction on it.
+	Owner      client.Object
 	Now        func() time.Time
 	Failpoints Failpoints
 }
@@ -76,6 +84,11 @@ func (x Executor) Execute(ctx context.Context, d quorum.Decision, machine *clust
 		return x.Etcd.DisarmAlarm(ctx, d.MemberID, d.Alarm)
 	case quorum.Defragment:
 		return x.defragment(ctx, d, machine)
+	case quorum.Compact:
+		if err := x.Etcd.Compact(ctx, d.Revision); err != nil {
+			return err
+		}
+		return x.recordOnOwner(ctx, CompactedAnnotation, FormatCompaction(d.Revision, x.Now()))
 	}
 	return fmt.Errorf("%s: %w", d.Kind, errNotHere)
 }
@@ -149,6 +162,30 @@ func (x Executor) recordOwn(ctx context.Context, machine *clusterv1.Machine, cha
 	if err := x.Client.Patch(ctx, machine, client.MergeFrom(before)); err != nil {
 		return fmt.Errorf("annotating machine %s: %w", machine.Name, err)
 	}
+	return nil
+}
+
+// recordOnOwner sets one record on the owner: written at once through its
+// metadata alone, so that the owner's status, which its controller is
+// changing in memory and patches at the end of the round, is left alone;
+// and set on the owner in memory too, so that the round's patch agrees.
+func (x Executor) recordOnOwner(ctx context.Context, key, value string) error {
+	gvk, err := apiutil.GVKForObject(x.Owner, x.Client.Scheme())
+	if err != nil {
+		return err
+	}
+	meta := &metav1.PartialObjectMetadata{}
+	meta.SetGroupVersionKind(gvk)
+	meta.SetNamespace(x.Owner.GetNamespace())
+	meta.SetName(x.Owner.GetName())
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{key: value}}})
+	if err != nil {
+		return err
+	}
+	if err := x.Client.Patch(ctx, meta, client.RawPatch(types.MergePatchType, patch)); err != nil {
+		return fmt.Errorf("annotating %s %s: %w", gvk.Kind, klog.KObj(x.Owner), err)
+	}
+	SetRecord(x.Owner, key, value)
 	return nil
 }
 

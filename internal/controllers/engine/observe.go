@@ -324,12 +324,13 @@ func ControlPlaneFailureDomains(cluster *clusterv1.Cluster) []string {
 	return fds
 }
 
-// MaintenanceTunables returns t with m's defragmentation policy, as the
-// planner reads it.
+// MaintenanceTunables returns t with m's defragmentation policy and
+// compaction retention, as the planner reads them.
 func MaintenanceTunables(t quorum.Tunables, m controlplanev1.EtcdMaintenance) quorum.Tunables {
 	t.DefragDisabled = m.Defragmentation == controlplanev1.DefragmentationDisabled
 	t.DefragThresholdPercent = int(ptr.Deref(m.DefragThresholdPercent, controlplanev1.DefaultDefragThresholdPercent))
 	t.DefragMinDBSize = int64(ptr.Deref(m.DefragMinSizeMiB, controlplanev1.DefaultDefragMinSizeMiB)) << 20
 	t.DefragMinInterval = time.Duration(ptr.Deref(m.DefragMinIntervalSeconds, controlplanev1.DefaultDefragMinIntervalSeconds)) * time.Second
+	t.CompactionRetention = ptr.Deref(m.CompactionRetentionRevisions, controlplanev1.DefaultCompactionRetention)
 	return t
 }

@@ -44,6 +44,27 @@ const (
 	DefragmentedAnnotation = "controlplane.cluster.x-k8s.io/qcp-etcd-defragmented"
 )
 
+// CompactedAnnotation is, on the owner (a QuorumControlPlane or an
+// EtcdCluster), the revision QCP last compacted etcd to and when, as
+// "<revision> <RFC 3339>": a NOSPACE recovery compacts only past it.
+const CompactedAnnotation = "controlplane.cluster.x-k8s.io/qcp-etcd-compacted"
+
+// ReadCompaction reads owner's CompactedAnnotation into s; a record that
+// does not parse counts as none.
+func ReadCompaction(owner client.Object, s *quorum.State) {
+	rev, at, ok := strings.Cut(owner.GetAnnotations()[CompactedAnnotation], " ")
+	r, err := strconv.ParseInt(rev, 10, 64)
+	if !ok || err != nil || ParseTime(at).IsZero() {
+		return
+	}
+	s.CompactedRevision, s.CompactedAt = r, ParseTime(at)
+}
+
+// FormatCompaction is CompactedAnnotation's value.
+func FormatCompaction(rev int64, at time.Time) string {
+	return strconv.FormatInt(rev, 10) + " " + FormatTime(at)
+}
+
 // EtcdRoleLabel is the role of the machine's etcd member (leader, voter or
 // learner), absent while it hosts none: `kubectl get machines -L` shows
 // at a glance what status.etcd.members says in full. It is kept for

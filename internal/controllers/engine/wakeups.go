@@ -45,9 +45,9 @@ const (
 	// flight for long: a member that stays down, a machine still booting.
 	SlowPoll = 2 * time.Second
 	// MaintenancePoll bounds the wait between looks at a steady cluster
-	// with etcd QCP runs: a database filling up or fragmenting shows in
-	// no watch, only in etcd's own status.
-	MaintenancePoll = time.Minute
+	// with etcd QCP runs: a NOSPACE alarm, or a database filling up or
+	// fragmenting, shows in no watch, only in etcd itself.
+	MaintenancePoll = 15 * time.Second
 )
 
 // Acted records that a round took a step on key, or must plan again at once.

@@ -73,6 +73,7 @@ func (o *observation) build(ec *etcdv1.EtcdCluster, cluster *clusterv1.Cluster, 
 		Now:               now,
 		Tunables:          tun,
 	}
+	engine.ReadCompaction(ec, &s)
 	for _, m := range o.Machines {
 		pm := engine.PlannerMachine(m, len(o.rollout.outdated(m)) == 0)
 		mb, ok := o.MemberOn(m)
