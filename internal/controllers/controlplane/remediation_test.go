@@ -195,3 +195,67 @@ func TestUnhealthyTimeoutObeysRemediationPolicy(t *testing.T) {
 		})
 	}
 }
+
+// TestNoSpaceHoldsMarks: under NOSPACE the API servers cannot renew
+// leases and Nodes go NotReady, so a health check's mark on a machine
+// whose member is healthy is held, and the Remediating condition says why;
+// a member down itself past the timeout is still judged by the policy, and
+// removed. The compaction record and the maintenance policy reach the
+// planner.
+func TestNoSpaceHoldsMarks(t *testing.T) {
+	now := t0.Add(time.Hour)
+	machine := func(name string, id uint64) *clusterv1.Machine {
+		m := observedMachine(name)
+		m.Annotations[engine.MemberIDAnnotation] = engine.FormatMemberID(id)
+		return m
+	}
+	marked := machine("m-2", 2)
+	conditions.Set(marked, metav1.Condition{Type: clusterv1.MachineOwnerRemediatedCondition, Status: metav1.ConditionFalse,
+		Reason: clusterv1.MachineOwnerRemediatedWaitingForRemediationReason})
+	conditions.Set(marked, metav1.Condition{Type: clusterv1.MachineHealthCheckSucceededCondition, Status: metav1.ConditionFalse,
+		Reason: clusterv1.MachineHealthCheckNodeDeletedReason})
+	for _, tc := range []struct {
+		name        string
+		downFor     time.Duration
+		wantRemoval bool
+	}{
+		{name: "every member healthy: the mark is held"},
+		{name: "a member down past the timeout is removed", downFor: 10 * time.Minute, wantRemoval: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cp := &controlplanev1.QuorumControlPlane{Spec: controlplanev1.QuorumControlPlaneSpec{Replicas: ptr.To[int32](3)}}
+			cp.Spec.Etcd.Stacked.Maintenance.CompactionRetentionRevisions = ptr.To[int64](20)
+			cp.Annotations = map[string]string{engine.CompactedAnnotation: engine.FormatCompaction(3000, now.Add(-time.Minute))}
+			members := []quorum.Member{
+				{ID: 1, Name: "m-1", Healthy: true, Leader: true},
+				{ID: 2, Name: "m-2", Healthy: true},
+				{ID: 3, Name: "m-3", Healthy: true},
+			}
+			if tc.downFor > 0 {
+				members[2].Healthy, members[2].UnhealthySince = false, now.Add(-tc.downFor)
+			}
+			for i := range members {
+				members[i].Alarms, members[i].Revision = []string{"NOSPACE"}, 3100
+			}
+			obs := &observation{
+				Observation: engine.Observation{Machines: []*clusterv1.Machine{machine("m-1", 1), marked, machine("m-3", 3)}, Members: members},
+				remediation: newRemediationPolicy(cp, now),
+			}
+			obs.build(cp, &clusterv1.Cluster{}, now, quorum.Tunables{})
+			if s := obs.State; s.CompactedRevision != 3000 || !s.CompactedAt.Equal(now.Add(-time.Minute)) || s.Tunables.CompactionRetention != 20 {
+				t.Errorf("the planner sees compaction %d at %s, retention %d; want 3000, a minute ago, 20", s.CompactedRevision, s.CompactedAt, s.Tunables.CompactionRetention)
+			}
+			if pm := obs.State.Machines[1]; pm.Remediate || !pm.HoldRemediation {
+				t.Errorf("marked m-2: remediate %v, held %v; want held", pm.Remediate, pm.HoldRemediation)
+			}
+			d := quorum.Plan(obs.State)
+			if removes := d.Kind == quorum.RemoveMember; removes != tc.wantRemoval || (removes && d.MemberID != 3) {
+				t.Errorf("plan %s; want a removal of m-3's member: %v", d, tc.wantRemoval)
+			}
+			setRemediating(cp, obs, d)
+			if msg := conditions.GetMessage(cp, controlplanev1.RemediatingCondition); !strings.Contains(msg, "* Machine m-2: held while etcd's NOSPACE alarm is raised") {
+				t.Errorf("Remediating says %q", msg)
+			}
+		})
+	}
+}
