@@ -41,7 +41,7 @@ const (
 // defragmentation done by hand on the leader.
 func TestDefragmentation(t *testing.T) {
 	mgmt := requireShared(t)
-	parallel(t, 3*time.Minute+30*time.Second)
+	parallel(t, time.Minute+40*time.Second)
 	s := newScenario(t, mgmt, "defrag", 3, func(cp *controlplanev1.QuorumControlPlane) {
 		cp.Spec.Etcd.Stacked.Maintenance = controlplanev1.EtcdMaintenance{
 			Defragmentation: controlplanev1.DefragmentationDisabled, DefragMinSizeMiB: ptr.To[int32](defragFloorMiB),
@@ -343,7 +343,7 @@ const (
 // scenario's writer losing no acknowledged write.
 func TestNoSpaceRecovery(t *testing.T) {
 	mgmt := requireShared(t)
-	parallel(t, 2*time.Minute+30*time.Second)
+	parallel(t, 55*time.Second)
 	s := newScenario(t, mgmt, "nospace", 3, func(cp *controlplanev1.QuorumControlPlane) {
 		cp.Spec.Etcd.Stacked.ExtraArgs = append(cp.Spec.Etcd.Stacked.ExtraArgs,
 			controlplanev1.Arg{Name: "quota-backend-bytes", Value: fmt.Sprint(noSpaceQuota)})
