@@ -55,6 +55,10 @@ const (
 	Degraded Kind = "Degraded"
 )
 
+// Kinds are every Kind a Decision may have.
+var Kinds = []Kind{CreateMachine, AddLearner, Promote, MoveLeader, RemoveMember, AddHook, RemoveHook, DeleteMachine,
+	DisarmAlarm, Compact, Defragment, Wait, Degraded}
+
 // Decision is exactly one next step. Only the fields its Kind names are set.
 type Decision struct {
 	// Kind is the step.

@@ -178,7 +178,7 @@ func TestExhaustive(t *testing.T) {
 			for _, err := range e.errs {
 				t.Error(err)
 			}
-			for _, k := range []Kind{CreateMachine, AddLearner, Promote, MoveLeader, RemoveMember, AddHook, RemoveHook, DeleteMachine, Defragment, Compact, DisarmAlarm, Wait, Degraded} {
+			for _, k := range Kinds {
 				if e.kinds[k] == 0 {
 					t.Errorf("the exploration never took a %s step", k)
 				}

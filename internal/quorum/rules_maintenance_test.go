@@ -158,6 +158,16 @@ func defraggedSinceCompaction(s *State, i int) {
 	s.Members[i].DBSize = 300 << 20
 }
 
+// recovered is s under NOSPACE, compacted and every member defragmented
+// since.
+func recovered(s *State) {
+	noSpace(s)
+	compacted(s)
+	for i := range s.Members {
+		defraggedSinceCompaction(s, i)
+	}
+}
+
 // TestNoSpaceRecovery is issue 36's NOSPACE table: compact once, defragment
 // every member once after it, followers first, then disarm, or say that
 // the data does not fit; and no removal for a mark the alarm brought.
@@ -185,22 +195,9 @@ func TestNoSpaceRecovery(t *testing.T) {
 				s.Machines[1].DefragmentedAt = s.CompactedAt.Add(-time.Minute)
 			}), Defragment, "2", "after the compaction"},
 		{"then it disarms, once every member is below the quota",
-			edit(cluster(3, 3), func(s *State) {
-				noSpace(s)
-				compacted(s)
-				for i := range s.Members {
-					defraggedSinceCompaction(s, i)
-				}
-			}), DisarmAlarm, "m-01", "disarming NOSPACE raised by member m-01"},
+			edit(cluster(3, 3), recovered), DisarmAlarm, "m-01", "disarming NOSPACE raised by member m-01"},
 		{"a member's own quota counts (etcd 3.6)",
-			edit(cluster(3, 3), func(s *State) {
-				noSpace(s)
-				compacted(s)
-				for i := range s.Members {
-					defraggedSinceCompaction(s, i)
-				}
-				s.Members[2].DBSizeQuota = 256 << 20
-			}), Degraded, "", "member m-03's database is 300 MiB after compaction and defragmentation, not below its quota of 256 MiB"},
+			edit(cluster(3, 3), func(s *State) { recovered(s); s.Members[2].DBSizeQuota = 256 << 20 }), Degraded, "", "member m-03's database is 300 MiB after compaction and defragmentation, not below its quota of 256 MiB"},
 		{"data over the quota: it says which setting to raise, and takes no second pass",
 			edit(cluster(3, 3), func(s *State) {
 				noSpace(s)

@@ -51,11 +51,7 @@ func TestDefragmentation(t *testing.T) {
 	cp := s.waitAvailable(convergeTimeout, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
-	cli, _, err := s.etcdClient(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
+	cli := s.workloadEtcd(ctx)
 	s.fragment(ctx, cli)
 
 	// One member down (its etcd process frozen; its Node stays Ready):
@@ -270,17 +266,19 @@ func fragmentation(st etcd.MemberStatus) int64 {
 // setDefragmentation sets the control plane's defragmentation policy.
 func (s *scenario) setDefragmentation(ctx context.Context, policy controlplanev1.DefragmentationPolicy) {
 	s.t.Helper()
-	if err := retry(ctx, func(ctx context.Context) error {
-		cp, err := s.controlPlane(ctx)
-		if err != nil {
-			return err
-		}
-		before := cp.DeepCopy()
-		cp.Spec.Etcd.Stacked.Maintenance.Defragmentation = policy
-		return s.c.Patch(ctx, cp, client.MergeFromWithOptions(before, client.MergeFromWithOptimisticLock{}))
-	}); err != nil {
+	s.patchControlPlane(ctx, func(cp *controlplanev1.QuorumControlPlane) { cp.Spec.Etcd.Stacked.Maintenance.Defragmentation = policy })
+}
+
+// workloadEtcd is a client of the workload etcd, closed when the scenario
+// ends.
+func (s *scenario) workloadEtcd(ctx context.Context) *etcd.Client {
+	s.t.Helper()
+	cli, _, err := s.etcdClient(ctx)
+	if err != nil {
 		s.t.Fatal(err)
 	}
+	s.t.Cleanup(func() { _ = cli.Close() })
+	return cli
 }
 
 // checkEvent checks that the control plane emitted an event with reason
@@ -353,11 +351,7 @@ func TestNoSpaceRecovery(t *testing.T) {
 	s.startTraffic(3)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	cli, _, err := s.etcdClient(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cli.Close()
+	cli := s.workloadEtcd(ctx)
 	before, err := cli.Members(ctx)
 	if err != nil {
 		t.Fatal(err)

@@ -24,8 +24,15 @@ func TestOperationKindsMatchQuorumKindsAndCRDEnum(t *testing.T) {
 		quorum.RemoveHook:    controlplanev1.OperationRemoveHook,
 		quorum.DeleteMachine: controlplanev1.OperationDeleteMachine,
 		quorum.DisarmAlarm:   controlplanev1.OperationDisarmAlarm,
+		quorum.Defragment:    controlplanev1.OperationDefragment,
+		quorum.Compact:       controlplanev1.OperationCompact,
 		quorum.Wait:          controlplanev1.OperationWait,
 		quorum.Degraded:      controlplanev1.OperationDegraded,
+	}
+	for _, k := range quorum.Kinds {
+		if _, ok := kinds[k]; !ok {
+			t.Errorf("quorum kind %q has no OperationKind; add one, and add it to the CRD's enum", k)
+		}
 	}
 	enum := crdEnum(t, "status", "lastOperation", "kind")
 	for k, op := range kinds {

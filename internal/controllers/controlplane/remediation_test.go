@@ -142,11 +142,6 @@ func TestRemediatingSaysWhatItWaitsFor(t *testing.T) {
 // remediation in progress.
 func TestUnhealthyTimeoutObeysRemediationPolicy(t *testing.T) {
 	now := t0.Add(time.Hour)
-	machine := func(name string, id uint64) *clusterv1.Machine {
-		m := observedMachine(name)
-		m.Annotations[engine.MemberIDAnnotation] = engine.FormatMemberID(id)
-		return m
-	}
 	for _, tc := range []struct {
 		name         string
 		downFor      time.Duration
@@ -168,12 +163,12 @@ func TestUnhealthyTimeoutObeysRemediationPolicy(t *testing.T) {
 			if tc.inProgress != "" {
 				cp.Annotations = map[string]string{RemediationInProgressAnnotation: remediationData{Machine: tc.inProgress, Timestamp: metav1.NewTime(now)}.String()}
 			}
-			down := machine("m-1", 1)
+			down := memberMachine("m-1", 1)
 			if tc.retriesUsed {
 				down.Annotations[RemediationForAnnotation] = remediationData{Machine: "m-0", Timestamp: metav1.NewTime(now.Add(-time.Minute)), RetryCount: 1}.String()
 			}
 			obs := &observation{
-				Observation: engine.Observation{Machines: []*clusterv1.Machine{down, machine("m-2", 2), machine("m-3", 3)}, Members: []quorum.Member{
+				Observation: engine.Observation{Machines: []*clusterv1.Machine{down, memberMachine("m-2", 2), memberMachine("m-3", 3)}, Members: []quorum.Member{
 					{ID: 1, Name: "m-1", PeerURL: "https://127.20.0.7:2380", UnhealthySince: now.Add(-tc.downFor)},
 					{ID: 2, Name: "m-2", PeerURL: "https://127.20.0.8:2380", Healthy: true, Leader: true},
 					{ID: 3, Name: "m-3", PeerURL: "https://127.20.0.9:2380", Healthy: true},
@@ -204,12 +199,7 @@ func TestUnhealthyTimeoutObeysRemediationPolicy(t *testing.T) {
 // planner.
 func TestNoSpaceHoldsMarks(t *testing.T) {
 	now := t0.Add(time.Hour)
-	machine := func(name string, id uint64) *clusterv1.Machine {
-		m := observedMachine(name)
-		m.Annotations[engine.MemberIDAnnotation] = engine.FormatMemberID(id)
-		return m
-	}
-	marked := machine("m-2", 2)
+	marked := memberMachine("m-2", 2)
 	conditions.Set(marked, metav1.Condition{Type: clusterv1.MachineOwnerRemediatedCondition, Status: metav1.ConditionFalse,
 		Reason: clusterv1.MachineOwnerRemediatedWaitingForRemediationReason})
 	conditions.Set(marked, metav1.Condition{Type: clusterv1.MachineHealthCheckSucceededCondition, Status: metav1.ConditionFalse,
@@ -238,7 +228,7 @@ func TestNoSpaceHoldsMarks(t *testing.T) {
 				members[i].Alarms, members[i].Revision = []string{"NOSPACE"}, 3100
 			}
 			obs := &observation{
-				Observation: engine.Observation{Machines: []*clusterv1.Machine{machine("m-1", 1), marked, machine("m-3", 3)}, Members: members},
+				Observation: engine.Observation{Machines: []*clusterv1.Machine{memberMachine("m-1", 1), marked, memberMachine("m-3", 3)}, Members: members},
 				remediation: newRemediationPolicy(cp, now),
 			}
 			obs.build(cp, &clusterv1.Cluster{}, now, quorum.Tunables{})
@@ -258,4 +248,11 @@ func TestNoSpaceHoldsMarks(t *testing.T) {
 			}
 		})
 	}
+}
+
+// memberMachine is an observed machine whose member has ID id.
+func memberMachine(name string, id uint64) *clusterv1.Machine {
+	m := observedMachine(name)
+	m.Annotations[engine.MemberIDAnnotation] = engine.FormatMemberID(id)
+	return m
 }

@@ -5,6 +5,7 @@ import (
 	"math"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -101,7 +102,9 @@ func target(d quorum.Decision) string {
 		return "failure domain " + quoteFD(d.FailureDomain)
 	case quorum.DisarmAlarm:
 		return d.Alarm + " of " + FormatMemberID(d.MemberID)
-	case quorum.Promote, quorum.MoveLeader, quorum.RemoveMember:
+	case quorum.Compact:
+		return "revision " + strconv.FormatInt(d.Revision, 10)
+	case quorum.Promote, quorum.MoveLeader, quorum.RemoveMember, quorum.Defragment:
 		if d.Machine == "" {
 			return FormatMemberID(d.MemberID)
 		}
