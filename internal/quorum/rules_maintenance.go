@@ -65,8 +65,11 @@ func (p planner) defragmentMember(m Member, why string) (Decision, bool) {
 // alarm, for messages.
 func (p planner) recoverFromNoSpace(what string) (Decision, bool) {
 	leader, ok := p.leader()
-	if !ok {
+	switch {
+	case !ok:
 		return waitf("%s; waiting for etcd to elect a leader before recovering from it", what), true
+	case leader.Revision <= 0:
+		return waitf("%s; waiting to read the leader's revision before recovering from it", what), true
 	}
 	if target := leader.Revision - p.tun.CompactionRetention; target > p.CompactedRevision || (p.opts.compactAgain && target > 0) {
 		return Decision{Kind: Compact, Revision: target,

@@ -175,6 +175,8 @@ func TestNoSpaceRecovery(t *testing.T) {
 	runPlanCases(t, []planCase{
 		{"first it compacts, keeping the retention",
 			edit(cluster(3, 3), noSpace), Compact, "", "compacting etcd's history to revision 3000 (the current 4000, less a retention of 1000 revisions)"},
+		{"not before the leader's revision is known",
+			edit(cluster(3, 3), func(s *State) { noSpace(s); s.Members[0].Revision = 0 }), Wait, "", "waiting to read the leader's revision"},
 		{"the retention is tunable",
 			edit(cluster(3, 3), func(s *State) { noSpace(s); s.Tunables.CompactionRetention = 10 }), Compact, "", "to revision 3990"},
 		{"then it defragments a follower",

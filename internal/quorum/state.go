@@ -392,7 +392,8 @@ type Member struct {
 	AddedAt time.Time
 	// AppliedIndex is the member's raft applied index (from Status).
 	AppliedIndex uint64
-	// Revision is the member's store revision, for messages only.
+	// Revision is the member's store revision; 0 when unknown. A NOSPACE
+	// recovery compacts to the leader's, less the retention.
 	Revision int64
 	// Alarms are the active alarms this member raised (NOSPACE, CORRUPT),
 	// from etcd's alarm list, which names the raising member. Not the Errors
