@@ -67,34 +67,23 @@ const minRemoveFirst = 3
 // WithDefaults returns t with every zero threshold set to its default, as
 // the planner reads it.
 func (t Tunables) WithDefaults() Tunables {
-	if t.LearnerStartTimeout <= 0 {
-		t.LearnerStartTimeout = DefaultLearnerStartTimeout
-	}
-	if t.UnhealthyTimeout <= 0 {
-		t.UnhealthyTimeout = DefaultUnhealthyTimeout
-	}
-	if t.CatchUpMaxLag == 0 {
-		t.CatchUpMaxLag = DefaultCatchUpMaxLag
-	}
-	if t.LearnerStallTimeout <= 0 {
-		t.LearnerStallTimeout = DefaultLearnerStallTimeout
-	}
-	if t.DefragThresholdPercent <= 0 {
-		t.DefragThresholdPercent = DefaultDefragThresholdPercent
-	}
-	if t.DefragMinDBSize <= 0 {
-		t.DefragMinDBSize = DefaultDefragMinDBSize
-	}
-	if t.DefragMinInterval <= 0 {
-		t.DefragMinInterval = DefaultDefragMinInterval
-	}
-	if t.DefragTimeout <= 0 {
-		t.DefragTimeout = DefaultDefragTimeout
-	}
-	if t.CompactionRetention <= 0 {
-		t.CompactionRetention = DefaultCompactionRetention
-	}
+	orDefault(&t.LearnerStartTimeout, DefaultLearnerStartTimeout)
+	orDefault(&t.UnhealthyTimeout, DefaultUnhealthyTimeout)
+	orDefault(&t.CatchUpMaxLag, DefaultCatchUpMaxLag)
+	orDefault(&t.LearnerStallTimeout, DefaultLearnerStallTimeout)
+	orDefault(&t.DefragThresholdPercent, DefaultDefragThresholdPercent)
+	orDefault(&t.DefragMinDBSize, DefaultDefragMinDBSize)
+	orDefault(&t.DefragMinInterval, DefaultDefragMinInterval)
+	orDefault(&t.DefragTimeout, DefaultDefragTimeout)
+	orDefault(&t.CompactionRetention, DefaultCompactionRetention)
 	return t
+}
+
+// orDefault sets *v to def when it is zero or negative.
+func orDefault[T int | int64 | uint64 | time.Duration](v *T, def T) {
+	if *v <= 0 {
+		*v = def
+	}
 }
 
 // hosts reports whether member m runs on machine mc: by name once started,

@@ -285,20 +285,26 @@ func (s *scenario) workloadEtcd(ctx context.Context) *etcd.Client {
 // whose message says what.
 func (s *scenario) checkEvent(ctx context.Context, reason, what string) {
 	s.t.Helper()
+	var seen []string
+	for _, e := range s.controlPlaneEvents(ctx, reason) {
+		if strings.Contains(e.Message, what) {
+			return
+		}
+		seen = append(seen, e.Message)
+	}
+	s.t.Errorf("no %s event saying %q; %s events: %q", reason, what, reason, seen)
+}
+
+// controlPlaneEvents are the control plane's events with reason.
+func (s *scenario) controlPlaneEvents(ctx context.Context, reason string) []corev1.Event {
+	s.t.Helper()
 	var events corev1.EventList
 	if err := s.c.List(ctx, &events, client.InNamespace(ns), client.MatchingFields{"involvedObject.name": s.name}); err != nil {
 		s.t.Fatal(err)
 	}
-	var seen []string
-	for _, e := range events.Items {
-		if e.InvolvedObject.Kind == "QuorumControlPlane" && e.Reason == reason {
-			if strings.Contains(e.Message, what) {
-				return
-			}
-			seen = append(seen, e.Message)
-		}
-	}
-	s.t.Errorf("no %s event saying %q; %s events: %q", reason, what, reason, seen)
+	return slices.DeleteFunc(events.Items, func(e corev1.Event) bool {
+		return e.InvolvedObject.Kind != "QuorumControlPlane" || e.Reason != reason
+	})
 }
 
 // lastOperationSays is a check for eventually: the control plane's last

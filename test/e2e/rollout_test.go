@@ -409,15 +409,9 @@ func (s *scenario) checkLeaderMovedBeforeRemoval() {
 	s.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	var events corev1.EventList
-	if err := s.c.List(ctx, &events, client.InNamespace(ns), client.MatchingFields{"involvedObject.name": s.name}); err != nil {
-		s.t.Fatal(err)
-	}
 	moves := 0
-	for _, e := range events.Items {
-		if e.InvolvedObject.Kind == "QuorumControlPlane" && e.Reason == "MoveLeader" {
-			moves += int(max(e.Count, 1))
-		}
+	for _, e := range s.controlPlaneEvents(ctx, "MoveLeader") {
+		moves += int(max(e.Count, 1))
 	}
 	if moves == 0 {
 		s.t.Error("no MoveLeader event: the leader's machine was replaced without moving leadership first")
