@@ -179,40 +179,42 @@ func checkOneAtATime(b view, d Decision, _ view) error {
 	return nil
 }
 
-// checkOneDisruption is I4's wider class: a membership change and a
-// defragmentation each take a member out of service for a while, so at
-// most one is in flight, and a defragmentation starts only while the
-// cluster can lose the member (at least three voters, every one healthy,
-// no learner joining).
+// checkOneDisruption is I4's wider class: a membership change, a
+// defragmentation and a restart in place each take a member out of
+// service for a while, so at most one is in flight, and a disruption
+// starts only while the cluster can lose the member (at least three
+// voters, every one healthy, no learner joining).
 func checkOneDisruption(b view, d Decision) error {
 	if busy, ok := b.disrupted(); ok && busy.ID != d.MemberID {
 		switch d.Kind {
-		case AddLearner, Promote, Defragment:
-			return fmt.Errorf("I4 one at a time: %s while member %s is defragmenting", d.Kind, b.memberName(busy))
+		case AddLearner, Promote, Defragment, RestartMember:
+			return fmt.Errorf("I4 one at a time: %s while member %s is %s", d.Kind, b.memberName(busy), b.disrupting(busy))
 		case RemoveMember, DeleteMachine:
 			if d.Destructive(b.State) {
-				return fmt.Errorf("I4 one at a time: %s of a voter while member %s is defragmenting", d.Kind, b.memberName(busy))
+				return fmt.Errorf("I4 one at a time: %s of a voter while member %s is %s", d.Kind, b.memberName(busy), b.disrupting(busy))
 			}
 		}
 	}
-	if d.Kind != Defragment {
+	verb := map[Kind]string{Defragment: "defragmenting", RestartMember: "restarting"}[d.Kind]
+	if verb == "" {
 		return nil
 	}
 	m, ok := b.member(d.MemberID)
 	if !ok || !m.Voter() || !m.Started() || !m.Healthy {
-		return fmt.Errorf("I4 one at a time: defragmenting %s, which is not a healthy, started voter", idString(d.MemberID))
+		return fmt.Errorf("I4 one at a time: %s %s, which is not a healthy, started voter", verb, idString(d.MemberID))
 	}
 	voters := b.voters()
 	if down := filter(voters, func(o Member) bool { return !o.Healthy }); len(down) > 0 {
-		return fmt.Errorf("I4 one at a time: defragmenting %s while voter %s is unhealthy: the cluster cannot lose both", b.memberName(m), b.memberName(down[0]))
+		return fmt.Errorf("I4 one at a time: %s %s while voter %s is unhealthy: the cluster cannot lose both", verb, b.memberName(m), b.memberName(down[0]))
 	}
 	if l := b.learners(); len(l) > 0 {
-		return fmt.Errorf("I4 one at a time: defragmenting %s while learner %s is joining", b.memberName(m), b.memberName(l[0]))
+		return fmt.Errorf("I4 one at a time: %s %s while learner %s is joining", verb, b.memberName(m), b.memberName(l[0]))
 	}
-	// A NOSPACE recovery may defragment one of one or two voters: the
-	// cluster refuses writes already.
-	if tolerance(len(voters)) < 1 && !b.noSpaceRaised() {
-		return fmt.Errorf("I4 one at a time: defragmenting %s, one of %d voters: the cluster cannot lose it", b.memberName(m), len(voters))
+	// A NOSPACE recovery may disrupt one of one or two voters: the
+	// cluster refuses writes already. So may a quota restart in a cluster
+	// whose desired size could never lose a member.
+	if tolerance(len(voters)) < 1 && !b.noSpaceRaised() && (d.Kind != RestartMember || tolerance(b.Desired) > 0) {
+		return fmt.Errorf("I4 one at a time: %s %s, one of %d voters: the cluster cannot lose it", verb, b.memberName(m), len(voters))
 	}
 	return nil
 }
@@ -251,9 +253,9 @@ func checkLeader(b view, d Decision, _ view) error {
 		leaving, ok = b.memberOn(d.Machine)
 	case MoveLeader:
 		return checkLeaderTarget(b, d)
-	case Defragment:
+	case Defragment, RestartMember:
 		if m, ok := b.member(d.MemberID); ok && m.Leader && m.Healthy && len(b.voters()) > 1 {
-			return fmt.Errorf("I6 leader: defragmenting leader %s without moving leadership first", b.memberName(m))
+			return fmt.Errorf("I6 leader: %s of leader %s without moving leadership first", d.Kind, b.memberName(m))
 		}
 		return nil
 	}

@@ -48,6 +48,13 @@ const (
 	// its reads and writes while it defragments: a disruption of one
 	// member, like a membership change.
 	Defragment Kind = "Defragment"
+	// RestartMember: record Machine.RestartStartedAt on Decision.Machine,
+	// have its agent restart member Decision.MemberID's etcd in place with
+	// backend quota Decision.QuotaBackendBytes, then record
+	// Machine.QuotaBackendBytes and clear RestartStartedAt. The member is
+	// out of service for the seconds its restart takes: a disruption of
+	// one member, like a defragmentation.
+	RestartMember Kind = "RestartMember"
 	// Wait: nothing to do until the world changes; Reason names what for.
 	Wait Kind = "Wait"
 	// Degraded: the planner refuses to act and a human is needed; Reason
@@ -57,7 +64,7 @@ const (
 
 // Kinds are every Kind a Decision may have.
 var Kinds = []Kind{CreateMachine, AddLearner, Promote, MoveLeader, RemoveMember, AddHook, RemoveHook, DeleteMachine,
-	DisarmAlarm, Compact, Defragment, Wait, Degraded}
+	DisarmAlarm, Compact, Defragment, RestartMember, Wait, Degraded}
 
 // Decision is exactly one next step. Only the fields its Kind names are set.
 type Decision struct {
@@ -69,7 +76,8 @@ type Decision struct {
 	// DeleteMachine act on; for member steps it names the hosting machine
 	// when there is one (for messages).
 	Machine string
-	// MemberID is the member Promote, RemoveMember, Defragment act on, and the member
+	// MemberID is the member Promote, RemoveMember, Defragment and
+	// RestartMember act on, and the member
 	// MoveLeader hands leadership to.
 	MemberID uint64
 	// PeerURL is the peer URL AddLearner registers.
@@ -78,6 +86,8 @@ type Decision struct {
 	Alarm string
 	// Revision is the revision Compact compacts to.
 	Revision int64
+	// QuotaBackendBytes is the backend quota RestartMember gives the member.
+	QuotaBackendBytes int64
 	// Reason is a sentence for humans: why this step, or what is waited for.
 	Reason string
 	// Expect is what the world must still look like when the caller acts.
@@ -269,6 +279,8 @@ func (d Decision) String() string {
 		target = fmt.Sprintf("(%s %s)", d.Machine, d.PeerURL)
 	case Promote, MoveLeader, RemoveMember, Defragment:
 		target = fmt.Sprintf("(%x on %s)", d.MemberID, orNone(d.Machine))
+	case RestartMember:
+		target = fmt.Sprintf("(%x on %s, quota %d)", d.MemberID, orNone(d.Machine), d.QuotaBackendBytes)
 	case DisarmAlarm:
 		target = fmt.Sprintf("(%s of %x)", d.Alarm, d.MemberID)
 	case Compact:

@@ -47,6 +47,15 @@ func fragment(w *world) {
 	}
 }
 
+// raiseQuota raises the configured quota over the one every member runs
+// with.
+func raiseQuota(w *world) {
+	w.quotaRaised = true
+	for i := range w.members {
+		w.members[i].oldQuota = true
+	}
+}
+
 // initialWorlds are the interesting starting points for desired replicas n.
 func initialWorlds(n int) map[string]world {
 	healthy := healthyWorld(n, n)
@@ -77,6 +86,13 @@ func initialWorlds(n int) map[string]world {
 			for i := range w.members {
 				w.members[i].alarm, w.members[i].liveOverQuota = "NOSPACE", true
 			}
+		}),
+		"quota raised": healthy.with(raiseQuota),
+		"NOSPACE with the live data over the quota, then the quota raised": healthy.with(func(w *world) {
+			for i := range w.members {
+				w.members[i].alarm, w.members[i].liveOverQuota = "NOSPACE", true
+			}
+			raiseQuota(w)
 		}),
 		"stuck learner": healthy.with(func(w *world) {
 			w.machines[0].upToDate = false // a rollout surge whose machine never starts etcd
@@ -215,8 +231,9 @@ func TestExhaustiveCatchesBrokenPlanners(t *testing.T) {
 		{"waiting forever for a stalled learner", options{keepStalledLearners: true}, []string{"does not converge"}, "outdated machines"},
 		// Issue 36: a defragmentation is a disruption of its own.
 		{"defragmenting before every other rule, without its preflight", options{defragFirst: true}, []string{"I4 one at a time"}, "fragmented databases"},
-		{"defragmenting the leader in place", options{defragLeader: true}, []string{"I6 leader: defragmenting leader"}, "fragmented databases"},
+		{"defragmenting the leader in place", options{defragLeader: true}, []string{"I6 leader: Defragment of leader"}, "fragmented databases"},
 		{"compacting again on every NOSPACE round", options{compactAgain: true}, []string{"does not converge"}, "NOSPACE with the live data over the quota"},
+		{"restarting for a new quota without a disruption's preflight", options{restartUnchecked: true}, []string{"I4 one at a time"}, "quota raised"},
 	}
 	t.Run("deleting a marked API server first while it serves again", func(t *testing.T) {
 		t.Parallel()

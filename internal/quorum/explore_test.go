@@ -317,7 +317,7 @@ func recoverAll(w world) world {
 		m := &w.members[i]
 		mc := w.machine(machineName(m.host))
 		if m.started && !m.healthy && mc != nil {
-			m.finishDefrag()
+			m.finishDisruption()
 			m.healthy, m.caughtUp = true, true
 		}
 		switch {

@@ -25,7 +25,7 @@ func faults() []fault {
 			if !m.started || m.healthy || mc == nil {
 				return false
 			}
-			m.finishDefrag()
+			m.finishDisruption()
 			m.healthy, m.caughtUp = true, true
 			w.elect()
 			return true
@@ -148,7 +148,7 @@ func faults() []fault {
 			if !m.defragmenting {
 				return false
 			}
-			m.finishDefrag() // its machine's record stays open
+			m.finishDisruption() // its machine's record stays open
 			w.elect()
 			return true
 		})},

@@ -68,6 +68,9 @@ type options struct {
 	// compactAgain compacts on every NOSPACE round, forgetting the last
 	// compaction, so a recovery that cannot succeed never ends.
 	compactAgain bool
+	// restartUnchecked restarts a member for a new quota without the
+	// preflight of a disruption.
+	restartUnchecked bool
 }
 
 // planner holds one observation; its methods are the rules.
@@ -100,6 +103,7 @@ func planWith(s State, o options) Decision {
 		planner.createMachine,
 		planner.scaleDown,
 		planner.waitForUnhealthyVoters,
+		planner.restartForQuota,
 		planner.defragment,
 	}
 	if o.defragFirst {

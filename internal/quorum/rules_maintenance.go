@@ -44,16 +44,77 @@ func followersFirst(due []Member) Member {
 
 // defragmentMember defragments m, or first moves leadership off it.
 func (p planner) defragmentMember(m Member, why string) (Decision, bool) {
+	return p.disruptMember(m, Decision{Kind: Defragment}, "defragmenting", why)
+}
+
+// disruptMember takes step d (a Defragment or RestartMember, verb naming
+// it) on m, or first moves leadership off m: a leader that stops
+// answering costs the cluster an election, and every write waits for it.
+func (p planner) disruptMember(m Member, d Decision, verb, why string) (Decision, bool) {
 	if m.Leader && len(p.voters()) > 1 && !p.opts.defragLeader {
-		d, _ := p.moveLeaderAway(m)
-		if d.Kind == MoveLeader {
-			d.Reason = fmt.Sprintf("moving etcd leadership from %s to %s before defragmenting %s, the last member due", p.memberName(m), d.Machine, p.memberName(m))
+		mv, _ := p.moveLeaderAway(m)
+		if mv.Kind == MoveLeader {
+			mv.Reason = fmt.Sprintf("moving etcd leadership from %s to %s before %s %s, the last member due", p.memberName(m), mv.Machine, verb, p.memberName(m))
 		}
-		return d, true
+		return mv, true
 	}
 	mc, _ := p.machineOf(m)
-	return Decision{Kind: Defragment, MemberID: m.ID, Machine: mc.Name,
-		Reason: fmt.Sprintf("defragmenting member %s: %s", p.memberName(m), why)}, true
+	d.MemberID, d.Machine = m.ID, mc.Name
+	d.Reason = fmt.Sprintf("%s member %s: %s", verb, p.memberName(m), why)
+	return d, true
+}
+
+// restartForQuota restarts in place, one at a time, each voter known to
+// run with another backend quota than the configured one: a quota change
+// replaces no machine, so it also works while NOSPACE blocks growth (the
+// recovery calls restartMember itself, before its defragmentations). The
+// preflight is a disruption's: it waits while any voter is unhealthy, and
+// the cluster must be able to lose the member, unless its desired size
+// (one or two) never could.
+func (p planner) restartForQuota() (Decision, bool) {
+	due := p.dueForRestart()
+	if len(due) == 0 {
+		return Decision{}, false
+	}
+	return p.restartMember(followersFirst(due), min(1, tolerance(p.Desired)))
+}
+
+// restartMember restarts voter m with the configured quota once the
+// preflight of a disruption tolerating minTolerance failures passes.
+func (p planner) restartMember(m Member, minTolerance int) (Decision, bool) {
+	running, _ := p.runningQuota(m)
+	what := fmt.Sprintf("restarting member %s with the backend quota of %d MiB", p.memberName(m), p.QuotaBackendBytes>>20)
+	if d, ok := p.waitToDisrupt(what, minTolerance); ok && !p.opts.restartUnchecked {
+		return d, true
+	}
+	return p.disruptMember(m, Decision{Kind: RestartMember, QuotaBackendBytes: p.QuotaBackendBytes}, "restarting",
+		fmt.Sprintf("it runs with a backend quota of %d MiB, and %d MiB is configured; the machine stays", running>>20, p.QuotaBackendBytes>>20))
+}
+
+// dueForRestart are the started voters known to run with a backend quota
+// other than the configured one. A member whose quota is unknown (etcd
+// 3.5, on a machine without a record) is left alone.
+func (p planner) dueForRestart() []Member {
+	if p.QuotaBackendBytes <= 0 {
+		return nil
+	}
+	return filter(p.voters(), func(m Member) bool {
+		q, known := p.runningQuota(m)
+		mc, ok := p.machineOf(m)
+		return ok && !mc.Deleting && m.Started() && known && q != p.QuotaBackendBytes
+	})
+}
+
+// runningQuota is the backend quota m runs with, if known: the one it
+// reports (etcd 3.6), else the one its machine was last given.
+func (v view) runningQuota(m Member) (int64, bool) {
+	if m.DBSizeQuota > 0 {
+		return m.DBSizeQuota, true
+	}
+	if mc, ok := v.machineOf(m); ok && mc.QuotaBackendBytes > 0 {
+		return mc.QuotaBackendBytes, true
+	}
+	return 0, false
 }
 
 // recoverFromNoSpace brings a cluster whose only alarms are NOSPACE back
@@ -80,14 +141,22 @@ func (p planner) recoverFromNoSpace(what string) (Decision, bool) {
 		mc, ok := p.machineOf(m)
 		return ok && m.Started() && lastDefrag(mc).Before(p.CompactedAt)
 	})
-	if len(due) > 0 {
+	restart := p.dueForRestart()
+	if len(due) > 0 || len(restart) > 0 {
 		if l := p.learners(); len(l) > 0 {
 			// A join cannot finish under the alarm (no promotion), and
-			// defragmentation waits for no learner: the join goes, and
-			// its machine is replaced once etcd takes writes again.
-			return p.removeMember(l[0], fmt.Sprintf("%s: removing learner %s, whose join cannot finish under the alarm, before defragmenting; its machine is replaced after the recovery",
-				what, p.memberName(l[0]))), true
+			// a disruption waits for no learner: the join goes, and its
+			// machine is replaced once etcd takes writes again.
+			return p.removeMember(l[0], fmt.Sprintf("%s: removing learner %s, whose join cannot finish under the alarm, before %s; its machine is replaced after the recovery",
+				what, p.memberName(l[0]), why(len(restart) > 0, "restarting members with the new quota", "defragmenting"))), true
 		}
+	}
+	if len(restart) > 0 {
+		// A raised quota first: it is what a database over the quota
+		// needs, and costs each member seconds, not a defragmentation.
+		return p.restartMember(followersFirst(restart), 0)
+	}
+	if len(due) > 0 {
 		m := followersFirst(due)
 		// The cluster refuses writes already: one or two voters may
 		// recover too, every one of them healthy.
@@ -102,7 +171,7 @@ func (p planner) recoverFromNoSpace(what string) (Decision, bool) {
 		if m.DBSize <= 0 || p.quotaOf(m) <= 0 {
 			return waitf("%s; waiting to read the database size and quota of member %s before disarming it", what, p.memberName(m)), true
 		}
-		return degradedf("%s, and member %s's database is %d MiB after compaction and defragmentation, not below its quota of %d MiB: the data itself does not fit; raise etcd's quota (quota-backend-bytes in extraArgs), or delete data",
+		return degradedf("%s, and member %s's database is %d MiB after compaction and defragmentation, not below its quota of %d MiB: the data itself does not fit; raise etcd's quota (quotaBackendBytes: spec.etcd.stacked.quotaBackendBytes of a QuorumControlPlane, spec.quotaBackendBytes of an EtcdCluster), or delete data",
 			what, p.memberName(m), m.DBSize>>20, p.quotaOf(m)>>20), true
 	}
 	for _, m := range p.members {
@@ -139,10 +208,11 @@ func (p planner) overQuota() []Member {
 }
 
 // quotaOf is the backend quota member m runs with: the one it reports
-// (etcd 3.6), else the configured one.
+// (etcd 3.6), else the one its machine was last given, else the
+// configured one.
 func (p planner) quotaOf(m Member) int64 {
-	if m.DBSizeQuota > 0 {
-		return m.DBSizeQuota
+	if q, ok := p.runningQuota(m); ok {
+		return q
 	}
 	return p.QuotaBackendBytes
 }
@@ -177,7 +247,7 @@ func (p planner) waitToDisrupt(what string, minTolerance int) (Decision, bool) {
 		return d, true
 	}
 	if n := len(p.voters()); tolerance(n) < minTolerance {
-		return waitf("not %s: with %d voter%s etcd cannot lose one while it defragments", what, n, why(n == 1, "", "s")), true
+		return waitf("not %s: with %d voter%s etcd cannot lose one while it is out of service", what, n, why(n == 1, "", "s")), true
 	}
 	return Decision{}, false
 }
@@ -186,29 +256,43 @@ func (p planner) waitToDisrupt(what string, minTolerance int) (Decision, bool) {
 func (p planner) waitForDisrupted(what string) (Decision, bool) {
 	if m, ok := p.disrupted(); ok {
 		mc, _ := p.machineOf(m)
-		return waitf("waiting for member %s to finish defragmenting (started %s ago; counted as unhealthy after %s) before %s",
-			p.memberName(m), roundDuration(p.since(mc.DefragStartedAt)), p.tun.DefragTimeout, what), true
+		verb, since, timeout := p.disrupting(m), mc.DefragStartedAt, p.tun.DefragTimeout
+		if verb == "restarting" {
+			since, timeout = mc.RestartStartedAt, p.tun.RestartTimeout
+		}
+		return waitf("waiting for member %s to finish %s (started %s ago; counted as unhealthy after %s) before %s",
+			p.memberName(m), verb, roundDuration(p.since(since)), timeout, what), true
 	}
 	return Decision{}, false
 }
 
-// disrupted returns a member whose defragmentation is in flight.
+// disrupted returns a member whose defragmentation or restart is in
+// flight.
 func (v view) disrupted() (Member, bool) {
 	for _, m := range v.members {
-		if v.defragmenting(m) {
+		if v.disrupting(m) != "" {
 			return m, true
 		}
 	}
 	return Member{}, false
 }
 
-// defragmenting reports whether m is busy defragmenting: its machine holds
-// an open defragmentation record, started less than DefragTimeout ago, and
-// m does not answer. A member that answers again has finished, even if a
-// manager restart left the record open.
-func (v view) defragmenting(m Member) bool {
+// disrupting says what m is busy with ("defragmenting", "restarting"), or
+// "" if nothing: its machine holds an open record of the step, started
+// less than the step's timeout ago, and m does not answer. A member that
+// answers again has finished, even if a manager restart left the record
+// open.
+func (v view) disrupting(m Member) string {
 	mc, ok := v.machineOf(m)
-	return ok && !m.Healthy && !mc.DefragStartedAt.IsZero() && v.since(mc.DefragStartedAt) < v.tun.DefragTimeout
+	switch {
+	case !ok || m.Healthy:
+		return ""
+	case !mc.DefragStartedAt.IsZero() && v.since(mc.DefragStartedAt) < v.tun.DefragTimeout:
+		return "defragmenting"
+	case !mc.RestartStartedAt.IsZero() && v.since(mc.RestartStartedAt) < v.tun.RestartTimeout:
+		return "restarting"
+	}
+	return ""
 }
 
 // lastDefrag is when mc's member was last defragmented: the later of the

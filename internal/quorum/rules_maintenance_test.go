@@ -49,7 +49,7 @@ func TestDefragment(t *testing.T) {
 			Wait, "", "waiting for learner m-09 to catch up"},
 		{"no defragmentation of a cluster that cannot lose a member",
 			edit(cluster(1, 1), allFragmented),
-			Wait, "", "with 1 voter etcd cannot lose one while it defragments"},
+			Wait, "", "with 1 voter etcd cannot lose one while it is out of service"},
 		{"no second defragmentation while one is in flight",
 			edit(cluster(3, 3), func(s *State) { allFragmented(s); defragStarted(s, 1, time.Minute) }),
 			Wait, "", "waiting for member m-02 to finish defragmenting (started 1m0s ago; counted as unhealthy after 10m0s)"},
@@ -108,6 +108,88 @@ func TestDefragment(t *testing.T) {
 	})
 }
 
+// runsWithQuota has every member of s report quota q, under a configured
+// quota of 2 GiB.
+func runsWithQuota(q int64) func(*State) {
+	return func(s *State) {
+		s.QuotaBackendBytes = 2 << 30
+		for i := range s.Members {
+			s.Members[i].DBSizeQuota = q
+		}
+	}
+}
+
+// restartStarted opens member i's restart record ago, and makes it stop
+// answering, as a member restarting does.
+func restartStarted(s *State, i int, ago time.Duration) {
+	s.Machines[i].RestartStartedAt = s.Now.Add(-ago)
+	down(s, i, ago)
+}
+
+// TestRestartForQuota is issue 36 step 4's planner table: a quota change
+// restarts the members in place, one at a time, as a disruption.
+func TestRestartForQuota(t *testing.T) {
+	old := runsWithQuota(1 << 30)
+	runPlanCases(t, []planCase{
+		{"a follower running with another quota is restarted with the configured one",
+			edit(cluster(3, 3), old), RestartMember, "2", "restarting member m-02: it runs with a backend quota of 1024 MiB, and 2048 MiB is configured; the machine stays"},
+		{"the leader last, after a transfer",
+			edit(cluster(3, 3), func(s *State) { old(s); s.Members[1].DBSizeQuota, s.Members[2].DBSizeQuota = 2<<30, 2<<30 }),
+			MoveLeader, "2", "before restarting m-01"},
+		{"every member at the configured quota: nothing to do",
+			edit(cluster(3, 3), runsWithQuota(2<<30)), Wait, "", "nothing to do"},
+		{"etcd 3.5: the machine's record of the quota it was given",
+			edit(cluster(3, 3), func(s *State) {
+				old(s)
+				for i := range s.Members {
+					s.Members[i].DBSizeQuota, s.Machines[i].QuotaBackendBytes = 0, 2<<30
+				}
+				s.Machines[2].QuotaBackendBytes = 1 << 30
+			}), RestartMember, "3", "runs with a backend quota of 1024 MiB"},
+		{"an unknown quota (etcd 3.5, no record) is left alone",
+			edit(cluster(3, 3), runsWithQuota(0)), Wait, "", "nothing to do"},
+		{"not while a voter is down",
+			edit(cluster(3, 3), func(s *State) { old(s); down(s, 2, time.Minute) }), Wait, "", "waiting for member m-03 to become healthy"},
+		{"not while a learner joins",
+			withLearner(edit(cluster(5, 3), old), 100, false), Wait, "", "waiting for learner m-09"},
+		{"not while another member is restarting",
+			edit(cluster(3, 3), func(s *State) { old(s); restartStarted(s, 1, 30*time.Second) }),
+			Wait, "", "waiting for member m-02 to finish restarting (started 30s ago; counted as unhealthy after 2m0s)"},
+		{"nor while one is defragmenting",
+			edit(cluster(3, 3), func(s *State) { old(s); defragStarted(s, 1, time.Minute) }), Wait, "", "to finish defragmenting"},
+		{"a member restarting is not remediated for not answering",
+			edit(cluster(3, 3), func(s *State) {
+				restartStarted(s, 1, 90*time.Second)
+				s.Tunables.UnhealthyTimeout = time.Minute
+			}), Wait, "", "waiting for member m-02 to finish restarting"},
+		{"past RestartTimeout it is unhealthy, and remediated",
+			edit(cluster(3, 3), func(s *State) { restartStarted(s, 1, 11*time.Minute) }), RemoveMember, "2", "has been unhealthy for 11m0s"},
+		{"a single-machine control plane restarts its only member: it never could lose one",
+			edit(cluster(1, 1), old), RestartMember, "1", "the machine stays"},
+		{"three desired, one voter left: it waits",
+			edit(cluster(3, 1), old), CreateMachine, "", ""},
+		{"membership work comes first: a rollout before the restart",
+			edit(cluster(3, 3), func(s *State) { old(s); s.Machines[1].UpToDate = false }), CreateMachine, "", "rolling out"},
+		{"before defragmentation",
+			edit(cluster(3, 3), func(s *State) {
+				old(s)
+				for i := range s.Members {
+					fragmented(s, i, 1<<30, 80)
+				}
+			}), RestartMember, "2", "the machine stays"},
+		{"under NOSPACE, after the compaction and before the defragmentations, even of one of two voters",
+			edit(cluster(2, 2), func(s *State) { noSpace(s); compacted(s); old(s) }), RestartMember, "2", "the machine stays"},
+		{"under NOSPACE with the data over the old quota: the raised quota ends it",
+			edit(cluster(3, 3), func(s *State) {
+				recovered(s)
+				s.QuotaBackendBytes = 4 << 30
+				for i := range s.Members {
+					s.Members[i].DBSize, s.Members[i].DBSizeQuota = 3<<30, 4<<30
+				}
+			}), DisarmAlarm, "m-01", "every member's database is below its quota"},
+	})
+}
+
 // TestCheckOneDisruption shows that Check refuses a second disruption: a
 // defragmentation or membership change while a member defragments, and a
 // defragmentation the cluster cannot afford.
@@ -125,7 +207,14 @@ func TestCheckOneDisruption(t *testing.T) {
 		{"a defragmentation with a voter down", edit(cluster(3, 3), func(s *State) { down(s, 1, time.Minute) }),
 			Decision{Kind: Defragment, MemberID: 3, Machine: "m-03"}, "I4 one at a time: defragmenting m-03 while voter m-02 is unhealthy"},
 		{"a defragmentation of one of two voters", cluster(2, 2), Decision{Kind: Defragment, MemberID: 2, Machine: "m-02"}, "the cluster cannot lose it"},
-		{"a defragmentation of the leader", cluster(3, 3), Decision{Kind: Defragment, MemberID: 1, Machine: "m-01"}, "I6 leader: defragmenting leader m-01"},
+		{"a defragmentation of the leader", cluster(3, 3), Decision{Kind: Defragment, MemberID: 1, Machine: "m-01"}, "I6 leader: Defragment of leader m-01"},
+		{"a restart while a member defragments", busy, Decision{Kind: RestartMember, MemberID: 3, Machine: "m-03"}, "I4 one at a time: RestartMember while member m-02 is defragmenting"},
+		{"a defragmentation while a member restarts", edit(cluster(3, 3), func(s *State) { restartStarted(s, 1, time.Minute) }),
+			Decision{Kind: Defragment, MemberID: 3, Machine: "m-03"}, "I4 one at a time: Defragment while member m-02 is restarting"},
+		{"a restart with a voter down", edit(cluster(3, 3), func(s *State) { down(s, 1, time.Minute) }),
+			Decision{Kind: RestartMember, MemberID: 3, Machine: "m-03"}, "I4 one at a time: restarting m-03 while voter m-02 is unhealthy"},
+		{"a restart of one of two voters of three desired", cluster(3, 2), Decision{Kind: RestartMember, MemberID: 2, Machine: "m-02"}, "the cluster cannot lose it"},
+		{"a restart of the leader", cluster(3, 3), Decision{Kind: RestartMember, MemberID: 1, Machine: "m-01"}, "I6 leader: RestartMember of leader m-01"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -199,7 +288,20 @@ func TestNoSpaceRecovery(t *testing.T) {
 		{"then it disarms, once every member is below the quota",
 			edit(cluster(3, 3), recovered), DisarmAlarm, "m-01", "disarming NOSPACE raised by member m-01"},
 		{"a member's own quota counts (etcd 3.6)",
-			edit(cluster(3, 3), func(s *State) { recovered(s); s.Members[2].DBSizeQuota = 256 << 20 }), Degraded, "", "member m-03's database is 300 MiB after compaction and defragmentation, not below its quota of 256 MiB"},
+			edit(cluster(3, 3), func(s *State) {
+				recovered(s)
+				s.QuotaBackendBytes, s.Members[0].DBSizeQuota, s.Members[1].DBSizeQuota, s.Members[2].DBSizeQuota = 256<<20, 4<<30, 4<<30, 256<<20
+				s.Members[0].DBSize, s.Members[1].DBSize = 3<<30, 3<<30
+			}), RestartMember, "2", "it runs with a backend quota of 4096 MiB, and 256 MiB is configured"},
+		{"a member below its own quota is not over it",
+			edit(cluster(3, 3), func(s *State) {
+				recovered(s)
+				s.QuotaBackendBytes = 256 << 20
+				for i := range s.Members {
+					s.Members[i].DBSizeQuota = 256 << 20
+				}
+				s.Members[2].DBSize = 200 << 20
+			}), Degraded, "", "member m-01's database is 300 MiB after compaction and defragmentation, not below its quota of 256 MiB"},
 		{"data over the quota: it says which setting to raise, and takes no second pass",
 			edit(cluster(3, 3), func(s *State) {
 				noSpace(s)
@@ -208,7 +310,7 @@ func TestNoSpaceRecovery(t *testing.T) {
 				for i := range s.Machines {
 					s.Machines[i].DefragmentedAt = s.CompactedAt.Add(time.Minute)
 				}
-			}), Degraded, "", "raise etcd's quota (quota-backend-bytes in extraArgs)"},
+			}), Degraded, "", "raise etcd's quota (quotaBackendBytes: spec.etcd.stacked.quotaBackendBytes of a QuorumControlPlane"},
 		{"a single voter defragments itself: the cluster refuses writes already",
 			edit(cluster(1, 1), func(s *State) { noSpace(s); compacted(s) }), Defragment, "1", "after the compaction"},
 		{"not while a voter is down",

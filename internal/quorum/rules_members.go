@@ -139,8 +139,8 @@ func (p planner) removalSafe(m Member) bool {
 
 // membershipBusy is I4 for voter removals: an unstarted learner is a
 // membership change still in flight, so wait for it to start or time out,
-// and a member defragmenting is a disruption in flight, so wait for it to
-// finish.
+// and a member defragmenting or restarting is a disruption in flight, so
+// wait for it to finish.
 func (p planner) membershipBusy() (Decision, bool) {
 	if d, ok := p.waitForDisrupted("removing a voter"); ok {
 		return d, true
@@ -309,7 +309,7 @@ func (p planner) waitForVoters(what string, skipQueued bool) (Decision, bool) {
 		if mc, ok := p.machineOf(m); skipQueued && ok && mc.RemediationQueued {
 			continue
 		}
-		if p.defragmenting(m) {
+		if p.disrupting(m) != "" {
 			return p.waitForDisrupted(what)
 		}
 		if !m.Healthy {

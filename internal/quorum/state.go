@@ -103,6 +103,14 @@
 //     mark or a member past UnhealthyTimeout removes no member: Nodes go
 //     NotReady because the API servers cannot renew leases, not because
 //     machines broke.
+//   - Quota. A voter known to run with another backend quota than
+//     State.QuotaBackendBytes is restarted in place with it
+//     (RestartMember), a disruption of the same class as a
+//     defragmentation: one at a time, followers first, the leader after a
+//     leadership transfer, only while the cluster can lose a member (or
+//     could never: a desired size of one or two), and under NOSPACE
+//     before the recovery's defragmentations, since a raised quota is
+//     what a database over the quota needs.
 //   - Failure domains. A new machine goes to the domain with the fewest
 //     machines that will remain (every kept machine except the one a
 //     rollout replaces), ties broken alphabetically; scale-down takes the
@@ -224,6 +232,8 @@ type State struct {
 	// QuotaBackendBytes is etcd's backend quota (--quota-backend-bytes) as
 	// the caller configured it; 0 when unknown. A departed member's NOSPACE
 	// is disarmed only once every member's DBSize is known to be below it.
+	// A voter known to run with another quota is restarted in place with
+	// this one (RestartMember), one at a time.
 	QuotaBackendBytes int64
 	// CompactedRevision is the revision QCP last compacted etcd to
 	// (Compact), and CompactedAt when; the caller records both, and 0 and
@@ -276,6 +286,10 @@ type Tunables struct {
 	// that does not answer counts as busy defragmenting, a disruption in
 	// flight, rather than unhealthy. Default 10 minutes.
 	DefragTimeout time.Duration
+	// RestartTimeout is the same for a restart in place (RestartMember):
+	// etcd is back within seconds, so a member still down after it is
+	// unhealthy. Default 2 minutes.
+	RestartTimeout time.Duration
 }
 
 // Alarm is one active etcd alarm and the member that raised it.
@@ -366,6 +380,17 @@ type Machine struct {
 	// DefragmentedAt is when QCP last finished defragmenting the machine's
 	// member; zero if never. Tunables.DefragMinInterval counts from it.
 	DefragmentedAt time.Time
+	// RestartStartedAt is when QCP asked the machine's agent to restart
+	// its etcd with new settings (RestartMember) and has not yet recorded
+	// the end; zero when none is open. Like DefragStartedAt, an open record
+	// on a member that does not answer is a disruption in flight (see
+	// Tunables.RestartTimeout).
+	RestartStartedAt time.Time
+	// QuotaBackendBytes is the backend quota the machine's etcd was last
+	// given: by its bootstrap data, or by the last RestartMember; 0 when
+	// unknown. The member's own report (Member.DBSizeQuota) wins where
+	// there is one; etcd 3.5 has none.
+	QuotaBackendBytes int64
 }
 
 // Member is one etcd member, from MemberList plus per-member Status.

@@ -19,6 +19,7 @@ const (
 	DefaultDefragMinInterval      = time.Hour
 	DefaultDefragTimeout          = 10 * time.Minute
 	DefaultCompactionRetention    = 1000
+	DefaultRestartTimeout         = 2 * time.Minute
 )
 
 // view is a sorted, indexed copy of a State, so that rules can ask questions
@@ -76,6 +77,7 @@ func (t Tunables) WithDefaults() Tunables {
 	orDefault(&t.DefragMinInterval, DefaultDefragMinInterval)
 	orDefault(&t.DefragTimeout, DefaultDefragTimeout)
 	orDefault(&t.CompactionRetention, DefaultCompactionRetention)
+	orDefault(&t.RestartTimeout, DefaultRestartTimeout)
 	return t
 }
 
@@ -294,7 +296,7 @@ func (v view) dueForRemediation(m Member) bool {
 		return false
 	}
 	mc, ok := v.machineOf(m)
-	if ok && mc.HoldRemediation || v.defragmenting(m) {
+	if ok && mc.HoldRemediation || v.disrupting(m) != "" {
 		return false
 	}
 	if ok && mc.Remediate {

@@ -30,6 +30,9 @@ type world struct {
 	// (State.CompactedRevision and CompactedAt).
 	compacted bool
 	compactAt int
+	// quotaRaised: the configured quota is worldRaisedQuota, and members
+	// with oldQuota still run with worldQuota until QCP restarts them.
+	quotaRaised bool
 }
 
 // The backend quota of the world's etcd, and the database sizes its
@@ -37,6 +40,9 @@ type world struct {
 const (
 	worldQuota  = 2 << 30
 	worldDBSize = 1 << 30
+	// worldRaisedQuota is the quota a user raised worldQuota to: every
+	// database fits under it.
+	worldRaisedQuota = 4 << 30
 	// worldDefragInterval is shorter than an epoch, so that a member
 	// defragmented in an earlier epoch may be again.
 	worldDefragInterval = 5 * time.Minute
@@ -66,13 +72,15 @@ type wMachine struct {
 	defragOpen  bool // a defragmentation record is open (started, end not recorded)
 	defragged   bool // its member was defragmented, at epoch defragAt
 	defragAt    int
+	restartOpen bool // a restart record is open (started at epoch restartAt, end not recorded)
+	restartAt   int
 }
 
 // version stands in for the Machine's resourceVersion: it changes whenever
 // anything the API server stores about the machine changes.
 func (m wMachine) version() string {
-	return m.fd + "/" + bits(m.addr, m.upToDate, m.deleting, m.annotated, m.hook, m.failed, m.remediate, m.joinStarted, m.defragOpen, m.defragged) +
-		"/" + strconv.FormatUint(m.memberID, 10) + "/" + strconv.Itoa(m.defragAt)
+	return m.fd + "/" + bits(m.addr, m.upToDate, m.deleting, m.annotated, m.hook, m.failed, m.remediate, m.joinStarted, m.defragOpen, m.defragged, m.restartOpen) +
+		"/" + strconv.FormatUint(m.memberID, 10) + "/" + strconv.Itoa(m.defragAt) + "/" + strconv.Itoa(m.restartAt)
 }
 
 type wMember struct {
@@ -92,6 +100,10 @@ type wMember struct {
 	// after a compaction; liveOverQuota: its data itself is, and nothing
 	// but a bigger quota helps.
 	overQuota, liveOverQuota bool
+	// oldQuota: it runs with worldQuota in a world whose quota was raised;
+	// restarting: it is restarting with the new one, and answers nothing
+	// until it is back.
+	oldQuota, restarting bool
 }
 
 var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -133,6 +145,9 @@ func (w world) state() State {
 	at := func(epoch int) time.Time { return t0.Add(time.Duration(epoch) * epochLen) }
 	s := State{Desired: w.desired, Topology: Stacked, Strategy: w.strategy, FailureDomains: w.domains, Now: now, Bootstrapped: w.bootstrapped,
 		DepartedAlarms: slices.Clone(w.departed), QuotaBackendBytes: worldQuota, Tunables: Tunables{DefragMinInterval: worldDefragInterval}}
+	if w.quotaRaised {
+		s.QuotaBackendBytes = worldRaisedQuota
+	}
 	if w.compacted {
 		s.CompactedRevision, s.CompactedAt = worldRevision-DefaultCompactionRetention, at(w.compactAt)
 	}
@@ -155,11 +170,18 @@ func (w world) state() State {
 		case m.defragged:
 			mc.DefragmentedAt = at(m.defragAt).Add(time.Minute)
 		}
+		if m.restartOpen {
+			mc.RestartStartedAt = at(m.restartAt).Add(time.Minute)
+		}
 		s.Machines = append(s.Machines, mc)
 	}
 	for _, m := range w.members {
 		mm := Member{ID: m.id, PeerURL: peerURL(m.host), Learner: m.learner, Healthy: m.healthy,
-			Leader: m.leader, AppliedIndex: 5000, Revision: worldRevision, DBSize: worldDBSize, DBSizeInUse: worldDBSize * 9 / 10, CatchUpProgressAt: now}
+			Leader: m.leader, AppliedIndex: 5000, Revision: worldRevision, DBSize: worldDBSize, DBSizeInUse: worldDBSize * 9 / 10, CatchUpProgressAt: now,
+			DBSizeQuota: s.QuotaBackendBytes}
+		if m.oldQuota {
+			mm.DBSizeQuota = worldQuota
+		}
 		if m.fragmented {
 			mm.DBSizeInUse = worldDBSize / 4
 		}
@@ -238,6 +260,12 @@ func (w world) apply(d Decision) world {
 		m.defragmenting, m.healthy, m.leader, m.since = true, false, false, w.epoch
 		mc.defragOpen, mc.defragged, mc.defragAt = true, true, w.epoch
 		w.elect()
+	case RestartMember:
+		// Down for the seconds its restart takes, in progress.
+		m, mc := w.member(d.MemberID), w.machine(d.Machine)
+		m.restarting, m.healthy, m.leader, m.since = true, false, false, w.epoch
+		mc.restartOpen, mc.restartAt = true, w.epoch
+		w.elect()
 	case RemoveMember:
 		if m := w.member(d.MemberID); m != nil && m.alarm != "" {
 			w.departed = append(w.departed, Alarm{MemberID: m.id, Type: m.alarm}) // etcd keeps it
@@ -272,9 +300,9 @@ func (w *world) progress() {
 		switch {
 		case mc == nil:
 		case mc.slow:
-		case m.defragmenting:
-			m.finishDefrag()
-			mc.defragOpen = false // the caller records the end
+		case m.defragmenting || m.restarting:
+			m.finishDisruption()
+			mc.defragOpen, mc.restartOpen = false, false // the caller records the end
 		case !m.started && !mc.broken && !mc.deleting:
 			m.started, m.healthy = true, true
 		case m.started && m.healthy && !m.caughtUp && !mc.stalled:
@@ -386,6 +414,9 @@ func (w world) converged() bool {
 		if m.defragmenting || (m.fragmented && w.desired >= 3) {
 			return false // a member of three or more is defragmented
 		}
+		if m.restarting || m.oldQuota {
+			return false // every member runs with the configured quota
+		}
 		replaced := !mc.upToDate || (len(w.domains) > 0 && !slices.Contains(w.domains, mc.fd))
 		if replaced && w.strategy != OnDelete {
 			return false
@@ -435,6 +466,7 @@ func (w world) key() string {
 	b = append(b, w.strategy...)
 	b = strconv.AppendBool(b, w.bootstrapped)
 	b = strconv.AppendBool(b, w.compacted)
+	b = strconv.AppendBool(b, w.quotaRaised)
 	b = append(b, strings.Join(w.domains, ",")...)
 	b = append(b, '|')
 	for _, mc := range w.machines {
@@ -450,7 +482,7 @@ func (w world) key() string {
 		b = append(b, ',')
 		b = append(b, bits(w.epoch > mc.readyAt, mc.addr, mc.upToDate, mc.deleting, mc.annotated, mc.hook, mc.failed, mc.broken,
 			mc.noInfra, mc.slow, mc.remediate, mc.joinStarted, mc.memberID != 0, mc.stalled, mc.defragOpen, mc.defragged && mc.defragAt == w.epoch,
-			mc.defragged && w.compacted && mc.defragAt >= w.compactAt)...)
+			mc.defragged && w.compacted && mc.defragAt >= w.compactAt, mc.restartOpen && mc.restartAt == w.epoch)...)
 		b = append(b, ',')
 		b = strconv.AppendInt(b, int64(mid), 10)
 		b = append(b, ';')
@@ -463,7 +495,8 @@ func (w world) key() string {
 		}
 		b = strconv.AppendInt(b, int64(host), 10)
 		b = append(b, ',')
-		b = append(b, bits(m.learner, m.started, m.healthy, m.caughtUp, m.leader, w.epoch > m.since, m.fragmented, m.defragmenting, m.overQuota, m.liveOverQuota)...)
+		b = append(b, bits(m.learner, m.started, m.healthy, m.caughtUp, m.leader, w.epoch > m.since, m.fragmented, m.defragmenting, m.overQuota, m.liveOverQuota,
+			m.oldQuota, m.restarting)...)
 		b = append(b, m.alarm...)
 		b = append(b, ';')
 	}
@@ -475,10 +508,14 @@ func (w world) key() string {
 	return string(b)
 }
 
-// finishDefrag ends m's defragmentation: it answers again, its database
-// compact.
-func (m *wMember) finishDefrag() {
+// finishDisruption ends m's defragmentation (it answers again, its
+// database compact) or restart (it answers again, with the configured
+// quota).
+func (m *wMember) finishDisruption() {
 	if m.defragmenting {
 		m.defragmenting, m.fragmented, m.overQuota, m.healthy, m.caughtUp = false, false, false, true, true
+	}
+	if m.restarting {
+		m.restarting, m.oldQuota, m.healthy, m.caughtUp = false, false, true, true
 	}
 }
