@@ -14,8 +14,23 @@ type Process struct {
 	Name bootstrap.Component
 	Path string
 	Args []string
+	// DynamicArgs, when set, are computed again at every start and go
+	// into Args at index DynamicAt: a setting changed while the machine
+	// runs (etcd's quota) takes effect at the next restart, and still
+	// before the document's extraArgs.
+	DynamicArgs func() []string
+	DynamicAt   int
 	// Nice is the component's scheduling niceness (0 to 19).
 	Nice int
+}
+
+// CommandLine is the arguments the component starts with now.
+func (p Process) CommandLine() []string {
+	if p.DynamicArgs == nil {
+		return p.Args
+	}
+	at := min(max(p.DynamicAt, 0), len(p.Args))
+	return slices.Concat(p.Args[:at], p.DynamicArgs(), p.Args[at:])
 }
 
 // componentNice is the niceness of every component but etcd. etcd's raft
@@ -50,7 +65,7 @@ func (a *machineCtx) url(scheme string, port int) string {
 func (a *machineCtx) etcdProcess(initialCluster, state string) Process {
 	peer := a.url("https", EtcdPeerPort)
 	client := a.url("https", EtcdClientPort)
-	return a.process(bootstrap.Etcd, a.bins["etcd"], []string{
+	own := []string{
 		"--name=" + a.machine.Name,
 		"--data-dir=" + filepath.Join(a.dir, "etcd"),
 		"--listen-client-urls=" + client,
@@ -74,7 +89,12 @@ func (a *machineCtx) etcdProcess(initialCluster, state string) Process {
 		"--snapshot-count=10000",
 		"--logger=zap",
 		"--log-level=warn",
-	})
+	}
+	p := a.process(bootstrap.Etcd, a.bins["etcd"], own)
+	// A restart with the same data directory ignores --initial-cluster*,
+	// so the rest of the first command line stays valid.
+	p.DynamicArgs, p.DynamicAt = a.etcdSettingsArgs, len(own)
+	return p
 }
 
 func (a *machineCtx) etcdServers() string {

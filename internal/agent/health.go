@@ -210,15 +210,9 @@ func ReadHealth(ctx context.Context, address string) (Health, error) {
 // serveHealth serves the health endpoint until ctx ends. Its errors are
 // PreflightErrors: nothing has started yet.
 func (a *machineCtx) serveHealth(ctx context.Context) error {
-	addr := net.JoinHostPort(a.machine.Address, strconv.Itoa(HealthPort))
-	ln, err := net.Listen("tcp", addr)
-	if errors.Is(err, syscall.EADDRINUSE) {
-		return &PreflightError{Reason: ReasonPortInUse, Err: fmt.Errorf(
-			"machine %s/%s: port %d on %s, qcp-agent's health endpoint, is already in use (%w): stop the process listening there (`ss -ltnp src %s` names it), or give the machine an address no other machine or process uses",
-			a.machine.Namespace, a.machine.Name, HealthPort, a.machine.Address, err, addr)}
-	}
+	ln, err := a.listen(HealthPort, "health endpoint")
 	if err != nil {
-		return &PreflightError{Reason: ReasonStartFailed, Err: fmt.Errorf("machine %s/%s: health endpoint on %s: %w", a.machine.Namespace, a.machine.Name, addr, err)}
+		return err
 	}
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -230,14 +224,39 @@ func (a *machineCtx) serveHealth(ctx context.Context) error {
 		_ = json.NewEncoder(w).Encode(h)
 	})
 	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	a.serve(ctx, srv, "health endpoint", func() error { return srv.Serve(ln) })
+	return nil
+}
+
+// listen binds port on the machine's address for the agent's endpoint
+// what. Its errors are PreflightErrors: nothing has started yet.
+func (a *machineCtx) listen(port int, what string) (net.Listener, error) {
+	addr := net.JoinHostPort(a.machine.Address, strconv.Itoa(port))
+	ln, err := net.Listen("tcp", addr)
+	if errors.Is(err, syscall.EADDRINUSE) {
+		return nil, &PreflightError{Reason: ReasonPortInUse, Err: fmt.Errorf(
+			"machine %s/%s: port %d on %s, qcp-agent's %s, is already in use (%w): stop the process listening there (`ss -ltnp src %s` names it), or give the machine an address no other machine or process uses",
+			a.machine.Namespace, a.machine.Name, port, a.machine.Address, what, err, addr)}
+	}
+	if err != nil {
+		return nil, &PreflightError{Reason: ReasonStartFailed, Err: fmt.Errorf("machine %s/%s: %s on %s: %w", a.machine.Namespace, a.machine.Name, what, addr, err)}
+	}
+	return ln, nil
+}
+
+// serve runs srv through run until ctx ends. Run waits for the server to
+// close, so that an agent started again at once finds its ports free.
+func (a *machineCtx) serve(ctx context.Context, srv *http.Server, what string, run func() error) {
+	a.servers.Add(2)
 	go func() {
+		defer a.servers.Done()
 		<-ctx.Done()
 		_ = srv.Close()
 	}()
 	go func() {
-		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			a.log.Error("health endpoint stopped", "err", err)
+		defer a.servers.Done()
+		if err := run(); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			a.log.Error(what+" stopped", "err", err)
 		}
 	}()
-	return nil
 }

@@ -31,6 +31,7 @@ const (
 	EtcdClientPort  = 2379
 	EtcdPeerPort    = 2380
 	EtcdMetricsPort = 2381
+	EtcdAdminPort   = 2382 // qcp-agent's etcd settings endpoint
 	APIServerPort   = 6443
 	HealthPort      = 10248
 	KCMPort         = 10257

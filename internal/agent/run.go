@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 
 	"github.com/qcp-dev/qcp/internal/bootstrap"
@@ -50,6 +51,9 @@ type machineCtx struct {
 	// etcdEndpoint is the local etcd endpoint's URL, when the API server
 	// follows an etcd cluster's membership through one.
 	etcdEndpoint string
+	etcdSettings etcdSettingsState
+	// servers counts the agent's endpoints' goroutines.
+	servers sync.WaitGroup
 }
 
 // Preflight reads and validates everything Run needs without starting or
@@ -98,6 +102,11 @@ func Run(ctx context.Context, opts Options) (err error) {
 		return err
 	}
 	a := &machineCtx{dir: opts.Dir, machine: m, doc: doc, bins: doc.Binaries(opts.BinDir), log: log.With("machine", m.Name)}
+	if doc.Runs(bootstrap.Etcd) {
+		if err := a.loadEtcdSettings(); err != nil {
+			return err
+		}
+	}
 	if err := WriteStatus(opts.Dir, Status{Phase: PhaseStarting}); err != nil {
 		return err
 	}
@@ -118,11 +127,19 @@ func Run(ctx context.Context, opts Options) (err error) {
 		}
 	}
 	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
+	defer func() {
+		cancel()
+		a.servers.Wait()
+	}()
 	// The health listener goes first: binding the machine's address fails
 	// fast if another machine already has it, before any component starts.
 	if err := a.serveHealth(ctx); err != nil {
 		return err
+	}
+	if doc.Runs(bootstrap.Etcd) {
+		if err := a.serveEtcdSettings(ctx); err != nil {
+			return err
+		}
 	}
 	go a.prober.Run(ctx)
 	if err := WriteStatus(opts.Dir, Status{Phase: PhaseRunning}); err != nil {

@@ -178,7 +178,7 @@ func (s *supervisor) runOnce(ctx context.Context, p Process) error {
 	}
 	defer logFile.Close()
 	fmt.Fprintf(logFile, "---- qcp-agent starting %s at %s\n", p.Name, time.Now().UTC().Format(time.RFC3339))
-	cmd := exec.Command(p.Path, p.Args...)
+	cmd := exec.Command(p.Path, p.CommandLine()...)
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	// No Setpgid: children stay in the agent's process group. Pdeathsig
 	// makes a component die with the agent even when only the agent is

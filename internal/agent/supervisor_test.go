@@ -4,6 +4,9 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"os"
+	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -214,5 +217,62 @@ func TestProbesFastUntilFirstHealthy(t *testing.T) {
 	a.prober.set(bootstrap.Etcd, Probe{OK: true, Time: time.Now()})
 	if every := a.prober.noteHealth(); every != probeEvery || !a.health().FirstHealthy.Equal(first) {
 		t.Errorf("healthy again: next round in %v, first healthy %v; want %v and still %v", every, a.health().FirstHealthy, probeEvery, first)
+	}
+}
+
+// TestDynamicArgsAtEachStart: a process's dynamic arguments are computed
+// again when it is restarted, and go where DynamicAt says.
+func TestDynamicArgsAtEachStart(t *testing.T) {
+	s := newSupervisor(t.TempDir(), slog.New(slog.NewTextHandler(t.Output(), nil)), 0)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer func() {
+		cancel()
+		s.Wait()
+	}()
+	var mu sync.Mutex
+	seconds := "600"
+	s.Start(ctx, Process{Name: bootstrap.Etcd, Path: "/bin/sleep", Args: []string{"1"}, DynamicAt: 0,
+		DynamicArgs: func() []string {
+			mu.Lock()
+			defer mu.Unlock()
+			return []string{seconds}
+		}})
+	started := func(what string, pid int) ComponentState {
+		t.Helper()
+		var st ComponentState
+		wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
+		defer wcancel()
+		if err := testkit.Eventually(wctx, 10*time.Millisecond, what, func(context.Context) error {
+			st = s.Snapshot()[bootstrap.Etcd]
+			if !st.Running || st.PID == pid {
+				return fmt.Errorf("state %+v", st)
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	read := func(pid int) string {
+		t.Helper()
+		data, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.Join(strings.Split(strings.TrimRight(string(data), "\x00"), "\x00"), " ")
+	}
+	first := started("the process to run", 0)
+	if got, want := read(first.PID), "/bin/sleep 600 1"; got != want {
+		t.Errorf("first command line %q, want %q", got, want)
+	}
+	mu.Lock()
+	seconds = "601"
+	mu.Unlock()
+	if !s.Restart(bootstrap.Etcd, "testing") {
+		t.Fatal("Restart of a running component reported false")
+	}
+	second := started("a new process after the restart", first.PID)
+	if got, want := read(second.PID), "/bin/sleep 601 1"; got != want {
+		t.Errorf("command line after the restart %q, want %q", got, want)
 	}
 }

@@ -27,6 +27,7 @@ func TestStackedRoundTrips(t *testing.T) {
 		"join":     NewStacked("c1", cas, "127.0.200.1:6443", JoinMember("https://127.0.200.2:2379")),
 		"external": NewExternal("c1", cas, "", ExternalEtcd{Endpoints: []string{"https://127.0.200.9:2379"}, CACert: string(cas.Etcd.CertPEM), ClientCert: mustClient(t, cas), ClientKey: lastKey}),
 		"etcdonly": NewEtcdOnly("e1", cas.Etcd, NewMember()),
+		"quota":    NewEtcdOnly("e1", cas.Etcd, LocalEtcd{Mode: EtcdModeNew, QuotaBackendBytes: 8 << 30}),
 	} {
 		t.Run(name, func(t *testing.T) {
 			roundTrip(t, d)
@@ -90,6 +91,7 @@ func TestParseRejects(t *testing.T) {
 		{"bad etcd mode", edit(func(d *Document) { d.Etcd.Local.Mode = "join" }), []string{"etcd.local.mode", `unknown mode "join"`, "new"}},
 		{"existing without endpoints", edit(func(d *Document) { d.Etcd.Local.Mode = EtcdModeExisting }), []string{"etcd.local.existingEndpoints", "mode existing"}},
 		{"http endpoint", edit(func(d *Document) { *d.Etcd.Local = JoinMember("http://127.0.0.1:2379") }), []string{"etcd.local.existingEndpoints[0]", "https://"}},
+		{"negative quota", edit(func(d *Document) { d.Etcd.Local.QuotaBackendBytes = -1 }), []string{"etcd.local.quotaBackendBytes", "-1 is negative", "8589934592"}},
 		{"bad initial cluster", edit(func(d *Document) { d.Etcd.Local.InitialCluster = "m1" }), []string{"etcd.local.initialCluster", "name=peerURL"}},
 		{"etcd without local", edit(func(d *Document) { d.Etcd.Local = nil }), []string{"etcd.local", "components include etcd"}},
 		{"no etcd at all", edit(func(d *Document) { d.Etcd.Local = nil; d.Components = d.Components[1:] }), []string{"kube-apiserver needs etcd"}},

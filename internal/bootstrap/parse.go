@@ -197,6 +197,9 @@ func (d *Document) validateEtcd() []FieldError {
 				add("etcd.local.initialCluster", err.Error(), "use name=https://host:2380,... as etcd's --initial-cluster")
 			}
 		}
+		if local.QuotaBackendBytes < 0 {
+			add("etcd.local.quotaBackendBytes", fmt.Sprintf("%d is negative", local.QuotaBackendBytes), "set etcd's backend quota in bytes, e.g. 8589934592 for 8 GiB, or remove the field for etcd's default of 2 GiB")
+		}
 	}
 	if ext != nil {
 		if len(ext.Endpoints) == 0 {

@@ -107,6 +107,10 @@ type LocalEtcd struct {
 	// InitialCluster (name=peerURL,...) is used as given when set and the
 	// member list cannot be read; otherwise it is built from the member list.
 	InitialCluster string `json:"initialCluster,omitempty"`
+	// QuotaBackendBytes is etcd's --quota-backend-bytes; 0 leaves etcd's
+	// default (2 GiB). The agent's etcd settings file, written when the
+	// manager changes the quota of a running member, overrides it.
+	QuotaBackendBytes int64 `json:"quotaBackendBytes,omitempty"`
 }
 
 // ExternalEtcd is an etcd cluster the API server uses but this machine does

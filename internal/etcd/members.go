@@ -182,15 +182,10 @@ const DefragmentTimeout = 5 * time.Minute
 // own endpoint: etcd's Defragment acts only on the member that serves the
 // request. The member blocks its reads and writes until it is done.
 func (c *Client) Defragment(ctx context.Context, id uint64) error {
-	members, err := c.Members(ctx)
+	endpoint, err := c.ClientURL(ctx, id)
 	if err != nil {
-		return fmt.Errorf("defragmenting member %x: %w", id, err)
+		return fmt.Errorf("defragmenting: %w", err)
 	}
-	i := slices.IndexFunc(members, func(m Member) bool { return m.ID == id })
-	if i < 0 || len(members[i].ClientURLs) == 0 {
-		return fmt.Errorf("defragmenting member %x: it is not a started member", id)
-	}
-	endpoint := members[i].ClientURLs[0]
 	p, err := c.pin(endpoint)
 	if err != nil {
 		return fmt.Errorf("defragmenting member %x: %w", id, err)
@@ -201,6 +196,39 @@ func (c *Client) Defragment(ctx context.Context, id uint64) error {
 		return fmt.Errorf("defragmenting member %x at %s: %w", id, endpoint, err)
 	}
 	return nil
+}
+
+// ClientURL is started member id's (first) client URL.
+func (c *Client) ClientURL(ctx context.Context, id uint64) (string, error) {
+	members, err := c.Members(ctx)
+	if err != nil {
+		return "", fmt.Errorf("member %x: %w", id, err)
+	}
+	i := slices.IndexFunc(members, func(m Member) bool { return m.ID == id })
+	if i < 0 || len(members[i].ClientURLs) == 0 {
+		return "", fmt.Errorf("member %x is not a started member", id)
+	}
+	return members[i].ClientURLs[0], nil
+}
+
+// WaitHealthy waits up to timeout for the member at endpoint to answer
+// Health, as one does again once a restart is over.
+func (c *Client) WaitHealthy(ctx context.Context, endpoint string, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	tick := time.NewTicker(250 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		err := c.Health(ctx, endpoint)
+		if err == nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("member at %s still unhealthy after %s: %w", endpoint, timeout, err)
+		case <-tick.C:
+		}
+	}
 }
 
 // Compact compacts the key-value history up to rev, and waits until the

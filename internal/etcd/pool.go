@@ -180,6 +180,11 @@ func dial(cfg Config, tlsCfg *tls.Config, endpoints []string, autoSync time.Dura
 	return cli, nil
 }
 
+// TLSConfig is a copy of the client's TLS configuration (the etcd CA and
+// the client certificate), for the agents of the cluster's machines, which
+// take the same certificate as etcd's client port.
+func (c *Client) TLSConfig() *tls.Config { return c.tls.Clone() }
+
 // Raw returns the underlying clientv3 client for key-value traffic.
 func (c *Client) Raw() *clientv3.Client { return c.cli }
 

@@ -63,10 +63,10 @@ func portsFree(ip net.IP, ports ...int) bool {
 	return true
 }
 
-// machinePorts are the ports a process machine (etcd, kube-apiserver,
-// qcp-agent's health endpoint, kube-controller-manager, kube-scheduler) or
-// a load balancer listens on.
-var machinePorts = []int{2379, 2380, 2381, 6443, 10248, 10257, 10259}
+// machinePorts are the ports a process machine (etcd, qcp-agent's etcd
+// settings endpoint, kube-apiserver, qcp-agent's health endpoint,
+// kube-controller-manager, kube-scheduler) or a load balancer listens on.
+var machinePorts = []int{2379, 2380, 2381, 2382, 6443, 10248, 10257, 10259}
 
 // ReserveAddress returns a loopback address for a process machine or load
 // balancer of t, free on every port one listens on, and holds it until t

@@ -73,6 +73,16 @@ func TestAdmissionThroughAPIServer(t *testing.T) {
 		}
 	})
 
+	t.Run("backend quota below 16 MiB refused by the schema", func(t *testing.T) {
+		obj := qcp(quota(16<<20 - 1))
+		obj.Name = "small-quota"
+		err := c.Create(ctx, obj)
+		if !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "spec.etcd.stacked.quotaBackendBytes") ||
+			!strings.Contains(err.Error(), "16777216") {
+			t.Errorf("want an Invalid error on spec.etcd.stacked.quotaBackendBytes that names 16777216, got %v", err)
+		}
+	})
+
 	t.Run("two etcd modes at once refused by the schema", func(t *testing.T) {
 		obj := qcp(external("https://10.0.0.1:2379"), func(q *controlplanev1.QuorumControlPlane) {
 			q.Spec.Etcd.Stacked.Version = "v3.6.16"

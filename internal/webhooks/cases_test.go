@@ -64,6 +64,14 @@ func clusterRef(name string) func(*controlplanev1.QuorumControlPlane) {
 	}
 }
 
+func etcdArgs(args ...controlplanev1.Arg) func(*controlplanev1.QuorumControlPlane) {
+	return func(q *controlplanev1.QuorumControlPlane) { q.Spec.Etcd.Stacked.ExtraArgs = args }
+}
+
+func quota(bytes int64) func(*controlplanev1.QuorumControlPlane) {
+	return func(q *controlplanev1.QuorumControlPlane) { q.Spec.Etcd.Stacked.QuotaBackendBytes = ptr.To(bytes) }
+}
+
 func admissionCases() []admissionCase {
 	return []admissionCase{
 		// Rejected creates.
@@ -126,6 +134,12 @@ func admissionCases() []admissionCase {
 		{name: "an API server flag qcp-agent owns", new: qcp(func(q *controlplanev1.QuorumControlPlane) {
 			q.Spec.APIServer.ExtraArgs = []controlplanev1.Arg{{Name: "v", Value: "2"}, {Name: "etcd-servers", Value: "https://10.0.0.9:2379"}}
 		}), field: "spec.apiServer.extraArgs[1].name", fix: "remove it and set etcd.external.endpoints instead"},
+		{name: "the backend quota as an etcd flag", new: qcp(etcdArgs(
+			controlplanev1.Arg{Name: "log-level", Value: "debug"}, controlplanev1.Arg{Name: "quota-backend-bytes", Value: "8589934592"})),
+			field: "spec.etcd.stacked.extraArgs[1].name", fix: "remove it and set spec.etcd.stacked.quotaBackendBytes instead"},
+		{name: "the backend quota flag added by an update", old: qcp(quota(4 << 30)),
+			new:   qcp(quota(4<<30), etcdArgs(controlplanev1.Arg{Name: "quota-backend-bytes", Value: "8589934592"})),
+			field: "spec.etcd.stacked.extraArgs[0].name", fix: "set spec.etcd.stacked.quotaBackendBytes instead"},
 		{name: "valid upgrade together with even replicas", old: qcp(), new: qcp(version("v1.37.0"), replicas(4)),
 			field: "spec.replicas", fix: "use 3 or 5"},
 
@@ -136,8 +150,8 @@ func admissionCases() []admissionCase {
 		{name: "even replicas with external etcd", new: qcp(external("https://10.0.0.1:2379"), replicas(2))},
 		{name: "even replicas with an EtcdCluster", new: qcp(clusterRef("etcd-a"), replicas(4))},
 		{name: "tuned stacked etcd and components", new: qcp(func(q *controlplanev1.QuorumControlPlane) {
-			q.Spec.Etcd.Stacked = controlplanev1.StackedEtcd{Version: "v3.6.16",
-				ExtraArgs: []controlplanev1.Arg{{Name: "quota-backend-bytes", Value: "8589934592"}}}
+			q.Spec.Etcd.Stacked = controlplanev1.StackedEtcd{Version: "v3.6.16", QuotaBackendBytes: ptr.To[int64](8 << 30),
+				ExtraArgs: []controlplanev1.Arg{{Name: "snapshot-count", Value: "50000"}}}
 			q.Spec.APIServer = controlplanev1.APIServerSpec{CertSANs: []string{"api.example.com", "*.example.com", "10.0.0.1"},
 				ExtraArgs: []controlplanev1.Arg{{Name: "audit-log-path", Value: "-"}}}
 			q.Spec.Scheduler.ExtraArgs = []controlplanev1.Arg{{Name: "v", Value: "2"}}
@@ -157,5 +171,14 @@ func admissionCases() []admissionCase {
 		{name: "labels only", old: qcp(), new: qcp(func(q *controlplanev1.QuorumControlPlane) {
 			q.Labels = map[string]string{"team": "a"}
 		})},
+		{name: "the smallest backend quota", new: qcp(quota(16 << 20))},
+		{name: "backend quota raised", old: qcp(), new: qcp(quota(8 << 30))},
+		// An object stored before quotaBackendBytes existed may still carry
+		// the flag; it must stay labelable and deletable.
+		{name: "labels only on a spec with the backend quota flag", pureOnly: true,
+			old: qcp(etcdArgs(controlplanev1.Arg{Name: "quota-backend-bytes", Value: "8589934592"})),
+			new: qcp(etcdArgs(controlplanev1.Arg{Name: "quota-backend-bytes", Value: "8589934592"}), func(q *controlplanev1.QuorumControlPlane) {
+				q.Labels = map[string]string{"team": "a"}
+			})},
 	}
 }

@@ -3,6 +3,7 @@ package webhooks
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -49,7 +50,7 @@ func ValidateEtcdCluster(old, ec *etcdv1.EtcdCluster) field.ErrorList {
 	errs := validateMembers(specPath.Child("replicas"), ptr.Deref(spec.Replicas, 3))
 	errs = append(errs, validateEtcdVersion(specPath.Child("version"), spec.Version)...)
 	for i, a := range spec.ExtraArgs {
-		errs = append(errs, argErrors(specPath.Child("extraArgs").Index(i), bootstrap.Etcd, a)...)
+		errs = append(errs, etcdArgErrors(specPath.Child("extraArgs").Index(i), a, specPath.Child("quotaBackendBytes"))...)
 	}
 	if old != nil {
 		errs = append(errs, validateEtcdVersionChange(old, ec)...)
@@ -118,6 +119,26 @@ func argErrors(path *field.Path, component bootstrap.Component, a controlplanev1
 		errs = append(errs, field.Invalid(path.Child(e.Field), value, e.Problem+"; "+e.Fix))
 	}
 	return errs
+}
+
+// quotaFlag is etcd's backend quota flag, which has a field of its own.
+const quotaFlag = "quota-backend-bytes"
+
+// etcdArgErrors checks one extra etcd flag. The backend quota is refused
+// in favour of quotaField: a change of the field restarts each member in
+// place, where a change of extraArgs replaces every machine, and two
+// places to set it would disagree.
+func etcdArgErrors(path *field.Path, a controlplanev1.Arg, quotaField *field.Path) field.ErrorList {
+	errs := argErrors(path, bootstrap.Etcd, a)
+	if a.Name != quotaFlag { // the schema allows no other spelling
+		return errs
+	}
+	name := path.Child("name")
+	// This message says more than any other about the same name would.
+	errs = slices.DeleteFunc(errs, func(e *field.Error) bool { return e.Field == name.String() })
+	return append(field.ErrorList{field.Invalid(name, a.Name, fmt.Sprintf(
+		"flag --%s of etcd has its own field, whose change restarts each member in place instead of replacing every machine; remove it and set %s instead",
+		a.Name, quotaField))}, errs...)
 }
 
 // Default fills in what the user left out.

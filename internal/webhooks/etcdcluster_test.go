@@ -50,12 +50,21 @@ func etcdVersion(v string) func(*etcdv1.EtcdCluster) {
 	return func(ec *etcdv1.EtcdCluster) { ec.Spec.Version = v }
 }
 
+func etcdExtraArgs(args ...controlplanev1.Arg) func(*etcdv1.EtcdCluster) {
+	return func(ec *etcdv1.EtcdCluster) { ec.Spec.ExtraArgs = args }
+}
+
+func etcdQuota(bytes int64) func(*etcdv1.EtcdCluster) {
+	return func(ec *etcdv1.EtcdCluster) { ec.Spec.QuotaBackendBytes = ptr.To(bytes) }
+}
+
 // etcdCase is one request, as admissionCase is for control planes.
 type etcdCase struct {
 	name       string
 	old, new   *etcdv1.EtcdCluster
 	field, fix string
-	// pureOnly cases never reach the webhook: the schema refuses them first.
+	// pureOnly cases never reach the webhook: the schema or the webhook
+	// itself refuses their starting point first.
 	pureOnly bool
 }
 
@@ -76,8 +85,20 @@ func etcdClusterCases() []etcdCase {
 			ec.Spec.ExtraArgs = []controlplanev1.Arg{{Name: "data-dir", Value: "/tmp/x"}}
 		}), field: "spec.extraArgs[0].name", fix: "flag --data-dir of etcd is owned by qcp-agent"},
 		{name: "an extra flag", new: etcdCluster(func(ec *etcdv1.EtcdCluster) {
-			ec.Spec.ExtraArgs = []controlplanev1.Arg{{Name: "quota-backend-bytes", Value: "4294967296"}}
+			ec.Spec.ExtraArgs = []controlplanev1.Arg{{Name: "snapshot-count", Value: "50000"}}
 		})},
+		{name: "the backend quota as a flag", new: etcdCluster(etcdExtraArgs(controlplanev1.Arg{Name: "quota-backend-bytes", Value: "4294967296"})),
+			field: "spec.extraArgs[0].name", fix: "remove it and set spec.quotaBackendBytes instead"},
+		{name: "the backend quota flag added by an update", old: etcdCluster(),
+			new:   etcdCluster(etcdExtraArgs(controlplanev1.Arg{Name: "log-level", Value: "debug"}, controlplanev1.Arg{Name: "quota-backend-bytes", Value: "4294967296"})),
+			field: "spec.extraArgs[1].name", fix: "set spec.quotaBackendBytes instead"},
+		{name: "a backend quota", new: etcdCluster(etcdQuota(4 << 30))},
+		{name: "backend quota raised", old: etcdCluster(etcdQuota(4 << 30)), new: etcdCluster(etcdQuota(8 << 30))},
+		{name: "labels only on a spec with the backend quota flag", pureOnly: true,
+			old: etcdCluster(etcdExtraArgs(controlplanev1.Arg{Name: "quota-backend-bytes", Value: "4294967296"})),
+			new: etcdCluster(etcdExtraArgs(controlplanev1.Arg{Name: "quota-backend-bytes", Value: "4294967296"}), func(ec *etcdv1.EtcdCluster) {
+				ec.Labels = map[string]string{"team": "a"}
+			})},
 		{name: "upgrade v3.5 to v3.6", old: etcdCluster(etcdVersion("v3.5.35")), new: etcdCluster(etcdVersion("v3.6.16"))},
 		{name: "downgrade", old: etcdCluster(), new: etcdCluster(etcdVersion("v3.5.35")),
 			field: "spec.version", fix: "cannot downgrade from v3.6.16: etcd members do not move back to an older storage version; use v3.6.16 or later"},
@@ -193,6 +214,15 @@ func testEtcdClusterAdmission(ctx context.Context, t *testing.T, c client.Client
 			}
 		})
 	}
+
+	t.Run("backend quota below 16 MiB refused by the schema", func(t *testing.T) {
+		ec := etcdCluster(etcdQuota(16<<20 - 1))
+		ec.Name = "etcd-small-quota"
+		err := c.Create(ctx, ec)
+		if !apierrors.IsInvalid(err) || !strings.Contains(err.Error(), "spec.quotaBackendBytes") || !strings.Contains(err.Error(), "16777216") {
+			t.Errorf("want an Invalid error on spec.quotaBackendBytes that names 16777216, got %v", err)
+		}
+	})
 
 	t.Run("scale subresource", func(t *testing.T) {
 		ec := etcdCluster()

@@ -187,11 +187,10 @@ func validateCertSANs(path *field.Path, sans []string) field.ErrorList {
 	return errs
 }
 
-// validateRollout: removing before replacing leaves 2 of 3 voters at worst;
-// with fewer machines it would leave none.
 // validateExtraArgs refuses flags qcp-agent owns on the machines (their
 // addresses, certificates, data directories): a machine created with one
-// would never start.
+// would never start. It refuses etcd's backend quota too, which has a
+// field of its own.
 func validateExtraArgs(spec *controlplanev1.QuorumControlPlaneSpec) field.ErrorList {
 	var errs field.ErrorList
 	for _, c := range []struct {
@@ -205,12 +204,18 @@ func validateExtraArgs(spec *controlplanev1.QuorumControlPlaneSpec) field.ErrorL
 		{specPath.Child("scheduler", "extraArgs"), bootstrap.KubeScheduler, spec.Scheduler.ExtraArgs},
 	} {
 		for i, a := range c.args {
+			if c.component == bootstrap.Etcd {
+				errs = append(errs, etcdArgErrors(c.path.Index(i), a, specPath.Child("etcd", "stacked", "quotaBackendBytes"))...)
+				continue
+			}
 			errs = append(errs, argErrors(c.path.Index(i), c.component, a)...)
 		}
 	}
 	return errs
 }
 
+// validateRollout: removing before replacing leaves 2 of 3 voters at worst;
+// with fewer machines it would leave none.
 func validateRollout(spec *controlplanev1.QuorumControlPlaneSpec) field.ErrorList {
 	if expiry := spec.Rollout.Before.CertificatesExpiryDays; expiry != nil {
 		validity := ptr.Deref(spec.CertificateValidityPeriodDays, controlplanev1.DefaultCertificateValidityPeriodDays)

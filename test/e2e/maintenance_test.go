@@ -3,14 +3,18 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	clientv3 "go.etcd.io/etcd/client/v3"
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/utils/ptr"
+	"sigs.k8s.io/cluster-api/util/conditions"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
@@ -331,7 +335,8 @@ func lastOperation(cp *controlplanev1.QuorumControlPlane) string {
 
 // The NOSPACE scenario's quota, and what fills it: a bounded set of keys
 // overwritten with big values, so that the live data (16 × 256 KiB) stays
-// far under the quota while the history fills it.
+// far under the quota while the history fills it; then new keys, so that
+// the live data itself outgrows it.
 const (
 	noSpaceQuota     = 32 << 20
 	noSpaceKeys      = 16
@@ -339,74 +344,119 @@ const (
 	noSpaceRetention = 20
 )
 
-// TestNoSpaceRecovery is issue 36's NOSPACE scenario: with a 32 MiB quota,
-// a writer overwriting a bounded set of keys fills the database with
-// history until etcd raises NOSPACE and refuses every write. QCP brings it
-// back to writable by itself: the alarm disarmed, every member's database
-// below the quota, writes succeeding again, no member removed, and the
-// scenario's writer losing no acknowledged write.
+// TestNoSpaceRecovery is issue 36's NOSPACE scenario, in two acts on one
+// control plane with a 32 MiB quota (spec.etcd.stacked.quotaBackendBytes).
+//
+// History: a writer overwriting a bounded set of keys fills the database
+// with history until etcd raises NOSPACE and refuses every write. QCP
+// brings it back to writable by itself: the alarm disarmed, every member's
+// database below the quota, writes succeeding again.
+//
+// Live data: new keys fill the quota with data that compaction cannot
+// free. QCP compacts and defragments each member once, then says in
+// EtcdClusterHealthy that the data does not fit, naming quotaBackendBytes,
+// and takes no second pass. Raising the quota restarts the members in
+// place, one at a time, followers first and the leader after a transfer,
+// adding no machine; the alarm ends and writes succeed again.
+//
+// Throughout, no member is removed and no machine deleted, and the
+// scenario's writer loses no acknowledged write.
 func TestNoSpaceRecovery(t *testing.T) {
 	mgmt := requireShared(t)
-	parallel(t, 55*time.Second)
+	parallel(t, 2*time.Minute+30*time.Second)
 	s := newScenario(t, mgmt, "nospace", 3, func(cp *controlplanev1.QuorumControlPlane) {
-		cp.Spec.Etcd.Stacked.ExtraArgs = append(cp.Spec.Etcd.Stacked.ExtraArgs,
-			controlplanev1.Arg{Name: "quota-backend-bytes", Value: fmt.Sprint(noSpaceQuota)})
+		cp.Spec.Etcd.Stacked.QuotaBackendBytes = ptr.To[int64](noSpaceQuota)
 		cp.Spec.Etcd.Stacked.Maintenance = controlplanev1.EtcdMaintenance{CompactionRetentionRevisions: ptr.To[int64](noSpaceRetention)}
 	})
 	s.waitAvailable(convergeTimeout, 3)
 	s.startTraffic(3)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	cli := s.workloadEtcd(ctx)
 	before, err := cli.Members(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
-
 	raw, value := cli.Raw(), strings.Repeat("n", noSpaceValueSize)
-	put := func(ctx context.Context, i int) error {
+	put := func(ctx context.Context, key string) error {
 		pctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 		defer cancel()
-		_, err := raw.Put(pctx, fmt.Sprintf("/qcp-e2e/nospace/%02d", i%noSpaceKeys), value)
+		_, err := raw.Put(pctx, key, value)
 		return err
 	}
-	// Each overwrite adds 256 KiB of history: the quota is reached within
-	// a few hundred writes.
-	var alarmAt time.Time
-	for i := 0; alarmAt.IsZero(); i++ {
-		switch err := put(ctx, i); {
-		case err != nil && strings.Contains(err.Error(), "database space exceeded"):
-			alarmAt = time.Now()
-		case i > 4*noSpaceQuota/noSpaceValueSize:
-			t.Fatalf("no NOSPACE after %d writes of %d KiB under a quota of %d MiB (last error %v)", i, noSpaceValueSize>>10, noSpaceQuota>>20, err)
-		}
-	}
-	t.Logf("etcd raised NOSPACE at %s", alarmAt.Format("15:04:05.000"))
-	s.eventually(5*time.Minute, "etcd taking writes again", func(ctx context.Context) error {
-		if err := put(ctx, 0); err != nil {
+	writable := func(ctx context.Context) error {
+		if err := put(ctx, "/qcp-e2e/nospace/00"); err != nil {
 			cp, _ := s.controlPlane(ctx)
 			return fmt.Errorf("%w; last operation %s", err, lastOperation(cp))
 		}
 		return nil
-	})
-	writable := time.Since(alarmAt)
-	t.Logf("writable again %s after the alarm", writable.Round(time.Millisecond))
+	}
 
-	alarms, err := raw.AlarmList(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(alarms.Alarms) > 0 {
-		t.Errorf("alarms still raised: %v", alarms.Alarms)
-	}
-	if err := eachMember(ctx, cli, func(st etcd.MemberStatus) error {
-		if st.DBSize >= noSpaceQuota {
-			return fmt.Errorf("member %x's database is %d MiB, not below the quota of %d MiB", st.ID, st.DBSize>>20, noSpaceQuota>>20)
+	// History.
+	alarmAt := s.fillUntilNoSpace(ctx, put, func(i int) string { return fmt.Sprintf("/qcp-e2e/nospace/%02d", i%noSpaceKeys) })
+	s.eventually(5*time.Minute, "etcd taking writes again", writable)
+	t.Logf("history: writable again %s after the alarm", time.Since(alarmAt).Round(time.Millisecond))
+	s.checkNoSpaceOver(ctx, cli, noSpaceQuota)
+	s.checkEvent(ctx, "Compact", "has alarms [NOSPACE]: compacting")
+	s.checkEvent(ctx, "DisarmAlarm", "disarming NOSPACE")
+
+	// Live data.
+	defragsBefore, _ := s.bound.defragmentations()
+	alarmAt = s.fillUntilNoSpace(ctx, put, func(i int) string { return fmt.Sprintf("/qcp-e2e/nospace-live/%04d", i) })
+	s.eventually(3*time.Minute, "EtcdClusterHealthy naming the quota to raise", func(ctx context.Context) error {
+		cp, err := s.controlPlane(ctx)
+		if err != nil {
+			return err
+		}
+		if msg := conditions.GetMessage(cp, controlplanev1.EtcdClusterHealthyCondition); !strings.Contains(msg, "spec.etcd.stacked.quotaBackendBytes") {
+			return fmt.Errorf("EtcdClusterHealthy says %q; last operation %s", msg, lastOperation(cp))
 		}
 		return nil
-	}); err != nil {
-		t.Error(err)
+	})
+	// One pass per member, then none: the minimum interval (an hour) holds.
+	onePass := func(context.Context) error {
+		order, _ := s.bound.defragmentations()
+		pass := order[len(defragsBefore):]
+		if len(pass) != 3 || len(slices.Compact(slices.Sorted(slices.Values(pass)))) != 3 {
+			return fmt.Errorf("defragmented %v after the live data filled the quota; want each of the 3 members once", pass)
+		}
+		return nil
 	}
+	s.eventually(time.Minute, "each member defragmented once", onePass)
+	nodes := s.nodeReadiness()
+	s.holds(30*time.Second, "no second pass, no member removed and no machine deleted while the data does not fit", func(ctx context.Context) error {
+		if d := s.bound.departures(); len(d) > 0 {
+			return fmt.Errorf("machines %v left", d)
+		}
+		return onePass(ctx)
+	})
+	t.Logf("live data: the quota filled at %s; Nodes seen not Ready while the alarm held: %v", alarmAt.Format("15:04:05.000"), nodes())
+
+	leader := s.etcdLeader(ctx, cli)
+	raised := int64(4 * noSpaceQuota)
+	s.patchControlPlane(ctx, func(cp *controlplanev1.QuorumControlPlane) { cp.Spec.Etcd.Stacked.QuotaBackendBytes = ptr.To(raised) })
+	raisedAt := time.Now()
+	s.eventually(5*time.Minute, "etcd taking writes again under the raised quota", writable)
+	t.Logf("live data: writable again %s after the quota was raised", time.Since(raisedAt).Round(time.Millisecond))
+	s.eventually(time.Minute, "every member running with the raised quota", func(ctx context.Context) error {
+		return eachMember(ctx, cli, func(st etcd.MemberStatus) error {
+			if st.DBSizeQuota != raised {
+				return fmt.Errorf("member %x runs with a quota of %d bytes, want %d", st.ID, st.DBSizeQuota, raised)
+			}
+			return nil
+		})
+	})
+	order, most := s.bound.restarts()
+	if len(order) != 3 || order[0] == order[1] || order[2] != leader {
+		t.Errorf("restarted %v; want the two followers, then %s, the leader when the quota was raised", order, leader)
+	}
+	if most != 1 {
+		t.Errorf("%d members disrupted at once, want 1", most)
+	}
+	s.checkEvent(ctx, "RestartMember", "the machine stays")
+	s.checkEvent(ctx, "MoveLeader", "before restarting "+leader)
+	s.checkNoSpaceOver(ctx, cli, raised)
+
 	after, err := cli.Members(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -414,7 +464,91 @@ func TestNoSpaceRecovery(t *testing.T) {
 	if !slices.EqualFunc(before, after, func(a, b etcd.Member) bool { return a.ID == b.ID }) {
 		t.Errorf("members %v before NOSPACE, %v after: a member was removed", before, after)
 	}
-	s.checkEvent(ctx, "Compact", "has alarms [NOSPACE]: compacting")
-	s.checkEvent(ctx, "DisarmAlarm", "disarming NOSPACE")
+	if d, n := s.bound.departures(), s.bound.machinesSeen(); len(d) > 0 || n != 3 {
+		t.Errorf("machines %v left and %d were seen: NOSPACE and the quota change must replace none", d, n)
+	}
 	s.finish()
+}
+
+// fillUntilNoSpace writes values under key(i), i = 0, 1, …, until etcd
+// refuses one with NOSPACE, and returns when.
+func (s *scenario) fillUntilNoSpace(ctx context.Context, put func(context.Context, string) error, key func(int) string) time.Time {
+	s.t.Helper()
+	for i := 0; ; i++ {
+		switch err := put(ctx, key(i)); {
+		case err != nil && strings.Contains(err.Error(), "database space exceeded"):
+			s.t.Logf("etcd raised NOSPACE after %d writes", i)
+			return time.Now()
+		case i > 4*noSpaceQuota/noSpaceValueSize:
+			s.t.Fatalf("no NOSPACE after %d writes of %d KiB under a quota of %d MiB (last error %v)", i, noSpaceValueSize>>10, noSpaceQuota>>20, err)
+		}
+	}
+}
+
+// checkNoSpaceOver checks that no alarm is raised and that every member's
+// database is below quota.
+func (s *scenario) checkNoSpaceOver(ctx context.Context, cli *etcd.Client, quota int64) {
+	s.t.Helper()
+	alarms, err := cli.Raw().AlarmList(ctx)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	if len(alarms.Alarms) > 0 {
+		s.t.Errorf("alarms still raised: %v", alarms.Alarms)
+	}
+	if err := eachMember(ctx, cli, func(st etcd.MemberStatus) error {
+		if st.DBSize >= quota {
+			return fmt.Errorf("member %x's database is %d MiB, not below the quota of %d MiB", st.ID, st.DBSize>>20, quota>>20)
+		}
+		return nil
+	}); err != nil {
+		s.t.Error(err)
+	}
+}
+
+// nodeReadiness samples the workload cluster's Nodes every two seconds
+// until the function it returns is called, which returns the Nodes seen
+// with Ready other than True, each with the first status seen.
+func (s *scenario) nodeReadiness() func() []string {
+	s.t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	cs, err := s.workload(ctx)
+	if err != nil {
+		cancel()
+		s.t.Fatal(err)
+	}
+	var mu sync.Mutex
+	seen := map[string]string{}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for ctx.Err() == nil {
+			if nodes, err := cs.CoreV1().Nodes().List(ctx, metav1.ListOptions{}); err == nil {
+				mu.Lock()
+				for _, n := range nodes.Items {
+					for _, c := range n.Status.Conditions {
+						if _, ok := seen[n.Name]; !ok && c.Type == corev1.NodeReady && c.Status != corev1.ConditionTrue {
+							seen[n.Name] = string(c.Status)
+						}
+					}
+				}
+				mu.Unlock()
+			}
+			select {
+			case <-ctx.Done():
+			case <-time.After(2 * time.Second):
+			}
+		}
+	}()
+	return func() []string {
+		cancel()
+		<-done
+		mu.Lock()
+		defer mu.Unlock()
+		var out []string
+		for _, name := range slices.Sorted(maps.Keys(seen)) {
+			out = append(out, name+"="+seen[name])
+		}
+		return out
+	}
 }

@@ -538,18 +538,19 @@ type machineBound struct {
 	departed []string
 	// seen counts every machine ever sampled.
 	seen map[string]bool
-	// defragOrder are the machines in the order their member's
-	// defragmentation began (its record appeared), and maxDefragging the
-	// most machines ever defragmenting at once.
-	defragOrder   []string
-	maxDefragging int
+	// disruptions are, per start record of a disruption
+	// (engine.DefragStartedAnnotation, engine.RestartStartedAnnotation),
+	// the machines in the order the record appeared on them, and
+	// maxDisrupted the most machines ever holding an open record at once.
+	disruptions  map[string][]string
+	maxDisrupted int
 }
 
 func startMachineBound(s *scenario, desired, surge int) *machineBound {
 	s.t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	b := &machineBound{desired: desired, surge: surge, bound: desired + surge, cancel: cancel, done: make(chan struct{}),
-		machines: map[string]*clusterv1.Machine{}, seen: map[string]bool{}}
+		machines: map[string]*clusterv1.Machine{}, seen: map[string]bool{}, disruptions: map[string][]string{}}
 	c, err := cache.New(s.mgmt.env.Config, cache.Options{
 		Scheme:               s.mgmt.env.Scheme,
 		DefaultNamespaces:    map[string]cache.Config{ns: {}},
@@ -621,24 +622,38 @@ func (b *machineBound) sampleLocked() {
 			time.Now().Format("15:04:05.000"), len(b.machines), strings.Join(names, " "), b.desired, b.bound))
 	}
 	b.bound = max(b.desired+b.surge, min(b.bound, len(b.machines)))
-	defragging := 0
+	disrupted := 0
 	for name, m := range b.machines {
-		if _, open := m.Annotations[engine.DefragStartedAnnotation]; open {
-			defragging++
-			if len(b.defragOrder) == 0 || b.defragOrder[len(b.defragOrder)-1] != name {
-				b.defragOrder = append(b.defragOrder, name)
+		open := false
+		for _, record := range []string{engine.DefragStartedAnnotation, engine.RestartStartedAnnotation} {
+			if _, ok := m.Annotations[record]; ok {
+				open = true
+				if order := b.disruptions[record]; len(order) == 0 || order[len(order)-1] != name {
+					b.disruptions[record] = append(order, name)
+				}
 			}
 		}
+		if open {
+			disrupted++
+		}
 	}
-	b.maxDefragging = max(b.maxDefragging, defragging)
+	b.maxDisrupted = max(b.maxDisrupted, disrupted)
 }
 
 // defragmentations returns the machines in the order their member's
-// defragmentation began, and the most ever defragmenting at once.
+// defragmentation began, and the most machines ever disrupted (busy
+// defragmenting or restarting) at once.
 func (b *machineBound) defragmentations() ([]string, int) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return slices.Clone(b.defragOrder), b.maxDefragging
+	return slices.Clone(b.disruptions[engine.DefragStartedAnnotation]), b.maxDisrupted
+}
+
+// restarts is defragmentations for restarts in place.
+func (b *machineBound) restarts() ([]string, int) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return slices.Clone(b.disruptions[engine.RestartStartedAnnotation]), b.maxDisrupted
 }
 
 // departures returns the machines seen leaving so far, in order.

@@ -150,7 +150,7 @@ type EtcdDatabaseStatus struct {
 
 // OperationKind is a step of the quorum engine. The values are the kinds of
 // internal/quorum's Decision.
-// +kubebuilder:validation:Enum=CreateMachine;AddLearner;Promote;MoveLeader;RemoveMember;AddHook;RemoveHook;DeleteMachine;DisarmAlarm;Defragment;Compact;Wait;Degraded
+// +kubebuilder:validation:Enum=CreateMachine;AddLearner;Promote;MoveLeader;RemoveMember;AddHook;RemoveHook;DeleteMachine;DisarmAlarm;Defragment;Compact;RestartMember;Wait;Degraded
 type OperationKind string
 
 // The quorum engine's steps; see internal/quorum for what each one does.
@@ -166,6 +166,7 @@ const (
 	OperationDisarmAlarm   OperationKind = "DisarmAlarm"
 	OperationDefragment    OperationKind = "Defragment"
 	OperationCompact       OperationKind = "Compact"
+	OperationRestartMember OperationKind = "RestartMember"
 	OperationWait          OperationKind = "Wait"
 	OperationDegraded      OperationKind = "Degraded"
 )

@@ -158,7 +158,8 @@ type StackedEtcd struct {
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=256
 	Version string `json:"version,omitempty"`
-	// extraArgs are added to every etcd member's command line.
+	// extraArgs are added to every etcd member's command line. The backend
+	// quota is set by quotaBackendBytes, not here.
 	// +optional
 	// +listType=map
 	// +listMapKey=name
@@ -168,7 +169,20 @@ type StackedEtcd struct {
 	// maintenance is QCP's upkeep of the members' databases.
 	// +optional
 	Maintenance EtcdMaintenance `json:"maintenance,omitempty,omitzero"`
+	// quotaBackendBytes is the size, in bytes, a member's database may
+	// reach before etcd raises NOSPACE and refuses writes. Unset means
+	// etcd's default, 2 GiB; at least 16 MiB. Above 8 GiB etcd warns at
+	// startup. A change restarts each member in place, one at a time,
+	// without replacing machines; it works while NOSPACE is raised too, so
+	// a raised quota gives a full database room again.
+	// +optional
+	// +kubebuilder:validation:Minimum=16777216
+	QuotaBackendBytes *int64 `json:"quotaBackendBytes,omitempty"`
 }
+
+// DefaultQuotaBackendBytes is etcd's own backend quota, 2 GiB: the quota
+// of members whose spec leaves quotaBackendBytes unset.
+const DefaultQuotaBackendBytes int64 = 2 << 30
 
 // DefragmentationPolicy says whether QCP defragments etcd members itself.
 // +kubebuilder:validation:Enum=Automatic;Disabled

@@ -26,6 +26,7 @@ func TestOperationKindsMatchQuorumKindsAndCRDEnum(t *testing.T) {
 		quorum.DisarmAlarm:   controlplanev1.OperationDisarmAlarm,
 		quorum.Defragment:    controlplanev1.OperationDefragment,
 		quorum.Compact:       controlplanev1.OperationCompact,
+		quorum.RestartMember: controlplanev1.OperationRestartMember,
 		quorum.Wait:          controlplanev1.OperationWait,
 		quorum.Degraded:      controlplanev1.OperationDegraded,
 	}

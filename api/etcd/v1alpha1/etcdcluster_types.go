@@ -44,7 +44,8 @@ type EtcdClusterSpec struct {
 	// +required
 	InfrastructureRef clusterv1.ContractVersionedObjectReference `json:"infrastructureRef"`
 
-	// extraArgs are added to every member's etcd command line.
+	// extraArgs are added to every member's etcd command line. The backend
+	// quota is set by quotaBackendBytes, not here.
 	// +optional
 	// +listType=map
 	// +listMapKey=name
@@ -69,6 +70,16 @@ type EtcdClusterSpec struct {
 	// maintenance is QCP's upkeep of the members' databases.
 	// +optional
 	Maintenance controlplanev1.EtcdMaintenance `json:"maintenance,omitempty,omitzero"`
+
+	// quotaBackendBytes is the size, in bytes, a member's database may
+	// reach before etcd raises NOSPACE and refuses writes. Unset means
+	// etcd's default, 2 GiB; at least 16 MiB. Above 8 GiB etcd warns at
+	// startup. A change restarts each member in place, one at a time,
+	// without replacing machines; it works while NOSPACE is raised too, so
+	// a raised quota gives a full database room again.
+	// +optional
+	// +kubebuilder:validation:Minimum=16777216
+	QuotaBackendBytes *int64 `json:"quotaBackendBytes,omitempty"`
 }
 
 // EtcdRolloutSpec controls rollouts of an EtcdCluster.

@@ -59,6 +59,7 @@ func bootstrapDocument(cluster *clusterv1.Cluster, cp *controlplanev1.QuorumCont
 		doc = bootstrap.NewExternal(cluster.Name, secrets.cas, address, externalBootstrap(secrets.external))
 	} else {
 		doc = bootstrap.NewStacked(cluster.Name, secrets.cas, address, obs.LocalMember())
+		doc.Etcd.Local.QuotaBackendBytes = obs.State.QuotaBackendBytes
 	}
 	doc.Versions.Kubernetes = cp.Spec.Version
 	if v := cp.Spec.Etcd.Stacked.Version; v != "" {
@@ -187,6 +188,9 @@ func controlPlaneOwnerRef(cp *controlplanev1.QuorumControlPlane) metav1.OwnerRef
 // which one (RemediationForAnnotation).
 func machineRecords(cp *controlplanev1.QuorumControlPlane, obs *observation) map[string]string {
 	a := map[string]string{MachineSpecAnnotation: obs.rollout.want.annotation()}
+	if cp.Spec.Etcd.IsStacked() {
+		a[engine.QuotaAnnotation] = strconv.FormatInt(obs.State.QuotaBackendBytes, 10)
+	}
 	if d, ok := readRemediation(cp, RemediationInProgressAnnotation); ok {
 		a[RemediationForAnnotation] = d.String()
 	}

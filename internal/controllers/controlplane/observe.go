@@ -159,8 +159,9 @@ func (o *observation) build(cp *controlplanev1.QuorumControlPlane, cluster *clus
 		MembersUnknown: o.MembersErr != nil,
 		Bootstrapped:   o.initialized || etcdBootstrapped(cp) || len(o.Members) > 0,
 		DepartedAlarms: o.DepartedAlarms,
-		// The spec's quota, which a rollout gives every member.
-		QuotaBackendBytes: engine.QuotaBackendBytes(cp.Spec.Etcd.Stacked.ExtraArgs),
+		// The spec's quota; a member running another one is restarted
+		// in place with it.
+		QuotaBackendBytes: engine.QuotaBackendBytes(cp.Spec.Etcd.Stacked.QuotaBackendBytes),
 		Now:               now,
 		Tunables:          engine.MaintenanceTunables(tun, cp.Spec.Etcd.Stacked.Maintenance),
 	}

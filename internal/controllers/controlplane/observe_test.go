@@ -150,7 +150,8 @@ func TestBuildCarriesDepartedAlarmsAndQuota(t *testing.T) {
 		t.Errorf("State: departed alarms %v, quota %d; want %v and etcd's default %d",
 			obs.State.DepartedAlarms, obs.State.QuotaBackendBytes, departed, engine.DefaultQuotaBackendBytes)
 	}
-	cp.Spec.Etcd.Stacked.ExtraArgs = []controlplanev1.Arg{{Name: "quota-backend-bytes", Value: "4294967296"}}
+	quota := int64(4294967296)
+	cp.Spec.Etcd.Stacked.QuotaBackendBytes = &quota
 	obs.build(cp, &clusterv1.Cluster{}, t0, quorum.Tunables{})
 	if obs.State.QuotaBackendBytes != 4294967296 {
 		t.Errorf("quota %d, want the spec's 4294967296", obs.State.QuotaBackendBytes)

@@ -59,7 +59,7 @@ func setStatus(cp *controlplanev1.QuorumControlPlane, obs *observation, d quorum
 	if obs.external != nil {
 		setExternalEtcdHealthy(cp, obs.external)
 	} else {
-		engine.SetEtcdHealthy(cp, &obs.Observation)
+		engine.SetEtcdHealthy(cp, &obs.Observation, d)
 	}
 	setComponentsHealthy(cp, obs)
 	machines := collections.FromMachines(obs.Machines...).UnsortedList()

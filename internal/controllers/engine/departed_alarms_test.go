@@ -3,7 +3,6 @@ package engine
 import (
 	"context"
 	"fmt"
-	"math"
 	"slices"
 	"strings"
 	"testing"
@@ -110,7 +109,7 @@ func TestDepartedAlarmIsObservedAndDisarmed(t *testing.T) {
 		}
 	}
 	cp := &controlplanev1.QuorumControlPlane{}
-	SetEtcdHealthy(cp, obs)
+	SetEtcdHealthy(cp, obs, quorum.Decision{})
 	msg := conditions.GetMessage(cp, controlplanev1.EtcdClusterHealthyCondition)
 	for _, typ := range []string{"NOSPACE", "CORRUPT"} {
 		if !conditions.IsFalse(cp, controlplanev1.EtcdClusterHealthyCondition) || !strings.Contains(msg, FormatMemberID(gone.ID)+", since removed, raised "+typ) {
@@ -156,12 +155,12 @@ func TestEtcdHealthyNamesDepartedAlarms(t *testing.T) {
 		State:   quorum.State{QuotaBackendBytes: DefaultQuotaBackendBytes},
 	}
 	cp := &controlplanev1.QuorumControlPlane{}
-	SetEtcdHealthy(cp, obs)
+	SetEtcdHealthy(cp, obs, quorum.Decision{})
 	if !conditions.IsTrue(cp, controlplanev1.EtcdClusterHealthyCondition) {
 		t.Fatalf("healthy members, no alarm: %v", conditions.Get(cp, controlplanev1.EtcdClusterHealthyCondition))
 	}
 	obs.DepartedAlarms = []quorum.Alarm{{MemberID: 0x8e9e05c52164694d, Type: "CORRUPT"}, {MemberID: 0x91bc3c398fb3c146, Type: "NOSPACE"}}
-	SetEtcdHealthy(cp, obs)
+	SetEtcdHealthy(cp, obs, quorum.Decision{})
 	c := conditions.Get(cp, controlplanev1.EtcdClusterHealthyCondition)
 	if c.Status != metav1.ConditionFalse || c.Reason != controlplanev1.EtcdClusterNotHealthyReason {
 		t.Fatalf("EtcdClusterHealthy with departed alarms: %v", c)
@@ -179,21 +178,11 @@ func TestEtcdHealthyNamesDepartedAlarms(t *testing.T) {
 }
 
 func TestQuotaBackendBytes(t *testing.T) {
-	arg := func(v string) controlplanev1.Arg { return controlplanev1.Arg{Name: "quota-backend-bytes", Value: v} }
-	for _, tc := range []struct {
-		name string
-		args []controlplanev1.Arg
-		want int64
-	}{
-		{"unset: etcd's default", []controlplanev1.Arg{{Name: "log-level", Value: "debug"}}, 2147483648},
-		{"set", []controlplanev1.Arg{arg("8589934592")}, 8589934592},
-		{"zero: etcd's default", []controlplanev1.Arg{arg("0")}, 2147483648},
-		{"negative: no quota", []controlplanev1.Arg{arg("-1")}, math.MaxInt64},
-		{"repeated: the last wins", []controlplanev1.Arg{arg("1024"), arg("4096")}, 4096},
-		{"unparsable: unknown", []controlplanev1.Arg{arg("8G")}, 0},
-	} {
-		if got := QuotaBackendBytes(tc.args); got != tc.want {
-			t.Errorf("%s: QuotaBackendBytes(%v) = %d, want %d", tc.name, tc.args, got, tc.want)
-		}
+	if got := QuotaBackendBytes(nil); got != 2147483648 {
+		t.Errorf("QuotaBackendBytes(unset) = %d, want etcd's default 2147483648", got)
+	}
+	quota := int64(8589934592)
+	if got := QuotaBackendBytes(&quota); got != 8589934592 {
+		t.Errorf("QuotaBackendBytes(8589934592) = %d, want the field's 8589934592", got)
 	}
 }

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/url"
+	"strconv"
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -14,6 +16,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 
+	"github.com/qcp-dev/qcp/internal/agent"
 	"github.com/qcp-dev/qcp/internal/etcd"
 	"github.com/qcp-dev/qcp/internal/quorum"
 )
@@ -43,7 +46,7 @@ type Executor struct {
 // for steps that name none).
 func (x Executor) Execute(ctx context.Context, d quorum.Decision, machine *clusterv1.Machine) error {
 	switch d.Kind {
-	case quorum.AddHook, quorum.RemoveHook, quorum.DeleteMachine, quorum.AddLearner, quorum.Defragment:
+	case quorum.AddHook, quorum.RemoveHook, quorum.DeleteMachine, quorum.AddLearner, quorum.Defragment, quorum.RestartMember:
 		if machine == nil || machine.Name != d.Machine {
 			return fmt.Errorf("%s: machine %s was not observed", d.Kind, d.Machine)
 		}
@@ -84,6 +87,8 @@ func (x Executor) Execute(ctx context.Context, d quorum.Decision, machine *clust
 		return x.Etcd.DisarmAlarm(ctx, d.MemberID, d.Alarm)
 	case quorum.Defragment:
 		return x.defragment(ctx, d, machine)
+	case quorum.RestartMember:
+		return x.restartMember(ctx, d, machine)
 	case quorum.Compact:
 		if err := x.Etcd.Compact(ctx, d.Revision); err != nil {
 			return err
@@ -140,6 +145,45 @@ func (x Executor) defragment(ctx context.Context, d quorum.Decision, machine *cl
 		a[DefragmentedAnnotation] = FormatTime(x.Now())
 	})
 }
+
+// restartMember records the start on the machine, has the machine's agent
+// restart its etcd with the new quota, waits for the member to answer
+// again, and records the end and the quota. The agent listens on the
+// member's own address and takes the same client certificate as etcd's
+// client port: whoever may change etcd's data may restart it. A failure
+// leaves the start recorded, and the planner counts the member as
+// restarting until its RestartTimeout.
+func (x Executor) restartMember(ctx context.Context, d quorum.Decision, machine *clusterv1.Machine) error {
+	endpoint, err := x.Etcd.ClientURL(ctx, d.MemberID)
+	if err != nil {
+		return err
+	}
+	u, err := url.Parse(endpoint)
+	if err != nil {
+		return fmt.Errorf("restarting member %x: its client URL %q: %w", d.MemberID, endpoint, err)
+	}
+	if err := x.annotate(ctx, machine, func(a map[string]string) { a[RestartStartedAnnotation] = FormatTime(x.Now()) }); err != nil {
+		return err
+	}
+	res, err := agent.PutEtcdSettings(ctx, x.Etcd.TLSConfig(), u.Hostname(), agent.EtcdSettings{QuotaBackendBytes: d.QuotaBackendBytes})
+	if err != nil {
+		return fmt.Errorf("restarting member %x on machine %s with a backend quota of %d bytes: %w", d.MemberID, machine.Name, d.QuotaBackendBytes, err)
+	}
+	if res.Restarted {
+		if err := x.Etcd.WaitHealthy(ctx, endpoint, restartWait); err != nil {
+			return fmt.Errorf("member %x on machine %s restarted with a backend quota of %d bytes, and does not answer yet: %w", d.MemberID, machine.Name, d.QuotaBackendBytes, err)
+		}
+	}
+	return x.recordOwn(ctx, machine, func(a map[string]string) {
+		delete(a, RestartStartedAnnotation)
+		a[QuotaAnnotation] = strconv.FormatInt(d.QuotaBackendBytes, 10)
+	})
+}
+
+// restartWait bounds how long restartMember waits for a restarted member
+// to answer: etcd is back in seconds, and a member that is not is left to
+// the planner, which counts it as restarting until its RestartTimeout.
+const restartWait = 30 * time.Second
 
 // forgetJoin takes machine's join record back. Its patch carries no
 // resourceVersion: CAPI core may well have written the machine's status

@@ -4,10 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"net"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -255,34 +253,16 @@ func PlannerMembers(members []quorum.Member, machines []*clusterv1.Machine) []qu
 	return out
 }
 
-// DefaultQuotaBackendBytes is etcd's own backend quota, 2 GiB, in force
-// when --quota-backend-bytes is unset or 0. QCP sets no quota itself; a
-// user may, through the etcd extra args.
-const DefaultQuotaBackendBytes int64 = 2 << 30
+// DefaultQuotaBackendBytes is etcd's own backend quota, 2 GiB, the quota
+// of members whose spec sets no quotaBackendBytes.
+const DefaultQuotaBackendBytes = controlplanev1.DefaultQuotaBackendBytes
 
-// QuotaBackendBytes is the backend quota etcd runs with under extraArgs,
-// for quorum.State.QuotaBackendBytes. etcd takes the last of repeated
-// flags. A negative quota turns etcd's quota off, so every size is below
-// it; a value etcd cannot parse (no member would start) is unknown, 0.
-func QuotaBackendBytes(extraArgs []controlplanev1.Arg) int64 {
-	quota := DefaultQuotaBackendBytes
-	for _, a := range extraArgs {
-		if a.Name != "quota-backend-bytes" {
-			continue
-		}
-		v, err := strconv.ParseInt(a.Value, 0, 64) // as etcd's flag package parses it
-		switch {
-		case err != nil:
-			quota = 0
-		case v < 0:
-			quota = math.MaxInt64
-		case v == 0:
-			quota = DefaultQuotaBackendBytes
-		default:
-			quota = v
-		}
-	}
-	return quota
+// QuotaBackendBytes is the backend quota the members are to run with, for
+// quorum.State.QuotaBackendBytes: the spec's quotaBackendBytes (field), or
+// etcd's default when it is unset. The schema keeps a set quota at 16 MiB
+// or more, so it is never 0, which etcd would read as its default.
+func QuotaBackendBytes(field *int64) int64 {
+	return ptr.Deref(field, DefaultQuotaBackendBytes)
 }
 
 // PeerURL is the etcd peer URL of machine: its first internal IP on the

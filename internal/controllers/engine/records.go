@@ -42,6 +42,15 @@ const (
 	// DefragmentedAnnotation is when the machine's member was last
 	// defragmented to the end (RFC 3339).
 	DefragmentedAnnotation = "controlplane.cluster.x-k8s.io/qcp-etcd-defragmented"
+	// RestartStartedAnnotation is written right before the machine's agent
+	// is asked to restart its etcd with new settings, and removed once the
+	// member answers again (RFC 3339). Left behind, it counts as a restart
+	// in flight until the planner's RestartTimeout.
+	RestartStartedAnnotation = "controlplane.cluster.x-k8s.io/qcp-etcd-restart-started"
+	// QuotaAnnotation is the backend quota, in bytes, the machine's etcd
+	// was last given: by its bootstrap data, then by each restart. etcd 3.5
+	// does not report its quota; this record says it instead.
+	QuotaAnnotation = "controlplane.cluster.x-k8s.io/qcp-etcd-quota-backend-bytes"
 )
 
 // CompactedAnnotation is, on the owner (a QuorumControlPlane or an
@@ -80,6 +89,9 @@ type Records struct {
 	UnhealthySince time.Time
 	DefragStarted  time.Time
 	Defragmented   time.Time
+	RestartStarted time.Time
+	// QuotaBackendBytes is QuotaAnnotation; 0 when absent or unreadable.
+	QuotaBackendBytes int64
 }
 
 // ReadRecords reads obj's records. A record that does not parse counts as
@@ -93,6 +105,10 @@ func ReadRecords(obj client.Object) Records {
 		UnhealthySince: ParseTime(a[UnhealthySinceAnnotation]),
 		DefragStarted:  ParseTime(a[DefragStartedAnnotation]),
 		Defragmented:   ParseTime(a[DefragmentedAnnotation]),
+		RestartStarted: ParseTime(a[RestartStartedAnnotation]),
+	}
+	if q, err := strconv.ParseInt(a[QuotaAnnotation], 10, 64); err == nil && q > 0 {
+		r.QuotaBackendBytes = q
 	}
 	_, r.JoinStarted = a[JoinStartedAnnotation]
 	if id, err := strconv.ParseUint(a[MemberIDAnnotation], 16, 64); err == nil {
@@ -105,6 +121,7 @@ func ReadRecords(obj client.Object) Records {
 func (r Records) Apply(m *quorum.Machine) {
 	m.MemberID, m.JoinStarted, m.InfraReadyAt = r.MemberID, r.JoinStarted, r.InfraReady
 	m.DefragStartedAt, m.DefragmentedAt = r.DefragStarted, r.Defragmented
+	m.RestartStartedAt, m.QuotaBackendBytes = r.RestartStarted, r.QuotaBackendBytes
 }
 
 // SetRecord sets one record on obj; the caller writes obj.

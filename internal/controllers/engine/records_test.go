@@ -19,6 +19,8 @@ func TestRecordsRoundTrip(t *testing.T) {
 	SetRecord(m, InfraReadyAnnotation, FormatTime(at.Add(-time.Minute)))
 	SetRecord(m, DefragStartedAnnotation, FormatTime(at.Add(time.Hour)))
 	SetRecord(m, DefragmentedAnnotation, FormatTime(at.Add(2*time.Minute)))
+	SetRecord(m, RestartStartedAnnotation, FormatTime(at.Add(3*time.Minute)))
+	SetRecord(m, QuotaAnnotation, "33554432")
 	r := ReadRecords(m)
 	var qm quorum.Machine
 	r.Apply(&qm)
@@ -27,6 +29,9 @@ func TestRecordsRoundTrip(t *testing.T) {
 	}
 	if !qm.DefragStartedAt.Equal(at.Add(time.Hour)) || !qm.DefragmentedAt.Equal(at.Add(2*time.Minute)) {
 		t.Fatalf("defragmentation records read back as started %s, done %s", qm.DefragStartedAt, qm.DefragmentedAt)
+	}
+	if !qm.RestartStartedAt.Equal(at.Add(3*time.Minute)) || qm.QuotaBackendBytes != 32<<20 {
+		t.Fatalf("restart records read back as started %s, quota %d", qm.RestartStartedAt, qm.QuotaBackendBytes)
 	}
 }
 
@@ -37,9 +42,10 @@ func TestDamagedRecordsAreUnknown(t *testing.T) {
 		MemberIDAnnotation:       "not-hex",
 		InfraReadyAnnotation:     "yesterday",
 		UnhealthySinceAnnotation: "",
+		QuotaAnnotation:          "-1",
 	}}}
 	r := ReadRecords(m)
-	if r.MemberID != 0 || !r.InfraReady.IsZero() || !r.UnhealthySince.IsZero() || r.JoinStarted {
+	if r.MemberID != 0 || !r.InfraReady.IsZero() || !r.UnhealthySince.IsZero() || r.JoinStarted || r.QuotaBackendBytes != 0 {
 		t.Fatalf("damaged records read as %+v, want all unknown", r)
 	}
 }

@@ -104,7 +104,7 @@ func target(d quorum.Decision) string {
 		return d.Alarm + " of " + FormatMemberID(d.MemberID)
 	case quorum.Compact:
 		return "revision " + strconv.FormatInt(d.Revision, 10)
-	case quorum.Promote, quorum.MoveLeader, quorum.RemoveMember, quorum.Defragment:
+	case quorum.Promote, quorum.MoveLeader, quorum.RemoveMember, quorum.Defragment, quorum.RestartMember:
 		if d.Machine == "" {
 			return FormatMemberID(d.MemberID)
 		}
@@ -123,8 +123,10 @@ func quoteFD(fd string) string {
 }
 
 // SetEtcdHealthy sets owner's EtcdClusterHealthy: every member healthy and started, the voters agree on
-// the list, no alarm, not even one raised by a member since removed.
-func SetEtcdHealthy(owner conditions.Setter, obs *Observation) {
+// the list, no alarm, not even one raised by a member since removed. When
+// the planner's decision d is Degraded, its reason (what a human must do,
+// such as which quota to raise) ends the message.
+func SetEtcdHealthy(owner conditions.Setter, obs *Observation, d quorum.Decision) {
 	if obs.MembersErr != nil {
 		reason := controlplanev1.EtcdClusterInspectionFailedReason
 		if len(obs.Machines) == 0 {
@@ -155,6 +157,9 @@ func SetEtcdHealthy(owner conditions.Setter, obs *Observation) {
 	}
 	for _, r := range obs.RefusedMatches() {
 		problems = append(problems, "* "+r)
+	}
+	if len(problems) > 0 && d.Kind == quorum.Degraded {
+		problems = append(problems, "* "+d.Reason)
 	}
 	if len(problems) > 0 {
 		conditions.Set(owner, metav1.Condition{Type: controlplanev1.EtcdClusterHealthyCondition, Status: metav1.ConditionFalse,

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -103,6 +104,7 @@ func (r *Reconciler) createMachine(ctx context.Context, cluster *clusterv1.Clust
 	}
 	doc := bootstrap.NewEtcdOnly(ec.Name, ca, obs.LocalMember())
 	doc.Versions.Etcd = ec.Spec.Version
+	doc.Etcd.Local.QuotaBackendBytes = obs.State.QuotaBackendBytes
 	if len(ec.Spec.ExtraArgs) > 0 {
 		var args []bootstrap.Arg
 		for _, a := range ec.Spec.ExtraArgs {
@@ -114,9 +116,10 @@ func (r *Reconciler) createMachine(ctx context.Context, cluster *clusterv1.Clust
 	infraOwner.Controller = nil
 	_, err = engine.CreateMachine(ctx, r.Client, r.APIReader, r.Failpoints, engine.NewMachine{
 		Owner: ec, OwnerRef: ownerRef(ec), InfraOwnerRef: &infraOwner, Cluster: cluster,
-		Name:          ec.Name + "-" + util.RandomString(5),
-		Labels:        machineLabels(cluster, ec),
-		Annotations:   map[string]string{MachineSpecAnnotation: string(spec)},
+		Name:   ec.Name + "-" + util.RandomString(5),
+		Labels: machineLabels(cluster, ec),
+		Annotations: map[string]string{MachineSpecAnnotation: string(spec),
+			engine.QuotaAnnotation: strconv.FormatInt(obs.State.QuotaBackendBytes, 10)},
 		InfraTemplate: ec.Spec.InfrastructureRef, InfraTemplatePath: "spec.infrastructureRef",
 		FailureDomain: d.FailureDomain,
 		Bootstrap:     doc,

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
 	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
@@ -45,8 +46,9 @@ func TestOutdated(t *testing.T) {
 	}{
 		{"version", func(ec *etcdv1.EtcdCluster) { ec.Spec.Version = "v3.6.16" }, "etcd v3.5.35, want v3.6.16"},
 		{"extra args", func(ec *etcdv1.EtcdCluster) {
-			ec.Spec.ExtraArgs = []controlplanev1.Arg{{Name: "quota-backend-bytes", Value: "1"}}
+			ec.Spec.ExtraArgs = []controlplanev1.Arg{{Name: "snapshot-count", Value: "1"}}
 		}, "spec.extraArgs changed"},
+		{"the quota, which restarts members in place", func(ec *etcdv1.EtcdCluster) { ec.Spec.QuotaBackendBytes = ptr.To[int64](64 << 20) }, ""},
 		{"template", func(ec *etcdv1.EtcdCluster) { ec.Spec.InfrastructureRef.Name = "etcd-2" }, "infrastructure template ProcessMachineTemplate/etcd, want ProcessMachineTemplate/etcd-2"},
 		{"rollout.after", func(ec *etcdv1.EtcdCluster) { ec.Spec.Rollout.After = metav1.NewTime(t0.Add(time.Minute)) }, "created before spec.rollout.after (2026-11-23T01:01:00Z)"},
 		{"unhealthy member timeout", func(ec *etcdv1.EtcdCluster) { ec.Spec.UnhealthyMemberTimeoutSeconds = new(int32) }, ""},

@@ -68,8 +68,9 @@ func (o *observation) build(ec *etcdv1.EtcdCluster, cluster *clusterv1.Cluster, 
 		MembersUnknown: o.MembersErr != nil,
 		Bootstrapped:   ec.Status.Initialized || len(o.Members) > 0,
 		DepartedAlarms: o.DepartedAlarms,
-		// The spec's quota, which a rollout gives every member.
-		QuotaBackendBytes: engine.QuotaBackendBytes(ec.Spec.ExtraArgs),
+		// The spec's quota; a member running another one is restarted
+		// in place with it.
+		QuotaBackendBytes: engine.QuotaBackendBytes(ec.Spec.QuotaBackendBytes),
 		Now:               now,
 		Tunables:          tun,
 	}

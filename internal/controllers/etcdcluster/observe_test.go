@@ -6,7 +6,6 @@ import (
 
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 
-	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
 	"github.com/qcp-dev/qcp/internal/controllers/engine"
 	"github.com/qcp-dev/qcp/internal/quorum"
 )
@@ -23,7 +22,8 @@ func TestBuildCarriesDepartedAlarmsAndQuota(t *testing.T) {
 		t.Errorf("State: departed alarms %v, quota %d; want %v and etcd's default %d",
 			obs.State.DepartedAlarms, obs.State.QuotaBackendBytes, departed, engine.DefaultQuotaBackendBytes)
 	}
-	ec.Spec.ExtraArgs = []controlplanev1.Arg{{Name: "quota-backend-bytes", Value: "4294967296"}}
+	quota := int64(4294967296)
+	ec.Spec.QuotaBackendBytes = &quota
 	obs.build(ec, &clusterv1.Cluster{}, t0, quorum.Tunables{})
 	if obs.State.QuotaBackendBytes != 4294967296 {
 		t.Errorf("quota %d, want the spec's 4294967296", obs.State.QuotaBackendBytes)

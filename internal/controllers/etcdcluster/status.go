@@ -58,7 +58,7 @@ func setStatus(ec *etcdv1.EtcdCluster, obs *observation, d quorum.Decision, acte
 			Message: "Cannot observe etcd: " + obs.MembersErr.Error()})
 		setInitialized(ec)
 	}
-	engine.SetEtcdHealthy(ec, &obs.Observation)
+	engine.SetEtcdHealthy(ec, &obs.Observation, d)
 	engine.SetScaling(ec, &obs.Observation, desired, d)
 	engine.SetRollingOut(ec, &obs.Observation, obs.rollout.outdated, d)
 	conditions.Set(ec, metav1.Condition{Type: etcdv1.DeletingCondition, Status: metav1.ConditionFalse, Reason: controlplanev1.NotDeletingReason})

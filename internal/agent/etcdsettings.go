@@ -1,0 +1,284 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/qcp-dev/qcp/internal/atomicfile"
+	"github.com/qcp-dev/qcp/internal/bootstrap"
+	"github.com/qcp-dev/qcp/internal/certs"
+)
+
+// EtcdSettingsFile, in the machine directory, holds the etcd settings the
+// manager set on the running machine. They override the bootstrap data's,
+// which is read once at boot and never changes.
+const EtcdSettingsFile = "etcd-settings.json"
+
+// EtcdSettingsPath is the path of the agent's etcd settings endpoint.
+const EtcdSettingsPath = "/etcd/settings"
+
+// EtcdSettings are the settings of a machine's etcd member that the manager
+// may change without replacing the machine.
+type EtcdSettings struct {
+	// QuotaBackendBytes is etcd's --quota-backend-bytes; 0 is etcd's
+	// default (2 GiB), which only a machine never changed reports.
+	QuotaBackendBytes int64 `json:"quotaBackendBytes"`
+}
+
+// EtcdSettingsResult answers a change of the settings.
+type EtcdSettingsResult struct {
+	// Restarted says that this request restarted etcd. It is false when
+	// the settings were already in effect, and also when etcd has not
+	// started yet or a restart was pending: its next start uses them.
+	Restarted bool         `json:"restarted"`
+	Settings  EtcdSettings `json:"settings"`
+}
+
+// maxSettingsBody bounds a request body: the settings are a few bytes.
+const maxSettingsBody = 4 << 10
+
+// etcdSettingsTimeout bounds a call of the endpoint: the agent answers once
+// the file is written and etcd is told to restart, not once it is back.
+const etcdSettingsTimeout = 10 * time.Second
+
+// etcdSettingsState is what the settings file says, over the document.
+type etcdSettingsState struct {
+	// mu serializes changes, from reading the value to restarting etcd.
+	mu sync.Mutex
+	// saved is the settings file's content, nil while there is none.
+	saved *EtcdSettings
+}
+
+// effectiveLocked is the settings etcd runs with; hold mu.
+func (a *machineCtx) effectiveLocked() EtcdSettings {
+	if s := a.etcdSettings.saved; s != nil {
+		return *s
+	}
+	var s EtcdSettings
+	if local := a.doc.Etcd.Local; local != nil {
+		s.QuotaBackendBytes = local.QuotaBackendBytes
+	}
+	return s
+}
+
+func (a *machineCtx) effectiveEtcdSettings() EtcdSettings {
+	a.etcdSettings.mu.Lock()
+	defer a.etcdSettings.mu.Unlock()
+	return a.effectiveLocked()
+}
+
+// etcdSettingsArgs are etcd's flags for its settings, computed at each start.
+func (a *machineCtx) etcdSettingsArgs() []string {
+	if q := a.effectiveEtcdSettings().QuotaBackendBytes; q > 0 {
+		return []string{"--quota-backend-bytes=" + strconv.FormatInt(q, 10)}
+	}
+	return nil
+}
+
+// validate returns a message naming the field, for a client to fix.
+func (s EtcdSettings) validate() error {
+	if s.QuotaBackendBytes <= 0 {
+		return fmt.Errorf("quotaBackendBytes: %d is not a positive number of bytes; set etcd's backend quota in bytes, e.g. 8589934592 for 8 GiB", s.QuotaBackendBytes)
+	}
+	return nil
+}
+
+// decodeEtcdSettings decodes one JSON object strictly.
+func decodeEtcdSettings(r io.Reader) (EtcdSettings, error) {
+	var s EtcdSettings
+	dec := json.NewDecoder(r)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&s); errors.Is(err, io.EOF) {
+		return s, errors.New(`no settings: send a JSON object such as {"quotaBackendBytes": 8589934592}`)
+	} else if err != nil {
+		return s, err
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return s, errors.New("data after the JSON object")
+	}
+	return s, s.validate()
+}
+
+// loadEtcdSettings reads the settings file, if there is one. A file that
+// cannot be read is an error rather than a silent return to the document's
+// settings, which may be what filled etcd's database in the first place.
+func (a *machineCtx) loadEtcdSettings() error {
+	path := filepath.Join(a.dir, EtcdSettingsFile)
+	data, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err == nil {
+		var s EtcdSettings
+		if s, err = decodeEtcdSettings(bytes.NewReader(data)); err == nil {
+			a.etcdSettings.saved = &s
+			a.log.Info("etcd settings from the settings file override the bootstrap data's", "file", path, "quotaBackendBytes", s.QuotaBackendBytes)
+			return nil
+		}
+	}
+	return fmt.Errorf("machine %s/%s: etcd settings file %s: %w: correct it, or delete it to use etcd.local.quotaBackendBytes of the bootstrap data",
+		a.machine.Namespace, a.machine.Name, path, err)
+}
+
+// serveEtcdSettings serves the etcd settings endpoint until ctx ends. It
+// asks for a client certificate of the etcd CA, as etcd's client port does:
+// whoever has one can already do anything to etcd's data.
+func (a *machineCtx) serveEtcdSettings(ctx context.Context) error {
+	pair, err := tls.LoadX509KeyPair(a.pki.File("etcd/server.crt"), a.pki.File("etcd/server.key"))
+	if err != nil {
+		return fmt.Errorf("machine %s/%s: etcd settings endpoint: loading etcd's server certificate: %w", a.machine.Namespace, a.machine.Name, err)
+	}
+	clientCAs, err := certs.CertPool(a.pki.EtcdCAPEM)
+	if err != nil {
+		return fmt.Errorf("machine %s/%s: etcd settings endpoint: etcd CA: %w", a.machine.Namespace, a.machine.Name, err)
+	}
+	ln, err := a.listen(EtcdAdminPort, "etcd settings endpoint")
+	if err != nil {
+		return err
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET "+EtcdSettingsPath, func(w http.ResponseWriter, _ *http.Request) {
+		writeJSON(w, a.effectiveEtcdSettings())
+	})
+	mux.HandleFunc("PUT "+EtcdSettingsPath, a.putEtcdSettings)
+	srv := &http.Server{
+		Handler:           mux,
+		ReadHeaderTimeout: 5 * time.Second,
+		TLSConfig: &tls.Config{
+			Certificates: []tls.Certificate{pair},
+			ClientCAs:    clientCAs,
+			ClientAuth:   tls.RequireAndVerifyClientCert,
+			MinVersion:   tls.VersionTLS12,
+		},
+		// Refused handshakes are logged as the agent's other messages are.
+		ErrorLog: slog.NewLogLogger(a.log.Handler(), slog.LevelWarn),
+	}
+	a.serve(ctx, srv, "etcd settings endpoint", func() error { return srv.ServeTLS(ln, "", "") })
+	return nil
+}
+
+func (a *machineCtx) putEtcdSettings(w http.ResponseWriter, r *http.Request) {
+	want, err := decodeEtcdSettings(http.MaxBytesReader(w, r.Body, maxSettingsBody))
+	if err != nil {
+		http.Error(w, "invalid etcd settings: "+err.Error(), http.StatusBadRequest)
+		return
+	}
+	a.etcdSettings.mu.Lock()
+	defer a.etcdSettings.mu.Unlock()
+	if a.extraArgsSetQuota() {
+		// A flag of the document's extraArgs comes last and wins: a change
+		// here would restart etcd and change nothing.
+		http.Error(w, "the bootstrap data's extraArgs set etcd's --quota-backend-bytes, which overrides this setting: replace the machine to change it", http.StatusConflict)
+		return
+	}
+	had := a.effectiveLocked()
+	if had == want {
+		writeJSON(w, EtcdSettingsResult{Settings: had})
+		return
+	}
+	data, err := json.Marshal(want)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusInternalServerError)
+		return
+	}
+	// The file first: etcd restarted with a value the next boot forgets
+	// would quietly return to the old one.
+	if err := atomicfile.Write(filepath.Join(a.dir, EtcdSettingsFile), data, 0o600); err != nil {
+		a.log.Error("cannot save etcd settings; nothing changed", "err", err)
+		http.Error(w, "saving etcd settings: "+err.Error(), http.StatusInternalServerError)
+		return
+	}
+	a.etcdSettings.saved = &want
+	why := fmt.Sprintf("quota-backend-bytes changed from %d to %d by qcp-manager", had.QuotaBackendBytes, want.QuotaBackendBytes)
+	restarted := a.sup.Restart(bootstrap.Etcd, why)
+	a.log.Info("etcd settings changed", "quotaBackendBytesFrom", had.QuotaBackendBytes, "quotaBackendBytesTo", want.QuotaBackendBytes,
+		"client", clientName(r), "etcdRestarted", restarted)
+	writeJSON(w, EtcdSettingsResult{Restarted: restarted, Settings: want})
+}
+
+func (a *machineCtx) extraArgsSetQuota() bool {
+	return slices.ContainsFunc(a.doc.ExtraArgs[bootstrap.Etcd], func(arg bootstrap.Arg) bool {
+		return arg.Name == "quota-backend-bytes"
+	})
+}
+
+// clientName is the common name of the client's certificate, for the log.
+func clientName(r *http.Request) string {
+	if r.TLS == nil || len(r.TLS.PeerCertificates) == 0 {
+		return ""
+	}
+	return r.TLS.PeerCertificates[0].Subject.CommonName
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// GetEtcdSettings reads the etcd settings of the machine at host (its IP
+// address). tlsCfg trusts the etcd CA and holds a client certificate of it.
+func GetEtcdSettings(ctx context.Context, tlsCfg *tls.Config, host string) (EtcdSettings, error) {
+	var s EtcdSettings
+	err := callEtcdSettings(ctx, tlsCfg, host, http.MethodGet, nil, &s)
+	return s, err
+}
+
+// PutEtcdSettings sets the etcd settings of the machine at host (its IP
+// address), which restarts its etcd member if they change. tlsCfg trusts
+// the etcd CA and holds a client certificate of it.
+func PutEtcdSettings(ctx context.Context, tlsCfg *tls.Config, host string, s EtcdSettings) (EtcdSettingsResult, error) {
+	var res EtcdSettingsResult
+	body, err := json.Marshal(s)
+	if err != nil {
+		return res, err
+	}
+	err = callEtcdSettings(ctx, tlsCfg, host, http.MethodPut, body, &res)
+	return res, err
+}
+
+func callEtcdSettings(ctx context.Context, tlsCfg *tls.Config, host, method string, body []byte, out any) error {
+	u := "https://" + net.JoinHostPort(host, strconv.Itoa(EtcdAdminPort)) + EtcdSettingsPath
+	req, err := http.NewRequestWithContext(ctx, method, u, bytes.NewReader(body))
+	if err != nil {
+		return err
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	client := &http.Client{
+		Timeout:   etcdSettingsTimeout,
+		Transport: &http.Transport{TLSClientConfig: tlsCfg.Clone(), DisableKeepAlives: true},
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return fmt.Errorf("%s %s: %w", method, u, err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, maxSettingsBody))
+	if err != nil {
+		return fmt.Errorf("%s %s: reading the answer: %w", method, u, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("%s %s: %s: %s", method, u, resp.Status, strings.TrimSpace(string(data)))
+	}
+	if err := json.Unmarshal(data, out); err != nil {
+		return fmt.Errorf("%s %s: decoding the answer: %w", method, u, err)
+	}
+	return nil
+}
