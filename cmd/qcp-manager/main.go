@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"go.uber.org/zap/zapcore"
+	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
 	"sigs.k8s.io/cluster-api/controllers/clustercache"
 	ctrl "sigs.k8s.io/controller-runtime"
@@ -36,6 +37,14 @@ import (
 
 // controllerNames are the controllers --controllers may pick from.
 var controllerNames = []string{"process", "controlplane"}
+
+// The events the manager may emit per object: a burst of eventBurst, then
+// eventQPS a second. Each planner step is one event, and steps come seconds
+// apart at most, so nothing QCP does is dropped.
+const (
+	eventBurst = 500
+	eventQPS   = 1
+)
 
 func main() {
 	var (
@@ -146,6 +155,13 @@ func run(metricsAddr, healthAddr string, leaderElect bool, processOpts process.O
 		HealthProbeBindAddress: healthAddr,
 		LeaderElection:         leaderElect,
 		LeaderElectionID:       "qcp-manager.qcp.dev",
+		// client-go's default spam filter passes 25 events per object,
+		// then one every 5 minutes: a control plane's creation alone
+		// takes about 25 steps, so the events of every step after it (a
+		// rollout, a remediation, a NOSPACE recovery) were dropped. The
+		// manager lives as long as its process, which is the lifetime
+		// this deprecated option asks for.
+		EventBroadcaster: record.NewBroadcasterWithCorrelatorOptions(record.CorrelatorOptions{BurstSize: eventBurst, QPS: eventQPS}), //nolint:staticcheck
 	})
 	if err != nil {
 		return fmt.Errorf("creating the manager: %w", err)

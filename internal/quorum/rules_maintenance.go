@@ -118,8 +118,10 @@ func (v view) runningQuota(m Member) (int64, bool) {
 }
 
 // recoverFromNoSpace brings a cluster whose only alarms are NOSPACE back
-// to writable: compact the history (once per recovery), defragment every
-// member once after the compaction, one at a time, then disarm the
+// to writable: compact the history (once per recovery), restart members
+// whose quota differs from the configured one, defragment every member
+// once after the compaction (and at most once per DefragMinInterval), one
+// at a time, then disarm the
 // alarms once every member's database is below its quota. If one is
 // still over it after all that, the live data does not fit: it says so,
 // naming the setting to raise, and takes no second pass. what names the
@@ -132,14 +134,23 @@ func (p planner) recoverFromNoSpace(what string) (Decision, bool) {
 	case leader.Revision <= 0:
 		return waitf("%s; waiting to read the leader's revision before recovering from it", what), true
 	}
-	if target := leader.Revision - p.tun.CompactionRetention; target > p.CompactedRevision || (p.opts.compactAgain && target > 0) {
+	// Once per recovery: again only once the history has grown by a whole
+	// retention since the last compaction. Under the alarm deletes and
+	// lease revocations still move the revision a little, and compacting
+	// (and then defragmenting) on every step of it would never end.
+	if target := leader.Revision - p.tun.CompactionRetention; target > 0 && (p.CompactedRevision == 0 || target >= p.CompactedRevision+p.tun.CompactionRetention) || (p.opts.compactAgain && target > 0) {
 		return Decision{Kind: Compact, Revision: target,
 			Reason: fmt.Sprintf("%s: compacting etcd's history to revision %d (the current %d, less a retention of %d revisions), so that defragmentation can give the space back",
 				what, target, leader.Revision, p.tun.CompactionRetention)}, true
 	}
+	// Each member once after the compaction, and at most once per
+	// DefragMinInterval: a second NOSPACE soon after a recovery means the
+	// data outgrows the quota, and another pass would only start a loop
+	// of alarms, defragmentations and disarms.
 	due := filter(p.voters(), func(m Member) bool {
 		mc, ok := p.machineOf(m)
-		return ok && m.Started() && lastDefrag(mc).Before(p.CompactedAt)
+		last := lastDefrag(mc)
+		return ok && m.Started() && last.Before(p.CompactedAt) && (last.IsZero() || p.since(last) >= p.tun.DefragMinInterval)
 	})
 	restart := p.dueForRestart()
 	if len(due) > 0 || len(restart) > 0 {
@@ -171,8 +182,14 @@ func (p planner) recoverFromNoSpace(what string) (Decision, bool) {
 		if m.DBSize <= 0 || p.quotaOf(m) <= 0 {
 			return waitf("%s; waiting to read the database size and quota of member %s before disarming it", what, p.memberName(m)), true
 		}
-		return degradedf("%s, and member %s's database is %d MiB after compaction and defragmentation, not below its quota of %d MiB: the data itself does not fit; raise etcd's quota (quotaBackendBytes: spec.etcd.stacked.quotaBackendBytes of a QuorumControlPlane, spec.quotaBackendBytes of an EtcdCluster), or delete data",
-			what, p.memberName(m), m.DBSize>>20, p.quotaOf(m)>>20), true
+		mc, _ := p.machineOf(m)
+		again := ""
+		if last := lastDefrag(mc); !last.IsZero() && last.Before(p.CompactedAt) {
+			again = fmt.Sprintf(" (it was last defragmented %s ago; QCP defragments it again once defragMinIntervalSeconds, %s, has passed)",
+				roundDuration(p.since(last)), p.tun.DefragMinInterval)
+		}
+		return degradedf("%s, and member %s's database is %d MiB after compaction and defragmentation%s, not below its quota of %d MiB: the data itself does not fit; raise etcd's quota (quotaBackendBytes: spec.etcd.stacked.quotaBackendBytes of a QuorumControlPlane, spec.quotaBackendBytes of an EtcdCluster), or delete data",
+			what, p.memberName(m), m.DBSize>>20, again, p.quotaOf(m)>>20), true
 	}
 	for _, m := range p.members {
 		if slices.Contains(m.Alarms, "NOSPACE") {

@@ -266,6 +266,18 @@ func TestNoSpaceRecovery(t *testing.T) {
 			edit(cluster(3, 3), noSpace), Compact, "", "compacting etcd's history to revision 3000 (the current 4000, less a retention of 1000 revisions)"},
 		{"not before the leader's revision is known",
 			edit(cluster(3, 3), func(s *State) { noSpace(s); s.Members[0].Revision = 0 }), Wait, "", "waiting to read the leader's revision"},
+		{"a revision moved by less than the retention since the last compaction is not compacted again",
+			edit(cluster(3, 3), func(s *State) {
+				noSpace(s)
+				compacted(s)
+				s.CompactedRevision = 2990
+			}), Defragment, "2", "after the compaction to revision 2990"},
+		{"one moved by a whole retention is",
+			edit(cluster(3, 3), func(s *State) {
+				noSpace(s)
+				compacted(s)
+				s.CompactedRevision = 2000
+			}), Compact, "", "to revision 3000"},
 		{"the retention is tunable",
 			edit(cluster(3, 3), func(s *State) { noSpace(s); s.Tunables.CompactionRetention = 10 }), Compact, "", "to revision 3990"},
 		{"then it defragments a follower",
@@ -311,6 +323,26 @@ func TestNoSpaceRecovery(t *testing.T) {
 					s.Machines[i].DefragmentedAt = s.CompactedAt.Add(time.Minute)
 				}
 			}), Degraded, "", "raise etcd's quota (quotaBackendBytes: spec.etcd.stacked.quotaBackendBytes of a QuorumControlPlane"},
+		{"a member defragmented within the interval is not defragmented again: a second NOSPACE soon after means the data does not fit",
+			edit(cluster(3, 3), func(s *State) {
+				noSpace(s)
+				compacted(s)
+				s.CompactedAt = s.Now.Add(-time.Minute)
+				for i := range s.Machines {
+					s.Machines[i].DefragmentedAt = s.Now.Add(-10 * time.Minute)
+				}
+				s.Tunables.DefragMinInterval = time.Hour
+			}), Degraded, "", "(it was last defragmented 10m0s ago; QCP defragments it again once defragMinIntervalSeconds, 1h0m0s, has passed)"},
+		{"and is once the interval has passed",
+			edit(cluster(3, 3), func(s *State) {
+				noSpace(s)
+				compacted(s)
+				s.CompactedAt = s.Now.Add(-time.Minute)
+				for i := range s.Machines {
+					s.Machines[i].DefragmentedAt = s.Now.Add(-61 * time.Minute)
+				}
+				s.Tunables.DefragMinInterval = time.Hour
+			}), Defragment, "2", "after the compaction"},
 		{"a single voter defragments itself: the cluster refuses writes already",
 			edit(cluster(1, 1), func(s *State) { noSpace(s); compacted(s) }), Defragment, "1", "after the compaction"},
 		{"not while a voter is down",

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -342,28 +343,35 @@ const (
 	noSpaceKeys      = 16
 	noSpaceValueSize = 256 << 10
 	noSpaceRetention = 20
+	// The live-data act: 16 MiB of new keys, then the quota lowered to
+	// 16 MiB, under them.
+	liveOverKeys = 64
+	lowQuota     = 16 << 20
 )
 
 // TestNoSpaceRecovery is issue 36's NOSPACE scenario, in two acts on one
-// control plane with a 32 MiB quota (spec.etcd.stacked.quotaBackendBytes).
+// control plane with a 32 MiB quota (spec.etcd.stacked.quotaBackendBytes)
+// and defragMinIntervalSeconds' default of an hour.
 //
 // History: a writer overwriting a bounded set of keys fills the database
 // with history until etcd raises NOSPACE and refuses every write. QCP
 // brings it back to writable by itself: the alarm disarmed, every member's
 // database below the quota, writes succeeding again.
 //
-// Live data: new keys fill the quota with data that compaction cannot
-// free. QCP compacts and defragments each member once, then says in
-// EtcdClusterHealthy that the data does not fit, naming quotaBackendBytes,
-// and takes no second pass. Raising the quota restarts the members in
-// place, one at a time, followers first and the leader after a transfer,
-// adding no machine; the alarm ends and writes succeed again.
+// Live data: 16 MiB of new keys, then the quota lowered to 16 MiB, which
+// restarts every member in place, one at a time. The next write raises
+// NOSPACE with live data over the quota. QCP compacts; the members were
+// defragmented minutes ago, so it takes no second pass (at most one per
+// member per defragMinIntervalSeconds) and says in EtcdClusterHealthy that
+// the data does not fit, naming quotaBackendBytes. Raising the quota
+// restarts the members in place again, followers first and the leader
+// after a transfer, adding no machine; the alarm ends and writes succeed.
 //
 // Throughout, no member is removed and no machine deleted, and the
 // scenario's writer loses no acknowledged write.
 func TestNoSpaceRecovery(t *testing.T) {
 	mgmt := requireShared(t)
-	parallel(t, 2*time.Minute+30*time.Second)
+	parallel(t, 2*time.Minute)
 	s := newScenario(t, mgmt, "nospace", 3, func(cp *controlplanev1.QuorumControlPlane) {
 		cp.Spec.Etcd.Stacked.QuotaBackendBytes = ptr.To[int64](noSpaceQuota)
 		cp.Spec.Etcd.Stacked.Maintenance = controlplanev1.EtcdMaintenance{CompactionRetentionRevisions: ptr.To[int64](noSpaceRetention)}
@@ -399,11 +407,23 @@ func TestNoSpaceRecovery(t *testing.T) {
 	s.checkNoSpaceOver(ctx, cli, noSpaceQuota)
 	s.checkEvent(ctx, "Compact", "has alarms [NOSPACE]: compacting")
 	s.checkEvent(ctx, "DisarmAlarm", "disarming NOSPACE")
+	s.checkOnePass(ctx, 1)
 
-	// Live data.
+	// Live data: 16 MiB of new keys, under the quota; then the quota
+	// lowered under them, which restarts every member in place.
+	for i := range liveOverKeys {
+		if err := retry(ctx, func(ctx context.Context) error { return put(ctx, fmt.Sprintf("/qcp-e2e/nospace-live/%04d", i)) }); err != nil {
+			t.Fatal(err)
+		}
+	}
 	defragsBefore, _ := s.bound.defragmentations()
-	alarmAt = s.fillUntilNoSpace(ctx, put, func(i int) string { return fmt.Sprintf("/qcp-e2e/nospace-live/%04d", i) })
+	s.patchControlPlane(ctx, func(cp *controlplanev1.QuorumControlPlane) { cp.Spec.Etcd.Stacked.QuotaBackendBytes = ptr.To[int64](lowQuota) })
+	loweredAt := time.Now()
+	nodes := s.nodeReadiness()
 	s.eventually(3*time.Minute, "EtcdClusterHealthy naming the quota to raise", func(ctx context.Context) error {
+		if err := put(ctx, "/qcp-e2e/nospace/00"); err == nil {
+			return errors.New("etcd still takes writes")
+		}
 		cp, err := s.controlPlane(ctx)
 		if err != nil {
 			return err
@@ -413,26 +433,22 @@ func TestNoSpaceRecovery(t *testing.T) {
 		}
 		return nil
 	})
-	// One pass per member, then none: the minimum interval (an hour) holds.
-	onePass := func(context.Context) error {
-		order, _ := s.bound.defragmentations()
-		pass := order[len(defragsBefore):]
-		if len(pass) != 3 || len(slices.Compact(slices.Sorted(slices.Values(pass)))) != 3 {
-			return fmt.Errorf("defragmented %v after the live data filled the quota; want each of the 3 members once", pass)
+	t.Logf("live data: QCP named the quota to raise %s after it was lowered", time.Since(loweredAt).Round(time.Millisecond))
+	// The members were defragmented minutes ago: at most one pass per
+	// member per interval (an hour) means none now, and none later.
+	s.holds(30*time.Second, "no defragmentation, no member removed and no machine deleted while the data does not fit", func(context.Context) error {
+		if order, _ := s.bound.defragmentations(); len(order) > len(defragsBefore) {
+			return fmt.Errorf("defragmented %v since the quota was lowered", order[len(defragsBefore):])
 		}
-		return nil
-	}
-	s.eventually(time.Minute, "each member defragmented once", onePass)
-	nodes := s.nodeReadiness()
-	s.holds(30*time.Second, "no second pass, no member removed and no machine deleted while the data does not fit", func(ctx context.Context) error {
 		if d := s.bound.departures(); len(d) > 0 {
 			return fmt.Errorf("machines %v left", d)
 		}
-		return onePass(ctx)
+		return nil
 	})
-	t.Logf("live data: the quota filled at %s; Nodes seen not Ready while the alarm held: %v", alarmAt.Format("15:04:05.000"), nodes())
+	t.Logf("live data: Nodes seen not Ready while the alarm held: %v", nodes())
 
 	leader := s.etcdLeader(ctx, cli)
+	lowered, _ := s.bound.restarts()
 	raised := int64(4 * noSpaceQuota)
 	s.patchControlPlane(ctx, func(cp *controlplanev1.QuorumControlPlane) { cp.Spec.Etcd.Stacked.QuotaBackendBytes = ptr.To(raised) })
 	raisedAt := time.Now()
@@ -446,9 +462,12 @@ func TestNoSpaceRecovery(t *testing.T) {
 			return nil
 		})
 	})
-	order, most := s.bound.restarts()
-	if len(order) != 3 || order[0] == order[1] || order[2] != leader {
-		t.Errorf("restarted %v; want the two followers, then %s, the leader when the quota was raised", order, leader)
+	all, most := s.bound.restarts()
+	if len(lowered) != 3 || len(slices.Compact(slices.Sorted(slices.Values(lowered)))) != 3 {
+		t.Errorf("restarted %v for the lowered quota; want each of the 3 members once", lowered)
+	}
+	if order := all[len(lowered):]; len(order) != 3 || order[0] == order[1] || order[2] != leader {
+		t.Errorf("restarted %v for the raised quota; want the two followers, then %s, the leader when the quota was raised", order, leader)
 	}
 	if most != 1 {
 		t.Errorf("%d members disrupted at once, want 1", most)
@@ -456,6 +475,7 @@ func TestNoSpaceRecovery(t *testing.T) {
 	s.checkEvent(ctx, "RestartMember", "the machine stays")
 	s.checkEvent(ctx, "MoveLeader", "before restarting "+leader)
 	s.checkNoSpaceOver(ctx, cli, raised)
+	s.checkOnePass(ctx, 2)
 
 	after, err := cli.Members(ctx)
 	if err != nil {
@@ -482,6 +502,19 @@ func (s *scenario) fillUntilNoSpace(ctx context.Context, put func(context.Contex
 		case i > 4*noSpaceQuota/noSpaceValueSize:
 			s.t.Fatalf("no NOSPACE after %d writes of %d KiB under a quota of %d MiB (last error %v)", i, noSpaceValueSize>>10, noSpaceQuota>>20, err)
 		}
+	}
+}
+
+// checkOnePass checks that the NOSPACE recoveries so far, recoveries of
+// them, compacted once each and defragmented each member once in all (the
+// second recovery's members were defragmented within the interval).
+func (s *scenario) checkOnePass(ctx context.Context, recoveries int) {
+	s.t.Helper()
+	if n := len(s.controlPlaneEvents(ctx, "Compact")); n != recoveries {
+		s.t.Errorf("%d compactions in %d NOSPACE recoveries, want one each", n, recoveries)
+	}
+	if order, _ := s.bound.defragmentations(); len(order) != 3 || len(slices.Compact(slices.Sorted(slices.Values(order)))) != 3 {
+		s.t.Errorf("defragmented %v; want each of the 3 members once", order)
 	}
 }
 

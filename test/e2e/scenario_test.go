@@ -544,13 +544,15 @@ type machineBound struct {
 	// maxDisrupted the most machines ever holding an open record at once.
 	disruptions  map[string][]string
 	maxDisrupted int
+	// open are the records ("<record> <machine>") open at the last sample.
+	open map[string]bool
 }
 
 func startMachineBound(s *scenario, desired, surge int) *machineBound {
 	s.t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	b := &machineBound{desired: desired, surge: surge, bound: desired + surge, cancel: cancel, done: make(chan struct{}),
-		machines: map[string]*clusterv1.Machine{}, seen: map[string]bool{}, disruptions: map[string][]string{}}
+		machines: map[string]*clusterv1.Machine{}, seen: map[string]bool{}, disruptions: map[string][]string{}, open: map[string]bool{}}
 	c, err := cache.New(s.mgmt.env.Config, cache.Options{
 		Scheme:               s.mgmt.env.Scheme,
 		DefaultNamespaces:    map[string]cache.Config{ns: {}},
@@ -626,12 +628,14 @@ func (b *machineBound) sampleLocked() {
 	for name, m := range b.machines {
 		open := false
 		for _, record := range []string{engine.DefragStartedAnnotation, engine.RestartStartedAnnotation} {
-			if _, ok := m.Annotations[record]; ok {
-				open = true
-				if order := b.disruptions[record]; len(order) == 0 || order[len(order)-1] != name {
-					b.disruptions[record] = append(order, name)
-				}
+			_, ok := m.Annotations[record]
+			if key := record + " " + name; ok && !b.open[key] {
+				b.disruptions[record] = append(b.disruptions[record], name)
+				b.open[key] = true
+			} else if !ok {
+				delete(b.open, key)
 			}
+			open = open || ok
 		}
 		if open {
 			disrupted++

@@ -176,7 +176,7 @@ func (o *observation) build(cp *controlplanev1.QuorumControlPlane, cluster *clus
 		pastTimeout := o.unhealthyPastTimeout(m, now, tun)
 		if pm.Remediate && noSpace && !pastTimeout {
 			pm.Remediate, pm.HoldRemediation = false, true
-			o.remediationRefused[m.Name] = "held while etcd's NOSPACE alarm is raised: the API servers cannot renew leases, so Nodes go NotReady whatever their machines' health; QCP is recovering from the alarm, and remediates once it is disarmed"
+			o.remediationRefused[m.Name] = "held while etcd's NOSPACE alarm is raised: nothing can be written to the workload cluster, so Node health there is stale whatever the machines' health; QCP is recovering from the alarm, and remediates once it is disarmed"
 		} else if pm.Remediate || pastTimeout {
 			next, why, queued := o.remediation.verdict(m)
 			if why != "" {

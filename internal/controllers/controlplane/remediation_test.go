@@ -191,9 +191,9 @@ func TestUnhealthyTimeoutObeysRemediationPolicy(t *testing.T) {
 	}
 }
 
-// TestNoSpaceHoldsMarks: under NOSPACE the API servers cannot renew
-// leases and Nodes go NotReady, so a health check's mark on a machine
-// whose member is healthy is held, and the Remediating condition says why;
+// TestNoSpaceHoldsMarks: under NOSPACE nothing can be written to the
+// workload cluster, Node health included, so a health check's mark on a
+// machine whose member is healthy is held, and the Remediating condition says why;
 // a member down itself past the timeout is still judged by the policy, and
 // removed. The compaction record and the maintenance policy reach the
 // planner.
