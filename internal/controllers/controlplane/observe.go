@@ -161,7 +161,7 @@ func (o *observation) build(cp *controlplanev1.QuorumControlPlane, cluster *clus
 		DepartedAlarms: o.DepartedAlarms,
 		// The spec's quota; a member running another one is restarted
 		// in place with it.
-		QuotaBackendBytes: engine.QuotaBackendBytes(cp.Spec.Etcd.Stacked.QuotaBackendBytes),
+		QuotaBackendBytes: engine.QuotaBackendBytes(cp.Spec.Etcd.Stacked.QuotaBackendBytes, cp.Spec.Etcd.Stacked.ExtraArgs),
 		Now:               now,
 		Tunables:          engine.MaintenanceTunables(tun, cp.Spec.Etcd.Stacked.Maintenance),
 	}

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"testing"
@@ -178,11 +179,25 @@ func TestEtcdHealthyNamesDepartedAlarms(t *testing.T) {
 }
 
 func TestQuotaBackendBytes(t *testing.T) {
-	if got := QuotaBackendBytes(nil); got != 2147483648 {
-		t.Errorf("QuotaBackendBytes(unset) = %d, want etcd's default 2147483648", got)
-	}
 	quota := int64(8589934592)
-	if got := QuotaBackendBytes(&quota); got != 8589934592 {
-		t.Errorf("QuotaBackendBytes(8589934592) = %d, want the field's 8589934592", got)
+	legacy := func(v string) []controlplanev1.Arg {
+		return []controlplanev1.Arg{{Name: "log-level", Value: "warn"}, {Name: "quota-backend-bytes", Value: v}}
+	}
+	for _, tc := range []struct {
+		name  string
+		field *int64
+		args  []controlplanev1.Arg
+		want  int64
+	}{
+		{"unset: etcd's default", nil, nil, 2147483648},
+		{"the field", &quota, nil, 8589934592},
+		{"the field wins over a stored flag", &quota, legacy("1073741824"), 8589934592},
+		{"a stored object's flag, which its members run with", nil, legacy("1073741824"), 1073741824},
+		{"a stored flag of 0 is etcd's default", nil, legacy("0"), 2147483648},
+		{"a stored negative flag turns the quota off", nil, legacy("-1"), math.MaxInt64},
+	} {
+		if got := QuotaBackendBytes(tc.field, tc.args); got != tc.want {
+			t.Errorf("%s: QuotaBackendBytes = %d, want %d", tc.name, got, tc.want)
+		}
 	}
 }

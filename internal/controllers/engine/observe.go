@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -261,8 +263,34 @@ const DefaultQuotaBackendBytes = controlplanev1.DefaultQuotaBackendBytes
 // quorum.State.QuotaBackendBytes: the spec's quotaBackendBytes (field), or
 // etcd's default when it is unset. The schema keeps a set quota at 16 MiB
 // or more, so it is never 0, which etcd would read as its default.
-func QuotaBackendBytes(field *int64) int64 {
-	return ptr.Deref(field, DefaultQuotaBackendBytes)
+//
+// An object stored before the field existed may still set
+// quota-backend-bytes in extraArgs, which the webhooks now refuse in any
+// new spec. Its members run with that flag, which the agent lets win over
+// any other setting, so the flag stays the quota until the user moves it
+// to the field: planning with the default instead would restart every
+// member for a quota it cannot take. etcd takes the last of repeated
+// flags; 0 is its default, and a negative quota turns it off, so that
+// every size is below it.
+func QuotaBackendBytes(field *int64, extraArgs []controlplanev1.Arg) int64 {
+	if field != nil {
+		return *field
+	}
+	quota := DefaultQuotaBackendBytes
+	for _, a := range extraArgs {
+		if a.Name != "quota-backend-bytes" {
+			continue
+		}
+		switch v, err := strconv.ParseInt(a.Value, 10, 64); {
+		case err != nil || v == 0:
+			quota = DefaultQuotaBackendBytes
+		case v < 0:
+			quota = math.MaxInt64
+		default:
+			quota = v
+		}
+	}
+	return quota
 }
 
 // PeerURL is the etcd peer URL of machine: its first internal IP on the

@@ -70,7 +70,7 @@ func (o *observation) build(ec *etcdv1.EtcdCluster, cluster *clusterv1.Cluster, 
 		DepartedAlarms: o.DepartedAlarms,
 		// The spec's quota; a member running another one is restarted
 		// in place with it.
-		QuotaBackendBytes: engine.QuotaBackendBytes(ec.Spec.QuotaBackendBytes),
+		QuotaBackendBytes: engine.QuotaBackendBytes(ec.Spec.QuotaBackendBytes, ec.Spec.ExtraArgs),
 		Now:               now,
 		Tunables:          tun,
 	}
