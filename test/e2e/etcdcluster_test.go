@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -82,6 +83,44 @@ func newEtcdScenario(t testing.TB, mgmt *management, name string, replicas int32
 	return s
 }
 
+// changeEtcdQuota sets the EtcdCluster's quotaBackendBytes and waits for
+// every member to run with it: each restarted in place once, one at a
+// time, and no machine replaced.
+func (s *scenario) changeEtcdQuota(ctx context.Context, quota int64) {
+	s.t.Helper()
+	before, _ := s.bound.restarts()
+	seen := s.bound.machinesSeen()
+	ec, err := s.etcdCluster(ctx)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	orig := ec.DeepCopy()
+	ec.Spec.QuotaBackendBytes = ptr.To(quota)
+	if err := s.c.Patch(ctx, ec, client.MergeFrom(orig)); err != nil {
+		s.t.Fatalf("changing EtcdCluster %s's quota: %v", s.name, err)
+	}
+	cli := s.workloadEtcd(ctx)
+	s.eventually(3*time.Minute, "every member running with the new quota", func(ctx context.Context) error {
+		return eachMember(ctx, cli, func(st etcd.MemberStatus) error {
+			if st.DBSizeQuota != quota {
+				return fmt.Errorf("member %x runs with a quota of %d bytes, want %d", st.ID, st.DBSizeQuota, quota)
+			}
+			return nil
+		})
+	})
+	s.waitEtcdReady(time.Minute, 3)
+	after, most := s.bound.restarts()
+	if got := after[len(before):]; len(got) != 3 || len(slices.Compact(slices.Sorted(slices.Values(got)))) != 3 {
+		s.t.Errorf("restarted %v for the quota change; want each of the 3 members once", got)
+	}
+	if most > 1 {
+		s.t.Errorf("%d members disrupted at once, want 1", most)
+	}
+	if n := s.bound.machinesSeen(); n != seen {
+		s.t.Errorf("%d machines seen before the quota change, %d after: a quota change replaces none", seen, n)
+	}
+}
+
 // etcdCluster reads the scenario's EtcdCluster.
 func (s *scenario) etcdCluster(ctx context.Context) (*etcdv1.EtcdCluster, error) {
 	ec := &etcdv1.EtcdCluster{}
@@ -139,7 +178,9 @@ func (s *scenario) scaleEtcd(ctx context.Context, replicas int32) {
 // becomes Available and stores its data there. The test checks the
 // contract (status and Secrets), and scales the EtcdCluster to 5 and back
 // to 3 with writes going on: learners first, one membership change at a
-// time, nothing lost, the control plane Available throughout.
+// time, nothing lost, the control plane Available throughout. Then it
+// changes the EtcdCluster's quota, which restarts its etcd-only machines
+// in place, one at a time, with no API server on them to carry it.
 func TestEtcdClusterCreateAndScale(t *testing.T) {
 	mgmt := requireShared(t)
 	parallel(t, 55*time.Second)
@@ -188,6 +229,7 @@ func TestEtcdClusterCreateAndScale(t *testing.T) {
 	s.waitEtcdReady(10*time.Minute, 5)
 	s.scaleEtcd(ctx, 3)
 	s.waitEtcdReady(10*time.Minute, 3)
+	s.changeEtcdQuota(ctx, 64<<20)
 	if err := available.stop(); err != nil {
 		t.Error(err)
 	}
