@@ -180,10 +180,15 @@ func (w *Writer) recordUnknown(op porcupine.Operation, key, value string) {
 
 // notApplied reports errors after which the write certainly did not take
 // effect: the server refused it before proposing it to raft, or raft
-// dropped the proposal (during a leader transfer).
+// dropped the proposal (during a leader transfer). "database space
+// exceeded" is not one: etcd's quota applier applies the put that crosses
+// the quota and only then answers with that error (and members restarted
+// with different quotas disagree on which put crosses it), so such a write
+// may well be there. The NOSPACE scenario's first runs counted it as
+// failed, and porcupine found the history not linearizable.
 func notApplied(err error) bool {
 	msg := err.Error()
-	for _, s := range []string{"raft proposal dropped", "etcdserver: no leader", "rpc not supported for learner", "etcdserver: too many requests", "database space exceeded"} {
+	for _, s := range []string{"raft proposal dropped", "etcdserver: no leader", "rpc not supported for learner", "etcdserver: too many requests"} {
 		if strings.Contains(msg, s) {
 			return true
 		}
