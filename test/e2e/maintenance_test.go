@@ -268,6 +268,12 @@ func fragmentation(st etcd.MemberStatus) int64 {
 	return (st.DBSize - st.DBSizeInUse) * 100 / st.DBSize
 }
 
+// setQuota sets the control plane's quotaBackendBytes.
+func (s *scenario) setQuota(ctx context.Context, quota int64) {
+	s.t.Helper()
+	s.patchControlPlane(ctx, func(cp *controlplanev1.QuorumControlPlane) { cp.Spec.Etcd.Stacked.QuotaBackendBytes = ptr.To(quota) })
+}
+
 // setDefragmentation sets the control plane's defragmentation policy.
 func (s *scenario) setDefragmentation(ctx context.Context, policy controlplanev1.DefragmentationPolicy) {
 	s.t.Helper()
@@ -417,7 +423,7 @@ func TestNoSpaceRecovery(t *testing.T) {
 		}
 	}
 	defragsBefore, _ := s.bound.defragmentations()
-	s.patchControlPlane(ctx, func(cp *controlplanev1.QuorumControlPlane) { cp.Spec.Etcd.Stacked.QuotaBackendBytes = ptr.To[int64](lowQuota) })
+	s.setQuota(ctx, lowQuota)
 	loweredAt := time.Now()
 	nodes := s.nodeReadiness()
 	s.eventually(3*time.Minute, "EtcdClusterHealthy naming the quota to raise", func(ctx context.Context) error {
@@ -450,7 +456,7 @@ func TestNoSpaceRecovery(t *testing.T) {
 	leader := s.etcdLeader(ctx, cli)
 	lowered, _ := s.bound.restarts()
 	raised := int64(4 * noSpaceQuota)
-	s.patchControlPlane(ctx, func(cp *controlplanev1.QuorumControlPlane) { cp.Spec.Etcd.Stacked.QuotaBackendBytes = ptr.To(raised) })
+	s.setQuota(ctx, raised)
 	raisedAt := time.Now()
 	s.eventually(5*time.Minute, "etcd taking writes again under the raised quota", writable)
 	t.Logf("live data: writable again %s after the quota was raised", time.Since(raisedAt).Round(time.Millisecond))
@@ -505,9 +511,9 @@ func (s *scenario) fillUntilNoSpace(ctx context.Context, put func(context.Contex
 	}
 }
 
-// checkOnePass checks that the NOSPACE recoveries so far, recoveries of
-// them, compacted once each and defragmented each member once in all (the
-// second recovery's members were defragmented within the interval).
+// checkOnePass checks that the NOSPACE recoveries so far (recoveries of
+// them) compacted once each, and defragmented each member once in all: the
+// second recovery's members were defragmented within the interval.
 func (s *scenario) checkOnePass(ctx context.Context, recoveries int) {
 	s.t.Helper()
 	if n := len(s.controlPlaneEvents(ctx, "Compact")); n != recoveries {

@@ -648,16 +648,20 @@ func (b *machineBound) sampleLocked() {
 // defragmentation began, and the most machines ever disrupted (busy
 // defragmenting or restarting) at once.
 func (b *machineBound) defragmentations() ([]string, int) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return slices.Clone(b.disruptions[engine.DefragStartedAnnotation]), b.maxDisrupted
+	return b.disruptionsOf(engine.DefragStartedAnnotation)
 }
 
 // restarts is defragmentations for restarts in place.
 func (b *machineBound) restarts() ([]string, int) {
+	return b.disruptionsOf(engine.RestartStartedAnnotation)
+}
+
+// disruptionsOf returns the machines in the order record appeared on them,
+// and the most machines ever disrupted at once.
+func (b *machineBound) disruptionsOf(record string) ([]string, int) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return slices.Clone(b.disruptions[engine.RestartStartedAnnotation]), b.maxDisrupted
+	return slices.Clone(b.disruptions[record]), b.maxDisrupted
 }
 
 // departures returns the machines seen leaving so far, in order.
