@@ -115,6 +115,7 @@ func TestAdmissionThroughAPIServer(t *testing.T) {
 	})
 
 	t.Run("EtcdCluster", func(t *testing.T) { testEtcdClusterAdmission(ctx, t, c) })
+	t.Run("templates", func(t *testing.T) { testTemplateAdmission(ctx, t, c) })
 }
 
 // createOld stores the starting object of an update case, or does nothing

@@ -31,6 +31,11 @@ func Setup(mgr ctrl.Manager) error {
 		Complete(); err != nil {
 		return fmt.Errorf("setting up the QuorumControlPlane webhooks: %w", err)
 	}
+	if err := ctrl.NewWebhookManagedBy(mgr, &controlplanev1.QuorumControlPlaneTemplate{}).
+		WithValidator(QuorumControlPlaneTemplate{}).
+		Complete(); err != nil {
+		return fmt.Errorf("setting up the QuorumControlPlaneTemplate webhook: %w", err)
+	}
 	if err := ctrl.NewWebhookManagedBy(mgr, &etcdv1.EtcdCluster{}).
 		WithDefaulter(EtcdCluster{}).
 		WithValidator(EtcdCluster{}).

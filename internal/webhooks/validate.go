@@ -31,12 +31,8 @@ func Validate(old, qcp *controlplanev1.QuorumControlPlane) field.ErrorList {
 	stacked := spec.Etcd.IsStacked()
 	errs := validateReplicas(specPath.Child("replicas"), replicasOf(spec), stacked)
 	errs = append(errs, validateVersion(specPath.Child("version"), spec.Version, "v1.36.3")...)
-	if v := spec.Etcd.Stacked.Version; v != "" {
-		errs = append(errs, validateVersion(specPath.Child("etcd", "stacked", "version"), v, "v3.6.16")...)
-	}
-	errs = append(errs, validateCertSANs(specPath.Child("apiServer", "certSANs"), spec.APIServer.CertSANs)...)
-	errs = append(errs, validateExtraArgs(spec)...)
-	errs = append(errs, validateRollout(spec)...)
+	errs = append(errs, validateConfig(specPath, &spec.QuorumControlPlaneConfig)...)
+	errs = append(errs, validateSurge(spec)...)
 	if old != nil {
 		errs = append(errs, validateVersionChange(old, qcp)...)
 		errs = append(errs, validateEtcdChange(old.Spec.Etcd, spec.Etcd)...)
@@ -187,25 +183,37 @@ func validateCertSANs(path *field.Path, sans []string) field.ErrorList {
 	return errs
 }
 
+// validateConfig checks what a QuorumControlPlane shares with its template,
+// the config at path.
+func validateConfig(path *field.Path, cfg *controlplanev1.QuorumControlPlaneConfig) field.ErrorList {
+	var errs field.ErrorList
+	if v := cfg.Etcd.Stacked.Version; v != "" {
+		errs = append(errs, validateVersion(path.Child("etcd", "stacked", "version"), v, "v3.6.16")...)
+	}
+	errs = append(errs, validateCertSANs(path.Child("apiServer", "certSANs"), cfg.APIServer.CertSANs)...)
+	errs = append(errs, validateExtraArgs(path, cfg)...)
+	return append(errs, validateCertificatesExpiry(path, cfg)...)
+}
+
 // validateExtraArgs refuses flags qcp-agent owns on the machines (their
 // addresses, certificates, data directories): a machine created with one
 // would never start. It refuses etcd's backend quota too, which has a
 // field of its own.
-func validateExtraArgs(spec *controlplanev1.QuorumControlPlaneSpec) field.ErrorList {
+func validateExtraArgs(path *field.Path, spec *controlplanev1.QuorumControlPlaneConfig) field.ErrorList {
 	var errs field.ErrorList
 	for _, c := range []struct {
 		path      *field.Path
 		component bootstrap.Component
 		args      []controlplanev1.Arg
 	}{
-		{specPath.Child("etcd", "stacked", "extraArgs"), bootstrap.Etcd, spec.Etcd.Stacked.ExtraArgs},
-		{specPath.Child("apiServer", "extraArgs"), bootstrap.KubeAPIServer, spec.APIServer.ExtraArgs},
-		{specPath.Child("controllerManager", "extraArgs"), bootstrap.KubeControllerManager, spec.ControllerManager.ExtraArgs},
-		{specPath.Child("scheduler", "extraArgs"), bootstrap.KubeScheduler, spec.Scheduler.ExtraArgs},
+		{path.Child("etcd", "stacked", "extraArgs"), bootstrap.Etcd, spec.Etcd.Stacked.ExtraArgs},
+		{path.Child("apiServer", "extraArgs"), bootstrap.KubeAPIServer, spec.APIServer.ExtraArgs},
+		{path.Child("controllerManager", "extraArgs"), bootstrap.KubeControllerManager, spec.ControllerManager.ExtraArgs},
+		{path.Child("scheduler", "extraArgs"), bootstrap.KubeScheduler, spec.Scheduler.ExtraArgs},
 	} {
 		for i, a := range c.args {
 			if c.component == bootstrap.Etcd {
-				errs = append(errs, etcdArgErrors(c.path.Index(i), a, specPath.Child("etcd", "stacked", "quotaBackendBytes"))...)
+				errs = append(errs, etcdArgErrors(c.path.Index(i), a, path.Child("etcd", "stacked", "quotaBackendBytes"))...)
 				continue
 			}
 			errs = append(errs, argErrors(c.path.Index(i), c.component, a)...)
@@ -214,17 +222,25 @@ func validateExtraArgs(spec *controlplanev1.QuorumControlPlaneSpec) field.ErrorL
 	return errs
 }
 
-// validateRollout: removing before replacing leaves 2 of 3 voters at worst;
-// with fewer machines it would leave none.
-func validateRollout(spec *controlplanev1.QuorumControlPlaneSpec) field.ErrorList {
-	if expiry := spec.Rollout.Before.CertificatesExpiryDays; expiry != nil {
-		validity := ptr.Deref(spec.CertificateValidityPeriodDays, controlplanev1.DefaultCertificateValidityPeriodDays)
-		if *expiry >= validity {
-			return field.ErrorList{field.Invalid(specPath.Child("rollout", "before", "certificatesExpiryDays"), *expiry, fmt.Sprintf(
-				"machines' certificates are valid for %d days (certificateValidityPeriodDays), so every new machine would be rolled out again at once; use fewer days than that, or raise certificateValidityPeriodDays",
-				validity))}
-		}
+// validateCertificatesExpiry: a machine due for replacement as soon as it
+// exists would be replaced forever.
+func validateCertificatesExpiry(path *field.Path, cfg *controlplanev1.QuorumControlPlaneConfig) field.ErrorList {
+	expiry := cfg.Rollout.Before.CertificatesExpiryDays
+	if expiry == nil {
+		return nil
 	}
+	validity := ptr.Deref(cfg.CertificateValidityPeriodDays, controlplanev1.DefaultCertificateValidityPeriodDays)
+	if *expiry < validity {
+		return nil
+	}
+	return field.ErrorList{field.Invalid(path.Child("rollout", "before", "certificatesExpiryDays"), *expiry, fmt.Sprintf(
+		"machines' certificates are valid for %d days (certificateValidityPeriodDays), so every new machine would be rolled out again at once; use fewer days than that, or raise certificateValidityPeriodDays",
+		validity))}
+}
+
+// validateSurge: removing before replacing leaves 2 of 3 voters at worst;
+// with fewer machines it would leave none.
+func validateSurge(spec *controlplanev1.QuorumControlPlaneSpec) field.ErrorList {
 	strategy := spec.Rollout.Strategy
 	surge := strategy.RollingUpdate.MaxSurge
 	if strategy.Type == controlplanev1.OnDelete || surge == nil || *surge != 0 || replicasOf(spec) >= 3 {

@@ -3,6 +3,7 @@ package v1alpha1
 import (
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 )
 
 // QuorumControlPlaneStatus defines the observed state of a QuorumControlPlane.
@@ -38,7 +39,19 @@ type QuorumControlPlaneStatus struct {
 	// +optional
 	UpToDateReplicas *int32 `json:"upToDateReplicas,omitempty"`
 
+	// versions are the Kubernetes versions the machines run, oldest first,
+	// each with its number of machines. CAPI's topology controller reads
+	// them to tell whether an upgrade is in progress.
+	// +optional
+	// +listType=map
+	// +listMapKey=version
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=100
+	Versions []clusterv1.StatusVersion `json:"versions,omitempty"`
+
 	// version is the lowest Kubernetes version among the machines.
+	//
+	// Deprecated: use versions; the next CAPI contract drops this field.
 	// +optional
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=256

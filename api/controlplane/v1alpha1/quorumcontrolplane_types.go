@@ -51,6 +51,16 @@ type QuorumControlPlaneSpec struct {
 	// +required
 	MachineTemplate QuorumControlPlaneMachineTemplate `json:"machineTemplate"`
 
+	// The rest of the spec is how the components run, which a
+	// QuorumControlPlaneTemplate carries too.
+	QuorumControlPlaneConfig `json:",inline"`
+}
+
+// QuorumControlPlaneConfig is how a control plane's components run:
+// everything in a QuorumControlPlane's spec but its replica count, its
+// version and its machines' template. A QuorumControlPlaneTemplate carries
+// it for every cluster made from a ClusterClass.
+type QuorumControlPlaneConfig struct {
 	// etcd chooses stacked etcd (the default: a member on every control plane
 	// machine) or external etcd. The choice is fixed at creation.
 	// +optional
@@ -105,10 +115,37 @@ type QuorumControlPlaneMachineTemplateSpec struct {
 	// e.g. a ProcessMachineTemplate.
 	// +required
 	InfrastructureRef clusterv1.ContractVersionedObjectReference `json:"infrastructureRef"`
+	// The rest is what a QuorumControlPlaneTemplate's machine template
+	// carries too.
+	QuorumControlPlaneMachineSettings `json:",inline"`
+}
+
+// QuorumControlPlaneMachineSettings is what QCP sets on its Machines and
+// changes in place, without a rollout.
+type QuorumControlPlaneMachineSettings struct {
 	// deletion configures node drain and deletion timeouts; changes are
 	// propagated to the machines in place.
 	// +optional
 	Deletion QuorumControlPlaneMachineTemplateDeletionSpec `json:"deletion,omitempty,omitzero"`
+	// readinessGates are extra conditions CAPI core includes in each
+	// Machine's Ready condition; they are copied to the machines in place.
+	// +optional
+	// +listType=map
+	// +listMapKey=conditionType
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=32
+	ReadinessGates []clusterv1.MachineReadinessGate `json:"readinessGates,omitempty"`
+	// taints are copied to the machines in place. CAPI core puts a
+	// Machine's taints on its Node only while its alpha
+	// MachineTaintPropagation feature gate is on; otherwise they stay on the
+	// Machines.
+	// +optional
+	// +listType=map
+	// +listMapKey=key
+	// +listMapKey=effect
+	// +kubebuilder:validation:MinItems=1
+	// +kubebuilder:validation:MaxItems=64
+	Taints []clusterv1.MachineTaint `json:"taints,omitempty"`
 }
 
 // QuorumControlPlaneMachineTemplateDeletionSpec configures machine deletion.

@@ -36,10 +36,12 @@ func (r *Reconciler) createMachine(ctx context.Context, cluster *clusterv1.Clust
 		Annotations:      mergeInto(maps.Clone(tmpl.ObjectMeta.Annotations), machineRecords(cp, obs)),
 		InfraAnnotations: tmpl.ObjectMeta.Annotations,
 		InfraTemplate:    tmpl.Spec.InfrastructureRef, InfraTemplatePath: "spec.machineTemplate.spec.infrastructureRef",
-		Version:       cp.Spec.Version,
-		FailureDomain: d.FailureDomain,
-		Bootstrap:     bootstrapDocument(cluster, cp, secrets, obs),
-		Deletion:      machineDeletion(cp),
+		Version:        cp.Spec.Version,
+		FailureDomain:  d.FailureDomain,
+		Bootstrap:      bootstrapDocument(cluster, cp, secrets, obs),
+		Deletion:       machineDeletion(cp),
+		ReadinessGates: tmpl.Spec.ReadinessGates,
+		Taints:         tmpl.Spec.Taints,
 	})
 	if _, ok := readRemediation(cp, RemediationInProgressAnnotation); ok && machine != nil {
 		delete(cp.Annotations, RemediationInProgressAnnotation) // the replacement carries it now
@@ -122,8 +124,8 @@ func keepRecords(m *clusterv1.Machine, obs *observation, now time.Time) {
 
 // propagate sets what QCP changes on a machine in place, never by a
 // rollout: the template's labels and annotations (added or changed; a key
-// removed from the template stays), the deletion timeouts, minReadySeconds
-// and the UpToDate condition, which lists why the machine is outdated.
+// removed from the template stays), the deletion timeouts, the readiness
+// gates and taints, minReadySeconds and the UpToDate condition, which lists why the machine is outdated.
 func propagate(m *clusterv1.Machine, cp *controlplanev1.QuorumControlPlane, outdated []string) {
 	meta := cp.Spec.MachineTemplate.ObjectMeta
 	if len(meta.Labels) > 0 {
@@ -133,6 +135,8 @@ func propagate(m *clusterv1.Machine, cp *controlplanev1.QuorumControlPlane, outd
 		m.Annotations = mergeInto(m.Annotations, meta.Annotations)
 	}
 	m.Spec.Deletion = machineDeletion(cp)
+	m.Spec.ReadinessGates = cp.Spec.MachineTemplate.Spec.ReadinessGates
+	m.Spec.Taints = cp.Spec.MachineTemplate.Spec.Taints
 	m.Spec.MinReadySeconds = ptr.To[int32](0)
 	cond := metav1.Condition{Type: clusterv1.MachineUpToDateCondition, Status: metav1.ConditionTrue, Reason: clusterv1.MachineUpToDateReason}
 	if len(outdated) > 0 {

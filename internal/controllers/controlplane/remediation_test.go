@@ -51,7 +51,7 @@ func TestRemediationPolicy(t *testing.T) {
 			spec: controlplanev1.RemediationSpec{MaxRetry: ptr.To[int32](1), MinHealthyPeriodSeconds: ptr.To[int32](300)}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			cp := &controlplanev1.QuorumControlPlane{Spec: controlplanev1.QuorumControlPlaneSpec{Remediation: tc.spec}}
+			cp := &controlplanev1.QuorumControlPlane{Spec: controlplanev1.QuorumControlPlaneSpec{QuorumControlPlaneConfig: controlplanev1.QuorumControlPlaneConfig{Remediation: tc.spec}}}
 			if tc.inProgress != "" {
 				cp.Annotations = map[string]string{RemediationInProgressAnnotation: remediationData{Machine: tc.inProgress, Timestamp: metav1.NewTime(now), RetryCount: 5}.String()}
 			}
@@ -79,7 +79,7 @@ func TestHealthCheckNeverAsksForMoreThanEtcdTolerates(t *testing.T) {
 	}{{1, controlplanev1.EtcdSpec{}, 0}, {3, controlplanev1.EtcdSpec{}, 1}, {5, controlplanev1.EtcdSpec{}, 2}, {7, controlplanev1.EtcdSpec{}, 3},
 		{1, external, 0}, {2, external, 1}, {4, external, 3}} {
 		replicas, want := tc.replicas, tc.want
-		cp := &controlplanev1.QuorumControlPlane{ObjectMeta: metav1.ObjectMeta{Name: "cp"}, Spec: controlplanev1.QuorumControlPlaneSpec{Replicas: ptr.To(replicas), Etcd: tc.etcd}}
+		cp := &controlplanev1.QuorumControlPlane{ObjectMeta: metav1.ObjectMeta{Name: "cp"}, Spec: controlplanev1.QuorumControlPlaneSpec{Replicas: ptr.To(replicas), QuorumControlPlaneConfig: controlplanev1.QuorumControlPlaneConfig{Etcd: tc.etcd}}}
 		spec := healthCheckSpec(cluster, cp, time.Minute)
 		if got := spec.Remediation.TriggerIf.UnhealthyLessThanOrEqualTo; got == nil || *got != intstr.FromInt(want) {
 			t.Errorf("%d replicas, stacked %v: trigger %v, want at most %d unhealthy", replicas, tc.etcd.IsStacked(), got, want)
@@ -159,7 +159,7 @@ func TestUnhealthyTimeoutObeysRemediationPolicy(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cp := &controlplanev1.QuorumControlPlane{Spec: controlplanev1.QuorumControlPlaneSpec{Replicas: ptr.To[int32](3),
-				Remediation: controlplanev1.RemediationSpec{MaxRetry: ptr.To[int32](1)}}}
+				QuorumControlPlaneConfig: controlplanev1.QuorumControlPlaneConfig{Remediation: controlplanev1.RemediationSpec{MaxRetry: ptr.To[int32](1)}}}}
 			if tc.inProgress != "" {
 				cp.Annotations = map[string]string{RemediationInProgressAnnotation: remediationData{Machine: tc.inProgress, Timestamp: metav1.NewTime(now)}.String()}
 			}

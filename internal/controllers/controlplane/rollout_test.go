@@ -22,7 +22,9 @@ func rolloutControlPlane() *controlplanev1.QuorumControlPlane {
 		MachineTemplate: controlplanev1.QuorumControlPlaneMachineTemplate{Spec: controlplanev1.QuorumControlPlaneMachineTemplateSpec{
 			InfrastructureRef: clusterv1.ContractVersionedObjectReference{Kind: "ProcessMachineTemplate", Name: "a"},
 		}},
-		APIServer: controlplanev1.APIServerSpec{ExtraArgs: []controlplanev1.Arg{{Name: "v", Value: "2"}}},
+		QuorumControlPlaneConfig: controlplanev1.QuorumControlPlaneConfig{
+			APIServer: controlplanev1.APIServerSpec{ExtraArgs: []controlplanev1.Arg{{Name: "v", Value: "2"}}},
+		},
 	}}
 }
 

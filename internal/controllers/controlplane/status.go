@@ -2,11 +2,13 @@ package controlplane
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	utilversion "k8s.io/apimachinery/pkg/util/version"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/collections"
@@ -88,6 +90,41 @@ func setReplicas(cp *controlplanev1.QuorumControlPlane, obs *observation) {
 	cp.Status.Replicas = ptr.To(int32(len(obs.Machines)))
 	cp.Status.ReadyReplicas, cp.Status.AvailableReplicas, cp.Status.UpToDateReplicas = &ready, &available, &upToDate
 	cp.Status.Version = versions.LowestVersion()
+	cp.Status.Versions = statusVersions(obs.Machines)
+}
+
+// statusVersions counts the machines per Kubernetes version, oldest first,
+// as the control plane contract asks: CAPI's topology controller takes the
+// control plane to be upgrading while any entry is older than spec.version.
+func statusVersions(machines []*clusterv1.Machine) []clusterv1.StatusVersion {
+	count := map[string]int32{}
+	for _, m := range machines {
+		if m.Spec.Version != "" {
+			count[m.Spec.Version]++
+		}
+	}
+	if len(count) == 0 {
+		return nil
+	}
+	versions := make([]clusterv1.StatusVersion, 0, len(count))
+	for v, n := range count {
+		versions = append(versions, clusterv1.StatusVersion{Version: v, Replicas: n})
+	}
+	slices.SortFunc(versions, func(a, b clusterv1.StatusVersion) int {
+		va, errA := utilversion.ParseSemantic(a.Version)
+		vb, errB := utilversion.ParseSemantic(b.Version)
+		if errA != nil || errB != nil {
+			return strings.Compare(a.Version, b.Version)
+		}
+		switch {
+		case va.LessThan(vb):
+			return -1
+		case vb.LessThan(va):
+			return 1
+		}
+		return 0
+	})
+	return versions
 }
 
 func setInitialized(cp *controlplanev1.QuorumControlPlane, obs *observation) {

@@ -2,6 +2,7 @@ package controlplane
 
 import (
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -160,5 +161,20 @@ func TestAvailableFromTheMemberList(t *testing.T) {
 	if c := conditions.Get(cp, controlplanev1.AvailableCondition); c == nil || c.Status != metav1.ConditionFalse ||
 		!strings.Contains(c.Message, "etcd membership cannot be read") {
 		t.Errorf("Available with the list unreadable: %+v, want False", c)
+	}
+}
+
+// TestStatusVersions: machines counted per version, oldest first by
+// semantic version (v1.9 before v1.10), as CAPI's topology controller reads
+// them.
+func TestStatusVersions(t *testing.T) {
+	machine := func(v string) *clusterv1.Machine { return &clusterv1.Machine{Spec: clusterv1.MachineSpec{Version: v}} }
+	got := statusVersions([]*clusterv1.Machine{machine("v1.36.3"), machine("v1.9.0"), machine("v1.36.3"), machine("v1.10.2"), machine("")})
+	want := []clusterv1.StatusVersion{{Version: "v1.9.0", Replicas: 1}, {Version: "v1.10.2", Replicas: 1}, {Version: "v1.36.3", Replicas: 2}}
+	if !slices.Equal(got, want) {
+		t.Errorf("statusVersions = %v; want %v", got, want)
+	}
+	if got := statusVersions(nil); got != nil {
+		t.Errorf("statusVersions(nil) = %v; want none, so that CAPI reads the control plane as provisioning", got)
 	}
 }

@@ -48,6 +48,8 @@ type NewMachine struct {
 	FailureDomain     string
 	Bootstrap         *bootstrap.Document
 	Deletion          clusterv1.MachineDeletionSpec
+	ReadinessGates    []clusterv1.MachineReadinessGate
+	Taints            []clusterv1.MachineTaint
 }
 
 // CreateMachine creates nm: its bootstrap data, its infrastructure machine
@@ -89,6 +91,8 @@ func CreateMachine(ctx context.Context, c client.Client, reader client.Reader, f
 			InfrastructureRef: clusterv1.ContractVersionedObjectReference{APIGroup: nm.InfraTemplate.APIGroup, Kind: infra.GetKind(), Name: infra.GetName()},
 			MinReadySeconds:   ptr.To[int32](0),
 			Deletion:          nm.Deletion,
+			ReadinessGates:    nm.ReadinessGates,
+			Taints:            nm.Taints,
 		},
 	}
 	if err := c.Create(ctx, machine); err != nil {
