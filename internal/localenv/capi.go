@@ -9,10 +9,12 @@ import (
 	"github.com/qcp-dev/qcp/internal/binaries"
 )
 
-// capiFeatureGates turns off what QCP does not use. ReconcilerRateLimiting
+// capiFeatureGates turns off what QCP does not use, and turns on
+// ClusterTopology (alpha, off by default), which ClusterClass and managed
+// topologies need, as every ClusterClass user turns it on. ReconcilerRateLimiting
 // (one reconcile per object per second) is off so tests react at event speed;
 // figures measured with it off say so.
-const capiFeatureGates = "MachinePool=false,ClusterTopology=false,RuntimeSDK=false,ReconcilerRateLimiting=false"
+const capiFeatureGates = "MachinePool=false,ClusterTopology=true,RuntimeSDK=false,ReconcilerRateLimiting=false"
 
 func (e *Env) startCAPI(ctx context.Context, opts Options) error {
 	path, err := binaries.Path("capi-manager", opts.CAPIVersion)

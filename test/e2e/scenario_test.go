@@ -92,15 +92,17 @@ func newScenarioIn(t testing.TB, mgmt *management, name string, replicas int32, 
 func newScenarioWithoutControlPlane(t testing.TB, mgmt *management, name string, replicas int32, domains []string,
 	edits ...func(*controlplanev1.QuorumControlPlane)) (*scenario, *controlplanev1.QuorumControlPlane) {
 	t.Helper()
-	testkit.RequireBinaries(t, "etcd", "kube", "capi-manager")
-	s := &scenario{t: t, mgmt: mgmt, c: mgmt.env.Client, name: name,
-		selector: client.MatchingLabels{clusterv1.ClusterNameLabel: name, clusterv1.MachineControlPlaneLabel: ""}}
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
 	cp := newControlPlane(name, replicas)
 	for _, edit := range edits {
 		edit(cp)
 	}
+	surge := 1
+	if ptr.Deref(cp.Spec.Rollout.Strategy.RollingUpdate.MaxSurge, 1) == 0 {
+		surge = 0
+	}
+	s := beginScenario(t, mgmt, name, int(replicas), surge)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
 	s.create(ctx,
 		&infrav1.ProcessCluster{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
 			Spec: infrav1.ProcessClusterSpec{FailureDomains: domains}},
@@ -117,14 +119,21 @@ func newScenarioWithoutControlPlane(t testing.TB, mgmt *management, name string,
 			},
 		},
 	)
-	surge := 1
-	if ptr.Deref(cp.Spec.Rollout.Strategy.RollingUpdate.MaxSurge, 1) == 0 {
-		surge = 0
-	}
-	s.bound = startMachineBound(s, int(replicas), surge)
+	return s, cp
+}
+
+// beginScenario is the scenario of the Cluster name, before anything of it
+// exists: its machines watched against desired + surge, and its release
+// and failure dump registered.
+func beginScenario(t testing.TB, mgmt *management, name string, desired, surge int) *scenario {
+	t.Helper()
+	testkit.RequireBinaries(t, "etcd", "kube", "capi-manager")
+	s := &scenario{t: t, mgmt: mgmt, c: mgmt.env.Client, name: name,
+		selector: client.MatchingLabels{clusterv1.ClusterNameLabel: name, clusterv1.MachineControlPlaneLabel: ""}}
+	s.bound = startMachineBound(s, desired, surge)
 	t.Cleanup(s.release)
 	t.Cleanup(s.dumpOnFailure)
-	return s, cp
+	return s
 }
 
 // release deletes the scenario's Cluster, and its EtcdCluster if it has
