@@ -313,13 +313,20 @@ func TestRebalancing(t *testing.T) {
 // every poll.
 func (s *scenario) rollOut(change func(*controlplanev1.QuorumControlPlane), during func(*controlplanev1.QuorumControlPlane, []clusterv1.Machine) error) {
 	s.t.Helper()
+	s.rollOutBy(func(ctx context.Context) { s.patchControlPlane(ctx, change) }, during)
+}
+
+// rollOutBy is rollOut for a change that apply makes, to the control plane
+// or to what it is made from.
+func (s *scenario) rollOutBy(apply func(context.Context), during func(*controlplanev1.QuorumControlPlane, []clusterv1.Machine) error) {
+	s.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	before, err := s.machines(ctx)
 	if err != nil {
 		s.t.Fatal(err)
 	}
-	s.patchControlPlane(ctx, change)
+	apply(ctx)
 	// 5 minutes a machine: a fresh-clone run on a loaded 2-core machine took
 	// 3.5 minutes a machine, and its 10-minute wait ran out on the third.
 	s.eventually(time.Duration(len(before))*5*time.Minute, "every machine rolled out", func(ctx context.Context) error {

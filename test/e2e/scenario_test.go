@@ -198,16 +198,22 @@ func (s *scenario) eventually(timeout time.Duration, what string, cond func(cont
 // happen.
 func (s *scenario) holds(d time.Duration, what string, cond func(context.Context) error) {
 	s.t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), d)
-	defer cancel()
+	window := time.NewTimer(d)
+	defer window.Stop()
 	t := time.NewTicker(500 * time.Millisecond)
 	defer t.Stop()
 	for {
-		if err := cond(ctx); err != nil && ctx.Err() == nil {
+		// Each check has a deadline of its own: one that started just
+		// before the window closed must not fail for want of time (a
+		// client's rate limiter refuses to wait past its context's end).
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		err := cond(ctx)
+		cancel()
+		if err != nil {
 			s.t.Fatalf("%s: %v", what, err)
 		}
 		select {
-		case <-ctx.Done():
+		case <-window.C:
 			return
 		case <-t.C:
 		}

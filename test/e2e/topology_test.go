@@ -12,10 +12,12 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
@@ -24,6 +26,10 @@ import (
 
 	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
 	infrav1 "github.com/qcp-dev/qcp/api/infrastructure/v1alpha1"
+	"github.com/qcp-dev/qcp/internal/binaries"
+	"github.com/qcp-dev/qcp/internal/controllers/controlplane"
+	"github.com/qcp-dev/qcp/internal/machinehost"
+	"github.com/qcp-dev/qcp/internal/testkit"
 )
 
 // clusterClassFile is the ClusterClass QCP ships, with its templates.
@@ -70,25 +76,45 @@ func applyFile(ctx context.Context, c client.Client, path string) error {
 	}
 }
 
-// newTopologyScenario creates a Cluster named name from the shipped
-// ClusterClass with replicas control plane machines: CAPI core's topology
-// controller makes its QuorumControlPlane and ProcessCluster from the
-// class's templates.
-func newTopologyScenario(t *testing.T, mgmt *management, name string, replicas int32) *scenario {
+// newTopologyScenario creates a Cluster named name from a ClusterClass
+// (the shipped one unless a class edit is given) at a Kubernetes version,
+// with replicas control plane machines: CAPI core's topology controller
+// makes its QuorumControlPlane and ProcessCluster from the class's
+// templates. A class edit makes a class of the scenario's own, named after
+// it, from the shipped one.
+func newTopologyScenario(t *testing.T, mgmt *management, name, kubeVersion string, replicas int32, classEdit func(*clusterv1.ClusterClass)) *scenario {
 	t.Helper()
 	s := beginScenario(t, mgmt, name, int(replicas), 1)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	s.installClusterClass(ctx)
+	class := clusterClassName
+	if classEdit != nil {
+		class = s.createClass(ctx, classEdit)
+	}
 	s.create(ctx, &clusterv1.Cluster{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
 		Spec: clusterv1.ClusterSpec{Topology: clusterv1.Topology{
-			ClassRef:     clusterv1.ClusterClassRef{Name: clusterClassName},
-			Version:      version,
+			ClassRef:     clusterv1.ClusterClassRef{Name: class},
+			Version:      kubeVersion,
 			ControlPlane: clusterv1.ControlPlaneTopology{Replicas: ptr.To(replicas)},
 		}},
 	})
 	return s
+}
+
+// createClass creates a ClusterClass named after the scenario: the shipped
+// class, changed by edit. It uses the shipped class's templates.
+func (s *scenario) createClass(ctx context.Context, edit func(*clusterv1.ClusterClass)) string {
+	s.t.Helper()
+	shipped := &clusterv1.ClusterClass{}
+	if err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: clusterClassName}, shipped); err != nil {
+		s.t.Fatal(err)
+	}
+	own := &clusterv1.ClusterClass{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: s.name}, Spec: *shipped.Spec.DeepCopy()}
+	edit(own)
+	s.create(ctx, own)
+	return own.Name
 }
 
 // TestTopology creates a cluster from the shipped ClusterClass, scales it
@@ -101,7 +127,7 @@ func newTopologyScenario(t *testing.T, mgmt *management, name string, replicas i
 func TestTopology(t *testing.T) {
 	mgmt := requireShared(t)
 	parallel(t, 4*time.Minute)
-	s := newTopologyScenario(t, mgmt, "topology", 3)
+	s := newTopologyScenario(t, mgmt, "topology", version, 3, nil)
 	s.startTraffic(3)
 	cp := s.waitAvailable(convergeTimeout, 3)
 	s.checkCreated(cp)
@@ -233,4 +259,234 @@ func (s *scenario) checkVariableInPlace(ctx context.Context) {
 		}
 		return nil
 	})
+}
+
+// classHealthCheck is a control plane health check a ClusterClass defines:
+// QCP's own checks on Node Ready, and at most one machine marked at a time.
+func classHealthCheck() clusterv1.ControlPlaneClassHealthCheck {
+	timeout := ptr.To(int32(controlplane.DefaultHealthCheckTimeout / time.Second))
+	return clusterv1.ControlPlaneClassHealthCheck{
+		Checks: clusterv1.ControlPlaneClassHealthCheckChecks{
+			NodeStartupTimeoutSeconds: ptr.To[int32](300),
+			UnhealthyNodeConditions: []clusterv1.UnhealthyNodeCondition{
+				{Type: corev1.NodeReady, Status: corev1.ConditionFalse, TimeoutSeconds: timeout},
+				{Type: corev1.NodeReady, Status: corev1.ConditionUnknown, TimeoutSeconds: timeout},
+			},
+		},
+		Remediation: clusterv1.ControlPlaneClassHealthCheckRemediation{TriggerIf: clusterv1.ControlPlaneClassHealthCheckRemediationTriggerIf{
+			UnhealthyLessThanOrEqualTo: ptr.To(intstr.FromInt(1)),
+		}},
+	}
+}
+
+// TestTopologyHealthCheck: a class that defines the control plane's health
+// check yields exactly one MachineHealthCheck, the topology controller's,
+// which neither controller rewrites while the cluster is idle. A voter
+// killed under it is remediated by QCP with the quorum rules. Removing the
+// check from the class brings back QCP's own, and adding it again removes
+// QCP's: one object after each change settles.
+func TestTopologyHealthCheck(t *testing.T) {
+	mgmt := requireShared(t)
+	parallel(t, 4*time.Minute)
+	s := newTopologyScenario(t, mgmt, "topology-mhc", version, 3, func(c *clusterv1.ClusterClass) {
+		c.Spec.ControlPlane.HealthCheck = classHealthCheck()
+	})
+	s.startTraffic(3)
+	s.waitAvailable(convergeTimeout, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
+
+	mhc := s.settledHealthCheck(true)
+	s.holds(time.Minute, "one MachineHealthCheck, unchanged while the cluster is idle", func(ctx context.Context) error {
+		mine, err := s.healthChecks(ctx)
+		if err != nil {
+			return nil //nolint:nilerr // the management cluster's answer, not the controllers'
+		}
+		now, err := onlyHealthCheck(mine)
+		if err != nil {
+			return err
+		}
+		if now.Name != mhc.Name || now.ResourceVersion != mhc.ResourceVersion {
+			return fmt.Errorf("MachineHealthCheck %s at resourceVersion %s (generation %d); was %s at %s (generation %d)",
+				now.Name, now.ResourceVersion, now.Generation, mhc.Name, mhc.ResourceVersion, mhc.Generation)
+		}
+		return nil
+	})
+
+	machines, err := s.machines(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	victim := machines[0].Name
+	if err := (&machinehost.Host{Root: mgmt.env.MachineRoot()}).Kill(ns, victim); err != nil {
+		t.Fatal(err)
+	}
+	replacement := s.waitRemediated(victim)
+	if got := s.replacementOf(ctx, victim); got != replacement {
+		t.Errorf("machine %s records replacing %s; want %s, the machine QCP created for it", got, victim, replacement)
+	}
+	t.Logf("machine %s, marked by the class's health check, replaced by %s", victim, replacement)
+
+	s.patchClass(ctx, func(c *clusterv1.ClusterClass) {
+		c.Spec.ControlPlane.HealthCheck = clusterv1.ControlPlaneClassHealthCheck{}
+	})
+	s.settledHealthCheck(false)
+	s.patchClass(ctx, func(c *clusterv1.ClusterClass) { c.Spec.ControlPlane.HealthCheck = classHealthCheck() })
+	s.settledHealthCheck(true)
+	s.finish()
+}
+
+// healthChecks lists the cluster's MachineHealthChecks.
+func (s *scenario) healthChecks(ctx context.Context) ([]clusterv1.MachineHealthCheck, error) {
+	var list clusterv1.MachineHealthCheckList
+	if err := s.c.List(ctx, &list, client.InNamespace(ns)); err != nil {
+		return nil, err
+	}
+	return slices.DeleteFunc(list.Items, func(m clusterv1.MachineHealthCheck) bool { return m.Spec.ClusterName != s.name }), nil
+}
+
+// onlyHealthCheck returns the one MachineHealthCheck of mine, or an error
+// naming every one there is.
+func onlyHealthCheck(mine []clusterv1.MachineHealthCheck) (*clusterv1.MachineHealthCheck, error) {
+	if len(mine) != 1 {
+		var names []string
+		for _, m := range mine {
+			names = append(names, fmt.Sprintf("%s (labels %v, owners %v)", m.Name, m.Labels, m.OwnerReferences))
+		}
+		return nil, fmt.Errorf("%d MachineHealthChecks for the cluster, want 1: %v", len(mine), names)
+	}
+	return &mine[0], nil
+}
+
+// settledHealthCheck waits until the cluster's one MachineHealthCheck is the
+// topology controller's (topology) or QCP's, then checks that it stays the
+// only one for 15 s, and returns it.
+func (s *scenario) settledHealthCheck(topology bool) *clusterv1.MachineHealthCheck {
+	s.t.Helper()
+	owner := "QCP's"
+	if topology {
+		owner = "the topology controller's"
+	}
+	isWanted := func(mine []clusterv1.MachineHealthCheck) (*clusterv1.MachineHealthCheck, error) {
+		mhc, err := onlyHealthCheck(mine)
+		if err != nil {
+			return nil, err
+		}
+		_, byTopology := mhc.Labels[clusterv1.ClusterTopologyOwnedLabel]
+		byQCP := slices.ContainsFunc(mhc.OwnerReferences, func(o metav1.OwnerReference) bool {
+			return o.Kind == "QuorumControlPlane" && ptr.Deref(o.Controller, false)
+		})
+		if byTopology != topology || byQCP == topology {
+			return nil, fmt.Errorf("MachineHealthCheck %s: labels %v, owners %v; want %s", mhc.Name, mhc.Labels, mhc.OwnerReferences, owner)
+		}
+		return mhc, nil
+	}
+	var mhc *clusterv1.MachineHealthCheck
+	s.eventually(2*time.Minute, "one MachineHealthCheck, "+owner, func(ctx context.Context) error {
+		mine, err := s.healthChecks(ctx)
+		if err != nil {
+			return err
+		}
+		mhc, err = isWanted(mine)
+		return err
+	})
+	s.holds(15*time.Second, "one MachineHealthCheck, "+owner, func(ctx context.Context) error {
+		mine, err := s.healthChecks(ctx)
+		if err != nil {
+			return nil //nolint:nilerr // the management cluster's answer, not the controllers'
+		}
+		_, err = isWanted(mine)
+		return err
+	})
+	return mhc
+}
+
+// patchClass changes the scenario's own ClusterClass.
+func (s *scenario) patchClass(ctx context.Context, edit func(*clusterv1.ClusterClass)) {
+	s.t.Helper()
+	class := &clusterv1.ClusterClass{}
+	if err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: s.name}, class); err != nil {
+		s.t.Fatal(err)
+	}
+	patch := client.MergeFrom(class.DeepCopy())
+	edit(class)
+	if err := s.c.Patch(ctx, class, patch); err != nil {
+		s.t.Fatalf("patching ClusterClass %s: %v", s.name, err)
+	}
+}
+
+// TestTopologyUpgrade upgrades a cluster made from the shipped class from
+// the previous Kubernetes minor to the pinned one through
+// spec.topology.version, under writes: every machine rolls, with leadership
+// moved off each leader's machine before it goes. While machines of both
+// versions run, status.versions lists both, and the Cluster's topology
+// condition says the control plane is upgrading; it says done only once no
+// machine of the old version is left.
+func TestTopologyUpgrade(t *testing.T) {
+	mgmt := requireShared(t)
+	testkit.RequireBinaries(t, "kube-previous")
+	parallel(t, 4*time.Minute)
+	from := binaries.PreviousKubeVersion
+	s := newTopologyScenario(t, mgmt, "topology-upgrade", from, 3, nil)
+	s.startTraffic(3)
+	s.waitAvailable(convergeTimeout, 3)
+	s.checkAPIServerVersions(from)
+
+	sawBoth, sawUpgrading := false, false
+	s.rollOutBy(func(ctx context.Context) {
+		s.patchCluster(ctx, func(c *clusterv1.Cluster) { c.Spec.Topology.Version = version })
+	}, func(cp *controlplanev1.QuorumControlPlane, ms []clusterv1.Machine) error {
+		older := slices.ContainsFunc(ms, func(m clusterv1.Machine) bool { return m.Spec.Version == from && m.DeletionTimestamp.IsZero() })
+		newer := slices.ContainsFunc(ms, func(m clusterv1.Machine) bool { return m.Spec.Version == version })
+		if n := len(cp.Status.Versions); older && newer && n == 2 {
+			if cp.Status.Versions[0].Version != from || cp.Status.Versions[1].Version != version {
+				return fmt.Errorf("status.versions %v while machines run %s and %s; want them oldest first", cp.Status.Versions, from, version)
+			}
+			sawBoth = true
+		}
+		cluster := &clusterv1.Cluster{}
+		if err := s.c.Get(context.Background(), client.ObjectKey{Namespace: ns, Name: s.name}, cluster); err != nil {
+			return nil // a failed read proves nothing
+		}
+		c := conditions.Get(cluster, clusterv1.ClusterTopologyReconciledCondition)
+		if c == nil {
+			return nil
+		}
+		if c.Reason == clusterv1.ClusterTopologyReconciledClusterUpgradingReason {
+			sawUpgrading = true
+		}
+		// Before the topology controller has seen the new version the
+		// condition is still the one from before; once it said upgrading,
+		// done while an old machine runs would be wrong.
+		if sawUpgrading && older && c.Status == metav1.ConditionTrue {
+			return fmt.Errorf("the Cluster's %s is True (%s) while a machine still runs %s", c.Type, c.Reason, from)
+		}
+		return nil
+	})
+	if !sawBoth {
+		t.Error("status.versions never listed both versions while machines of both ran")
+	}
+	if !sawUpgrading {
+		t.Errorf("the Cluster's %s never said %s during the upgrade", clusterv1.ClusterTopologyReconciledCondition, clusterv1.ClusterTopologyReconciledClusterUpgradingReason)
+	}
+	s.eventually(2*time.Minute, "the Cluster's topology reconciled, upgrade done", func(ctx context.Context) error {
+		cluster := &clusterv1.Cluster{}
+		if err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: s.name}, cluster); err != nil {
+			return err
+		}
+		if !conditions.IsTrue(cluster, clusterv1.ClusterTopologyReconciledCondition) {
+			return fmt.Errorf("%s: %s", clusterv1.ClusterTopologyReconciledCondition, conditions.GetMessage(cluster, clusterv1.ClusterTopologyReconciledCondition))
+		}
+		return nil
+	})
+	cp, err := s.controlPlane(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []clusterv1.StatusVersion{{Version: version, Replicas: 3}}; !slices.Equal(cp.Status.Versions, want) {
+		t.Errorf("after the upgrade status.versions is %v; want %v", cp.Status.Versions, want)
+	}
+	s.checkAPIServerVersions(version)
+	s.checkLeaderMovedBeforeRemoval()
+	s.finish()
 }

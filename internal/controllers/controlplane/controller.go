@@ -1,6 +1,7 @@
 package controlplane
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -95,10 +96,12 @@ type Reconciler struct {
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
 // +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=machinehealthchecks,verbs=get;list;watch;create;update;patch;delete
+// +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=clusterclasses,verbs=get;list;watch
 
 // SetupWithManager registers the controller. Machines and process machines
-// wake the control plane that owns them, the Cluster its control plane, and
-// the ClusterCache reports the workload cluster connecting.
+// wake the control plane that owns them, the Cluster, its health checks and
+// its ClusterClass its control plane, and the ClusterCache reports the
+// workload cluster connecting.
 func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) error {
 	r.init()
 	c, err := ctrl.NewControllerManagedBy(mgr).
@@ -108,6 +111,8 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) err
 		Watches(&infrav1.ProcessMachine{}, handler.EnqueueRequestsFromMapFunc(r.wakeups.Mapped(r.processMachineToControlPlane))).
 		Watches(&clusterv1.Cluster{}, handler.EnqueueRequestsFromMapFunc(r.wakeups.Mapped(r.clusterToControlPlane))).
 		Watches(&etcdv1.EtcdCluster{}, handler.EnqueueRequestsFromMapFunc(r.wakeups.Mapped(r.etcdClusterToControlPlanes))).
+		Watches(&clusterv1.MachineHealthCheck{}, handler.EnqueueRequestsFromMapFunc(r.wakeups.Mapped(r.healthCheckToControlPlane))).
+		Watches(&clusterv1.ClusterClass{}, handler.EnqueueRequestsFromMapFunc(r.wakeups.Mapped(r.classToControlPlanes))).
 		WatchesRawSource(r.ClusterCache.GetClusterSource("quorumcontrolplane", r.wakeups.Mapped(r.clusterToControlPlane))).
 		Build(r)
 	if err != nil {
@@ -205,8 +210,11 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Clu
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	if err := r.ensureHealthCheck(ctx, cluster, cp); err != nil {
+	if wait, err := r.ensureHealthCheck(ctx, cluster, cp); err != nil {
 		return ctrl.Result{}, err
+	} else if wait != "" {
+		// The health check's deletion wakes the control plane again.
+		ctrl.LoggerFrom(ctx).Info(wait)
 	}
 	if err := r.adoptMachines(ctx, cluster, cp); err != nil {
 		return ctrl.Result{}, err
@@ -301,6 +309,40 @@ func (r *Reconciler) clusterToControlPlane(_ context.Context, o client.Object) [
 		return nil
 	}
 	return []ctrl.Request{{NamespacedName: client.ObjectKey{Namespace: c.Namespace, Name: c.Spec.ControlPlaneRef.Name}}}
+}
+
+// healthCheckToControlPlane maps a MachineHealthCheck to its cluster's
+// control plane, which keeps its own health check only while the topology
+// controller keeps none.
+func (r *Reconciler) healthCheckToControlPlane(ctx context.Context, o client.Object) []ctrl.Request {
+	mhc, ok := o.(*clusterv1.MachineHealthCheck)
+	if !ok {
+		return nil
+	}
+	cluster := &clusterv1.Cluster{}
+	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: mhc.Namespace, Name: mhc.Spec.ClusterName}, cluster); err != nil {
+		return nil
+	}
+	return r.clusterToControlPlane(ctx, cluster)
+}
+
+// classToControlPlanes maps a ClusterClass to the control planes of the
+// Clusters made from it: whether the class defines a control plane health
+// check decides whether QCP keeps its own.
+func (r *Reconciler) classToControlPlanes(ctx context.Context, o client.Object) []ctrl.Request {
+	var clusters clusterv1.ClusterList
+	if err := r.Client.List(ctx, &clusters); err != nil {
+		return nil
+	}
+	var reqs []ctrl.Request
+	for i := range clusters.Items {
+		c := &clusters.Items[i]
+		ref := c.Spec.Topology.ClassRef
+		if ref.Name == o.GetName() && cmp.Or(ref.Namespace, c.Namespace) == o.GetNamespace() {
+			reqs = append(reqs, r.clusterToControlPlane(ctx, c)...)
+		}
+	}
+	return reqs
 }
 
 // machineToControlPlane maps any Machine of a cluster to the cluster's

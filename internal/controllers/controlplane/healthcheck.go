@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/exp/topology/scope"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller/controllerutil"
 
@@ -36,16 +37,42 @@ const healthCheckNodeStartup = 5 * time.Minute
 // component conditions, and its trigger never asks for more unhealthy
 // machines than etcd tolerates: the control plane remediates itself (no
 // remediation template), one machine at a time.
-func (r *Reconciler) ensureHealthCheck(ctx context.Context, cluster *clusterv1.Cluster, cp *controlplanev1.QuorumControlPlane) error {
+//
+// When CAPI's topology controller keeps a health check for the control plane
+// (the Cluster's ClusterClass defines one), QCP keeps none: both would be
+// named after the control plane and select its machines, and CAPI forbids
+// overlapping health checks. Remediation then consumes the topology's marks
+// as it consumes its own. It returns what it waits for, if anything: the
+// topology controller to delete a health check the class no longer defines.
+func (r *Reconciler) ensureHealthCheck(ctx context.Context, cluster *clusterv1.Cluster, cp *controlplanev1.QuorumControlPlane) (string, error) {
 	mhc := &clusterv1.MachineHealthCheck{ObjectMeta: metav1.ObjectMeta{Name: cp.Name, Namespace: cp.Namespace}}
-	if !ptr.Deref(cp.Spec.Remediation.Autorepair, true) {
+	topology, err := r.topologyKeepsHealthCheck(ctx, cluster)
+	if err != nil {
+		return "", err
+	}
+	if !ptr.Deref(cp.Spec.Remediation.Autorepair, true) || topology {
 		if err := r.Client.Get(ctx, client.ObjectKeyFromObject(mhc), mhc); err != nil {
-			return client.IgnoreNotFound(err)
+			return "", client.IgnoreNotFound(err)
 		}
 		if !metav1.IsControlledBy(mhc, cp) {
-			return nil
+			return "", nil
 		}
-		return client.IgnoreNotFound(r.Client.Delete(ctx, mhc))
+		if err := r.Client.Delete(ctx, mhc); err != nil {
+			return "", client.IgnoreNotFound(err)
+		}
+		why := "spec.remediation.autorepair is false"
+		if topology {
+			why = "the Cluster's ClusterClass defines the control plane's health check"
+		}
+		r.Recorder.Eventf(cp, corev1.EventTypeNormal, "HealthCheck", "MachineHealthCheck %s deleted: %s", mhc.Name, why)
+		return "", nil
+	}
+	if err := r.Client.Get(ctx, client.ObjectKeyFromObject(mhc), mhc); err == nil {
+		if _, ok := mhc.Labels[clusterv1.ClusterTopologyOwnedLabel]; ok && !metav1.IsControlledBy(mhc, cp) {
+			return fmt.Sprintf("Waiting for the topology controller to delete MachineHealthCheck %s, which the ClusterClass no longer defines, before QCP creates its own", mhc.Name), nil
+		}
+	} else if !apierrors.IsNotFound(err) {
+		return "", err
 	}
 	op, err := controllerutil.CreateOrPatch(ctx, r.Client, mhc, func() error {
 		if err := controllerutil.SetControllerReference(cp, mhc, r.Client.Scheme()); err != nil {
@@ -56,14 +83,32 @@ func (r *Reconciler) ensureHealthCheck(ctx context.Context, cluster *clusterv1.C
 	})
 	if err != nil {
 		if apierrors.IsAlreadyExists(err) {
-			return fmt.Errorf("a MachineHealthCheck named %s exists and QCP does not own it: rename it, or set spec.remediation.autorepair to false", cp.Name)
+			return "", fmt.Errorf("a MachineHealthCheck named %s exists and QCP does not own it: rename it, or set spec.remediation.autorepair to false", cp.Name)
 		}
-		return fmt.Errorf("keeping the control plane's MachineHealthCheck: %w", err)
+		return "", fmt.Errorf("keeping the control plane's MachineHealthCheck: %w", err)
 	}
 	if op != controllerutil.OperationResultNone {
 		r.Recorder.Eventf(cp, corev1.EventTypeNormal, "HealthCheck", "MachineHealthCheck %s %s", mhc.Name, op)
 	}
-	return nil
+	return "", nil
+}
+
+// topologyKeepsHealthCheck reports whether CAPI's topology controller keeps a
+// MachineHealthCheck for the cluster's control plane, by CAPI's own rule:
+// the ClusterClass or the Cluster's topology defines one, and the Cluster
+// does not disable it.
+func (r *Reconciler) topologyKeepsHealthCheck(ctx context.Context, cluster *clusterv1.Cluster) (bool, error) {
+	t := cluster.Spec.Topology
+	if !t.IsDefined() {
+		return false, nil
+	}
+	class := &clusterv1.ClusterClass{}
+	key := client.ObjectKey{Namespace: cmp.Or(t.ClassRef.Namespace, cluster.Namespace), Name: t.ClassRef.Name}
+	if err := r.Client.Get(ctx, key, class); err != nil {
+		return false, fmt.Errorf("reading ClusterClass %s, to tell whether it defines the control plane's health check: %w", key, err)
+	}
+	blueprint := scope.ClusterBlueprint{Topology: t, ClusterClass: class}
+	return blueprint.IsControlPlaneMachineHealthCheckEnabled(), nil
 }
 
 func (r *Reconciler) healthCheckTimeout() time.Duration {
