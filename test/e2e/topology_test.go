@@ -119,11 +119,11 @@ func (s *scenario) createClass(ctx context.Context, edit func(*clusterv1.Cluster
 
 // TestTopology creates a cluster from the shipped ClusterClass, scales it
 // 3 → 5 → 3 through the Cluster's topology, and changes a class variable
-// that needs no rollout, with the writer and the monitor running
-// throughout. The topology controller's patches must behave as the same
-// patches made by hand: learners, one membership change at a time, never
-// more than desired + 1 machines, and no machine replaced for the
-// variable.
+// that needs a rollout and one that needs none, with the writer and the
+// monitor running throughout. The topology controller's patches must
+// behave as the same patches made by hand: learners, one membership change
+// at a time, never more than desired + 1 machines, and no machine replaced
+// for the variable that needs no rollout.
 func TestTopology(t *testing.T) {
 	mgmt := requireShared(t)
 	parallel(t, 4*time.Minute)
@@ -146,8 +146,39 @@ func TestTopology(t *testing.T) {
 		t.Errorf("3 machines spread %v over fd-a, fd-b, fd-c; want 1/1/1", got)
 	}
 
+	s.checkVariableRollout()
 	s.checkVariableInPlace(ctx)
 	s.finish()
+}
+
+// checkVariableRollout sets the class's etcdSnapshotCount variable on the
+// Cluster: the flag reaches the control plane's etcd extraArgs through the
+// class's patch, and every machine rolls out under the usual rules (one at
+// a time, never more than desired + 1).
+func (s *scenario) checkVariableRollout() {
+	s.t.Helper()
+	s.rollOutBy(func(ctx context.Context) {
+		s.patchCluster(ctx, func(c *clusterv1.Cluster) { setVariable(c, "etcdSnapshotCount", "20000") })
+	}, nil)
+	cp, err := s.controlPlane(context.Background())
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	if want := []controlplanev1.Arg{{Name: "snapshot-count", Value: "20000"}}; !slices.Equal(cp.Spec.Etcd.Stacked.ExtraArgs, want) {
+		s.t.Errorf("etcd extraArgs %v after the variable changed; want %v", cp.Spec.Etcd.Stacked.ExtraArgs, want)
+	}
+}
+
+// setVariable sets a Cluster's value of a class variable, as JSON.
+func setVariable(c *clusterv1.Cluster, name, value string) {
+	v := clusterv1.ClusterVariable{Name: name, Value: apiextensionsv1.JSON{Raw: []byte(value)}}
+	for i := range c.Spec.Topology.Variables {
+		if c.Spec.Topology.Variables[i].Name == name {
+			c.Spec.Topology.Variables[i] = v
+			return
+		}
+	}
+	c.Spec.Topology.Variables = append(c.Spec.Topology.Variables, v)
 }
 
 // checkMadeFromClass: the control plane and the infrastructure cluster are
@@ -178,6 +209,9 @@ func (s *scenario) checkMadeFromClass(cp *controlplanev1.QuorumControlPlane) {
 	}
 	if got := ptr.Deref(cp.Spec.Rollout.Strategy.RollingUpdate.MaxSurge, -1); got != 1 {
 		s.t.Errorf("maxSurge %d; want 1, the default of the class's controlPlaneMaxSurge", got)
+	}
+	if want := []controlplanev1.Arg{{Name: "snapshot-count", Value: "10000"}}; !slices.Equal(cp.Spec.Etcd.Stacked.ExtraArgs, want) {
+		s.t.Errorf("etcd extraArgs %v; want %v, from the default of the class's etcdSnapshotCount", cp.Spec.Etcd.Stacked.ExtraArgs, want)
 	}
 	if want := []clusterv1.StatusVersion{{Version: version, Replicas: 3}}; !slices.Equal(cp.Status.Versions, want) {
 		s.t.Errorf("status.versions %v; want %v", cp.Status.Versions, want)
@@ -229,9 +263,7 @@ func (s *scenario) checkVariableInPlace(ctx context.Context) {
 		s.t.Fatal(err)
 	}
 	s.bound.setSurge(0)
-	s.patchCluster(ctx, func(c *clusterv1.Cluster) {
-		c.Spec.Topology.Variables = []clusterv1.ClusterVariable{{Name: "controlPlaneMaxSurge", Value: apiextensionsv1.JSON{Raw: []byte("0")}}}
-	})
+	s.patchCluster(ctx, func(c *clusterv1.Cluster) { setVariable(c, "controlPlaneMaxSurge", "0") })
 	s.eventually(2*time.Minute, "the control plane's maxSurge set to 0 by the class's patch", func(ctx context.Context) error {
 		cp, err := s.controlPlane(ctx)
 		if err != nil {

@@ -401,10 +401,18 @@ type RollingUpdateSpec struct {
 	MaxSurge *int32 `json:"maxSurge,omitempty"`
 }
 
-// RemediationSpec controls automatic repair.
+// RemediationSpec controls automatic repair. QCP remediates the machines
+// that a MachineHealthCheck marks, whichever health check marked them, one
+// at a time and only as etcd's quorum allows.
 type RemediationSpec struct {
-	// autorepair makes QCP own a MachineHealthCheck for its machines. It
-	// defaults to true.
+	// autorepair makes QCP own a MachineHealthCheck for its machines, named
+	// after the control plane. It defaults to true. When the Cluster is made
+	// from a ClusterClass that defines the control plane's health check
+	// (spec.controlPlane.healthCheck, unless the Cluster's
+	// spec.topology.controlPlane.healthCheck.enabled is false), CAPI's
+	// topology controller keeps that one instead and QCP keeps none, because
+	// two health checks must not select the same machines; QCP remediates
+	// what the class's health check marks.
 	// +optional
 	Autorepair *bool `json:"autorepair,omitempty"`
 	// maxRetry bounds how many times a machine's replacement is remediated
