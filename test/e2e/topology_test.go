@@ -319,7 +319,7 @@ func classHealthCheck() clusterv1.ControlPlaneClassHealthCheck {
 // QCP's: one object after each change settles.
 func TestTopologyHealthCheck(t *testing.T) {
 	mgmt := requireShared(t)
-	parallel(t, 4*time.Minute)
+	parallel(t, 5*time.Minute)
 	s := newTopologyScenario(t, mgmt, "topology-mhc", version, 3, func(c *clusterv1.ClusterClass) {
 		c.Spec.ControlPlane.HealthCheck = classHealthCheck()
 	})
@@ -457,7 +457,7 @@ func (s *scenario) patchClass(ctx context.Context, edit func(*clusterv1.ClusterC
 func TestTopologyUpgrade(t *testing.T) {
 	mgmt := requireShared(t)
 	testkit.RequireBinaries(t, "kube-previous")
-	parallel(t, 4*time.Minute)
+	parallel(t, 3*time.Minute)
 	from := binaries.PreviousKubeVersion
 	s := newTopologyScenario(t, mgmt, "topology-upgrade", from, 3, nil)
 	s.startTraffic(3)
