@@ -1,18 +1,15 @@
 package cli
 
 import (
-	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"strings"
 	"time"
 
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/cluster-api/util/conditions"
+	capiyaml "sigs.k8s.io/cluster-api/util/yaml"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
@@ -34,21 +31,16 @@ func applySample(ctx context.Context, c client.Client) error {
 	if err != nil {
 		return err
 	}
-	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(data), 4096)
-	for {
-		obj := &unstructured.Unstructured{}
-		if err := dec.Decode(&obj.Object); errors.Is(err, io.EOF) {
-			return nil
-		} else if err != nil {
-			return fmt.Errorf("reading %s: %w", sampleFile, err)
-		}
-		if len(obj.Object) == 0 {
-			continue
-		}
-		if err := c.Create(ctx, obj); err != nil {
-			return fmt.Errorf("creating %s %s from %s: %w", obj.GetKind(), obj.GetName(), sampleFile, err)
+	objs, err := capiyaml.ToUnstructured(data)
+	if err != nil {
+		return fmt.Errorf("reading %s: %w", sampleFile, err)
+	}
+	for i := range objs {
+		if err := c.Create(ctx, &objs[i]); err != nil {
+			return fmt.Errorf("creating %s %s from %s: %w", objs[i].GetKind(), objs[i].GetName(), sampleFile, err)
 		}
 	}
+	return nil
 }
 
 // waitForSample prints the sample control plane's progress, a line each
