@@ -3,16 +3,19 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"maps"
 	"os"
 	"slices"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/drone/envsubst/v2"
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
@@ -67,30 +70,55 @@ func applyFile(ctx context.Context, c client.Client, path string) error {
 	return nil
 }
 
-// newTopologyScenario creates a Cluster named name from a ClusterClass
-// (the shipped one unless a class edit is given) at a Kubernetes version,
-// with replicas control plane machines: CAPI core's topology controller
-// makes its QuorumControlPlane and ProcessCluster from the class's
-// templates. A class edit makes a class of the scenario's own, named after
-// it, from the shipped one.
-func newTopologyScenario(t *testing.T, mgmt *management, name, kubeVersion string, replicas int32, classEdit func(*clusterv1.ClusterClass)) *scenario {
+// clusterTemplateFile is the template of a Cluster made from the class.
+const clusterTemplateFile = "../../config/templates/cluster-template-topology.yaml"
+
+// renderClusterTemplate is the Cluster clusterTemplateFile describes, its
+// variables substituted as clusterctl substitutes them (the same library),
+// from vars and the template's defaults.
+func renderClusterTemplate(vars map[string]string) (*clusterv1.Cluster, error) {
+	data, err := os.ReadFile(clusterTemplateFile)
+	if err != nil {
+		return nil, err
+	}
+	rendered, err := envsubst.Eval(string(data), func(key string) string { return vars[key] })
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", clusterTemplateFile, err)
+	}
+	objs, err := capiyaml.ToUnstructured([]byte(rendered))
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", clusterTemplateFile, err)
+	}
+	if len(objs) != 1 || objs[0].GetKind() != "Cluster" {
+		return nil, fmt.Errorf("%s: want one Cluster, got %d objects", clusterTemplateFile, len(objs))
+	}
+	cluster := &clusterv1.Cluster{}
+	return cluster, runtime.DefaultUnstructuredConverter.FromUnstructuredWithValidation(objs[0].Object, cluster, true)
+}
+
+// newTopologyScenario creates a Cluster from cluster-template-topology.yaml,
+// with CLUSTER_NAME=name and vars (the template's defaults for the rest):
+// CAPI core's topology controller makes its QuorumControlPlane and
+// ProcessCluster from the class's templates. A class edit makes a class of
+// the scenario's own, named after it, from the shipped one, and the Cluster
+// names it instead.
+func newTopologyScenario(t *testing.T, mgmt *management, name string, vars map[string]string, classEdit func(*clusterv1.ClusterClass)) *scenario {
 	t.Helper()
-	s := beginScenario(t, mgmt, name, int(replicas), 1)
+	all := map[string]string{"CLUSTER_NAME": name}
+	maps.Copy(all, vars)
+	cluster, err := renderClusterTemplate(all)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := beginScenario(t, mgmt, name, int(ptr.Deref(cluster.Spec.Topology.ControlPlane.Replicas, 1)), 1)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	s.installClusterClass(ctx)
-	class := clusterClassName
 	if classEdit != nil {
-		class = s.createClass(ctx, classEdit)
+		cluster.Spec.Topology.ClassRef.Name = s.createClass(ctx, classEdit)
 	}
-	s.create(ctx, &clusterv1.Cluster{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
-		Spec: clusterv1.ClusterSpec{Topology: clusterv1.Topology{
-			ClassRef:     clusterv1.ClusterClassRef{Name: class},
-			Version:      kubeVersion,
-			ControlPlane: clusterv1.ControlPlaneTopology{Replicas: ptr.To(replicas)},
-		}},
-	})
+	cluster.Namespace = ns
+	s.create(ctx, cluster)
 	return s
 }
 
@@ -118,7 +146,8 @@ func (s *scenario) createClass(ctx context.Context, edit func(*clusterv1.Cluster
 func TestTopology(t *testing.T) {
 	mgmt := requireShared(t)
 	parallel(t, 4*time.Minute)
-	s := newTopologyScenario(t, mgmt, "topology", version, 3, nil)
+	// The template's defaults: the pinned version, 3 machines.
+	s := newTopologyScenario(t, mgmt, "topology", nil, nil)
 	s.startTraffic(3)
 	cp := s.waitAvailable(convergeTimeout, 3)
 	s.checkCreated(cp)
@@ -311,7 +340,7 @@ func classHealthCheck() clusterv1.ControlPlaneClassHealthCheck {
 func TestTopologyHealthCheck(t *testing.T) {
 	mgmt := requireShared(t)
 	parallel(t, 5*time.Minute)
-	s := newTopologyScenario(t, mgmt, "topology-mhc", version, 3, func(c *clusterv1.ClusterClass) {
+	s := newTopologyScenario(t, mgmt, "topology-mhc", nil, func(c *clusterv1.ClusterClass) {
 		c.Spec.ControlPlane.HealthCheck = classHealthCheck()
 	})
 	s.startTraffic(3)
@@ -450,7 +479,7 @@ func TestTopologyUpgrade(t *testing.T) {
 	testkit.RequireBinaries(t, "kube-previous")
 	parallel(t, 3*time.Minute)
 	from := binaries.PreviousKubeVersion
-	s := newTopologyScenario(t, mgmt, "topology-upgrade", from, 3, nil)
+	s := newTopologyScenario(t, mgmt, "topology-upgrade", map[string]string{"KUBERNETES_VERSION": from}, nil)
 	s.startTraffic(3)
 	s.waitAvailable(convergeTimeout, 3)
 	s.checkAPIServerVersions(from)
@@ -512,4 +541,27 @@ func TestTopologyUpgrade(t *testing.T) {
 	s.checkAPIServerVersions(version)
 	s.checkLeaderMovedBeforeRemoval()
 	s.finish()
+}
+
+// TestClusterTemplateDefaults: cluster-template-topology.yaml, given only
+// CLUSTER_NAME, is a Cluster of the shipped class at the pinned version
+// with 3 control plane machines; the variables it is given replace the
+// defaults.
+func TestClusterTemplateDefaults(t *testing.T) {
+	c, err := renderClusterTemplate(map[string]string{"CLUSTER_NAME": "c1"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	top := c.Spec.Topology
+	if c.Name != "c1" || top.ClassRef.Name != clusterClassName || top.Version != version || ptr.Deref(top.ControlPlane.Replicas, 0) != 3 {
+		t.Errorf("rendered Cluster %s: class %q, version %q, replicas %v; want c1, %s, %s, 3",
+			c.Name, top.ClassRef.Name, top.Version, top.ControlPlane.Replicas, clusterClassName, version)
+	}
+	c, err = renderClusterTemplate(map[string]string{"CLUSTER_NAME": "c2", "KUBERNETES_VERSION": "v1.35.4", "CONTROL_PLANE_MACHINE_COUNT": "5"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if top := c.Spec.Topology; top.Version != "v1.35.4" || ptr.Deref(top.ControlPlane.Replicas, 0) != 5 {
+		t.Errorf("rendered with variables: version %q, replicas %v; want v1.35.4 and 5", top.Version, top.ControlPlane.Replicas)
+	}
 }
