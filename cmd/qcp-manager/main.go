@@ -24,6 +24,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
 	"github.com/qcp-dev/qcp/internal/binaries"
+	"github.com/qcp-dev/qcp/internal/certs"
 	"github.com/qcp-dev/qcp/internal/controllers/controlplane"
 	"github.com/qcp-dev/qcp/internal/controllers/engine"
 	"github.com/qcp-dev/qcp/internal/controllers/etcdcluster"
@@ -84,6 +85,8 @@ func main() {
 	})
 	flag.DurationVar(&cpOpts.kubeconfigLifetime, "kubeconfig-lifetime", controlplane.DefaultKubeconfigLifetime,
 		"validity of the client certificate in each <cluster>-kubeconfig Secret; it is issued again at half-life")
+	flag.DurationVar(&cpOpts.etcdClientLifetime, "etcd-client-certificate-lifetime", certs.LeafValidity,
+		"validity of the client certificate qcp-manager issues itself for each etcd cluster it manages; it is issued again after two thirds of it, without a restart")
 	flag.DurationVar(&cpOpts.tunables.LearnerStartTimeout, "learner-start-timeout", 0, "how long an added etcd learner may stay unstarted before its machine is replaced (default 5m)")
 	flag.DurationVar(&cpOpts.tunables.UnhealthyTimeout, "unhealthy-member-timeout", 0, "how long an etcd voter may stay unhealthy before it is replaced (default 5m)")
 	flag.DurationVar(&cpOpts.healthCheckTimeout, "health-check-timeout", controlplane.DefaultHealthCheckTimeout,
@@ -113,6 +116,7 @@ func main() {
 type controlPlaneOptions struct {
 	controllers        map[string]bool
 	kubeconfigLifetime time.Duration
+	etcdClientLifetime time.Duration
 	healthCheckTimeout time.Duration
 	tunables           quorum.Tunables
 	// concurrency is how many QuorumControlPlanes, and how many
@@ -217,6 +221,7 @@ func setupControlPlane(ctx context.Context, mgr ctrl.Manager, o controlPlaneOpti
 		Recorder:           mgr.GetEventRecorderFor("quorumcontrolplane-controller"),
 		KubeconfigLifetime: o.kubeconfigLifetime, Tunables: o.tunables, Failpoints: failpoints,
 		HealthCheckTimeout: o.healthCheckTimeout, Concurrency: o.concurrency, PlanOptions: o.plan,
+		EtcdClientLifetime: o.etcdClientLifetime,
 	}
 	if o.plan.SkipLeaderTransfer {
 		ctrl.Log.Info("Measurement mode: QuorumControlPlanes remove etcd leaders without moving leadership first (--measure-without-leader-transfer); never run this in production")
@@ -228,6 +233,7 @@ func setupControlPlane(ctx context.Context, mgr ctrl.Manager, o controlPlaneOpti
 		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Etcd: pool,
 		Recorder: mgr.GetEventRecorderFor("etcdcluster-controller"),
 		Tunables: o.tunables, Failpoints: failpoints, Concurrency: o.etcdConcurrency,
+		EtcdClientLifetime: o.etcdClientLifetime,
 	}
 	return ec.SetupWithManager(ctx, mgr)
 }

@@ -27,6 +27,11 @@ type Config struct {
 	Endpoints []string
 	// CAPEM is the cluster's etcd CA; CertPEM and KeyPEM the client's pair.
 	CAPEM, CertPEM, KeyPEM []byte
+	// ClientCertificate, when set, replaces CertPEM and KeyPEM: it is asked
+	// for the client certificate at every TLS handshake, so that a
+	// certificate it renews reaches every new connection
+	// (certs.Renewing.ClientCertificate).
+	ClientCertificate func(*tls.CertificateRequestInfo) (*tls.Certificate, error)
 	// DialTimeout bounds connecting to an endpoint; 5 s if zero.
 	DialTimeout time.Duration
 	// AutoSyncInterval refreshes the endpoints from the member list; 0
@@ -43,11 +48,16 @@ func (c Config) TLSConfig() (*tls.Config, error) {
 	if err != nil {
 		return nil, fmt.Errorf("etcd CA: %w", err)
 	}
+	cfg := &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12, GetClientCertificate: c.ClientCertificate}
+	if c.ClientCertificate != nil {
+		return cfg, nil
+	}
 	pair, err := tls.X509KeyPair(c.CertPEM, c.KeyPEM)
 	if err != nil {
 		return nil, fmt.Errorf("etcd client certificate: %w", err)
 	}
-	return &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{pair}, MinVersion: tls.VersionTLS12}, nil
+	cfg.Certificates = []tls.Certificate{pair}
+	return cfg, nil
 }
 
 // Pool holds one Client per cluster, so that controllers reuse connections

@@ -118,6 +118,15 @@ func scenariosAtOnce() error {
 	return p.Value.Set("1000")
 }
 
+// managerEtcdClientLifetime is the life of the etcd client certificates
+// every scenario's qcp-manager issues itself: short, so that a manager
+// renews them while the scenarios run (after two thirds, 2 minutes), and
+// reaches members that restart or join late with a renewed certificate.
+// A manager that did not renew them would be refused on every connection
+// it opens after 3 minutes: to a member that restarted or joined, to a
+// member's pinned status client, and to the agents' settings endpoint.
+const managerEtcdClientLifetime = 3 * time.Minute
+
 // startManagement starts a management cluster and qcp-manager on it, with
 // extra flags for the manager.
 func startManagement(binDir, addrs string, args []string) (*management, error) {
@@ -140,7 +149,8 @@ func startManagement(binDir, addrs string, args []string) (*management, error) {
 func (m *management) startManager(ctx context.Context, failpoint string) error {
 	opts := localenv.ManagerOptions{
 		Path:      filepath.Join(m.binDir, "qcp-manager"),
-		ExtraArgs: append([]string{"--address-range=" + m.addressRange}, m.managerArgs...),
+		ExtraArgs: append([]string{"--address-range=" + m.addressRange, "--etcd-client-certificate-lifetime=" + managerEtcdClientLifetime.String()},
+			m.managerArgs...),
 	}
 	if failpoint != "" {
 		opts.Env = []string{engine.FailpointsEnv + "=" + failpoint}

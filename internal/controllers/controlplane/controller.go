@@ -63,6 +63,10 @@ type Reconciler struct {
 	// KubeconfigLifetime bounds the kubeconfig's client certificate;
 	// DefaultKubeconfigLifetime if zero.
 	KubeconfigLifetime time.Duration
+	// EtcdClientLifetime bounds the client certificate qcp-manager issues
+	// itself for etcd, which renews itself after two thirds of it;
+	// certs.LeafValidity if zero.
+	EtcdClientLifetime time.Duration
 	// Tunables are the planner's thresholds.
 	Tunables quorum.Tunables
 	// HealthCheckTimeout is how long the control plane's MachineHealthCheck

@@ -144,7 +144,7 @@ func byName(list []corev1.Node) map[string]*corev1.Node {
 // observeEtcd reads the stacked members through the machines' client
 // URLs, with a client certificate QCP issues itself from the etcd CA.
 func (r *Reconciler) observeEtcd(ctx context.Context, cluster *clusterv1.Cluster, secrets *clusterSecrets, machines []*clusterv1.Machine) (*etcd.Client, []quorum.Member, []quorum.Alarm, error) {
-	cli, members, departed, err := engine.ObserveEtcd(ctx, r.Etcd, klogRef(cluster), secrets.cas.Etcd, machines, r.Now())
+	cli, members, departed, err := engine.ObserveEtcd(ctx, r.Etcd, klogRef(cluster), secrets.cas.Etcd, r.EtcdClientLifetime, machines)
 	return cli, r.catchUp.Observe(members, r.Now()), departed, err
 }
 

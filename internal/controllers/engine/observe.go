@@ -190,12 +190,17 @@ func (o *Observation) LocalMember() bootstrap.LocalEtcd {
 	return bootstrap.JoinMember(endpoints...)
 }
 
+// ManagerEtcdClientName is the common name of qcp-manager's etcd client
+// certificate.
+const ManagerEtcdClientName = "qcp-manager"
+
 // ObserveEtcd reads the member list through the machines' client URLs,
 // each member's status, the alarms, and whether every voter reports the
-// same member list, with a client certificate issued from ca. The client
-// is kept in pool under key. It returns the members and the alarms of
-// members since removed. An error means the membership is unknown.
-func ObserveEtcd(ctx context.Context, pool *etcd.Pool, key string, ca *certs.KeyPair, machines []*clusterv1.Machine, now time.Time) (*etcd.Client, []quorum.Member, []quorum.Alarm, error) {
+// same member list, with a client certificate issued from ca, valid for
+// lifetime (0: certs.LeafValidity) and renewed after two thirds of it. The client is kept
+// in pool under key. It returns the members and the alarms of members
+// since removed. An error means the membership is unknown.
+func ObserveEtcd(ctx context.Context, pool *etcd.Pool, key string, ca *certs.KeyPair, lifetime time.Duration, machines []*clusterv1.Machine) (*etcd.Client, []quorum.Member, []quorum.Alarm, error) {
 	var endpoints []string
 	for _, m := range machines {
 		if u := ClientURL(m); u != "" {
@@ -206,11 +211,16 @@ func ObserveEtcd(ctx context.Context, pool *etcd.Pool, key string, ca *certs.Key
 		return nil, nil, nil, errors.New("no machine has an address yet, so no etcd member can be asked")
 	}
 	cli, err := pool.GetFunc(key, func() (etcd.Config, error) {
-		pair, err := certs.IssueEtcdClient(ca, "qcp-manager", now)
+		// The pooled client lives as long as the manager: its certificate
+		// renews itself, so a manager that runs longer than the
+		// certificate's life keeps reaching etcd.
+		cert, err := certs.NewRenewing(func(at time.Time) (*certs.KeyPair, error) {
+			return ca.Issue(certs.Request{CommonName: ManagerEtcdClientName, Usages: certs.ClientUsage, Validity: lifetime}, at)
+		}, nil)
 		if err != nil {
 			return etcd.Config{}, err
 		}
-		return etcd.Config{Endpoints: endpoints, CAPEM: ca.CertPEM, CertPEM: pair.CertPEM, KeyPEM: pair.KeyPEM}, nil
+		return etcd.Config{Endpoints: endpoints, CAPEM: ca.CertPEM, ClientCertificate: cert.ClientCertificate}, nil
 	})
 	if err != nil {
 		return nil, nil, nil, err

@@ -58,6 +58,10 @@ type Reconciler struct {
 	// Concurrency is how many EtcdClusters are reconciled at once; 1 if
 	// zero.
 	Concurrency int
+	// EtcdClientLifetime bounds the client certificate qcp-manager issues
+	// itself for etcd, which renews itself after two thirds of it;
+	// certs.LeafValidity if zero.
+	EtcdClientLifetime time.Duration
 
 	metrics *engine.Metrics
 	stepper *engine.Stepper
