@@ -148,7 +148,7 @@ func startManagement(binDir, addrs string, args []string) (*management, error) {
 // armed manager may reach its failpoint, and kill itself, while starting.
 func (m *management) startManager(ctx context.Context, failpoint string) error {
 	opts := localenv.ManagerOptions{
-		Path:      filepath.Join(m.binDir, "qcp-manager"),
+		Path: filepath.Join(m.binDir, "qcp-manager"),
 		ExtraArgs: append([]string{"--address-range=" + m.addressRange, "--etcd-client-certificate-lifetime=" + managerEtcdClientLifetime.String()},
 			m.managerArgs...),
 	}
