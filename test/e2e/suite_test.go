@@ -147,10 +147,10 @@ func startManagement(binDir, addrs string, args []string) (*management, error) {
 // startManager starts qcp-manager with failpoint armed ("" for none). An
 // armed manager may reach its failpoint, and kill itself, while starting.
 func (m *management) startManager(ctx context.Context, failpoint string) error {
+	args := []string{"--address-range=" + m.addressRange, "--etcd-client-certificate-lifetime=" + managerEtcdClientLifetime.String()}
 	opts := localenv.ManagerOptions{
-		Path: filepath.Join(m.binDir, "qcp-manager"),
-		ExtraArgs: append([]string{"--address-range=" + m.addressRange, "--etcd-client-certificate-lifetime=" + managerEtcdClientLifetime.String()},
-			m.managerArgs...),
+		Path:      filepath.Join(m.binDir, "qcp-manager"),
+		ExtraArgs: append(args, m.managerArgs...),
 	}
 	if failpoint != "" {
 		opts.Env = []string{engine.FailpointsEnv + "=" + failpoint}
