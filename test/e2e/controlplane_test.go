@@ -8,14 +8,18 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/conditions"
+	"sigs.k8s.io/cluster-api/util/secret"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
+	"github.com/qcp-dev/qcp/internal/certs"
 	"github.com/qcp-dev/qcp/internal/controllers/controlplane"
 	"github.com/qcp-dev/qcp/internal/machinehost"
 	"github.com/qcp-dev/qcp/internal/testkit"
@@ -69,7 +73,82 @@ func TestCreateAndScale(t *testing.T) {
 	}
 	s.checkMetrics(ctx)
 	s.checkDatabases()
+	s.checkCertificates()
 	s.finish()
+}
+
+// checkCertificates: status.certificates reports, for stacked etcd, when
+// the three authorities, the kubeconfig and the first machine's
+// certificates expire, each as the certificate itself says (read from its
+// Secret, or the Machines' records), and the metric exports each.
+func (s *scenario) checkCertificates() {
+	s.t.Helper()
+	s.eventually(time.Minute, "status.certificates as the certificates say", func(ctx context.Context) error {
+		cp, err := s.controlPlane(ctx)
+		if err != nil {
+			return err
+		}
+		want := map[controlplanev1.CertificateKind]time.Time{}
+		for kind, purpose := range map[controlplanev1.CertificateKind]secret.Purpose{
+			controlplanev1.CertificateKindClusterCA: secret.ClusterCA, controlplanev1.CertificateKindEtcdCA: secret.EtcdCA,
+			controlplanev1.CertificateKindFrontProxyCA: secret.FrontProxyCA,
+		} {
+			var sec corev1.Secret
+			if err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: secret.Name(s.name, purpose)}, &sec); err != nil {
+				return err
+			}
+			c, err := certs.ParseCert(sec.Data[secret.TLSCrtDataName])
+			if err != nil {
+				return err
+			}
+			want[kind] = c.NotAfter
+		}
+		var kc corev1.Secret
+		if err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: secret.Name(s.name, secret.Kubeconfig)}, &kc); err != nil {
+			return err
+		}
+		cfg, err := clientcmd.Load(kc.Data[secret.KubeconfigDataName])
+		if err != nil {
+			return err
+		}
+		for _, user := range cfg.AuthInfos {
+			c, err := certs.ParseCert(user.ClientCertificateData)
+			if err != nil {
+				return err
+			}
+			want[controlplanev1.CertificateKindKubeconfig] = c.NotAfter
+		}
+		machines, err := s.machines(ctx)
+		if err != nil {
+			return err
+		}
+		for _, m := range machines {
+			at, err := time.Parse(time.RFC3339, m.Annotations[clusterv1.MachineCertificatesExpiryDateAnnotation])
+			if err != nil {
+				return fmt.Errorf("machine %s has no certificate expiry record yet", m.Name)
+			}
+			if w, ok := want[controlplanev1.CertificateKindMachines]; !ok || at.Before(w) {
+				want[controlplanev1.CertificateKindMachines] = at
+			}
+		}
+		got := map[controlplanev1.CertificateKind]time.Time{}
+		for _, e := range cp.Status.Certificates {
+			got[e.Kind] = e.NotAfter.Time
+		}
+		if len(got) != len(want) {
+			return fmt.Errorf("status.certificates %+v; want the kinds of %v", cp.Status.Certificates, want)
+		}
+		for kind, w := range want {
+			if !got[kind].Equal(w) {
+				return fmt.Errorf("status.certificates says %s expires %s; the certificate says %s", kind, got[kind], w)
+			}
+			series := fmt.Sprintf(`qcp_controlplane_certificate_expiry_timestamp_seconds{kind=%q,name=%q,namespace=%q} `, kind, s.name, ns)
+			if v, err := testkit.Metric(ctx, s.mgmt.manager.MetricsAddr, series); err != nil || int64(v) != w.Unix() {
+				return fmt.Errorf("metric %s= %v (%v); want %d", series, v, err, w.Unix())
+			}
+		}
+		return nil
+	})
 }
 
 // checkTwoOfFive kills two machines of five at once (#10125): QCP's health

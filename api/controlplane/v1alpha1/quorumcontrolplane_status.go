@@ -61,6 +61,15 @@ type QuorumControlPlaneStatus struct {
 	// +optional
 	Etcd EtcdStatus `json:"etcd,omitempty,omitzero"`
 
+	// certificates are, for each kind of certificate the control plane runs
+	// on, the one that expires first, as QCP last read them. The metric
+	// qcp_controlplane_certificate_expiry_timestamp_seconds exports them.
+	// +optional
+	// +listType=map
+	// +listMapKey=kind
+	// +kubebuilder:validation:MaxItems=16
+	Certificates []CertificateExpiry `json:"certificates,omitempty"`
+
 	// lastOperation is the quorum engine's latest step: what, on what, why,
 	// and when it started and finished.
 	// +optional
@@ -206,4 +215,44 @@ type LastOperation struct {
 	// finishTime is when the step completed; unset while it is in flight.
 	// +optional
 	FinishTime metav1.Time `json:"finishTime,omitempty,omitzero"`
+}
+
+// CertificateKind is a kind of certificate in status.certificates.
+// +kubebuilder:validation:Enum=ClusterCA;EtcdCA;FrontProxyCA;Kubeconfig;EtcdClient;Machines
+type CertificateKind string
+
+// The kinds of certificate status.certificates reports.
+const (
+	// CertificateKindClusterCA is the cluster CA (<cluster>-ca).
+	CertificateKindClusterCA CertificateKind = "ClusterCA"
+	// CertificateKindEtcdCA is the etcd CA (<cluster>-etcd).
+	CertificateKindEtcdCA CertificateKind = "EtcdCA"
+	// CertificateKindFrontProxyCA is the front-proxy CA (<cluster>-proxy).
+	CertificateKindFrontProxyCA CertificateKind = "FrontProxyCA"
+	// CertificateKindKubeconfig is the admin kubeconfig's client
+	// certificate (<cluster>-kubeconfig).
+	CertificateKindKubeconfig CertificateKind = "Kubeconfig"
+	// CertificateKindEtcdClient is the API servers' etcd client certificate
+	// on external etcd or an EtcdCluster (<cluster>-apiserver-etcd-client).
+	CertificateKindEtcdClient CertificateKind = "EtcdClient"
+	// CertificateKindMachines is the certificates each machine issues
+	// itself, as its API server serves them (the Machines'
+	// machine.cluster.x-k8s.io/certificates-expiry annotation).
+	CertificateKindMachines CertificateKind = "Machines"
+)
+
+// CertificateExpiry is when the first certificate of a kind expires, and
+// where it is.
+type CertificateExpiry struct {
+	// kind of certificate.
+	// +required
+	Kind CertificateKind `json:"kind"`
+	// notAfter is when it expires.
+	// +required
+	NotAfter metav1.Time `json:"notAfter"`
+	// source is where it is: "Secret <name>" or "Machine <name>".
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=300
+	Source string `json:"source"`
 }

@@ -257,6 +257,8 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Clu
 	d := quorum.PlanWithOptions(obs.State, r.PlanOptions)
 	acted, replan, err := r.act(ctx, cluster, cp, secrets, d, learned)
 	setStatus(cp, obs, d, acted, r.Now())
+	cp.Status.Certificates = certificateExpiries(cluster, secrets, obs.Machines, r.KubeconfigLifetime)
+	r.metrics.ObserveCertificates(cp, cp.Status.Certificates)
 	r.metrics.ObserveState(cp, &obs.Observation)
 	if err != nil {
 		return ctrl.Result{}, err

@@ -6,6 +6,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
 	qcpmetrics "github.com/qcp-dev/qcp/internal/metrics"
 	"github.com/qcp-dev/qcp/internal/quorum"
 )
@@ -22,6 +23,9 @@ type Metrics struct {
 	// The database and revision of each member that answered its status
 	// request, exact where status rounds (EtcdMemberStatus.Database).
 	dbSize, dbSizeInUse, dbSizeQuota, revision *prometheus.GaugeVec
+	// certificateExpiry is status.certificates: when the first certificate
+	// of each kind expires.
+	certificateExpiry *prometheus.GaugeVec
 }
 
 // NewMetrics returns the metrics named prefix_*, for owners of kind (for
@@ -60,6 +64,10 @@ func NewMetrics(prefix, kind string) *Metrics {
 			"The backend quota each etcd member runs with: as it reports it (etcd 3.6 and later), else as QCP configured it; absent when the quota is off."),
 		revision: memberGauge(prefix+"_etcd_revision",
 			"Each etcd member's key-value store revision, from the member's status in the latest observation; absent while the member does not answer."),
+		certificateExpiry: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: prefix + "_certificate_expiry_timestamp_seconds",
+			Help: "When the first certificate of each kind a " + kind + " runs on expires, in seconds since the epoch (status.certificates).",
+		}, []string{"namespace", "name", "kind"}),
 	}).register()
 }
 
@@ -73,6 +81,7 @@ func (m *Metrics) register() *Metrics {
 	m.dbSizeInUse = qcpmetrics.RegisterOrReuse(m.dbSizeInUse)
 	m.dbSizeQuota = qcpmetrics.RegisterOrReuse(m.dbSizeQuota)
 	m.revision = qcpmetrics.RegisterOrReuse(m.revision)
+	m.certificateExpiry = qcpmetrics.RegisterOrReuse(m.certificateExpiry)
 	return m
 }
 
@@ -100,6 +109,16 @@ func (m *Metrics) ObserveDecision(owner client.Object, d quorum.Decision, err er
 		m.membershipSteps.WithLabelValues(owner.GetNamespace(), owner.GetName(), "move_leader").Observe(end.Sub(start).Seconds())
 	case quorum.RemoveMember:
 		m.membershipSteps.WithLabelValues(owner.GetNamespace(), owner.GetName(), "remove").Observe(end.Sub(start).Seconds())
+	}
+}
+
+// ObserveCertificates sets owner's certificate expiry gauges from its
+// status.certificates, anew each time, so that a kind no longer reported
+// goes.
+func (m *Metrics) ObserveCertificates(owner client.Object, expiries []controlplanev1.CertificateExpiry) {
+	m.certificateExpiry.DeletePartialMatch(prometheus.Labels{"namespace": owner.GetNamespace(), "name": owner.GetName()})
+	for _, e := range expiries {
+		m.certificateExpiry.WithLabelValues(owner.GetNamespace(), owner.GetName(), string(e.Kind)).Set(float64(e.NotAfter.Unix()))
 	}
 }
 
