@@ -43,12 +43,15 @@ const healthCheckNodeStartup = 5 * time.Minute
 // named after the control plane and select its machines, and CAPI forbids
 // overlapping health checks. Remediation then consumes the topology's marks
 // as it consumes its own. It returns what it waits for, if anything: the
-// topology controller to delete a health check the class no longer defines.
+// ClusterClass to be readable, or the topology controller to delete a
+// health check the class no longer defines.
 func (r *Reconciler) ensureHealthCheck(ctx context.Context, cluster *clusterv1.Cluster, cp *controlplanev1.QuorumControlPlane) (string, error) {
 	mhc := &clusterv1.MachineHealthCheck{ObjectMeta: metav1.ObjectMeta{Name: cp.Name, Namespace: cp.Namespace}}
 	topology, err := r.topologyKeepsHealthCheck(ctx, cluster)
 	if err != nil {
-		return "", err
+		// Only the health check waits for the class (its watch wakes the
+		// control plane); the rest of the control plane goes on.
+		return fmt.Sprintf("Leaving MachineHealthCheck %s as it is: %v", mhc.Name, err), nil
 	}
 	if !ptr.Deref(cp.Spec.Remediation.Autorepair, true) || topology {
 		if err := r.Client.Get(ctx, client.ObjectKeyFromObject(mhc), mhc); err != nil {
