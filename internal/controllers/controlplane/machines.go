@@ -125,7 +125,8 @@ func keepRecords(m *clusterv1.Machine, obs *observation, now time.Time) {
 // propagate sets what QCP changes on a machine in place, never by a
 // rollout: the template's labels and annotations (added or changed; a key
 // removed from the template stays), the deletion timeouts, the readiness
-// gates and taints, minReadySeconds and the UpToDate condition, which lists why the machine is outdated.
+// gates and taints, minReadySeconds and the UpToDate condition, which
+// lists why the machine is outdated.
 func propagate(m *clusterv1.Machine, cp *controlplanev1.QuorumControlPlane, outdated []string) {
 	meta := cp.Spec.MachineTemplate.ObjectMeta
 	if len(meta.Labels) > 0 {

@@ -197,9 +197,10 @@ const ManagerEtcdClientName = "qcp-manager"
 // ObserveEtcd reads the member list through the machines' client URLs,
 // each member's status, the alarms, and whether every voter reports the
 // same member list, with a client certificate issued from ca, valid for
-// lifetime (0: certs.LeafValidity) and renewed after two thirds of it. The client is kept
-// in pool under key. It returns the members and the alarms of members
-// since removed. An error means the membership is unknown.
+// lifetime (0: certs.LeafValidity) and renewed after two thirds of it.
+// The client is kept in pool under key. It returns the members and the
+// alarms of members since removed. An error means the membership is
+// unknown.
 func ObserveEtcd(ctx context.Context, pool *etcd.Pool, key string, ca *certs.KeyPair, lifetime time.Duration, machines []*clusterv1.Machine) (*etcd.Client, []quorum.Member, []quorum.Alarm, error) {
 	var endpoints []string
 	for _, m := range machines {
