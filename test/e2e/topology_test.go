@@ -37,17 +37,19 @@ const clusterClassFile = "../../config/templates/clusterclass-qcp.yaml"
 // clusterClassName is the class clusterClassFile defines.
 const clusterClassName = "qcp-process"
 
-var installClass sync.Once
+var (
+	installClass    sync.Once
+	installClassErr error
+)
 
 // installClusterClass applies clusterClassFile to the scenarios' namespace,
 // once per package: scenarios made from the class share it, as clusters
-// made from one class do.
+// made from one class do. Every scenario fails if it could not be applied.
 func (s *scenario) installClusterClass(ctx context.Context) {
 	s.t.Helper()
-	var err error
-	installClass.Do(func() { err = applyFile(ctx, s.c, clusterClassFile) })
-	if err != nil {
-		s.t.Fatal(err)
+	installClass.Do(func() { installClassErr = applyFile(ctx, s.c, clusterClassFile) })
+	if installClassErr != nil {
+		s.t.Fatal(installClassErr)
 	}
 }
 
