@@ -32,6 +32,10 @@ const (
 	CertificatesAvailableReason     = clusterv1.AvailableReason
 	CertificatesNotAvailableReason  = clusterv1.NotAvailableReason
 	CertificatesInternalErrorReason = clusterv1.InternalErrorReason
+	// CertificateAuthorityInvalidReason: a certificate authority's Secret
+	// exists but cannot be used (its certificate or key is missing or does
+	// not parse, or they do not match); QCP changes nothing until it can.
+	CertificateAuthorityInvalidReason = "CertificateAuthorityInvalid"
 )
 
 // EtcdClusterHealthy: every member is healthy, every member reports the same

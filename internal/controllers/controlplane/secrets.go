@@ -6,6 +6,8 @@ package controlplane
 
 import (
 	"context"
+	"encoding/pem"
+	"errors"
 	"fmt"
 	"net"
 	"slices"
@@ -45,6 +47,14 @@ func ensureAuthorities(ctx context.Context, c client.Client, cluster client.Obje
 	if !withEtcd {
 		cs = slices.DeleteFunc(cs, func(crt *secret.Certificate) bool { return crt.Purpose == secret.EtcdCA })
 	}
+	// An existing Secret that cannot be used stops everything first: the
+	// others are then neither generated nor read, and nothing is issued
+	// from a half-read set of authorities.
+	for _, crt := range cs {
+		if err := checkAuthoritySecret(ctx, c, cluster, crt.Purpose); err != nil {
+			return nil, err
+		}
+	}
 	if err := cs.LookupOrGenerate(ctx, c, cluster, owner); err != nil {
 		return nil, fmt.Errorf("ensuring the certificate authorities of cluster %s: %w", cluster, err)
 	}
@@ -63,6 +73,44 @@ func ensureAuthorities(ctx context.Context, c client.Client, cluster client.Obje
 		return nil, fmt.Errorf("reading the certificate authorities of cluster %s: %w", cluster, err)
 	}
 	return cas, nil
+}
+
+// invalidAuthorityError is an authority's Secret that exists but cannot be
+// used.
+type invalidAuthorityError struct {
+	secret, problem string
+}
+
+func (e *invalidAuthorityError) Error() string {
+	return fmt.Sprintf("Secret %s cannot be used: %s; put the authority's PEM certificate in %s and its PEM private key in %s (or delete the Secret before any machine exists, and QCP generates it)",
+		e.secret, e.problem, secret.TLSCrtDataName, secret.TLSKeyDataName)
+}
+
+// checkAuthoritySecret reports an authority's Secret that exists but whose
+// certificate (the service-account Secret: public key) or private key is
+// missing or unreadable, or whose two halves do not belong together. A
+// missing Secret is fine: it is generated.
+func checkAuthoritySecret(ctx context.Context, c client.Client, cluster client.ObjectKey, purpose secret.Purpose) error {
+	name := secret.Name(cluster.Name, purpose)
+	var s corev1.Secret
+	if err := c.Get(ctx, client.ObjectKey{Namespace: cluster.Namespace, Name: name}, &s); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	for _, key := range []string{secret.TLSCrtDataName, secret.TLSKeyDataName} {
+		if len(s.Data[key]) == 0 {
+			return &invalidAuthorityError{secret: name, problem: key + " is missing or empty"}
+		}
+	}
+	if purpose == secret.ServiceAccount {
+		if block, _ := pem.Decode(s.Data[secret.TLSKeyDataName]); block == nil {
+			return &invalidAuthorityError{secret: name, problem: secret.TLSKeyDataName + " is not a PEM private key"}
+		}
+		return nil
+	}
+	if _, err := certs.ParseKeyPair(s.Data[secret.TLSCrtDataName], s.Data[secret.TLSKeyDataName]); err != nil {
+		return &invalidAuthorityError{secret: name, problem: err.Error()}
+	}
+	return nil
 }
 
 // EnsureKubeconfig keeps <cluster>-kubeconfig, an administrator kubeconfig
@@ -140,8 +188,12 @@ type clusterSecrets struct {
 func (r *Reconciler) ensureSecrets(ctx context.Context, cluster *clusterv1.Cluster, cp *controlplanev1.QuorumControlPlane, ext *externalEtcd) (*clusterSecrets, error) {
 	key, owner := client.ObjectKeyFromObject(cluster), controlPlaneOwnerRef(cp)
 	fail := func(err error) (*clusterSecrets, error) {
-		conditions.Set(cp, metav1.Condition{Type: controlplanev1.CertificatesAvailableCondition, Status: metav1.ConditionFalse,
-			Reason: controlplanev1.CertificatesInternalErrorReason, Message: "Please check controller logs for errors"})
+		cond := metav1.Condition{Type: controlplanev1.CertificatesAvailableCondition, Status: metav1.ConditionFalse,
+			Reason: controlplanev1.CertificatesInternalErrorReason, Message: "Please check controller logs for errors"}
+		if invalid := (*invalidAuthorityError)(nil); errors.As(err, &invalid) {
+			cond.Reason, cond.Message = controlplanev1.CertificateAuthorityInvalidReason, invalid.Error()
+		}
+		conditions.Set(cp, cond)
 		return nil, err
 	}
 	cas, err := ensureAuthorities(ctx, r.Client, key, owner, ext == nil)

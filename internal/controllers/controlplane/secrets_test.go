@@ -6,16 +6,20 @@ import (
 	"crypto/elliptic"
 	"crypto/x509"
 	"encoding/pem"
+	"strings"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/clientcmd"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/conditions"
 	"sigs.k8s.io/cluster-api/util/secret"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
 	"github.com/qcp-dev/qcp/internal/certs"
 	"github.com/qcp-dev/qcp/internal/localenv"
 )
@@ -50,6 +54,58 @@ func TestSecrets(t *testing.T) {
 	env := localenv.StartForTest(t, localenv.Options{WithoutCAPI: true})
 	t.Run("certificate authorities", func(t *testing.T) { testCertificateAuthorities(t, newSecretsWorld(t, env, "cas")) })
 	t.Run("kubeconfig rotation", func(t *testing.T) { testKubeconfigRotation(t, newSecretsWorld(t, env, "kcfg")) })
+	t.Run("an authority that cannot be used", func(t *testing.T) { testInvalidAuthority(t, newSecretsWorld(t, env, "bad")) })
+}
+
+// testInvalidAuthority: a CA Secret whose certificate does not parse, or
+// whose key is missing, stops the control plane's Secrets before anything
+// is written: no other authority is generated, the Secret is left as it
+// is, and CertificatesAvailable names the Secret, the problem and the fix.
+func testInvalidAuthority(t *testing.T, w secretsWorld) {
+	ctx := context.Background()
+	good, err := certs.NewCA("kubernetes", time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name    string
+		data    map[string][]byte
+		problem string
+	}{
+		{"a certificate that does not parse", map[string][]byte{secret.TLSCrtDataName: []byte("not PEM"), secret.TLSKeyDataName: good.KeyPEM}, "PEM"},
+		{"no private key", map[string][]byte{secret.TLSCrtDataName: good.CertPEM}, "tls.key is missing"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			bad := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: w.cluster.Namespace, Name: secret.Name(w.cluster.Name, secret.ClusterCA)},
+				Type: clusterv1.ClusterSecretType, Data: tc.data}
+			if err := w.c.Create(ctx, bad); err != nil {
+				t.Fatal(err)
+			}
+			defer func() { _ = w.c.Delete(ctx, bad) }()
+
+			r := &Reconciler{Client: w.c}
+			cp := &controlplanev1.QuorumControlPlane{ObjectMeta: metav1.ObjectMeta{Name: w.cluster.Name, Namespace: w.cluster.Namespace, UID: w.owner.UID}}
+			cluster := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Name: w.cluster.Name, Namespace: w.cluster.Namespace}}
+			if _, err := r.ensureSecrets(ctx, cluster, cp, nil); err == nil {
+				t.Fatal("an unusable cluster CA Secret was accepted")
+			}
+			c := conditions.Get(cp, controlplanev1.CertificatesAvailableCondition)
+			if c == nil || c.Status != metav1.ConditionFalse || c.Reason != controlplanev1.CertificateAuthorityInvalidReason ||
+				!strings.Contains(c.Message, "Secret "+bad.Name) || !strings.Contains(c.Message, tc.problem) || !strings.Contains(c.Message, "put the authority's PEM certificate in tls.crt") {
+				t.Errorf("CertificatesAvailable %+v; want False, %s, naming Secret %s, the problem (%s) and the fix",
+					c, controlplanev1.CertificateAuthorityInvalidReason, bad.Name, tc.problem)
+			}
+			for _, p := range []secret.Purpose{secret.EtcdCA, secret.FrontProxyCA, secret.ServiceAccount, secret.Kubeconfig} {
+				err := w.c.Get(ctx, client.ObjectKey{Namespace: w.cluster.Namespace, Name: secret.Name(w.cluster.Name, p)}, &corev1.Secret{})
+				if !apierrors.IsNotFound(err) {
+					t.Errorf("the %s Secret was written although the cluster CA cannot be used (%v)", p, err)
+				}
+			}
+			if got := w.secret(t, secret.ClusterCA); got.ResourceVersion != bad.ResourceVersion {
+				t.Errorf("the unusable Secret was changed (resourceVersion %s → %s)", bad.ResourceVersion, got.ResourceVersion)
+			}
+		})
+	}
 }
 
 // testCertificateAuthorities: the four Secrets are created once, with
