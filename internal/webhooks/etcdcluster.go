@@ -6,7 +6,6 @@ import (
 	"slices"
 
 	"k8s.io/apimachinery/pkg/api/equality"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"k8s.io/utils/ptr"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
@@ -18,6 +17,8 @@ import (
 
 // +kubebuilder:webhook:path=/mutate-etcd-cluster-x-k8s-io-v1alpha1-etcdcluster,mutating=true,failurePolicy=fail,sideEffects=None,groups=etcd.cluster.x-k8s.io,resources=etcdclusters,verbs=create;update,versions=v1alpha1,name=default.etcdcluster.etcd.cluster.x-k8s.io,admissionReviewVersions=v1
 // +kubebuilder:webhook:path=/validate-etcd-cluster-x-k8s-io-v1alpha1-etcdcluster,mutating=false,failurePolicy=fail,sideEffects=None,groups=etcd.cluster.x-k8s.io,resources=etcdclusters,verbs=create;update,versions=v1alpha1,name=validation.etcdcluster.etcd.cluster.x-k8s.io,admissionReviewVersions=v1
+
+var etcdClusterKind = etcdv1.GroupVersion.WithKind("EtcdCluster").GroupKind()
 
 // EtcdCluster defaults and validates EtcdClusters.
 type EtcdCluster struct{}
@@ -149,23 +150,16 @@ func (EtcdCluster) Default(_ context.Context, ec *etcdv1.EtcdCluster) error {
 
 // ValidateCreate rejects an invalid new EtcdCluster.
 func (EtcdCluster) ValidateCreate(_ context.Context, ec *etcdv1.EtcdCluster) (admission.Warnings, error) {
-	return nil, invalidEtcdCluster(ec, ValidateEtcdCluster(nil, ec))
+	return nil, invalid(etcdClusterKind, ec.Name, ValidateEtcdCluster(nil, ec))
 }
 
 // ValidateUpdate rejects an invalid change; the API server then applies
 // nothing of it.
 func (EtcdCluster) ValidateUpdate(_ context.Context, old, ec *etcdv1.EtcdCluster) (admission.Warnings, error) {
-	return nil, invalidEtcdCluster(ec, ValidateEtcdCluster(old, ec))
+	return nil, invalid(etcdClusterKind, ec.Name, ValidateEtcdCluster(old, ec))
 }
 
 // ValidateDelete allows every deletion; the controller's finalizer orders it.
 func (EtcdCluster) ValidateDelete(context.Context, *etcdv1.EtcdCluster) (admission.Warnings, error) {
 	return nil, nil
-}
-
-func invalidEtcdCluster(ec *etcdv1.EtcdCluster, errs field.ErrorList) error {
-	if len(errs) == 0 {
-		return nil
-	}
-	return apierrors.NewInvalid(etcdv1.GroupVersion.WithKind("EtcdCluster").GroupKind(), ec.Name, errs)
 }

@@ -10,6 +10,7 @@ import (
 	"fmt"
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
@@ -48,6 +49,8 @@ func Setup(mgr ctrl.Manager) error {
 	return nil
 }
 
+var controlPlaneKind = controlplanev1.GroupVersion.WithKind("QuorumControlPlane").GroupKind()
+
 // QuorumControlPlane defaults and validates QuorumControlPlanes.
 type QuorumControlPlane struct{}
 
@@ -64,13 +67,13 @@ func (QuorumControlPlane) Default(_ context.Context, qcp *controlplanev1.QuorumC
 
 // ValidateCreate rejects an invalid new QuorumControlPlane.
 func (QuorumControlPlane) ValidateCreate(_ context.Context, qcp *controlplanev1.QuorumControlPlane) (admission.Warnings, error) {
-	return nil, invalid(qcp, Validate(nil, qcp))
+	return nil, invalid(controlPlaneKind, qcp.Name, Validate(nil, qcp))
 }
 
 // ValidateUpdate rejects an invalid change. The API server applies nothing of
 // a rejected request, so an invalid update never half-applies.
 func (QuorumControlPlane) ValidateUpdate(_ context.Context, old, qcp *controlplanev1.QuorumControlPlane) (admission.Warnings, error) {
-	return nil, invalid(qcp, Validate(old, qcp))
+	return nil, invalid(controlPlaneKind, qcp.Name, Validate(old, qcp))
 }
 
 // ValidateDelete allows every deletion; the controller's finalizer orders it.
@@ -78,11 +81,11 @@ func (QuorumControlPlane) ValidateDelete(context.Context, *controlplanev1.Quorum
 	return nil, nil
 }
 
-// invalid turns field errors into the Invalid status the API server shows
-// with its field paths, or nil.
-func invalid(qcp *controlplanev1.QuorumControlPlane, errs field.ErrorList) error {
+// invalid turns field errors on the object name, of kind gk, into the
+// Invalid status the API server shows with its field paths, or nil.
+func invalid(gk schema.GroupKind, name string, errs field.ErrorList) error {
 	if len(errs) == 0 {
 		return nil
 	}
-	return apierrors.NewInvalid(controlplanev1.GroupVersion.WithKind("QuorumControlPlane").GroupKind(), qcp.Name, errs)
+	return apierrors.NewInvalid(gk, name, errs)
 }

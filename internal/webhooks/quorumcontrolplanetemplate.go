@@ -4,7 +4,6 @@ import (
 	"context"
 
 	"k8s.io/apimachinery/pkg/api/equality"
-	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 	"sigs.k8s.io/controller-runtime/pkg/webhook/admission"
 
@@ -21,7 +20,10 @@ type QuorumControlPlaneTemplate struct{}
 
 var _ admission.Validator[*controlplanev1.QuorumControlPlaneTemplate] = QuorumControlPlaneTemplate{}
 
-var templateSpecPath = field.NewPath("spec", "template", "spec")
+var (
+	templateSpecPath = field.NewPath("spec", "template", "spec")
+	templateKind     = controlplanev1.GroupVersion.WithKind("QuorumControlPlaneTemplate").GroupKind()
+)
 
 // ValidateTemplate returns every rule tmpl breaks, given the stored
 // template old (nil on create), with the QuorumControlPlane's messages for
@@ -55,23 +57,16 @@ func ValidateTemplate(old, tmpl *controlplanev1.QuorumControlPlaneTemplate) fiel
 
 // ValidateCreate rejects an invalid new template.
 func (QuorumControlPlaneTemplate) ValidateCreate(_ context.Context, tmpl *controlplanev1.QuorumControlPlaneTemplate) (admission.Warnings, error) {
-	return nil, invalidTemplate(tmpl, ValidateTemplate(nil, tmpl))
+	return nil, invalid(templateKind, tmpl.Name, ValidateTemplate(nil, tmpl))
 }
 
 // ValidateUpdate allows metadata changes only.
 func (QuorumControlPlaneTemplate) ValidateUpdate(_ context.Context, old, tmpl *controlplanev1.QuorumControlPlaneTemplate) (admission.Warnings, error) {
-	return nil, invalidTemplate(tmpl, ValidateTemplate(old, tmpl))
+	return nil, invalid(templateKind, tmpl.Name, ValidateTemplate(old, tmpl))
 }
 
 // ValidateDelete allows every deletion; CAPI keeps a template a
 // ClusterClass uses.
 func (QuorumControlPlaneTemplate) ValidateDelete(context.Context, *controlplanev1.QuorumControlPlaneTemplate) (admission.Warnings, error) {
 	return nil, nil
-}
-
-func invalidTemplate(tmpl *controlplanev1.QuorumControlPlaneTemplate, errs field.ErrorList) error {
-	if len(errs) == 0 {
-		return nil
-	}
-	return apierrors.NewInvalid(controlplanev1.GroupVersion.WithKind("QuorumControlPlaneTemplate").GroupKind(), tmpl.Name, errs)
 }

@@ -46,7 +46,7 @@ func ScaleValidatorForControlPlane(r client.Reader) *ScaleValidator[*controlplan
 		Scaled: func(qcp *controlplanev1.QuorumControlPlane, replicas int32) error {
 			scaled := qcp.DeepCopy()
 			scaled.Spec.Replicas = &replicas
-			return invalid(qcp, Validate(qcp, scaled))
+			return invalid(controlPlaneKind, qcp.Name, Validate(qcp, scaled))
 		}}
 }
 
@@ -57,7 +57,7 @@ func ScaleValidatorForEtcdCluster(r client.Reader) *ScaleValidator[*etcdv1.EtcdC
 		Scaled: func(ec *etcdv1.EtcdCluster, replicas int32) error {
 			scaled := ec.DeepCopy()
 			scaled.Spec.Replicas = &replicas
-			return invalidEtcdCluster(ec, ValidateEtcdCluster(ec, scaled))
+			return invalid(etcdClusterKind, ec.Name, ValidateEtcdCluster(ec, scaled))
 		}}
 }
 
