@@ -361,16 +361,23 @@ func (s *scenario) rollOutBy(apply func(context.Context), during func(*controlpl
 // generation.
 func (s *scenario) patchControlPlane(ctx context.Context, change func(*controlplanev1.QuorumControlPlane)) int64 {
 	s.t.Helper()
-	cp, err := s.controlPlane(ctx)
-	if err != nil {
+	cp := &controlplanev1.QuorumControlPlane{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: s.name}}
+	patchObject(ctx, s, cp, change)
+	return cp.Generation
+}
+
+// patchObject reads obj (named by its namespace and name), changes it with
+// edit and merge-patches the difference, failing the scenario on an error.
+func patchObject[T client.Object](ctx context.Context, s *scenario, obj T, edit func(T)) {
+	s.t.Helper()
+	if err := s.c.Get(ctx, client.ObjectKeyFromObject(obj), obj); err != nil {
 		s.t.Fatal(err)
 	}
-	orig := cp.DeepCopy()
-	change(cp)
-	if err := s.c.Patch(ctx, cp, client.MergeFrom(orig)); err != nil {
-		s.t.Fatalf("changing control plane %s: %v", s.name, err)
+	patch := client.MergeFrom(obj.DeepCopyObject().(client.Object))
+	edit(obj)
+	if err := s.c.Patch(ctx, obj, patch); err != nil {
+		s.t.Fatalf("patching %T %s: %v", obj, obj.GetName(), err)
 	}
-	return cp.Generation
 }
 
 // checkAPIServerVersions asks every machine's own API server for its

@@ -264,15 +264,7 @@ func (s *scenario) scaleTopology(ctx context.Context, replicas int32) {
 // patchCluster changes the scenario's Cluster with edit.
 func (s *scenario) patchCluster(ctx context.Context, edit func(*clusterv1.Cluster)) {
 	s.t.Helper()
-	cluster := &clusterv1.Cluster{}
-	if err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: s.name}, cluster); err != nil {
-		s.t.Fatal(err)
-	}
-	patch := client.MergeFrom(cluster.DeepCopy())
-	edit(cluster)
-	if err := s.c.Patch(ctx, cluster, patch); err != nil {
-		s.t.Fatalf("patching Cluster %s: %v", s.name, err)
-	}
+	patchObject(ctx, s, &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: s.name}}, edit)
 }
 
 // checkVariableInPlace sets the class's controlPlaneMaxSurge variable to 0
@@ -458,15 +450,7 @@ func (s *scenario) settledHealthCheck(topology bool) *clusterv1.MachineHealthChe
 // patchClass changes the scenario's own ClusterClass.
 func (s *scenario) patchClass(ctx context.Context, edit func(*clusterv1.ClusterClass)) {
 	s.t.Helper()
-	class := &clusterv1.ClusterClass{}
-	if err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: s.name}, class); err != nil {
-		s.t.Fatal(err)
-	}
-	patch := client.MergeFrom(class.DeepCopy())
-	edit(class)
-	if err := s.c.Patch(ctx, class, patch); err != nil {
-		s.t.Fatalf("patching ClusterClass %s: %v", s.name, err)
-	}
+	patchObject(ctx, s, &clusterv1.ClusterClass{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: s.name}}, edit)
 }
 
 // TestTopologyUpgrade upgrades a cluster made from the shipped class from
