@@ -240,6 +240,20 @@ func noSpace(s *State) {
 // compacted records a compaction an hour ago to revision 3000.
 func compacted(s *State) { s.CompactedRevision, s.CompactedAt = 3000, s.Now.Add(-time.Hour) }
 
+// defragmentedAgo is NOSPACE just after a compaction, with every member
+// defragmented ago, and defragmentations at least an hour apart.
+func defragmentedAgo(ago time.Duration) func(*State) {
+	return func(s *State) {
+		noSpace(s)
+		compacted(s)
+		s.CompactedAt = s.Now.Add(-time.Minute)
+		for i := range s.Machines {
+			s.Machines[i].DefragmentedAt = s.Now.Add(-ago)
+		}
+		s.Tunables.DefragMinInterval = time.Hour
+	}
+}
+
 // defraggedSinceCompaction records member i's machine defragmented after
 // the compaction, its database then below the quota.
 func defraggedSinceCompaction(s *State, i int) {
@@ -324,25 +338,9 @@ func TestNoSpaceRecovery(t *testing.T) {
 				}
 			}), Degraded, "", "raise etcd's quota (quotaBackendBytes: spec.etcd.stacked.quotaBackendBytes of a QuorumControlPlane"},
 		{"a member defragmented within the interval is not defragmented again: a second NOSPACE soon after means the data does not fit",
-			edit(cluster(3, 3), func(s *State) {
-				noSpace(s)
-				compacted(s)
-				s.CompactedAt = s.Now.Add(-time.Minute)
-				for i := range s.Machines {
-					s.Machines[i].DefragmentedAt = s.Now.Add(-10 * time.Minute)
-				}
-				s.Tunables.DefragMinInterval = time.Hour
-			}), Degraded, "", "(it was last defragmented 10m0s ago; QCP defragments it again once defragMinIntervalSeconds, 1h0m0s, has passed)"},
+			edit(cluster(3, 3), defragmentedAgo(10*time.Minute)), Degraded, "", "(it was last defragmented 10m0s ago; QCP defragments it again once defragMinIntervalSeconds, 1h0m0s, has passed)"},
 		{"and is once the interval has passed",
-			edit(cluster(3, 3), func(s *State) {
-				noSpace(s)
-				compacted(s)
-				s.CompactedAt = s.Now.Add(-time.Minute)
-				for i := range s.Machines {
-					s.Machines[i].DefragmentedAt = s.Now.Add(-61 * time.Minute)
-				}
-				s.Tunables.DefragMinInterval = time.Hour
-			}), Defragment, "2", "after the compaction"},
+			edit(cluster(3, 3), defragmentedAgo(61*time.Minute)), Defragment, "2", "after the compaction"},
 		{"a single voter defragments itself: the cluster refuses writes already",
 			edit(cluster(1, 1), func(s *State) { noSpace(s); compacted(s) }), Defragment, "1", "after the compaction"},
 		{"not while a voter is down",
