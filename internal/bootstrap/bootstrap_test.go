@@ -101,6 +101,7 @@ func TestParseRejects(t *testing.T) {
 		{"mismatched CA key", edit(func(d *Document) { d.Certificates.FrontProxyCA.Key = d.Certificates.ClusterCA.Key }), []string{"certificates.frontProxyCA", "does not match"}},
 		{"missing SA", edit(func(d *Document) { d.Certificates.ServiceAccount = nil }), []string{"certificates.serviceAccount", "<cluster>-sa"}},
 		{"bad grace period", edit(func(d *Document) { d.Tunables.NodeMonitorGracePeriod = "soon" }), []string{"tunables.nodeMonitorGracePeriod", "duration"}},
+		{"bad certificate validity", edit(func(d *Document) { d.Tunables.CertificateValidity = "30s" }), []string{"tunables.certificateValidity", "at least a minute", "720h"}},
 		{"bad service range", edit(func(d *Document) { d.Tunables.ServiceClusterIPRange = "10.96.0.0" }), []string{"tunables.serviceClusterIPRange", "CIDR"}},
 		{"external without certs", edit(func(d *Document) {
 			d.Components = d.Components[1:]
@@ -180,5 +181,20 @@ func roundTrip(t *testing.T, d *Document) {
 	b, _ := json.Marshal(got)
 	if string(a) != string(b) {
 		t.Errorf("round trip changed the document:\n%s\n%s", a, b)
+	}
+}
+
+func TestLeafValidity(t *testing.T) {
+	d := NewStacked("c1", testCAs(t), "", NewMember())
+	if got := d.LeafValidity(); got != 0 {
+		t.Errorf("no tunable: got %s, want 0 (the certificate package's default)", got)
+	}
+	d.Tunables.CertificateValidityDays = 30
+	if got := d.LeafValidity(); got != 30*24*time.Hour {
+		t.Errorf("30 days: got %s", got)
+	}
+	d.Tunables.CertificateValidity = "10m"
+	if got := d.LeafValidity(); got != 10*time.Minute {
+		t.Errorf("the duration overrides the days: got %s, want 10m", got)
 	}
 }

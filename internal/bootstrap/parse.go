@@ -125,6 +125,11 @@ func (d *Document) Validate() error {
 	if d.Tunables.CertificateValidityDays < 0 {
 		add("tunables.certificateValidityDays", fmt.Sprintf("%d is negative", d.Tunables.CertificateValidityDays), "use a positive number of days or remove the field")
 	}
+	if v := d.Tunables.CertificateValidity; v != "" {
+		if p, err := time.ParseDuration(v); err != nil || p < time.Minute {
+			add("tunables.certificateValidity", fmt.Sprintf("%q is not a duration of at least a minute", v), "use a Go duration such as 720h or remove the field to use certificateValidityDays")
+		}
+	}
 	if d.Tunables.ServiceClusterIPRange != "" {
 		if _, _, err := net.ParseCIDR(d.Tunables.ServiceClusterIPRange); err != nil {
 			add("tunables.serviceClusterIPRange", fmt.Sprintf("%q is not a CIDR", d.Tunables.ServiceClusterIPRange), "use a CIDR such as 10.96.0.0/12 or remove the field")

@@ -160,6 +160,10 @@ type Tunables struct {
 	// CertificateValidityDays is how long the certificates the agent issues
 	// for its machine are valid, in days.
 	CertificateValidityDays int32 `json:"certificateValidityDays,omitempty"`
+	// CertificateValidity, a Go duration, overrides CertificateValidityDays
+	// when set: qcp-manager's --machine-certificate-lifetime, so that
+	// renewal can be seen in minutes.
+	CertificateValidity string `json:"certificateValidity,omitempty"`
 }
 
 // Defaults for the tunables. The grace period is short so that tests (and
@@ -204,8 +208,12 @@ func (d *Document) ExtraFlags(c Component) []string {
 }
 
 // LeafValidity is how long the machine's own certificates are valid: the
-// tunable, or 0 for the certificate package's default.
+// tunables (the duration first), or 0 for the certificate package's
+// default. Parse has checked the duration.
 func (d *Document) LeafValidity() time.Duration {
+	if v, err := time.ParseDuration(d.Tunables.CertificateValidity); err == nil && v > 0 {
+		return v
+	}
 	return time.Duration(d.Tunables.CertificateValidityDays) * 24 * time.Hour
 }
 
