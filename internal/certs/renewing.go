@@ -88,3 +88,16 @@ func (r *Renewing) Issued() int {
 	defer r.mu.Unlock()
 	return r.issued
 }
+
+// RenewAt is when a leaf QCP issued, valid from notBefore to notAfter, is
+// due to be issued again: once RenewFraction of its life has passed,
+// counted from when it was issued, not from its notBefore, which is
+// back-dated by a few minutes (a leaf living minutes in a test would
+// otherwise be due at once).
+func RenewAt(notBefore, notAfter time.Time) time.Time {
+	issued := notBefore.Add(clockSkew)
+	if issued.After(notAfter) {
+		issued = notBefore
+	}
+	return issued.Add(time.Duration(float64(notAfter.Sub(issued)) * RenewFraction))
+}

@@ -63,3 +63,19 @@ func TestRenewing(t *testing.T) {
 		t.Errorf("renewal works again: got %v, %v; want a new certificate", c, err)
 	}
 }
+
+func TestRenewAt(t *testing.T) {
+	ca, err := NewCA("test-ca", time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	issued := time.Date(2026, 11, 27, 10, 0, 0, 0, time.UTC)
+	leaf, err := ca.Issue(Request{CommonName: "leaf", Usages: ClientUsage, Validity: 6 * time.Minute}, issued)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Two thirds of six minutes after issue, not of the back-dated life.
+	if got, want := RenewAt(leaf.Cert.NotBefore, leaf.Cert.NotAfter), issued.Add(4*time.Minute); !got.Equal(want) {
+		t.Errorf("RenewAt = %s, want %s", got, want)
+	}
+}
