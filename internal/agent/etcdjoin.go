@@ -29,17 +29,15 @@ const memberPoll = 250 * time.Millisecond
 // which etcd itself retries only when its 7-s request timeout runs out.
 const publishGrace = 2 * time.Second
 
-// etcdTLS is the agent's own etcd client identity, issued from the etcd CA.
+// etcdTLS presents the agent's own etcd client identity, issued from the
+// etcd CA. It asks for the identity at every handshake, so a connection
+// made after a renewal presents the renewed certificate.
 func (a *machineCtx) etcdTLS() (*tls.Config, error) {
 	pool, err := certs.CertPool(a.pki.EtcdCAPEM)
 	if err != nil {
 		return nil, fmt.Errorf("etcd CA: %w", err)
 	}
-	pair, err := tls.X509KeyPair(a.pki.EtcdClient.CertPEM, a.pki.EtcdClient.KeyPEM)
-	if err != nil {
-		return nil, fmt.Errorf("etcd client certificate: %w", err)
-	}
-	return &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{pair}, MinVersion: tls.VersionTLS12}, nil
+	return &tls.Config{RootCAs: pool, GetClientCertificate: a.pki.etcdClientCertificate, MinVersion: tls.VersionTLS12}, nil
 }
 
 func (a *machineCtx) etcdClient(endpoints []string) (*clientv3.Client, error) {

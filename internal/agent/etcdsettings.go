@@ -136,12 +136,14 @@ func (a *machineCtx) loadEtcdSettings() error {
 		a.machine.Namespace, a.machine.Name, path, err)
 }
 
-// serveEtcdSettings serves the etcd settings endpoint until ctx ends. It
-// asks for a client certificate of the etcd CA, as etcd's client port does:
-// whoever has one can already do anything to etcd's data.
+// serveEtcdSettings serves the etcd settings endpoint, and the machine's
+// certificates (PKIPath, PKIRenewPath), until ctx ends. It asks for a
+// client certificate of the etcd CA, as etcd's client port does: whoever
+// has one can already do anything to etcd's data. It serves etcd's server
+// certificate, the file read again after each renewal.
 func (a *machineCtx) serveEtcdSettings(ctx context.Context) error {
-	pair, err := tls.LoadX509KeyPair(a.pki.File("etcd/server.crt"), a.pki.File("etcd/server.key"))
-	if err != nil {
+	a.adminPair = &servingPair{certFile: a.pki.File("etcd/server.crt"), keyFile: a.pki.File("etcd/server.key")}
+	if err := a.adminPair.load(); err != nil {
 		return fmt.Errorf("machine %s/%s: etcd settings endpoint: loading etcd's server certificate: %w", a.machine.Namespace, a.machine.Name, err)
 	}
 	clientCAs, err := certs.CertPool(a.pki.EtcdCAPEM)
@@ -157,14 +159,16 @@ func (a *machineCtx) serveEtcdSettings(ctx context.Context) error {
 		writeJSON(w, a.effectiveEtcdSettings())
 	})
 	mux.HandleFunc("PUT "+EtcdSettingsPath, a.putEtcdSettings)
+	mux.HandleFunc("GET "+PKIPath, a.getPKI)
+	mux.HandleFunc("POST "+PKIRenewPath, func(w http.ResponseWriter, r *http.Request) { a.postRenewPKI(ctx, w, r) })
 	srv := &http.Server{
 		Handler:           mux,
 		ReadHeaderTimeout: 5 * time.Second,
 		TLSConfig: &tls.Config{
-			Certificates: []tls.Certificate{pair},
-			ClientCAs:    clientCAs,
-			ClientAuth:   tls.RequireAndVerifyClientCert,
-			MinVersion:   tls.VersionTLS12,
+			GetCertificate: a.adminPair.getCertificate,
+			ClientCAs:      clientCAs,
+			ClientAuth:     tls.RequireAndVerifyClientCert,
+			MinVersion:     tls.VersionTLS12,
 		},
 		// Refused handshakes are logged as the agent's other messages are.
 		ErrorLog: slog.NewLogLogger(a.log.Handler(), slog.LevelWarn),
@@ -235,7 +239,7 @@ func writeJSON(w http.ResponseWriter, v any) {
 // address). tlsCfg trusts the etcd CA and holds a client certificate of it.
 func GetEtcdSettings(ctx context.Context, tlsCfg *tls.Config, host string) (EtcdSettings, error) {
 	var s EtcdSettings
-	err := callEtcdSettings(ctx, tlsCfg, host, http.MethodGet, nil, &s)
+	err := callAgent(ctx, tlsCfg, host, http.MethodGet, EtcdSettingsPath, etcdSettingsTimeout, nil, &s)
 	return s, err
 }
 
@@ -248,12 +252,18 @@ func PutEtcdSettings(ctx context.Context, tlsCfg *tls.Config, host string, s Etc
 	if err != nil {
 		return res, err
 	}
-	err = callEtcdSettings(ctx, tlsCfg, host, http.MethodPut, body, &res)
+	err = callAgent(ctx, tlsCfg, host, http.MethodPut, EtcdSettingsPath, etcdSettingsTimeout, body, &res)
 	return res, err
 }
 
-func callEtcdSettings(ctx context.Context, tlsCfg *tls.Config, host, method string, body []byte, out any) error {
-	u := "https://" + net.JoinHostPort(host, strconv.Itoa(EtcdAdminPort)) + EtcdSettingsPath
+// maxAnswer bounds an answer of the endpoint: a certificate report is a
+// few kilobytes.
+const maxAnswer = 1 << 20
+
+// callAgent calls path on the etcd settings endpoint of the machine at host
+// and decodes the answer into out.
+func callAgent(ctx context.Context, tlsCfg *tls.Config, host, method, path string, timeout time.Duration, body []byte, out any) error {
+	u := "https://" + net.JoinHostPort(host, strconv.Itoa(EtcdAdminPort)) + path
 	req, err := http.NewRequestWithContext(ctx, method, u, bytes.NewReader(body))
 	if err != nil {
 		return err
@@ -262,7 +272,7 @@ func callEtcdSettings(ctx context.Context, tlsCfg *tls.Config, host, method stri
 		req.Header.Set("Content-Type", "application/json")
 	}
 	client := &http.Client{
-		Timeout:   etcdSettingsTimeout,
+		Timeout:   timeout,
 		Transport: &http.Transport{TLSClientConfig: tlsCfg.Clone(), DisableKeepAlives: true},
 	}
 	resp, err := client.Do(req)
@@ -270,7 +280,7 @@ func callEtcdSettings(ctx context.Context, tlsCfg *tls.Config, host, method stri
 		return fmt.Errorf("%s %s: %w", method, u, err)
 	}
 	defer resp.Body.Close()
-	data, err := io.ReadAll(io.LimitReader(resp.Body, maxSettingsBody))
+	data, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswer))
 	if err != nil {
 		return fmt.Errorf("%s %s: reading the answer: %w", method, u, err)
 	}

@@ -47,18 +47,29 @@ type NodeState struct {
 // the control plane endpoint and falls back to the local API server, so a
 // load balancer outage does not make a healthy machine look dead.
 type nodeAgent struct {
-	a       *machineCtx
-	clients []kubernetes.Interface // as the node, in order of preference
-	admin   []kubernetes.Interface // to set the control plane label
+	a *machineCtx
 	// refresh is how often the status is written when nothing changed.
 	refresh time.Duration
 
 	mu    sync.Mutex
 	state NodeState
+	// clients talk as the node, in order of preference; admin, to set the
+	// control plane label. A renewal replaces both.
+	clients []kubernetes.Interface
+	admin   []kubernetes.Interface
 }
 
 func (a *machineCtx) newNodeAgent() (*nodeAgent, error) {
 	n := &nodeAgent{a: a, refresh: statusRefresh}
+	return n, n.newClients()
+}
+
+// newClients builds the clients from the identities the agent holds now:
+// at the start, and after a renewal, whose new clients make new connections
+// that present the new certificates. The old clients' connections, made
+// with certificates still valid, close once idle.
+func (n *nodeAgent) newClients() error {
+	a := n.a
 	var servers []string
 	if ep := a.doc.ControlPlaneEndpoint; ep != "" {
 		servers = append(servers, "https://"+ep)
@@ -66,19 +77,31 @@ func (a *machineCtx) newNodeAgent() (*nodeAgent, error) {
 	if a.doc.Runs("kube-apiserver") {
 		servers = append(servers, a.url("https", APIServerPort))
 	}
+	var clients, admins []kubernetes.Interface
+	nodeID, adminID := a.pki.Node(), a.pki.Admin()
 	for _, s := range servers {
-		node, err := clientFor(s, a.pki.ClusterCAPEM, a.pki.Node)
+		node, err := clientFor(s, a.pki.ClusterCAPEM, nodeID)
 		if err != nil {
-			return nil, err
+			return err
 		}
-		admin, err := clientFor(s, a.pki.ClusterCAPEM, a.pki.Admin)
+		admin, err := clientFor(s, a.pki.ClusterCAPEM, adminID)
 		if err != nil {
-			return nil, err
+			return err
 		}
-		n.clients = append(n.clients, node)
-		n.admin = append(n.admin, admin)
+		clients = append(clients, node)
+		admins = append(admins, admin)
 	}
-	return n, nil
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.clients, n.admin = clients, admins
+	return nil
+}
+
+// current returns the clients as the node and as the agent's admin.
+func (n *nodeAgent) current() (clients, admin []kubernetes.Interface) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.clients, n.admin
 }
 
 func clientFor(server string, caPEM []byte, kp *certs.KeyPair) (kubernetes.Interface, error) {
@@ -192,7 +215,8 @@ func (n *nodeAgent) register(ctx context.Context) error {
 		ObjectMeta: metav1.ObjectMeta{Name: m.Name, Labels: labels},
 		Spec:       corev1.NodeSpec{ProviderID: m.ProviderID},
 	}
-	err := each(ctx, n.clients, func(ctx context.Context, c kubernetes.Interface) error {
+	clients, _ := n.current()
+	err := each(ctx, clients, func(ctx context.Context, c kubernetes.Interface) error {
 		_, err := c.CoreV1().Nodes().Create(ctx, node, metav1.CreateOptions{})
 		if apierrors.IsAlreadyExists(err) {
 			return nil
@@ -208,7 +232,8 @@ func (n *nodeAgent) register(ctx context.Context) error {
 
 func (n *nodeAgent) label(ctx context.Context) error {
 	patch := []byte(fmt.Sprintf(`{"metadata":{"labels":{%q:""}}}`, controlPlaneLb))
-	err := each(ctx, n.admin, func(ctx context.Context, c kubernetes.Interface) error {
+	_, admin := n.current()
+	err := each(ctx, admin, func(ctx context.Context, c kubernetes.Interface) error {
 		_, err := c.CoreV1().Nodes().Patch(ctx, n.a.machine.Name, types.MergePatchType, patch, metav1.PatchOptions{})
 		return err
 	})
@@ -221,7 +246,8 @@ func (n *nodeAgent) label(ctx context.Context) error {
 func (n *nodeAgent) renewLease(ctx context.Context) error {
 	name := n.a.machine.Name
 	now := metav1.NewMicroTime(time.Now())
-	err := each(ctx, n.clients, func(ctx context.Context, c kubernetes.Interface) error {
+	clients, _ := n.current()
+	err := each(ctx, clients, func(ctx context.Context, c kubernetes.Interface) error {
 		leases := c.CoordinationV1().Leases(nodeLeaseNS)
 		l, err := leases.Get(ctx, name, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
@@ -259,7 +285,8 @@ func (n *nodeAgent) newLease(ctx context.Context, c kubernetes.Interface, now me
 // conditions from n.health.
 func (n *nodeAgent) updateStatus(ctx context.Context, health []corev1.NodeCondition) error {
 	m := n.a.machine
-	err := each(ctx, n.clients, func(ctx context.Context, c kubernetes.Interface) error {
+	clients, _ := n.current()
+	err := each(ctx, clients, func(ctx context.Context, c kubernetes.Interface) error {
 		node, err := c.CoreV1().Nodes().Get(ctx, m.Name, metav1.GetOptions{})
 		if apierrors.IsNotFound(err) {
 			// Someone deleted the Node: register it again, as kubelet does.

@@ -1,10 +1,14 @@
 package agent
 
 import (
+	"cmp"
+	"crypto/tls"
 	"fmt"
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/qcp-dev/qcp/internal/atomicfile"
@@ -19,14 +23,124 @@ type PKI struct {
 
 	ClusterCAPEM []byte
 	EtcdCAPEM    []byte
-	// Node is the machine's own kubelet identity (system:node:<name>).
-	Node *certs.KeyPair
-	// Admin is used once, to label the Node as a control plane node the way
-	// kubeadm's mark-control-plane phase does with admin.conf: a node may
-	// not set node-role labels on itself (NodeRestriction).
-	Admin *certs.KeyPair
-	// EtcdClient lets the agent read the member list while joining.
-	EtcdClient *certs.KeyPair
+
+	// leaves are the certificates the agent issued, which Renew signs
+	// again; the authorities, the service-account key and an external
+	// etcd client pair came with the bootstrap data and are not among
+	// them. Only Renew changes them, and its callers serialize it.
+	leaves []*leaf
+
+	// mu guards the identities, which Renew replaces while they are used.
+	mu sync.Mutex
+	// node is the machine's own kubelet identity (system:node:<name>).
+	node *certs.KeyPair
+	// admin is used once, to label the Node as a control plane node the
+	// way kubeadm's mark-control-plane phase does with admin.conf: a node
+	// may not set node-role labels on itself (NodeRestriction).
+	admin *certs.KeyPair
+	// etcdClient lets the agent read the member list while joining.
+	etcdClient *certs.KeyPair
+}
+
+// Names of the in-memory identities among the leaves.
+const (
+	memoryNode       = "memory:node"
+	memoryAdmin      = "memory:admin"
+	memoryEtcdClient = "memory:etcd-client"
+)
+
+// leaf is one certificate the agent issued, and where its readers find it.
+type leaf struct {
+	// name is the file under the PKI directory, or memory:<identity>.
+	name string
+	ca   *certs.KeyPair
+	kp   *certs.KeyPair
+	// put writes kp where its reader finds it, or swaps the identity.
+	put func(w *pkiWriter, kp *certs.KeyPair)
+}
+
+// Node is the machine's kubelet identity now.
+func (p *PKI) Node() *certs.KeyPair { return p.identity(&p.node) }
+
+// Admin is the agent's system:masters identity now.
+func (p *PKI) Admin() *certs.KeyPair { return p.identity(&p.admin) }
+
+// EtcdClient is the agent's etcd client identity now.
+func (p *PKI) EtcdClient() *certs.KeyPair { return p.identity(&p.etcdClient) }
+
+func (p *PKI) identity(slot **certs.KeyPair) *certs.KeyPair {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return *slot
+}
+
+// etcdClientCertificate serves as a tls.Config's GetClientCertificate, so
+// that every new etcd connection presents the identity of the moment.
+func (p *PKI) etcdClientCertificate(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+	kp := p.EtcdClient()
+	return &tls.Certificate{Certificate: [][]byte{kp.Cert.Raw}, PrivateKey: kp.Key, Leaf: kp.Cert}, nil
+}
+
+// Renewable reports whether Renew signs the certificate named name again.
+func (p *PKI) Renewable(name string) bool {
+	return slices.ContainsFunc(p.leaves, func(l *leaf) bool { return l.name == name })
+}
+
+// Renew signs every leaf the agent issued again, for its own key, with the
+// validity the bootstrap data names, and puts it where IssuePKI put it.
+// Since the keys stay, each file pair changes in one atomic write of its
+// certificate (the key is written again with the same bytes), so no reader
+// ever finds a certificate and a key that do not match. It stops at the
+// first failure and returns the leaves renewed before it, which are valid,
+// as are the ones not renewed yet. Callers serialize it.
+func (p *PKI) Renew(now time.Time) (renewed []string, err error) {
+	for _, l := range p.leaves {
+		kp, err := l.ca.Reissue(l.kp, now)
+		if err != nil {
+			return renewed, fmt.Errorf("renewing %s: %w", l.name, err)
+		}
+		w := &pkiWriter{dir: p.Dir}
+		l.put(w, kp)
+		if w.err != nil {
+			return renewed, fmt.Errorf("renewing %s: %w", l.name, w.err)
+		}
+		l.kp = kp
+		renewed = append(renewed, l.name)
+	}
+	return renewed, nil
+}
+
+// issued records a leaf issued at boot and puts it in place.
+func (p *PKI) issued(w *pkiWriter, l *leaf) {
+	p.leaves = append(p.leaves, l)
+	l.put(w, l.kp)
+}
+
+// pairLeaf is a leaf kept as base.crt and base.key.
+func pairLeaf(base string, ca, kp *certs.KeyPair) *leaf {
+	return &leaf{name: base + ".crt", ca: ca, kp: kp, put: func(w *pkiWriter, kp *certs.KeyPair) { w.pair(base, kp) }}
+}
+
+// memoryLeaf is an identity the agent keeps in slot.
+func (p *PKI) memoryLeaf(name string, ca, kp *certs.KeyPair, slot **certs.KeyPair) *leaf {
+	return &leaf{name: name, ca: ca, kp: kp, put: func(_ *pkiWriter, kp *certs.KeyPair) {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		*slot = kp
+	}}
+}
+
+// kubeconfigLeaf is a client certificate embedded in kubeconfig file name,
+// which points at server.
+func kubeconfigLeaf(name, clusterName, server, user string, ca, kp *certs.KeyPair) *leaf {
+	return &leaf{name: name, ca: ca, kp: kp, put: func(w *pkiWriter, kp *certs.KeyPair) {
+		kc, err := certs.Kubeconfig(clusterName, server, ca.CertPEM, user, kp)
+		if err != nil {
+			w.err = cmp.Or(w.err, err)
+			return
+		}
+		w.key(name, kc)
+	}}
 }
 
 // File returns the path of a file under the PKI directory.
@@ -72,28 +186,31 @@ func IssuePKI(dir string, m Machine, doc *bootstrap.Document, now time.Time) (*P
 			if err != nil {
 				return nil, err
 			}
-			w.pair("etcd/server", member.Server)
-			w.pair("etcd/peer", member.Peer)
+			p.issued(w, pairLeaf("etcd/server", etcdCA, member.Server))
+			p.issued(w, pairLeaf("etcd/peer", etcdCA, member.Peer))
 		}
-		if p.EtcdClient, err = certs.IssueEtcdClient(etcdCA, "qcp-agent:"+m.Name, now); err != nil {
+		client, err := certs.IssueEtcdClient(etcdCA, "qcp-agent:"+m.Name, now)
+		if err != nil {
 			return nil, err
 		}
+		p.issued(w, p.memoryLeaf(memoryEtcdClient, etcdCA, client, &p.etcdClient))
 		if doc.Runs(bootstrap.KubeAPIServer) {
 			kp, err := certs.IssueEtcdClient(etcdCA, "kube-apiserver-etcd-client", now)
 			if err != nil {
 				return nil, err
 			}
-			w.pair("apiserver-etcd-client", kp)
+			p.issued(w, pairLeaf("apiserver-etcd-client", etcdCA, kp))
 		}
 	}
 	if ext := doc.Etcd.External; ext != nil {
 		// The agent reads the member list with the API server's identity:
-		// it has no etcd CA key to issue one of its own.
+		// it has no etcd CA key to issue one of its own, so it renews
+		// neither.
 		client, err := certs.ParseKeyPair([]byte(ext.ClientCert), []byte(ext.ClientKey))
 		if err != nil {
 			return nil, fmt.Errorf("etcd.external.clientCert and clientKey: %w", err)
 		}
-		p.EtcdClient = client
+		p.etcdClient = client
 		p.EtcdCAPEM = []byte(ext.CACert)
 		w.cert("etcd/ca.crt", []byte(ext.CACert))
 		w.cert("apiserver-etcd-client.crt", []byte(ext.ClientCert))
@@ -124,12 +241,16 @@ func (p *PKI) issueKubernetes(w *pkiWriter, m Machine, doc *bootstrap.Document, 
 		w.key("sa.key", []byte(c.ServiceAccount.PrivateKey))
 		w.cert("sa.pub", []byte(c.ServiceAccount.PublicKey))
 	}
-	if p.Node, err = certs.IssueNodeClient(ca, m.Name, now); err != nil {
+	node, err := certs.IssueNodeClient(ca, m.Name, now)
+	if err != nil {
 		return err
 	}
-	if p.Admin, err = ca.Issue(certs.Request{CommonName: "qcp-agent:" + m.Name, Organization: []string{"system:masters"}, Usages: certs.ClientUsage}, now); err != nil {
+	p.issued(w, p.memoryLeaf(memoryNode, ca, node, &p.node))
+	admin, err := ca.Issue(certs.Request{CommonName: "qcp-agent:" + m.Name, Organization: []string{"system:masters"}, Usages: certs.ClientUsage}, now)
+	if err != nil {
 		return err
 	}
+	p.issued(w, p.memoryLeaf(memoryAdmin, ca, admin, &p.admin))
 	local := fmt.Sprintf("https://%s:%d", m.Address, APIServerPort)
 	if doc.Runs(bootstrap.KubeAPIServer) {
 		endpointHost := ""
@@ -144,12 +265,12 @@ func (p *PKI) issueKubernetes(w *pkiWriter, m Machine, doc *bootstrap.Document, 
 		if err != nil {
 			return err
 		}
-		w.pair("apiserver", serving)
+		p.issued(w, pairLeaf("apiserver", ca, serving))
 		kubelet, err := certs.IssueKubeletClient(ca, now)
 		if err != nil {
 			return err
 		}
-		w.pair("apiserver-kubelet-client", kubelet)
+		p.issued(w, pairLeaf("apiserver-kubelet-client", ca, kubelet))
 		fp, err := parseCA(c.FrontProxyCA, doc)
 		if err != nil {
 			return fmt.Errorf("certificates.frontProxyCA: %w", err)
@@ -159,7 +280,7 @@ func (p *PKI) issueKubernetes(w *pkiWriter, m Machine, doc *bootstrap.Document, 
 		if err != nil {
 			return err
 		}
-		w.pair("front-proxy-client", fpc)
+		p.issued(w, pairLeaf("front-proxy-client", fp, fpc))
 	}
 	for _, comp := range []struct {
 		c         bootstrap.Component
@@ -171,16 +292,17 @@ func (p *PKI) issueKubernetes(w *pkiWriter, m Machine, doc *bootstrap.Document, 
 		if !doc.Runs(comp.c) {
 			continue
 		}
-		kc, err := certs.ComponentKubeconfig(doc.ClusterName, local, ca, comp.user, now)
+		// certs.ComponentKubeconfig's identity, kept to be renewed.
+		client, err := ca.Issue(certs.Request{CommonName: comp.user, Usages: certs.ClientUsage}, now)
 		if err != nil {
 			return err
 		}
-		w.key(comp.cfg+".conf", kc)
+		p.issued(w, kubeconfigLeaf(comp.cfg+".conf", doc.ClusterName, local, comp.user, ca, client))
 		serving, err := certs.IssueServing(ca, string(comp.c), ip, now)
 		if err != nil {
 			return err
 		}
-		w.pair(comp.cfg+"-serving", serving)
+		p.issued(w, pairLeaf(comp.cfg+"-serving", ca, serving))
 	}
 	return nil
 }

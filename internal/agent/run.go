@@ -52,6 +52,10 @@ type machineCtx struct {
 	// follows an etcd cluster's membership through one.
 	etcdEndpoint string
 	etcdSettings etcdSettingsState
+	// adminPair is the etcd settings endpoint's serving certificate.
+	adminPair *servingPair
+	// renewing serializes certificate renewals.
+	renewing sync.Mutex
 	// servers counts the agent's endpoints' goroutines.
 	servers sync.WaitGroup
 }
