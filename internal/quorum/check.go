@@ -3,17 +3,19 @@ package quorum
 import (
 	"errors"
 	"fmt"
+	"time"
 )
 
 // Check reports every invariant (I1–I8) that taking decision d in state
-// before, ending in state after, breaks; nil if none. "after" is the state
-// right after the step; faults and progress of the world may also show in
-// it, so Check only blames d for what d can cause.
+// before, ending in state after, breaks, and every RenewCertificates
+// taken when it is not due; nil if none. "after" is the state right after
+// the step; faults and progress of the world may also show in it, so
+// Check only blames d for what d can cause.
 func Check(before State, d Decision, after State) error {
 	b := newView(before)
 	checks := []func(view, Decision, view) error{
 		checkQuorum, checkBounded, checkLearnersFirst, checkOneAtATime,
-		checkHooks, checkLeader, checkNoHeroics,
+		checkHooks, checkLeader, checkNoHeroics, checkRenewal,
 	}
 	var errs []error
 	for _, c := range checks {
@@ -199,6 +201,9 @@ func checkOneDisruption(b view, d Decision) error {
 	if verb == "" {
 		return nil
 	}
+	if r, ok := b.renewing(); ok {
+		return fmt.Errorf("I4 one at a time: %s %s while machine %s renews its certificates", verb, idString(d.MemberID), r.Name)
+	}
 	m, ok := b.member(d.MemberID)
 	if !ok || !m.Voter() || !m.Started() || !m.Healthy {
 		return fmt.Errorf("I4 one at a time: %s %s, which is not a healthy, started voter", verb, idString(d.MemberID))
@@ -288,6 +293,44 @@ func checkNoHeroics(b view, d Decision, _ view) error {
 	unhealthy := filter(voters, func(m Member) bool { return !m.Healthy })
 	if len(unhealthy) > tolerance(len(voters)) {
 		return fmt.Errorf("I7 no heroics: %s while %d of %d voters are unhealthy", d.Kind, len(unhealthy), len(voters))
+	}
+	return nil
+}
+
+// checkRenewal holds RenewCertificates to its rule: one renewal at a
+// time, never beside a member's disruption, only on a machine that stays
+// and whose certificates are known to be due, and that is well (its
+// member a healthy, started voter; in the APIServersOnly topology, it
+// serves).
+func checkRenewal(b view, d Decision, _ view) error {
+	if d.Kind != RenewCertificates {
+		return nil
+	}
+	mc, ok := b.machine(d.Machine)
+	switch {
+	case !ok:
+		return fmt.Errorf("renewal: renewing the certificates of machine %s, which does not exist", d.Machine)
+	case mc.Deleting:
+		return fmt.Errorf("renewal: renewing the certificates of deleting machine %s", d.Machine)
+	case mc.CertificatesRenewAt.IsZero():
+		return fmt.Errorf("renewal: renewing the certificates of machine %s, whose renewal time is unknown", d.Machine)
+	case mc.CertificatesRenewAt.After(b.Now):
+		return fmt.Errorf("renewal: renewing the certificates of machine %s before they are due (%s)", d.Machine, mc.CertificatesRenewAt.UTC().Format(time.RFC3339))
+	}
+	if r, ok := b.renewing(); ok {
+		return fmt.Errorf("I4 one at a time: renewing the certificates of machine %s while machine %s renews its own", d.Machine, r.Name)
+	}
+	if busy, ok := b.disrupted(); ok {
+		return fmt.Errorf("I4 one at a time: renewing the certificates of machine %s while member %s is %s", d.Machine, b.memberName(busy), b.disrupting(busy))
+	}
+	if b.Topology == APIServersOnly {
+		if !b.serves(mc) {
+			return fmt.Errorf("renewal: renewing the certificates of machine %s, which does not serve", d.Machine)
+		}
+		return nil
+	}
+	if m, ok := b.memberOn(d.Machine); !ok || !m.Voter() || !m.Started() || !m.Healthy {
+		return fmt.Errorf("renewal: renewing the certificates of machine %s, whose member is not a healthy, started voter", d.Machine)
 	}
 	return nil
 }

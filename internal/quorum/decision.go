@@ -55,6 +55,16 @@ const (
 	// out of service for the seconds its restart takes: a disruption of
 	// one member, like a defragmentation.
 	RestartMember Kind = "RestartMember"
+	// RenewCertificates: record Machine.RenewStartedAt on
+	// Decision.Machine, ask its agent to renew its leaf certificates in
+	// place (POST /pki/renew), then record the new
+	// Machine.CertificatesRenewAt and clear RenewStartedAt. MemberID names
+	// the member the machine hosts, if any (for messages). etcd and the
+	// API server reload the new files; the controller manager and the
+	// scheduler on the machine restart one after the other. etcd is not
+	// disrupted, but the step is one at a time, and never beside a
+	// member's defragmentation or restart.
+	RenewCertificates Kind = "RenewCertificates"
 	// Wait: nothing to do until the world changes; Reason names what for.
 	Wait Kind = "Wait"
 	// Degraded: the planner refuses to act and a human is needed; Reason
@@ -64,7 +74,7 @@ const (
 
 // Kinds are every Kind a Decision may have.
 var Kinds = []Kind{CreateMachine, AddLearner, Promote, MoveLeader, RemoveMember, AddHook, RemoveHook, DeleteMachine,
-	DisarmAlarm, Compact, Defragment, RestartMember, Wait, Degraded}
+	DisarmAlarm, Compact, Defragment, RestartMember, RenewCertificates, Wait, Degraded}
 
 // Decision is exactly one next step. Only the fields its Kind names are set.
 type Decision struct {
@@ -72,13 +82,14 @@ type Decision struct {
 	Kind Kind
 	// FailureDomain is where CreateMachine places the new machine.
 	FailureDomain string
-	// Machine is the machine AddLearner, AddHook, RemoveHook and
-	// DeleteMachine act on; for member steps it names the hosting machine
+	// Machine is the machine AddLearner, AddHook, RemoveHook,
+	// DeleteMachine and RenewCertificates act on; for member steps it names the hosting machine
 	// when there is one (for messages).
 	Machine string
 	// MemberID is the member Promote, RemoveMember, Defragment and
 	// RestartMember act on, and the member
-	// MoveLeader hands leadership to.
+	// MoveLeader hands leadership to; for RenewCertificates, the member
+	// Machine hosts, if any (for messages).
 	MemberID uint64
 	// PeerURL is the peer URL AddLearner registers.
 	PeerURL string
@@ -184,6 +195,9 @@ func (d Decision) Verify(fresh State) error {
 	if healthy := healthyIDs(v.members); e.Members != nil && !slices.Equal(healthy, e.Healthy) {
 		return fmt.Errorf("member health changed since the plan: healthy %s, planned with %s", idList(healthy), idList(e.Healthy))
 	}
+	if d.Kind == RenewCertificates {
+		return v.verifyRenewal(d.Machine)
+	}
 	return nil
 }
 
@@ -285,7 +299,7 @@ func (d Decision) String() string {
 		target = fmt.Sprintf("(%s of %x)", d.Alarm, d.MemberID)
 	case Compact:
 		target = fmt.Sprintf("(to %d)", d.Revision)
-	case AddHook, RemoveHook, DeleteMachine:
+	case AddHook, RemoveHook, DeleteMachine, RenewCertificates:
 		target = fmt.Sprintf("(%s)", d.Machine)
 	}
 	return fmt.Sprintf("%s%s: %s", d.Kind, target, d.Reason)

@@ -24,12 +24,15 @@ type explorer struct {
 	degr      int
 	dropped   int          // stale or misobserved steps the preconditions stopped
 	kinds     map[Kind]int // decisions taken, to show the exploration covers every step
-	errs      []string
-	maxErrs   int // stop after this many violations
+	// waits counts the Waits of waitsFor, to show the exploration reaches
+	// steps that wait for each other.
+	waits   map[string]int
+	errs    []string
+	maxErrs int // stop after this many violations
 }
 
 func newExplorer(plan func(State) Decision, maxFaults int) *explorer {
-	return &explorer{plan: plan, maxFaults: maxFaults, maxStale: 1, seen: map[string]bool{}, outcome: map[string]string{}, kinds: map[Kind]int{}, maxErrs: 5}
+	return &explorer{plan: plan, maxFaults: maxFaults, maxStale: 1, seen: map[string]bool{}, outcome: map[string]string{}, kinds: map[Kind]int{}, waits: map[string]int{}, maxErrs: 5}
 }
 
 type node struct {
@@ -74,6 +77,9 @@ func (e *explorer) explore(start world, name string) {
 		n.members = s.Members
 		d := e.plan(s)
 		e.kinds[d.Kind]++
+		if d.Kind == Wait {
+			e.countWait(d.Reason)
+		}
 		if !n.w.admits(d, s) {
 			e.fail(n, "%s: its preconditions do not hold on the world it was planned on: %+v", d, d.Expect)
 			continue
@@ -124,6 +130,23 @@ func (e *explorer) explore(start world, name string) {
 			if after, ok := e.act(n, n.w, d, "FAULT "+o.name+", planned "); ok {
 				queue = append(queue, e.successor(n, after, 1, 1, "FAULT "+o.name+", planned "+d.String()))
 			}
+		}
+	}
+}
+
+// waitsFor are Waits of one step for another's in flight, which the
+// exploration must reach: a renewal for a renewal or a disruption, and a
+// disruption for a renewal.
+var waitsFor = map[string][2]string{
+	"renewal for a renewal":       {"to finish renewing its certificates", "before renewing the certificates"},
+	"renewal for a disruption":    {"to finish defragmenting", "before renewing the certificates"},
+	"defragmentation for renewal": {"to finish renewing its certificates", "before defragmenting"},
+}
+
+func (e *explorer) countWait(reason string) {
+	for name, w := range waitsFor {
+		if strings.Contains(reason, w[0]) && strings.Contains(reason, w[1]) {
+			e.waits[name]++
 		}
 	}
 }

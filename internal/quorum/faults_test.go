@@ -55,12 +55,12 @@ func faults() []fault {
 			mc.broken = true
 			return true
 		})},
-		{"machine is slow (provisioning, learner start or catch-up)", eachMachine(func(mc *wMachine, w *world) bool {
+		{"machine is slow (provisioning, learner start, catch-up or a certificate renewal)", eachMachine(func(mc *wMachine, w *world) bool {
 			if mc.slow || mc.deleting {
 				return false
 			}
 			m := w.memberOn(mc.id)
-			if mc.addr && (m == nil || m.caughtUp) && (m == nil || !m.defragmenting) {
+			if mc.addr && (m == nil || m.caughtUp) && (m == nil || !m.defragmenting) && !mc.renewOpen {
 				return false // nothing in progress to slow down
 			}
 			mc.slow = true

@@ -71,6 +71,9 @@ type options struct {
 	// restartUnchecked restarts a member for a new quota without the
 	// preflight of a disruption.
 	restartUnchecked bool
+	// renewUnchecked renews a machine's certificates without waiting for
+	// a renewal or a disruption in flight.
+	renewUnchecked bool
 }
 
 // planner holds one observation; its methods are the rules.
@@ -102,6 +105,7 @@ func planWith(s State, o options) Decision {
 		planner.finishJoining,
 		planner.createMachine,
 		planner.scaleDown,
+		planner.renewCertificates,
 		planner.waitForUnhealthyVoters,
 		planner.restartForQuota,
 		planner.defragment,

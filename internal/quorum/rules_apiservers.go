@@ -22,6 +22,7 @@ var apiServerRules = []rule{
 	planner.cancelSurplusMachines,
 	planner.createMachine,
 	planner.scaleDown,
+	planner.renewCertificates,
 	planner.waitForStartingMachines,
 }
 

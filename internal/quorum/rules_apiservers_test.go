@@ -20,6 +20,9 @@ type apiMachine struct {
 	// stale: the machine recovered after a health check marked it, and
 	// serves; CAPI's health check never clears a mark (issue 28, hole 3).
 	stale bool
+	// certsDue: its certificates passed their renewal point; renewing:
+	// its agent renews them now (an open record, a minute old).
+	certsDue, renewing bool
 }
 
 type apiWorld struct {
@@ -51,6 +54,15 @@ func (w apiWorld) state() State {
 		if m.stage == 2 && (!m.marked || m.stale) {
 			pm.NodeReady, pm.ComponentsHealthy = true, true
 		}
+		switch {
+		case m.certsDue:
+			pm.CertificatesRenewAt = apiNow.Add(-time.Duration(m.age) * time.Minute)
+		case m.stage > 0:
+			pm.CertificatesRenewAt = apiNow.Add(200 * 24 * time.Hour)
+		}
+		if m.renewing {
+			pm.RenewStartedAt = apiNow.Add(-time.Minute)
+		}
 		s.Machines = append(s.Machines, pm)
 	}
 	return s
@@ -60,7 +72,7 @@ func (w apiWorld) key() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%d%s%v|", w.desired, w.strategy, w.domains)
 	for _, m := range w.machines {
-		fmt.Fprintf(&b, "%s%s%d%d%s;", m.name, m.fd, m.age, m.stage, bits(m.outdated, m.marked, m.deleting, m.failed, m.hook, m.stale))
+		fmt.Fprintf(&b, "%s%s%d%d%s;", m.name, m.fd, m.age, m.stage, bits(m.outdated, m.marked, m.deleting, m.failed, m.hook, m.stale, m.certsDue, m.renewing))
 	}
 	return b.String()
 }
@@ -80,17 +92,23 @@ func (w apiWorld) apply(d Decision) apiWorld {
 		w.machines[w.find(d.Machine)].deleting = true
 	case RemoveHook:
 		w.machines[w.find(d.Machine)].hook = false
+	case RenewCertificates:
+		w.machines[w.find(d.Machine)].renewing = true
 	}
 	return w
 }
 
 // progress returns the worlds one step of the world's own progress can
-// lead to: one machine advances a stage, or one deleting machine without
-// the hook goes.
+// lead to: one machine advances a stage or finishes renewing its
+// certificates, or one deleting machine without the hook goes.
 func (w apiWorld) progress() []apiWorld {
 	var out []apiWorld
 	for i, m := range w.machines {
 		switch {
+		case m.renewing:
+			n := w.clone()
+			n.machines[i].renewing, n.machines[i].certsDue = false, false
+			out = append(out, n)
 		case m.deleting && !m.hook:
 			n := w.clone()
 			n.machines = slices.Delete(n.machines, i, i+1)
@@ -180,6 +198,9 @@ func (w apiWorld) converged(d Decision) bool {
 	if len(w.machines) != w.desired || w.serving("") != w.desired || d.Kind != Wait || !strings.HasPrefix(d.Reason, "nothing to do") {
 		return false
 	}
+	if slices.ContainsFunc(w.machines, func(m apiMachine) bool { return m.certsDue || m.renewing }) {
+		return false
+	}
 	return w.strategy == OnDelete || !slices.ContainsFunc(w.machines, func(m apiMachine) bool { return m.outdated })
 }
 
@@ -189,7 +210,7 @@ func (w apiWorld) converged(d Decision) bool {
 func apiStarts() []apiWorld {
 	kinds := []apiMachine{
 		{stage: 2}, {stage: 2, outdated: true}, {stage: 0}, {stage: 1}, {stage: 2, marked: true}, {stage: 2, marked: true, stale: true},
-		{stage: 2, deleting: true, hook: true}, {failed: true}, {stage: 2, hook: true},
+		{stage: 2, deleting: true, hook: true}, {failed: true}, {stage: 2, hook: true}, {stage: 2, certsDue: true},
 	}
 	var out []apiWorld
 	var grow func(ms []apiMachine, from int)
@@ -229,13 +250,14 @@ func TestAPIServersOnlyExhaustive(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("%d states; decisions %v", states, kinds)
-	for _, k := range []Kind{CreateMachine, DeleteMachine, RemoveHook, Wait} {
+	taken := []Kind{CreateMachine, DeleteMachine, RemoveHook, RenewCertificates, Wait}
+	for _, k := range taken {
 		if kinds[k] == 0 {
 			t.Errorf("the exploration never took a %s step", k)
 		}
 	}
 	for k := range kinds {
-		if !slices.Contains([]Kind{CreateMachine, DeleteMachine, RemoveHook, Wait}, k) {
+		if !slices.Contains(taken, k) {
 			t.Errorf("the APIServersOnly planner took a %s step, which needs an etcd member", k)
 		}
 	}
@@ -307,6 +329,9 @@ func (w apiWorld) advanceAll() apiWorld {
 		if !m.deleting && !m.failed && !m.marked && m.stage < 2 {
 			m.stage++
 		}
+		if m.renewing {
+			m.renewing, m.certsDue = false, false
+		}
 		kept = append(kept, m)
 	}
 	w.machines = kept
@@ -364,6 +389,17 @@ func TestAPIServersOnlyDecisions(t *testing.T) {
 			Wait, "", `waiting for the external etcd before changing any machine: EtcdCluster "e" is not available`},
 		{"steady",
 			apiWorld{desired: 2, machines: []apiMachine{serving("a", "", 0), serving("b", "", 1)}}, Wait, "", "nothing to do: 2 serving, up-to-date machines as desired"},
+		{"a serving machine whose certificates are due is renewed in place, the earliest first",
+			apiWorld{desired: 2, machines: []apiMachine{{name: "a", stage: 2, certsDue: true, age: 1}, {name: "b", stage: 2, certsDue: true, age: 2}}},
+			RenewCertificates, "b", "machine b: its earliest certificate passed two thirds of its life at 2025-12-31T23:58:00Z; renewing in place, no machine is replaced"},
+		{"one at a time",
+			apiWorld{desired: 2, machines: []apiMachine{{name: "a", stage: 2, certsDue: true}, {name: "b", stage: 2, renewing: true, age: 1}}},
+			Wait, "", "waiting for machine b to finish renewing its certificates (started 1m0s ago; counted as finished after 5m0s) before renewing the certificates of machine a"},
+		{"a machine that does not serve yet is not renewed",
+			apiWorld{desired: 2, machines: []apiMachine{serving("a", "", 0), {name: "b", stage: 1, certsDue: true, age: 1}}},
+			Wait, "", "waiting for machine b to serve"},
+		{"a scale-up comes before a renewal",
+			apiWorld{desired: 3, machines: []apiMachine{{name: "a", stage: 2, certsDue: true}, serving("b", "", 1)}}, CreateMachine, "", "scaling up"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -250,11 +250,14 @@ func (p planner) dueForDefrag(m Member) bool {
 }
 
 // waitToDisrupt is the preflight of a disruption (what): every voter
-// healthy, no learner joining, no other member disrupted, and etcd
-// tolerating at least minTolerance failures (1: it can lose the member
-// disrupted).
+// healthy, no learner joining, no other member disrupted, no certificate
+// renewal in flight (one such step at a time), and etcd tolerating at
+// least minTolerance failures (1: it can lose the member disrupted).
 func (p planner) waitToDisrupt(what string, minTolerance int) (Decision, bool) {
 	if d, ok := p.waitForDisrupted(what); ok {
+		return d, true
+	}
+	if d, ok := p.waitForRenewal(what); ok {
 		return d, true
 	}
 	if l := p.learners(); len(l) > 0 {

@@ -260,6 +260,7 @@ func (s State) describe() string {
 		fmt.Fprintf(&b, "%s@%s%s", mc.Name, quoteFD(mc.FailureDomain), flags(map[string]bool{
 			"del": mc.Deleting, "hook": mc.HasHook, "old": !mc.UpToDate, "ann": mc.DeleteAnnotated,
 			"fail": mc.CreationFailed, "noaddr": mc.PeerURL == "", "rem": mc.Remediate,
+			"certsdue": v.certificatesDue(mc), "renewing": !mc.RenewStartedAt.IsZero() && v.since(mc.RenewStartedAt) < v.tun.RenewTimeout,
 		}))
 	}
 	b.WriteString("] members=[")

@@ -111,6 +111,18 @@
 //     could never: a desired size of one or two), and under NOSPACE
 //     before the recovery's defragmentations, since a raised quota is
 //     what a database over the quota needs.
+//   - Certificates. A machine whose earliest leaf certificate passed its
+//     renewal point (Machine.CertificatesRenewAt) has its agent renew its
+//     certificates in place (RenewCertificates): no machine is replaced.
+//     It is maintenance: only when no membership, scaling, rollout or
+//     remediation step is to be taken, before defragmentations and
+//     restarts. A renewal does not disrupt etcd (it reloads certificate
+//     files at each handshake), so it needs no fault tolerance and a
+//     one-machine control plane renews too; but it only renews a machine
+//     whose member is a healthy, started voter (or, in the APIServersOnly
+//     topology, that serves), the earliest due first, one machine at a
+//     time, and never beside a member's disruption: a defragmentation
+//     or restart waits for a renewal in flight, and the other way round.
 //   - Failure domains. A new machine goes to the domain with the fewest
 //     machines that will remain (every kept machine except the one a
 //     rollout replaces), ties broken alphabetically; scale-down takes the
@@ -290,6 +302,14 @@ type Tunables struct {
 	// etcd is back within seconds, so a member still down after it is
 	// unhealthy. Default 2 minutes.
 	RestartTimeout time.Duration
+	// RenewTimeout is how long after a certificate renewal started
+	// (Machine.RenewStartedAt) an open record counts as a renewal in
+	// flight: no other renewal, defragmentation or restart in place
+	// starts meanwhile. Past it the record counts as finished or failed,
+	// and a machine still due is renewed again. Default 5 minutes: the
+	// agent restarts the controller manager and the scheduler one after
+	// the other, each waiting for health.
+	RenewTimeout time.Duration
 }
 
 // Alarm is one active etcd alarm and the member that raised it.
@@ -391,6 +411,19 @@ type Machine struct {
 	// unknown. The member's own report (Member.DBSizeQuota) wins where
 	// there is one; etcd 3.5 has none.
 	QuotaBackendBytes int64
+	// CertificatesRenewAt is when the machine's earliest-expiring leaf
+	// certificate passes its renewal point (notBefore + 2/3 of its life),
+	// computed by the caller from what the machine's agent reports; zero
+	// when unknown, and a machine is never renewed on an unknown time.
+	// From then on QCP renews its certificates in place
+	// (RenewCertificates), one machine at a time.
+	CertificatesRenewAt time.Time
+	// RenewStartedAt is when QCP asked the machine's agent to renew its
+	// certificates (RenewCertificates) and has not yet recorded the end;
+	// zero when none is open. Like DefragStartedAt, an open record
+	// younger than Tunables.RenewTimeout is a renewal in flight; an older
+	// one finished or failed.
+	RenewStartedAt time.Time
 }
 
 // Member is one etcd member, from MemberList plus per-member Status.

@@ -20,6 +20,7 @@ const (
 	DefaultDefragTimeout          = 10 * time.Minute
 	DefaultCompactionRetention    = 1000
 	DefaultRestartTimeout         = 2 * time.Minute
+	DefaultRenewTimeout           = 5 * time.Minute
 )
 
 // view is a sorted, indexed copy of a State, so that rules can ask questions
@@ -78,6 +79,7 @@ func (t Tunables) WithDefaults() Tunables {
 	orDefault(&t.DefragTimeout, DefaultDefragTimeout)
 	orDefault(&t.CompactionRetention, DefaultCompactionRetention)
 	orDefault(&t.RestartTimeout, DefaultRestartTimeout)
+	orDefault(&t.RenewTimeout, DefaultRenewTimeout)
 	return t
 }
 

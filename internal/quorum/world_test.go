@@ -74,13 +74,17 @@ type wMachine struct {
 	defragAt    int
 	restartOpen bool // a restart record is open (started at epoch restartAt, end not recorded)
 	restartAt   int
+	certsDue    bool // its certificates passed their renewal point; otherwise, once it has an address, they are months from it
+	renewOpen   bool // a certificate renewal record is open (started at epoch renewAt, end not recorded)
+	renewAt     int
 }
 
 // version stands in for the Machine's resourceVersion: it changes whenever
 // anything the API server stores about the machine changes.
 func (m wMachine) version() string {
-	return m.fd + "/" + bits(m.addr, m.upToDate, m.deleting, m.annotated, m.hook, m.failed, m.remediate, m.joinStarted, m.defragOpen, m.defragged, m.restartOpen) +
-		"/" + strconv.FormatUint(m.memberID, 10) + "/" + strconv.Itoa(m.defragAt) + "/" + strconv.Itoa(m.restartAt)
+	return m.fd + "/" + bits(m.addr, m.upToDate, m.deleting, m.annotated, m.hook, m.failed, m.remediate, m.joinStarted, m.defragOpen, m.defragged, m.restartOpen,
+		m.certsDue, m.renewOpen) +
+		"/" + strconv.FormatUint(m.memberID, 10) + "/" + strconv.Itoa(m.defragAt) + "/" + strconv.Itoa(m.restartAt) + "/" + strconv.Itoa(m.renewAt)
 }
 
 type wMember struct {
@@ -151,6 +155,8 @@ func (w world) state() State {
 	if w.compacted {
 		s.CompactedRevision, s.CompactedAt = worldRevision-DefaultCompactionRetention, at(w.compactAt)
 	}
+	// Sized up front: the exploration renders millions of states.
+	s.Machines, s.Members = make([]Machine, 0, len(w.machines)), make([]Member, 0, len(w.members))
 	for _, m := range w.machines {
 		mc := Machine{
 			Name: machineName(m.id), FailureDomain: m.fd, UpToDate: m.upToDate,
@@ -172,6 +178,17 @@ func (w world) state() State {
 		}
 		if m.restartOpen {
 			mc.RestartStartedAt = at(m.restartAt).Add(time.Minute)
+		}
+		// Due ones the newest first, so that the earliest-first order is
+		// not the age order; an unprovisioned machine's is unknown.
+		switch {
+		case m.certsDue:
+			mc.CertificatesRenewAt = at(w.epoch).Add(-time.Duration(m.id) * time.Minute)
+		case m.addr:
+			mc.CertificatesRenewAt = now.Add(240 * 24 * time.Hour)
+		}
+		if m.renewOpen {
+			mc.RenewStartedAt = at(m.renewAt).Add(time.Minute)
 		}
 		s.Machines = append(s.Machines, mc)
 	}
@@ -260,6 +277,10 @@ func (w world) apply(d Decision) world {
 		m.defragmenting, m.healthy, m.leader, m.since = true, false, false, w.epoch
 		mc.defragOpen, mc.defragged, mc.defragAt = true, true, w.epoch
 		w.elect()
+	case RenewCertificates:
+		// The agent renews, in progress; etcd stays up.
+		mc := w.machine(d.Machine)
+		mc.renewOpen, mc.renewAt = true, w.epoch
 	case RestartMember:
 		// Down for the seconds its restart takes, in progress.
 		m, mc := w.member(d.MemberID), w.machine(d.Machine)
@@ -324,6 +345,10 @@ func (w *world) progress() {
 	}
 	for i := range w.machines {
 		mc := &w.machines[i]
+		if mc.renewOpen && !mc.slow {
+			// The caller records the new renewal time, months ahead.
+			mc.renewOpen, mc.certsDue = false, false
+		}
 		switch {
 		case mc.slow:
 			mc.slow = false
@@ -417,6 +442,9 @@ func (w world) converged() bool {
 		if m.restarting || m.oldQuota {
 			return false // every member runs with the configured quota
 		}
+		if mc.certsDue || mc.renewOpen {
+			return false // every machine's certificates are renewed
+		}
 		replaced := !mc.upToDate || (len(w.domains) > 0 && !slices.Contains(w.domains, mc.fd))
 		if replaced && w.strategy != OnDelete {
 			return false
@@ -482,7 +510,8 @@ func (w world) key() string {
 		b = append(b, ',')
 		b = append(b, bits(w.epoch > mc.readyAt, mc.addr, mc.upToDate, mc.deleting, mc.annotated, mc.hook, mc.failed, mc.broken,
 			mc.noInfra, mc.slow, mc.remediate, mc.joinStarted, mc.memberID != 0, mc.stalled, mc.defragOpen, mc.defragged && mc.defragAt == w.epoch,
-			mc.defragged && w.compacted && mc.defragAt >= w.compactAt, mc.restartOpen && mc.restartAt == w.epoch)...)
+			mc.defragged && w.compacted && mc.defragAt >= w.compactAt, mc.restartOpen && mc.restartAt == w.epoch,
+			mc.certsDue, mc.renewOpen, mc.renewOpen && mc.renewAt == w.epoch)...)
 		b = append(b, ',')
 		b = strconv.AppendInt(b, int64(mid), 10)
 		b = append(b, ';')
