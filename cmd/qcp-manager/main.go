@@ -87,6 +87,8 @@ func main() {
 		"validity of the client certificate in each <cluster>-kubeconfig Secret; it is issued again at half-life")
 	flag.DurationVar(&cpOpts.etcdClientLifetime, "etcd-client-certificate-lifetime", certs.LeafValidity,
 		"validity of the client certificate qcp-manager issues itself for each etcd cluster it manages; it is issued again after two thirds of it, without a restart")
+	flag.DurationVar(&cpOpts.machineCertificateLifetime, "machine-certificate-lifetime", 0,
+		"validity of the leaf certificates each new control plane or etcd machine issues itself, overriding a QuorumControlPlane's spec.certificateValidityPeriodDays (default: that field, and 365 days for EtcdCluster machines); they are renewed in place after two thirds of it")
 	flag.DurationVar(&cpOpts.tunables.LearnerStartTimeout, "learner-start-timeout", 0, "how long an added etcd learner may stay unstarted before its machine is replaced (default 5m)")
 	flag.DurationVar(&cpOpts.tunables.UnhealthyTimeout, "unhealthy-member-timeout", 0, "how long an etcd voter may stay unhealthy before it is replaced (default 5m)")
 	flag.DurationVar(&cpOpts.healthCheckTimeout, "health-check-timeout", controlplane.DefaultHealthCheckTimeout,
@@ -117,8 +119,10 @@ type controlPlaneOptions struct {
 	controllers        map[string]bool
 	kubeconfigLifetime time.Duration
 	etcdClientLifetime time.Duration
-	healthCheckTimeout time.Duration
-	tunables           quorum.Tunables
+	// machineCertificateLifetime overrides the machines' leaf validity.
+	machineCertificateLifetime time.Duration
+	healthCheckTimeout         time.Duration
+	tunables                   quorum.Tunables
 	// concurrency is how many QuorumControlPlanes, and how many
 	// EtcdClusters, are reconciled at once.
 	concurrency, etcdConcurrency int
@@ -221,7 +225,7 @@ func setupControlPlane(ctx context.Context, mgr ctrl.Manager, o controlPlaneOpti
 		Recorder:           mgr.GetEventRecorderFor("quorumcontrolplane-controller"),
 		KubeconfigLifetime: o.kubeconfigLifetime, Tunables: o.tunables, Failpoints: failpoints,
 		HealthCheckTimeout: o.healthCheckTimeout, Concurrency: o.concurrency, PlanOptions: o.plan,
-		EtcdClientLifetime: o.etcdClientLifetime,
+		EtcdClientLifetime: o.etcdClientLifetime, MachineCertificateLifetime: o.machineCertificateLifetime,
 	}
 	if o.plan.SkipLeaderTransfer {
 		ctrl.Log.Info("Measurement mode: QuorumControlPlanes remove etcd leaders without moving leadership first (--measure-without-leader-transfer); never run this in production")
@@ -233,7 +237,7 @@ func setupControlPlane(ctx context.Context, mgr ctrl.Manager, o controlPlaneOpti
 		Client: mgr.GetClient(), APIReader: mgr.GetAPIReader(), Etcd: pool,
 		Recorder: mgr.GetEventRecorderFor("etcdcluster-controller"),
 		Tunables: o.tunables, Failpoints: failpoints, Concurrency: o.etcdConcurrency,
-		EtcdClientLifetime: o.etcdClientLifetime,
+		EtcdClientLifetime: o.etcdClientLifetime, MachineCertificateLifetime: o.machineCertificateLifetime,
 	}
 	return ec.SetupWithManager(ctx, mgr)
 }

@@ -67,6 +67,10 @@ type Reconciler struct {
 	// itself for etcd, which renews itself after two thirds of it;
 	// certs.LeafValidity if zero.
 	EtcdClientLifetime time.Duration
+	// MachineCertificateLifetime, when set, is the validity of the leaf
+	// certificates every new machine issues itself, in place of
+	// spec.certificateValidityPeriodDays: tests see renewal in minutes.
+	MachineCertificateLifetime time.Duration
 	// Tunables are the planner's thresholds.
 	Tunables quorum.Tunables
 	// HealthCheckTimeout is how long the control plane's MachineHealthCheck
@@ -84,11 +88,12 @@ type Reconciler struct {
 	// leader transfer saves); zero in production.
 	PlanOptions quorum.Options
 
-	metrics    *engine.Metrics
-	stepper    *engine.Stepper
-	wakeups    *engine.Wakeups
-	catchUp    *engine.CatchUp
-	controller controller.Controller
+	metrics      *engine.Metrics
+	stepper      *engine.Stepper
+	agentClients engine.AgentClients
+	wakeups      *engine.Wakeups
+	catchUp      *engine.CatchUp
+	controller   controller.Controller
 }
 
 // +kubebuilder:rbac:groups=controlplane.cluster.x-k8s.io,resources=quorumcontrolplanes;quorumcontrolplanes/status;quorumcontrolplanes/finalizers,verbs=get;list;watch;update;patch

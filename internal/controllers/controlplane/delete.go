@@ -48,6 +48,7 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, cluster *clusterv1.Clu
 	if err := errors.Join(r.Etcd.Forget(klogRef(cluster)), r.Etcd.Forget(externalPoolKey(cluster))); err != nil {
 		return ctrl.Result{}, err
 	}
+	r.agentClients.Forget(klogRef(cluster))
 	setDeleting(cp, controlplanev1.DeletionCompletedReason, "")
 	controllerutil.RemoveFinalizer(cp, controlplanev1.QuorumControlPlaneFinalizer)
 	r.Recorder.Event(cp, corev1.EventTypeNormal, "Deleted", "Every control plane machine is gone")

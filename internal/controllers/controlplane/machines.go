@@ -38,7 +38,7 @@ func (r *Reconciler) createMachine(ctx context.Context, cluster *clusterv1.Clust
 		InfraTemplate:    tmpl.Spec.InfrastructureRef, InfraTemplatePath: "spec.machineTemplate.spec.infrastructureRef",
 		Version:        cp.Spec.Version,
 		FailureDomain:  d.FailureDomain,
-		Bootstrap:      bootstrapDocument(cluster, cp, secrets, obs),
+		Bootstrap:      r.bootstrapDocument(cluster, cp, secrets, obs),
 		Deletion:       machineDeletion(cp),
 		ReadinessGates: tmpl.Spec.ReadinessGates,
 		Taints:         tmpl.Spec.Taints,
@@ -53,7 +53,7 @@ func (r *Reconciler) createMachine(ctx context.Context, cluster *clusterv1.Clust
 // With stacked etcd it starts a new etcd cluster when etcd never had a
 // member, and otherwise joins through the client URLs of the started
 // members; with external etcd it runs no member.
-func bootstrapDocument(cluster *clusterv1.Cluster, cp *controlplanev1.QuorumControlPlane, secrets *clusterSecrets, obs *observation) *bootstrap.Document {
+func (r *Reconciler) bootstrapDocument(cluster *clusterv1.Cluster, cp *controlplanev1.QuorumControlPlane, secrets *clusterSecrets, obs *observation) *bootstrap.Document {
 	endpoint := cluster.Spec.ControlPlaneEndpoint
 	address := endpoint.Host + ":" + strconv.Itoa(int(endpoint.Port))
 	var doc *bootstrap.Document
@@ -70,6 +70,9 @@ func bootstrapDocument(cluster *clusterv1.Cluster, cp *controlplanev1.QuorumCont
 	doc.CertSANs = cp.Spec.APIServer.CertSANs
 	doc.ExtraArgs = extraArgs(cp)
 	doc.Tunables.CertificateValidityDays = ptr.Deref(cp.Spec.CertificateValidityPeriodDays, controlplanev1.DefaultCertificateValidityPeriodDays)
+	if r.MachineCertificateLifetime > 0 {
+		doc.Tunables.CertificateValidity = r.MachineCertificateLifetime.String()
+	}
 	return doc
 }
 
@@ -114,10 +117,15 @@ func (r *Reconciler) tendMachines(ctx context.Context, cluster *clusterv1.Cluste
 }
 
 // keepRecords sets the records the planner needs on m (see
-// engine.KeepRecords), and when its certificates expire.
+// engine.KeepRecords), and what its certificates told QCP: when they
+// expire and, where they can be renewed in place, when they are due.
 func keepRecords(m *clusterv1.Machine, obs *observation, now time.Time) {
-	if expiry, ok := obs.certExpiry[m.Name]; ok {
-		engine.SetRecord(m, clusterv1.MachineCertificatesExpiryDateAnnotation, expiry.UTC().Format(time.RFC3339))
+	if rec, ok := obs.certificates[m.Name]; ok {
+		if rec.RenewAt.IsZero() {
+			engine.SetRecord(m, clusterv1.MachineCertificatesExpiryDateAnnotation, engine.FormatTime(rec.Expiry))
+		} else {
+			rec.Set(m)
+		}
 	}
 	engine.KeepRecords(m, &obs.Observation, now)
 }

@@ -76,9 +76,9 @@ type observation struct {
 	remediation        remediationPolicy
 	remediationRefused map[string]string
 	remediationNext    map[string]remediationData
-	// certExpiry is when the certificates of machines that have no
-	// certificates-expiry record yet expire, for those that answered.
-	certExpiry map[string]time.Time
+	// certificates are what the machines QCP had not read the certificates
+	// of yet told it, for those that answered.
+	certificates map[string]engine.PKIRecords
 }
 
 // observe reads everything the planner needs: the Machines (live), the
@@ -101,10 +101,15 @@ func (r *Reconciler) observe(ctx context.Context, cluster *clusterv1.Cluster, cp
 	obs.external = secrets.external
 	if obs.external == nil {
 		obs.Etcd, obs.Members, obs.DepartedAlarms, obs.MembersErr = r.observeEtcd(ctx, cluster, secrets, obs.Machines)
+		if obs.Etcd != nil {
+			obs.AgentTLS = obs.Etcd.TLSConfig()
+		}
+	} else if obs.AgentTLS, err = r.agentClients.TLSConfig(klogRef(cluster), secrets.cas.Cluster, r.EtcdClientLifetime); err != nil {
+		return nil, err
 	}
 	obs.rollout = r.newRollout(ctx, cp)
 	obs.remediation = newRemediationPolicy(cp, r.Now())
-	obs.certExpiry = observeCertificatesExpiry(ctx, secrets, obs)
+	obs.certificates = observeCertificates(ctx, secrets, obs)
 	obs.build(cp, cluster, r.Now(), r.Tunables)
 	return obs, nil
 }

@@ -13,7 +13,6 @@ import (
 	"net"
 	"slices"
 	"strconv"
-	"strings"
 	"time"
 
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -217,7 +216,7 @@ func certificatesExpiry(m *clusterv1.Machine) (time.Time, bool) {
 // certificate its API server serves, verified against the cluster CA: the
 // agent issues all of a machine's certificates at once, with one validity.
 func readCertificatesExpiry(ctx context.Context, caPEM []byte, m *clusterv1.Machine) (time.Time, error) {
-	ip := machineIP(m)
+	ip := engine.MachineIP(m)
 	if ip == "" {
 		return time.Time{}, errors.New("the machine has no address yet")
 	}
@@ -237,16 +236,6 @@ func readCertificatesExpiry(ctx context.Context, caPEM []byte, m *clusterv1.Mach
 	return leaf.NotAfter, nil
 }
 
-// machineIP is the machine's first internal IP, or "".
-func machineIP(m *clusterv1.Machine) string {
-	u := engine.PeerURL(m)
-	if u == "" {
-		return ""
-	}
-	host, _, _ := net.SplitHostPort(strings.TrimPrefix(u, "https://"))
-	return host
-}
-
 // strategy is the planner's name for a rollout strategy.
 func strategy(s controlplanev1.RolloutStrategy) quorum.Strategy {
 	switch {
@@ -258,22 +247,32 @@ func strategy(s controlplanev1.RolloutStrategy) quorum.Strategy {
 	return quorum.SurgeFirst
 }
 
-// observeCertificatesExpiry reads the certificate expiry of each machine
-// that has no record of it yet and whose Node is Ready (its API server
-// then serves). A machine that does not answer is asked again next time.
-func observeCertificatesExpiry(ctx context.Context, secrets *clusterSecrets, obs *observation) map[string]time.Time {
-	out := map[string]time.Time{}
+// observeCertificates reads the certificates of each machine QCP has not
+// read yet and that runs: its member serves (stacked etcd), or its Node is
+// Ready (external etcd, where machines host no member). Its agent's
+// endpoint lists every leaf, which gives the renewal time the planner
+// renews it at. A machine on an external etcd whose agent predates the
+// endpoint cannot be renewed in place: its expiry is read from the
+// certificate its API server serves instead. A machine that does not
+// answer is asked again next time.
+func observeCertificates(ctx context.Context, secrets *clusterSecrets, obs *observation) map[string]engine.PKIRecords {
+	out := map[string]engine.PKIRecords{}
 	for _, m := range obs.Machines {
-		if _, ok := certificatesExpiry(m); ok || !m.DeletionTimestamp.IsZero() {
+		if ready, _ := nodeHealth(obs.node(m)); !ready || (obs.external == nil && !obs.MemberServes(m)) {
 			continue
 		}
-		if ready, _ := nodeHealth(obs.node(m)); !ready {
-			continue
+		rec, ok, err := obs.ReadPKI(ctx, m)
+		if _, known := certificatesExpiry(m); err != nil && obs.external != nil && !known {
+			if rec.Expiry, err = readCertificatesExpiry(ctx, secrets.cas.Cluster.CertPEM, m); err == nil {
+				out[m.Name] = rec
+				continue
+			}
 		}
-		if expiry, err := readCertificatesExpiry(ctx, secrets.cas.Cluster.CertPEM, m); err == nil {
-			out[m.Name] = expiry
-		} else {
-			log.FromContext(ctx).V(1).Info("Cannot read the machine's certificate expiry yet", "machine", m.Name, "err", err.Error())
+		if err != nil {
+			log.FromContext(ctx).V(1).Info("Cannot read the machine's certificates yet", "machine", m.Name, "err", err.Error())
+		}
+		if ok {
+			out[m.Name] = rec
 		}
 	}
 	return out

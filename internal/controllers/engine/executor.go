@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -35,6 +36,8 @@ var errNotHere = errors.New("not a step the executor takes")
 type Executor struct {
 	Client client.Client
 	Etcd   *etcd.Client
+	// AgentTLS reaches the machines' agents (see Observation.AgentTLS).
+	AgentTLS *tls.Config
 	// Owner is the control plane or EtcdCluster the step is for; Compact
 	// records the compaction on it.
 	Owner      client.Object
@@ -46,7 +49,7 @@ type Executor struct {
 // for steps that name none).
 func (x Executor) Execute(ctx context.Context, d quorum.Decision, machine *clusterv1.Machine) error {
 	switch d.Kind {
-	case quorum.AddHook, quorum.RemoveHook, quorum.DeleteMachine, quorum.AddLearner, quorum.Defragment, quorum.RestartMember:
+	case quorum.AddHook, quorum.RemoveHook, quorum.DeleteMachine, quorum.AddLearner, quorum.Defragment, quorum.RestartMember, quorum.RenewCertificates:
 		if machine == nil || machine.Name != d.Machine {
 			return fmt.Errorf("%s: machine %s was not observed", d.Kind, d.Machine)
 		}
@@ -89,6 +92,8 @@ func (x Executor) Execute(ctx context.Context, d quorum.Decision, machine *clust
 		return x.defragment(ctx, d, machine)
 	case quorum.RestartMember:
 		return x.restartMember(ctx, d, machine)
+	case quorum.RenewCertificates:
+		return x.renewCertificates(ctx, d, machine)
 	case quorum.Compact:
 		if err := x.Etcd.Compact(ctx, d.Revision); err != nil {
 			return err

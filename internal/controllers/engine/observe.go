@@ -2,6 +2,7 @@ package engine
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"math"
@@ -38,6 +39,11 @@ type Observation struct {
 	// (see etcd.Client.Observe).
 	DepartedAlarms []quorum.Alarm
 	State          quorum.State
+	// AgentTLS is how qcp-manager reaches the machines' agents (their
+	// certificates, on :2382): with its etcd client certificate where the
+	// machines run etcd members, with a cluster-CA one (AgentClients)
+	// where they do not; nil while neither can be had.
+	AgentTLS *tls.Config
 }
 
 // PlannerMachine is what every owner's machine tells the planner: where it

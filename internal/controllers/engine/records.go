@@ -51,6 +51,17 @@ const (
 	// was last given: by its bootstrap data, then by each restart. etcd 3.5
 	// does not report its quota; this record says it instead.
 	QuotaAnnotation = "controlplane.cluster.x-k8s.io/qcp-etcd-quota-backend-bytes"
+	// CertificatesRenewAtAnnotation is when the machine's certificates are
+	// due for renewal in place (RFC 3339): the earliest point, over the
+	// leaves its agent reported, at which a leaf has lived the renewal
+	// fraction of its life. It is written when QCP first reads the
+	// machine's certificates and after each renewal.
+	CertificatesRenewAtAnnotation = "controlplane.cluster.x-k8s.io/qcp-certificates-renew-at"
+	// RenewStartedAnnotation is written right before the machine's agent
+	// is asked to renew its certificates, and removed once it has (RFC
+	// 3339). Left behind, it counts as a renewal in flight until the
+	// planner's RenewTimeout.
+	RenewStartedAnnotation = "controlplane.cluster.x-k8s.io/qcp-certificates-renew-started"
 )
 
 // CompactedAnnotation is, on the owner (a QuorumControlPlane or an
@@ -92,6 +103,10 @@ type Records struct {
 	RestartStarted time.Time
 	// QuotaBackendBytes is QuotaAnnotation; 0 when absent or unreadable.
 	QuotaBackendBytes int64
+	// CertificatesRenewAt is zero until QCP has read the machine's
+	// certificates: the planner renews no machine it knows nothing of.
+	CertificatesRenewAt time.Time
+	RenewStarted        time.Time
 }
 
 // ReadRecords reads obj's records. A record that does not parse counts as
@@ -106,6 +121,9 @@ func ReadRecords(obj client.Object) Records {
 		DefragStarted:  ParseTime(a[DefragStartedAnnotation]),
 		Defragmented:   ParseTime(a[DefragmentedAnnotation]),
 		RestartStarted: ParseTime(a[RestartStartedAnnotation]),
+
+		CertificatesRenewAt: ParseTime(a[CertificatesRenewAtAnnotation]),
+		RenewStarted:        ParseTime(a[RenewStartedAnnotation]),
 	}
 	if q, err := strconv.ParseInt(a[QuotaAnnotation], 10, 64); err == nil && q > 0 {
 		r.QuotaBackendBytes = q
@@ -122,6 +140,7 @@ func (r Records) Apply(m *quorum.Machine) {
 	m.MemberID, m.JoinStarted, m.InfraReadyAt = r.MemberID, r.JoinStarted, r.InfraReady
 	m.DefragStartedAt, m.DefragmentedAt = r.DefragStarted, r.Defragmented
 	m.RestartStartedAt, m.QuotaBackendBytes = r.RestartStarted, r.QuotaBackendBytes
+	m.CertificatesRenewAt, m.RenewStartedAt = r.CertificatesRenewAt, r.RenewStarted
 }
 
 // SetRecord sets one record on obj; the caller writes obj.

@@ -62,6 +62,10 @@ type Reconciler struct {
 	// itself for etcd, which renews itself after two thirds of it;
 	// certs.LeafValidity if zero.
 	EtcdClientLifetime time.Duration
+	// MachineCertificateLifetime, when set, is the validity of the leaf
+	// certificates every new etcd machine issues itself, in place of
+	// certs.LeafValidity: tests see renewal in minutes.
+	MachineCertificateLifetime time.Duration
 
 	metrics *engine.Metrics
 	stepper *engine.Stepper

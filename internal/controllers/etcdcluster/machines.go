@@ -15,6 +15,7 @@ import (
 	"sigs.k8s.io/cluster-api/util"
 	"sigs.k8s.io/cluster-api/util/conditions"
 	"sigs.k8s.io/cluster-api/util/patch"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
 	etcdv1 "github.com/qcp-dev/qcp/api/etcd/v1alpha1"
@@ -105,6 +106,9 @@ func (r *Reconciler) createMachine(ctx context.Context, cluster *clusterv1.Clust
 	doc := bootstrap.NewEtcdOnly(ec.Name, ca, obs.LocalMember())
 	doc.Versions.Etcd = ec.Spec.Version
 	doc.Etcd.Local.QuotaBackendBytes = obs.State.QuotaBackendBytes
+	if r.MachineCertificateLifetime > 0 {
+		doc.Tunables.CertificateValidity = r.MachineCertificateLifetime.String()
+	}
 	if len(ec.Spec.ExtraArgs) > 0 {
 		var args []bootstrap.Arg
 		for _, a := range ec.Spec.ExtraArgs {
@@ -133,6 +137,13 @@ func (r *Reconciler) tendMachines(ctx context.Context, cluster *clusterv1.Cluste
 	changed := false
 	for i, m := range obs.Machines {
 		want := m.DeepCopy()
+		if !obs.MemberServes(m) {
+			// Its agent's endpoint answers once its member does.
+		} else if rec, ok, err := obs.ReadPKI(ctx, m); ok {
+			rec.Set(want)
+		} else if err != nil {
+			log.FromContext(ctx).V(1).Info("Cannot read the machine's certificates yet", "machine", m.Name, "err", err.Error())
+		}
 		engine.KeepRecords(want, &obs.Observation, r.Now())
 		cond := metav1.Condition{Type: clusterv1.MachineUpToDateCondition, Status: metav1.ConditionTrue, Reason: clusterv1.MachineUpToDateReason}
 		if why := obs.rollout.outdated(want); len(why) > 0 {

@@ -42,6 +42,9 @@ func (r *Reconciler) observe(ctx context.Context, cluster *clusterv1.Cluster, ec
 	}
 	obs := &observation{Observation: engine.Observation{Machines: machines}, rollout: newRollout(ec, r.Now())}
 	obs.Etcd, obs.Members, obs.DepartedAlarms, obs.MembersErr = engine.ObserveEtcd(ctx, r.Etcd, poolKey(ec), ca, r.EtcdClientLifetime, machines)
+	if obs.Etcd != nil {
+		obs.AgentTLS = obs.Etcd.TLSConfig()
+	}
 	obs.Members = r.catchUp.Observe(obs.Members, r.Now())
 	obs.build(ec, cluster, r.Now(), r.tunables(ec))
 	return obs, nil

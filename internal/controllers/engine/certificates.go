@@ -1,0 +1,180 @@
+package engine
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"sync"
+	"time"
+
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+
+	"github.com/qcp-dev/qcp/internal/agent"
+	"github.com/qcp-dev/qcp/internal/certs"
+	"github.com/qcp-dev/qcp/internal/quorum"
+)
+
+// MachineIP is machine's internal IP, or "" while it has none.
+func MachineIP(machine *clusterv1.Machine) string {
+	for _, a := range machine.Status.Addresses {
+		if a.Type == clusterv1.MachineInternalIP && net.ParseIP(a.Address) != nil {
+			return a.Address
+		}
+	}
+	return ""
+}
+
+// PKIRecords are what a machine's certificates tell the planner: when the
+// first of its leaves is due for renewal, and when the first expires.
+type PKIRecords struct {
+	RenewAt, Expiry time.Time
+}
+
+// pkiRecords reads a PKI report of the machine's agent. Each leaf the
+// agent can issue again is due once it has lived certs.RenewFraction of
+// its life (certs.RenewAt); the expiry is the earliest of all leaves,
+// renewable or not (an external etcd's pair, which only its owner
+// renews). A report without a renewable leaf is an error: the planner
+// must not take a machine it cannot read for one with nothing to renew.
+func pkiRecords(rep agent.PKIReport) (PKIRecords, error) {
+	var r PKIRecords
+	for _, c := range rep.Leaves() {
+		if due := certs.RenewAt(c.NotBefore, c.NotAfter); c.Renewable && (r.RenewAt.IsZero() || due.Before(r.RenewAt)) {
+			r.RenewAt = due
+		}
+		if r.Expiry.IsZero() || c.NotAfter.Before(r.Expiry) {
+			r.Expiry = c.NotAfter
+		}
+	}
+	if r.RenewAt.IsZero() {
+		return r, errors.New("its agent reported no certificate it can issue again")
+	}
+	return r, nil
+}
+
+// Set writes the records on machine (the caller writes it): QCP's own
+// renewal time, and CAPI's certificates-expiry annotation, which
+// rollout.before.certificatesExpiryDays reads.
+func (r PKIRecords) Set(machine *clusterv1.Machine) {
+	SetRecord(machine, CertificatesRenewAtAnnotation, FormatTime(r.RenewAt))
+	SetRecord(machine, clusterv1.MachineCertificatesExpiryDateAnnotation, FormatTime(r.Expiry))
+}
+
+// NeedsPKIRead reports whether QCP has yet to read machine's certificates:
+// it has no renewal record, or one that does not parse.
+func NeedsPKIRead(machine *clusterv1.Machine) bool {
+	return ReadRecords(machine).CertificatesRenewAt.IsZero()
+}
+
+// MemberServes reports whether machine hosts a healthy, started etcd
+// member: its agent's endpoint then answers.
+func (o *Observation) MemberServes(machine *clusterv1.Machine) bool {
+	mb, found := o.MemberOn(machine)
+	return found && mb.Healthy && mb.Started()
+}
+
+// ReadPKI reads the certificates of machine, which the caller knows to be
+// running, if QCP has not read them yet (GET /pki on its agent's
+// endpoint, with AgentTLS). ok is false when there was nothing to read, or
+// it could not be read yet (err says why; the caller tries again next
+// time).
+func (o *Observation) ReadPKI(ctx context.Context, machine *clusterv1.Machine) (rec PKIRecords, ok bool, err error) {
+	if o.AgentTLS == nil || !machine.DeletionTimestamp.IsZero() || !NeedsPKIRead(machine) {
+		return rec, false, nil
+	}
+	host := MachineIP(machine)
+	if host == "" {
+		return rec, false, errors.New("the machine has no address yet")
+	}
+	rep, err := agent.GetPKI(ctx, o.AgentTLS, host)
+	if err == nil {
+		rec, err = pkiRecords(rep)
+	}
+	return rec, err == nil, err
+}
+
+// renewCertificates records the start on the machine, has its agent issue
+// its leaves again (the agent rewrites the files and makes each component
+// use them, restarting only those that cannot reload), and records the new
+// renewal time and expiry. A failure leaves the start recorded: the
+// planner counts the renewal as in flight until its RenewTimeout, then
+// tries again.
+func (x Executor) renewCertificates(ctx context.Context, d quorum.Decision, machine *clusterv1.Machine) error {
+	host := MachineIP(machine)
+	if host == "" {
+		return fmt.Errorf("renewing the certificates of machine %s: it has no address", machine.Name)
+	}
+	if x.AgentTLS == nil {
+		return fmt.Errorf("renewing the certificates of machine %s: qcp-manager has no client certificate for its agent yet", machine.Name)
+	}
+	if err := x.annotate(ctx, machine, func(a map[string]string) { a[RenewStartedAnnotation] = FormatTime(x.Now()) }); err != nil {
+		return err
+	}
+	res, err := agent.RenewPKI(ctx, x.AgentTLS, host)
+	if err != nil {
+		return fmt.Errorf("renewing the certificates of machine %s: %w", machine.Name, err)
+	}
+	rec, err := pkiRecords(res.Report)
+	if err != nil {
+		return fmt.Errorf("machine %s renewed its certificates, but %w", machine.Name, err)
+	}
+	return x.recordOwn(ctx, machine, func(a map[string]string) {
+		delete(a, RenewStartedAnnotation)
+		a[CertificatesRenewAtAnnotation] = FormatTime(rec.RenewAt)
+		a[clusterv1.MachineCertificatesExpiryDateAnnotation] = FormatTime(rec.Expiry)
+	})
+}
+
+// AgentClients are qcp-manager's client certificates for the agents of
+// control plane machines that run no etcd member (on an external etcd or
+// an EtcdCluster): such an agent has no etcd CA to trust, and takes a
+// certificate of the cluster CA with the common name ManagerEtcdClientName
+// instead, which no Node's certificate has. Like the pooled etcd clients',
+// each renews itself after two thirds of its life, without a restart. One
+// is kept per cluster, and made again when the cluster's CA changes.
+type AgentClients struct {
+	mu      sync.Mutex
+	clients map[string]agentClient
+}
+
+type agentClient struct {
+	caPEM []byte
+	tls   *tls.Config
+}
+
+// TLSConfig returns the client configuration for the agents of the
+// cluster named key, whose CA is ca, with a certificate valid for lifetime
+// (0: certs.LeafValidity).
+func (a *AgentClients) TLSConfig(key string, ca *certs.KeyPair, lifetime time.Duration) (*tls.Config, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if c, ok := a.clients[key]; ok && bytes.Equal(c.caPEM, ca.CertPEM) {
+		return c.tls.Clone(), nil
+	}
+	roots, err := certs.CertPool(ca.CertPEM)
+	if err != nil {
+		return nil, fmt.Errorf("the cluster CA: %w", err)
+	}
+	cert, err := certs.NewRenewing(func(at time.Time) (*certs.KeyPair, error) {
+		return ca.Issue(certs.Request{CommonName: ManagerEtcdClientName, Usages: certs.ClientUsage, Validity: lifetime}, at)
+	}, nil)
+	if err != nil {
+		return nil, fmt.Errorf("issuing qcp-manager's client certificate for the machines' agents: %w", err)
+	}
+	cfg := &tls.Config{RootCAs: roots, GetClientCertificate: cert.ClientCertificate, MinVersion: tls.VersionTLS12}
+	if a.clients == nil {
+		a.clients = map[string]agentClient{}
+	}
+	a.clients[key] = agentClient{caPEM: ca.CertPEM, tls: cfg}
+	return cfg.Clone(), nil
+}
+
+// Forget drops the client of the cluster named key, once it is deleted.
+func (a *AgentClients) Forget(key string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	delete(a.clients, key)
+}
