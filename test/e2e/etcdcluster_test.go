@@ -418,7 +418,7 @@ func TestEtcdClusterUpgrade(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	probe := s.startAPIProbe()
+	probe := s.startAPIProbe(false)
 	ec, err := s.etcdCluster(ctx)
 	if err != nil {
 		t.Fatal(err)

@@ -217,7 +217,7 @@ func (s *scenario) checkOnDelete() {
 	}
 
 	// Two machines deleted at once: replaced one at a time.
-	probe := s.startAPIProbe()
+	probe := s.startAPIProbe(false)
 	for _, m := range before[:2] {
 		if err := s.c.Delete(ctx, &m); err != nil {
 			t.Fatal(err)
@@ -435,14 +435,16 @@ func (s *scenario) checkLeaderMovedBeforeRemoval() {
 // apiProbe reads the default Namespace from the workload API server,
 // through the control plane endpoint, every 200 ms and records the longest
 // time without an answer: a real request, not /readyz, which is the load
-// balancer's routing signal.
+// balancer's routing signal. With reread, each request uses the
+// <cluster>-kubeconfig Secret as it is then, as a client that takes the
+// re-issued kubeconfig does.
 type apiProbe struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 	worst  time.Duration
 }
 
-func (s *scenario) startAPIProbe() *apiProbe {
+func (s *scenario) startAPIProbe(reread bool) *apiProbe {
 	ctx, cancel := context.WithCancel(context.Background())
 	p := &apiProbe{cancel: cancel, done: make(chan struct{})}
 	cs, err := s.workload(ctx)
@@ -454,6 +456,11 @@ func (s *scenario) startAPIProbe() *apiProbe {
 		tick := time.NewTicker(200 * time.Millisecond)
 		defer tick.Stop()
 		for {
+			if reread {
+				if fresh, err := s.workload(ctx); err == nil {
+					cs = fresh
+				}
+			}
 			if _, err := cs.CoreV1().Namespaces().Get(ctx, metav1.NamespaceDefault, metav1.GetOptions{}); err == nil {
 				worst, last = max(worst, time.Since(last)), time.Now()
 			}
