@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"errors"
 	"io/fs"
 	"log/slog"
 	"net"
@@ -227,7 +228,7 @@ func TestPKIEndpoint(t *testing.T) {
 		if _, err := GetPKI(ctx, cfg, addr); err == nil || !strings.Contains(err.Error(), "tls: ") {
 			t.Errorf("%s: GET answered %v; want a TLS error", name, err)
 		}
-		if _, err := RenewPKI(ctx, cfg, addr); err == nil || !strings.Contains(err.Error(), "tls: ") {
+		if _, err := RenewPKI(ctx, cfg, addr, PKIRenewRequest{}); err == nil || !strings.Contains(err.Error(), "tls: ") {
 			t.Errorf("%s: POST answered %v; want a TLS error", name, err)
 		}
 	}
@@ -236,13 +237,13 @@ func TestPKIEndpoint(t *testing.T) {
 	}
 
 	a.renewing.Lock()
-	_, err = RenewPKI(ctx, manager, addr)
+	_, err = RenewPKI(ctx, manager, addr, PKIRenewRequest{})
 	a.renewing.Unlock()
 	if err == nil || !strings.Contains(err.Error(), "409 Conflict: a renewal of this machine's certificates is already running") {
 		t.Errorf("POST during a renewal: %v; want 409", err)
 	}
 
-	res, err := RenewPKI(ctx, manager, addr)
+	res, err := RenewPKI(ctx, manager, addr, PKIRenewRequest{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -350,7 +351,7 @@ func TestNodeClientsPresentRenewedIdentity(t *testing.T) {
 	defer cancel()
 	for round, want := range []func() *certs.KeyPair{p.Node, p.Node} {
 		if round == 1 {
-			if _, err := a.renewPKI(ctx, time.Now()); err != nil {
+			if _, err := a.renewPKI(ctx, time.Now(), PKIRenewRequest{}); err != nil {
 				t.Fatal(err)
 			}
 		}
@@ -370,4 +371,71 @@ func pool(t *testing.T, caPEM []byte) *x509.CertPool {
 		t.Fatal(err)
 	}
 	return p
+}
+
+// TestDeliverEtcdClient puts a renewed external etcd client pair in place
+// on a machine of an external etcd, and refuses, writing nothing, a pair
+// that does not chain to the machine's etcd CA, a key of another pair, an
+// expired certificate, and any pair on a machine that issues its own.
+func TestDeliverEtcdClient(t *testing.T) {
+	now := time.Now()
+	cas, _ := certs.NewClusterCAs(now)
+	client, err := certs.IssueEtcdClient(cas.Etcd, "kube-apiserver-etcd-client", now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := bootstrap.NewExternal("c1", cas, "", bootstrap.ExternalEtcd{Endpoints: []string{"https://127.0.0.1:2379"},
+		CACert: string(cas.Etcd.CertPEM), ClientCert: string(client.CertPEM), ClientKey: string(client.KeyPEM)})
+	p, err := IssuePKI(t.TempDir(), Machine{Name: "m1", Address: "127.0.208.1"}, doc, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	other, _ := certs.NewClusterCAs(now)
+	foreign, _ := certs.IssueEtcdClient(other.Etcd, "kube-apiserver-etcd-client", now)
+	second, _ := certs.IssueEtcdClient(cas.Etcd, "kube-apiserver-etcd-client", now)
+	expired, _ := cas.Etcd.Issue(certs.Request{CommonName: "kube-apiserver-etcd-client", Usages: certs.ClientUsage, Validity: time.Minute}, now.Add(-time.Hour))
+	for _, tc := range []struct {
+		name      string
+		cert, key []byte
+		want      string
+	}{
+		{"another CA", foreign.CertPEM, foreign.KeyPEM, "not a client certificate of the etcd CA this machine trusts"},
+		{"mismatched key", second.CertPEM, client.KeyPEM, "etcdClientCert and etcdClientKey"},
+		{"expired", expired.CertPEM, expired.KeyPEM, "valid now"},
+	} {
+		_, err := p.deliverEtcdClient(PKIRenewRequest{EtcdClientCert: tc.cert, EtcdClientKey: tc.key}, now)
+		if !errors.As(err, new(invalidMaterial)) || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: got %v; want a refusal naming %q", tc.name, err, tc.want)
+		}
+		if !bytes.Equal(mustRead(t, p.File("apiserver-etcd-client.crt")), client.CertPEM) || !bytes.Equal(mustRead(t, p.File("apiserver-etcd-client.key")), client.KeyPEM) {
+			t.Fatalf("%s: the refused pair was written", tc.name)
+		}
+	}
+	// The EtcdCluster's renewal: the same key, a new certificate.
+	renewed, err := cas.Etcd.Reissue(client, now.Add(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, pair := range []*certs.KeyPair{renewed, second} {
+		changed, err := p.deliverEtcdClient(PKIRenewRequest{EtcdClientCert: pair.CertPEM, EtcdClientKey: pair.KeyPEM}, now.Add(time.Minute))
+		if err != nil || !changed {
+			t.Fatalf("delivering a pair of the machine's etcd CA: changed %v, %v", changed, err)
+		}
+		if !bytes.Equal(mustRead(t, p.File("apiserver-etcd-client.crt")), pair.CertPEM) || !bytes.Equal(mustRead(t, p.File("apiserver-etcd-client.key")), pair.KeyPEM) {
+			t.Error("the delivered pair is not in the files")
+		}
+		if p.EtcdClient().Cert.SerialNumber.Cmp(pair.Cert.SerialNumber) != 0 {
+			t.Error("the agent's own etcd client is still the old pair")
+		}
+	}
+	if changed, err := p.deliverEtcdClient(PKIRenewRequest{EtcdClientCert: second.CertPEM, EtcdClientKey: second.KeyPEM}, now); err != nil || changed {
+		t.Errorf("delivering the pair the machine holds: changed %v, %v; want nothing to do", changed, err)
+	}
+	stacked, err := IssuePKI(t.TempDir(), Machine{Name: "m2", Address: "127.0.208.2"}, bootstrap.NewStacked("c1", cas, "", bootstrap.NewMember()), now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := stacked.deliverEtcdClient(PKIRenewRequest{EtcdClientCert: second.CertPEM, EtcdClientKey: second.KeyPEM}, now); !errors.As(err, new(invalidMaterial)) {
+		t.Errorf("a stacked machine took an etcd client pair: %v", err)
+	}
 }

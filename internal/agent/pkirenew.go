@@ -3,6 +3,7 @@ package agent
 import (
 	"context"
 	"crypto/tls"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -85,15 +86,24 @@ func (a *machineCtx) getPKI(w http.ResponseWriter, _ *http.Request) {
 // same certificates. The renewal runs under ctx, the endpoint's, not the
 // request's: a caller that gives up does not leave the restarts half done.
 func (a *machineCtx) postRenewPKI(ctx context.Context, w http.ResponseWriter, r *http.Request) {
+	req, err := decodeRenewRequest(http.MaxBytesReader(w, r.Body, maxRenewBody))
+	if err != nil {
+		http.Error(w, "invalid renewal: "+err.Error(), http.StatusBadRequest)
+		return
+	}
 	if !a.renewing.TryLock() {
 		http.Error(w, "a renewal of this machine's certificates is already running: retry once it has finished", http.StatusConflict)
 		return
 	}
 	defer a.renewing.Unlock()
-	res, err := a.renewPKI(ctx, time.Now())
+	res, err := a.renewPKI(ctx, time.Now(), req)
 	if err != nil {
 		a.log.Error("certificate renewal failed", "err", err, "renewed", res.Renewed, "restarted", res.Restarted, "client", clientName(r))
-		http.Error(w, err.Error(), http.StatusInternalServerError)
+		status := http.StatusInternalServerError
+		if errors.As(err, new(invalidMaterial)) {
+			status = http.StatusBadRequest
+		}
+		http.Error(w, err.Error(), status)
 		return
 	}
 	earliest, _ := res.Report.EarliestLeaf()
@@ -106,14 +116,21 @@ func (a *machineCtx) postRenewPKI(ctx context.Context, w http.ResponseWriter, r 
 // endpoint's own serving pair and the node agent's clients at once, and
 // the components that cannot reload one at a time, each healthy again
 // before the next restarts. Hold a.renewing.
-func (a *machineCtx) renewPKI(ctx context.Context, now time.Time) (PKIRenewResult, error) {
+func (a *machineCtx) renewPKI(ctx context.Context, now time.Time, req PKIRenewRequest) (PKIRenewResult, error) {
 	res := PKIRenewResult{Restarted: []string{}}
 	var err error
 	fail := func(what string, err error) (PKIRenewResult, error) {
 		return res, fmt.Errorf("machine %s/%s: renewing certificates: %s: %w", a.machine.Namespace, a.machine.Name, what, err)
 	}
+	delivered, err := a.pki.deliverEtcdClient(req, now)
+	if err != nil {
+		return fail("the etcd client pair sent", err)
+	}
 	if res.Renewed, err = a.pki.Renew(now); err != nil {
 		return fail("issuing", err)
+	}
+	if delivered {
+		res.Renewed = append(res.Renewed, "apiserver-etcd-client.crt")
 	}
 	if a.adminPair != nil {
 		if err := a.adminPair.load(); err != nil {
@@ -174,12 +191,16 @@ func GetPKI(ctx context.Context, tlsCfg *tls.Config, host string) (PKIReport, er
 	return r, err
 }
 
-// RenewPKI renews the certificates the agent of the machine at host issued
-// and returns once every component uses them, restarting the ones that
-// cannot reload them. tlsCfg trusts the etcd CA and holds a client
-// certificate of it.
-func RenewPKI(ctx context.Context, tlsCfg *tls.Config, host string) (PKIRenewResult, error) {
+// RenewPKI renews the certificates the agent of the machine at host issued,
+// puts in place the material req carries, and returns once every component
+// uses them, restarting the ones that cannot reload them. tlsCfg trusts the
+// etcd CA and holds a client certificate of it.
+func RenewPKI(ctx context.Context, tlsCfg *tls.Config, host string, req PKIRenewRequest) (PKIRenewResult, error) {
 	var res PKIRenewResult
-	err := callAgent(ctx, tlsCfg, host, http.MethodPost, PKIRenewPath, pkiRenewTimeout, nil, &res)
+	body, err := json.Marshal(req)
+	if err != nil {
+		return res, err
+	}
+	err = callAgent(ctx, tlsCfg, host, http.MethodPost, PKIRenewPath, pkiRenewTimeout, body, &res)
 	return res, err
 }

@@ -68,6 +68,14 @@ func NewCA(commonName string, now time.Time) (*KeyPair, error) {
 	return sign(tmpl, tmpl, key, key)
 }
 
+// WithLeafValidity is a copy of ca whose leaves are valid for validity
+// when a request names none; 0 keeps ca's.
+func (ca *KeyPair) WithLeafValidity(validity time.Duration) *KeyPair {
+	c := *ca
+	c.LeafValidity = cmp.Or(validity, ca.LeafValidity)
+	return &c
+}
+
 // Issue signs a leaf certificate with this CA.
 func (ca *KeyPair) Issue(req Request, now time.Time) (*KeyPair, error) {
 	if req.CommonName == "" {

@@ -86,7 +86,7 @@ func TestPKIRenewal(t *testing.T) {
 		return nil
 	})
 	renewAt := time.Now()
-	res, err := agent.RenewPKI(ctx, manager, m1.Address)
+	res, err := agent.RenewPKI(ctx, manager, m1.Address, agent.PKIRenewRequest{})
 	answered := time.Now()
 	if err != nil {
 		c.dumpLogs()

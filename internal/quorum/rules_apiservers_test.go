@@ -391,7 +391,7 @@ func TestAPIServersOnlyDecisions(t *testing.T) {
 			apiWorld{desired: 2, machines: []apiMachine{serving("a", "", 0), serving("b", "", 1)}}, Wait, "", "nothing to do: 2 serving, up-to-date machines as desired"},
 		{"a serving machine whose certificates are due is renewed in place, the earliest first",
 			apiWorld{desired: 2, machines: []apiMachine{{name: "a", stage: 2, certsDue: true, age: 1}, {name: "b", stage: 2, certsDue: true, age: 2}}},
-			RenewCertificates, "b", "machine b: its earliest certificate passed two thirds of its life at 2025-12-31T23:58:00Z; renewing in place, no machine is replaced"},
+			RenewCertificates, "b", "machine b: its certificates are due for renewal since 2025-12-31T23:58:00Z; renewing in place, no machine is replaced"},
 		{"one at a time",
 			apiWorld{desired: 2, machines: []apiMachine{{name: "a", stage: 2, certsDue: true}, {name: "b", stage: 2, renewing: true, age: 1}}},
 			Wait, "", "waiting for machine b to finish renewing its certificates (started 1m0s ago; counted as finished after 5m0s) before renewing the certificates of machine a"},

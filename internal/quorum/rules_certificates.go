@@ -39,7 +39,7 @@ func (p planner) renewCertificates() (Decision, bool) {
 		return d, true
 	}
 	d := Decision{Kind: RenewCertificates, Machine: mc.Name,
-		Reason: fmt.Sprintf("machine %s: its earliest certificate passed two thirds of its life at %s; renewing in place, no machine is replaced",
+		Reason: fmt.Sprintf("machine %s: its certificates are due for renewal since %s; renewing in place, no machine is replaced",
 			mc.Name, mc.CertificatesRenewAt.UTC().Format(time.RFC3339))}
 	if m, ok := p.memberOn(mc.Name); ok {
 		d.MemberID = m.ID

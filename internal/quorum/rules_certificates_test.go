@@ -28,7 +28,7 @@ func TestRenewCertificates(t *testing.T) {
 	runPlanCases(t, []planCase{
 		{"a machine whose certificates are due is renewed in place",
 			edit(cluster(3, 3), func(s *State) { certsDue(s, 1, time.Hour) }),
-			RenewCertificates, "m-02", "machine m-02: its earliest certificate passed two thirds of its life at 2025-12-31T23:12:00Z; renewing in place, no machine is replaced"},
+			RenewCertificates, "m-02", "machine m-02: its certificates are due for renewal since 2025-12-31T23:12:00Z; renewing in place, no machine is replaced"},
 		{"certificates not due yet: nothing to do",
 			edit(cluster(3, 3), func(s *State) { s.Machines[1].CertificatesRenewAt = s.Now.Add(time.Minute) }),
 			Wait, "", "nothing to do"},
@@ -38,7 +38,7 @@ func TestRenewCertificates(t *testing.T) {
 			edit(cluster(3, 3), func(s *State) { s.Machines[1].CertificatesRenewAt = time.Time{} }), Wait, "", "nothing to do"},
 		{"the earliest first",
 			edit(cluster(3, 3), func(s *State) { certsDue(s, 1, time.Hour); certsDue(s, 2, 2*time.Hour) }),
-			RenewCertificates, "m-03", "machine m-03: its earliest certificate passed two thirds of its life at 2025-12-31T22:12:00Z"},
+			RenewCertificates, "m-03", "machine m-03: its certificates are due for renewal since 2025-12-31T22:12:00Z"},
 		{"the leader is renewed in place, its leadership stays: etcd is not disrupted",
 			edit(cluster(3, 3), func(s *State) { certsDue(s, 0, time.Hour) }), RenewCertificates, "m-01", "renewing in place"},
 		{"a single-machine control plane is renewed: a renewal needs no fault tolerance",

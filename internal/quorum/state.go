@@ -411,12 +411,14 @@ type Machine struct {
 	// unknown. The member's own report (Member.DBSizeQuota) wins where
 	// there is one; etcd 3.5 has none.
 	QuotaBackendBytes int64
-	// CertificatesRenewAt is when the machine's earliest-expiring leaf
-	// certificate passes its renewal point (notBefore + 2/3 of its life),
-	// computed by the caller from what the machine's agent reports; zero
-	// when unknown, and a machine is never renewed on an unknown time.
-	// From then on QCP renews its certificates in place
-	// (RenewCertificates), one machine at a time.
+	// CertificatesRenewAt is when the machine's certificates are due for
+	// renewal, computed by the caller from what the machine's agent
+	// reports: the first point at which a leaf it issued has lived two
+	// thirds of its life, or earlier when the machine must be given new
+	// material (an etcd client pair renewed by its owner). Zero when
+	// unknown, and a machine is never renewed on an unknown time. From
+	// then on QCP renews its certificates in place (RenewCertificates),
+	// one machine at a time.
 	CertificatesRenewAt time.Time
 	// RenewStartedAt is when QCP asked the machine's agent to renew its
 	// certificates (RenewCertificates) and has not yet recorded the end;

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/record"
@@ -16,6 +17,7 @@ import (
 	"sigs.k8s.io/cluster-api/util"
 	"sigs.k8s.io/cluster-api/util/patch"
 	"sigs.k8s.io/cluster-api/util/paused"
+	"sigs.k8s.io/cluster-api/util/secret"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
@@ -108,9 +110,9 @@ type Reconciler struct {
 // +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=clusterclasses,verbs=get;list;watch
 
 // SetupWithManager registers the controller. Machines and process machines
-// wake the control plane that owns them, the Cluster, its health checks and
-// its ClusterClass its control plane, and the ClusterCache reports the
-// workload cluster connecting.
+// wake the control plane that owns them, the Cluster, its health checks,
+// its ClusterClass and its API servers' etcd client Secret its control
+// plane, and the ClusterCache reports the workload cluster connecting.
 func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) error {
 	r.init()
 	c, err := ctrl.NewControllerManagedBy(mgr).
@@ -122,6 +124,7 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) err
 		Watches(&etcdv1.EtcdCluster{}, handler.EnqueueRequestsFromMapFunc(r.wakeups.Mapped(r.etcdClusterToControlPlanes))).
 		Watches(&clusterv1.MachineHealthCheck{}, handler.EnqueueRequestsFromMapFunc(r.wakeups.Mapped(r.healthCheckToControlPlane))).
 		Watches(&clusterv1.ClusterClass{}, handler.EnqueueRequestsFromMapFunc(r.wakeups.Mapped(r.classToControlPlanes))).
+		Watches(&corev1.Secret{}, handler.EnqueueRequestsFromMapFunc(r.wakeups.Mapped(r.secretToControlPlane))).
 		WatchesRawSource(r.ClusterCache.GetClusterSource("quorumcontrolplane", r.wakeups.Mapped(r.clusterToControlPlane))).
 		Build(r)
 	if err != nil {
@@ -332,6 +335,22 @@ func (r *Reconciler) healthCheckToControlPlane(ctx context.Context, o client.Obj
 	}
 	cluster := &clusterv1.Cluster{}
 	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: mhc.Namespace, Name: mhc.Spec.ClusterName}, cluster); err != nil {
+		return nil
+	}
+	return r.clusterToControlPlane(ctx, cluster)
+}
+
+// secretToControlPlane maps a cluster's <cluster>-apiserver-etcd-client
+// Secret to its control plane: when its pair is renewed (by an
+// EtcdCluster) or replaced (by the owner of an external etcd), the
+// control plane delivers it to its machines. Other Secrets map to none.
+func (r *Reconciler) secretToControlPlane(ctx context.Context, o client.Object) []ctrl.Request {
+	name := o.GetLabels()[clusterv1.ClusterNameLabel]
+	if name == "" || o.GetName() != secret.Name(name, secret.APIServerEtcdClient) {
+		return nil
+	}
+	cluster := &clusterv1.Cluster{}
+	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: o.GetNamespace(), Name: name}, cluster); err != nil {
 		return nil
 	}
 	return r.clusterToControlPlane(ctx, cluster)

@@ -124,7 +124,7 @@ func keepRecords(m *clusterv1.Machine, obs *observation, now time.Time) {
 		if rec.RenewAt.IsZero() {
 			engine.SetRecord(m, clusterv1.MachineCertificatesExpiryDateAnnotation, engine.FormatTime(rec.Expiry))
 		} else {
-			rec.Set(m)
+			rec.Set(m, obs.external != nil)
 		}
 	}
 	engine.KeepRecords(m, &obs.Observation, now)
@@ -203,6 +203,9 @@ func machineRecords(cp *controlplanev1.QuorumControlPlane, obs *observation) map
 	a := map[string]string{MachineSpecAnnotation: obs.rollout.want.annotation()}
 	if cp.Spec.Etcd.IsStacked() {
 		a[engine.QuotaAnnotation] = strconv.FormatInt(obs.State.QuotaBackendBytes, 10)
+	}
+	if pair := obs.EtcdClientPair; pair != nil {
+		a[engine.EtcdClientSerialAnnotation] = engine.SerialOf(pair)
 	}
 	if d, ok := readRemediation(cp, RemediationInProgressAnnotation); ok {
 		a[RemediationForAnnotation] = d.String()

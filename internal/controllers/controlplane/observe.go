@@ -14,6 +14,7 @@ import (
 
 	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
 	"github.com/qcp-dev/qcp/internal/agent"
+	"github.com/qcp-dev/qcp/internal/certs"
 	"github.com/qcp-dev/qcp/internal/controllers/engine"
 	"github.com/qcp-dev/qcp/internal/etcd"
 	"github.com/qcp-dev/qcp/internal/quorum"
@@ -104,8 +105,13 @@ func (r *Reconciler) observe(ctx context.Context, cluster *clusterv1.Cluster, cp
 		if obs.Etcd != nil {
 			obs.AgentTLS = obs.Etcd.TLSConfig()
 		}
-	} else if obs.AgentTLS, err = r.agentClients.TLSConfig(klogRef(cluster), secrets.cas.Cluster, r.EtcdClientLifetime); err != nil {
-		return nil, err
+	} else {
+		if obs.AgentTLS, err = r.agentClients.TLSConfig(klogRef(cluster), secrets.cas.Cluster, r.EtcdClientLifetime); err != nil {
+			return nil, err
+		}
+		if obs.EtcdClientPair, err = certs.ParseKeyPair(obs.external.clientCert, obs.external.clientKey); err != nil {
+			return nil, fmt.Errorf("the API servers' etcd client pair: %w", err)
+		}
 	}
 	obs.rollout = r.newRollout(ctx, cp)
 	obs.remediation = newRemediationPolicy(cp, r.Now())
@@ -190,6 +196,11 @@ func (o *observation) build(cp *controlplanev1.QuorumControlPlane, cluster *clus
 			} else {
 				o.remediationNext[m.Name] = next
 			}
+		}
+		if pair := o.EtcdClientPair; pair != nil && engine.EtcdClientStale(m, pair) && !pm.CertificatesRenewAt.IsZero() && pair.Cert.NotBefore.Before(pm.CertificatesRenewAt) {
+			// Due since the pair it must hold was issued: the renewal
+			// delivers it.
+			pm.CertificatesRenewAt = pair.Cert.NotBefore
 		}
 		s.Machines = append(s.Machines, pm)
 	}

@@ -31,7 +31,17 @@ func MachineIP(machine *clusterv1.Machine) string {
 // first of its leaves is due for renewal, and when the first expires.
 type PKIRecords struct {
 	RenewAt, Expiry time.Time
+	// EtcdClientSerial is the serial number (hexadecimal) of the API
+	// server's etcd client certificate, "" if the machine has none.
+	EtcdClientSerial string
 }
+
+// etcdClientFile is the API server's etcd client certificate, as the
+// agent's report names it.
+const etcdClientFile = "apiserver-etcd-client.crt"
+
+// SerialOf is how the records write a certificate's serial number.
+func SerialOf(kp *certs.KeyPair) string { return kp.Cert.SerialNumber.Text(16) }
 
 // pkiRecords reads a PKI report of the machine's agent. Each leaf the
 // agent can issue again is due once it has lived certs.RenewFraction of
@@ -52,15 +62,36 @@ func pkiRecords(rep agent.PKIReport) (PKIRecords, error) {
 	if r.RenewAt.IsZero() {
 		return r, errors.New("its agent reported no certificate it can issue again")
 	}
+	if c, ok := rep.Find(etcdClientFile); ok {
+		r.EtcdClientSerial = c.SerialNumber
+	}
 	return r, nil
 }
 
 // Set writes the records on machine (the caller writes it): QCP's own
-// renewal time, and CAPI's certificates-expiry annotation, which
-// rollout.before.certificatesExpiryDays reads.
-func (r PKIRecords) Set(machine *clusterv1.Machine) {
-	SetRecord(machine, CertificatesRenewAtAnnotation, FormatTime(r.RenewAt))
-	SetRecord(machine, clusterv1.MachineCertificatesExpiryDateAnnotation, FormatTime(r.Expiry))
+// renewal time, CAPI's certificates-expiry annotation, which
+// rollout.before.certificatesExpiryDays reads, and with delivered the
+// serial of the etcd client pair the machine holds.
+func (r PKIRecords) Set(machine *clusterv1.Machine, delivered bool) {
+	if machine.Annotations == nil {
+		machine.Annotations = map[string]string{}
+	}
+	r.set(machine.Annotations, delivered)
+}
+
+func (r PKIRecords) set(a map[string]string, delivered bool) {
+	a[CertificatesRenewAtAnnotation] = FormatTime(r.RenewAt)
+	a[clusterv1.MachineCertificatesExpiryDateAnnotation] = FormatTime(r.Expiry)
+	if delivered && r.EtcdClientSerial != "" {
+		a[EtcdClientSerialAnnotation] = r.EtcdClientSerial
+	}
+}
+
+// EtcdClientStale reports whether machine holds another etcd client pair
+// than want, by its record; a machine without a record is not known to.
+func EtcdClientStale(machine *clusterv1.Machine, want *certs.KeyPair) bool {
+	held, ok := machine.Annotations[EtcdClientSerialAnnotation]
+	return want != nil && ok && held != SerialOf(want)
 }
 
 // NeedsPKIRead reports whether QCP has yet to read machine's certificates:
@@ -113,7 +144,11 @@ func (x Executor) renewCertificates(ctx context.Context, d quorum.Decision, mach
 	if err := x.annotate(ctx, machine, func(a map[string]string) { a[RenewStartedAnnotation] = FormatTime(x.Now()) }); err != nil {
 		return err
 	}
-	res, err := agent.RenewPKI(ctx, x.AgentTLS, host)
+	var req agent.PKIRenewRequest
+	if pair := x.EtcdClientPair; pair != nil {
+		req.EtcdClientCert, req.EtcdClientKey = pair.CertPEM, pair.KeyPEM
+	}
+	res, err := agent.RenewPKI(ctx, x.AgentTLS, host, req)
 	if err != nil {
 		return fmt.Errorf("renewing the certificates of machine %s: %w", machine.Name, err)
 	}
@@ -123,8 +158,7 @@ func (x Executor) renewCertificates(ctx context.Context, d quorum.Decision, mach
 	}
 	return x.recordOwn(ctx, machine, func(a map[string]string) {
 		delete(a, RenewStartedAnnotation)
-		a[CertificatesRenewAtAnnotation] = FormatTime(rec.RenewAt)
-		a[clusterv1.MachineCertificatesExpiryDateAnnotation] = FormatTime(rec.Expiry)
+		rec.set(a, x.EtcdClientPair != nil)
 	})
 }
 

@@ -18,6 +18,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client/apiutil"
 
 	"github.com/qcp-dev/qcp/internal/agent"
+	"github.com/qcp-dev/qcp/internal/certs"
 	"github.com/qcp-dev/qcp/internal/etcd"
 	"github.com/qcp-dev/qcp/internal/quorum"
 )
@@ -36,8 +37,10 @@ var errNotHere = errors.New("not a step the executor takes")
 type Executor struct {
 	Client client.Client
 	Etcd   *etcd.Client
-	// AgentTLS reaches the machines' agents (see Observation.AgentTLS).
-	AgentTLS *tls.Config
+	// AgentTLS reaches the machines' agents, and EtcdClientPair is what
+	// a renewal delivers to them (see Observation).
+	AgentTLS       *tls.Config
+	EtcdClientPair *certs.KeyPair
 	// Owner is the control plane or EtcdCluster the step is for; Compact
 	// records the compaction on it.
 	Owner      client.Object

@@ -44,6 +44,11 @@ type Observation struct {
 	// machines run etcd members, with a cluster-CA one (AgentClients)
 	// where they do not; nil while neither can be had.
 	AgentTLS *tls.Config
+	// EtcdClientPair is the etcd client pair the machines' API servers
+	// must hold, which a renewal delivers: the <cluster>-apiserver-etcd-client
+	// Secret's on an external etcd or an EtcdCluster; nil where the machines
+	// issue their own.
+	EtcdClientPair *certs.KeyPair
 }
 
 // PlannerMachine is what every owner's machine tells the planner: where it

@@ -62,6 +62,13 @@ const (
 	// 3339). Left behind, it counts as a renewal in flight until the
 	// planner's RenewTimeout.
 	RenewStartedAnnotation = "controlplane.cluster.x-k8s.io/qcp-certificates-renew-started"
+	// EtcdClientSerialAnnotation is, on a control plane machine of an
+	// external etcd or an EtcdCluster, the serial number (hexadecimal) of
+	// the API server's etcd client certificate the machine holds: the one
+	// its bootstrap data carried, then the one each renewal delivered. A
+	// machine whose serial is not the <cluster>-apiserver-etcd-client
+	// Secret's is due for renewal, which delivers the Secret's pair.
+	EtcdClientSerialAnnotation = "controlplane.cluster.x-k8s.io/qcp-etcd-client-serial"
 )
 
 // CompactedAnnotation is, on the owner (a QuorumControlPlane or an

@@ -140,7 +140,7 @@ func (r *Reconciler) tendMachines(ctx context.Context, cluster *clusterv1.Cluste
 		if !obs.MemberServes(m) {
 			// Its agent's endpoint answers once its member does.
 		} else if rec, ok, err := obs.ReadPKI(ctx, m); ok {
-			rec.Set(want)
+			rec.Set(want, false)
 		} else if err != nil {
 			log.FromContext(ctx).V(1).Info("Cannot read the machine's certificates yet", "machine", m.Name, "err", err.Error())
 		}

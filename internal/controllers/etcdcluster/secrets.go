@@ -3,6 +3,7 @@ package etcdcluster
 import (
 	"context"
 	"fmt"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -11,6 +12,7 @@ import (
 	"sigs.k8s.io/cluster-api/util/conditions"
 	"sigs.k8s.io/cluster-api/util/secret"
 	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	etcdv1 "github.com/qcp-dev/qcp/api/etcd/v1alpha1"
 	"github.com/qcp-dev/qcp/internal/certs"
@@ -50,11 +52,22 @@ func (r *Reconciler) ensureSecrets(ctx context.Context, cluster *clusterv1.Clust
 	return ca, nil
 }
 
-// ensureAPIServerClient creates <cluster>-apiserver-etcd-client, issued
-// from ca, if it is missing; one that exists is kept.
+// ensureAPIServerClient keeps <cluster>-apiserver-etcd-client: it creates
+// it, issued from ca, if it is missing, and once two thirds of its
+// certificate's life have passed (certs.RenewAt) it signs the certificate
+// again for the same key, so that an API server that reads the key and the
+// certificate at separate moments never pairs them wrongly. The control
+// planes on the EtcdCluster deliver the renewed pair to their machines.
+// A Secret the EtcdCluster does not own, or whose certificate ca did not
+// sign, is kept as it is: it is its owner's to renew.
 func (r *Reconciler) ensureAPIServerClient(ctx context.Context, cluster *clusterv1.Cluster, ca *certs.KeyPair, owner metav1.OwnerReference) error {
 	name := secret.Name(cluster.Name, secret.APIServerEtcdClient)
-	err := r.Client.Get(ctx, client.ObjectKey{Namespace: cluster.Namespace, Name: name}, &corev1.Secret{})
+	ca = ca.WithLeafValidity(r.MachineCertificateLifetime)
+	var s corev1.Secret
+	err := r.Client.Get(ctx, client.ObjectKey{Namespace: cluster.Namespace, Name: name}, &s)
+	if err == nil {
+		return r.renewAPIServerClient(ctx, &s, ca, owner)
+	}
 	if !apierrors.IsNotFound(err) {
 		return err
 	}
@@ -62,16 +75,43 @@ func (r *Reconciler) ensureAPIServerClient(ctx context.Context, cluster *cluster
 	if err != nil {
 		return err
 	}
-	s := &corev1.Secret{
+	s = corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: cluster.Namespace,
 			Labels:          map[string]string{clusterv1.ClusterNameLabel: cluster.Name},
 			OwnerReferences: []metav1.OwnerReference{owner}},
 		Type: clusterv1.ClusterSecretType,
 		Data: map[string][]byte{secret.TLSCrtDataName: pair.CertPEM, secret.TLSKeyDataName: pair.KeyPEM},
 	}
-	if err := r.Client.Create(ctx, s); err != nil && !apierrors.IsAlreadyExists(err) {
+	if err := r.Client.Create(ctx, &s); err != nil && !apierrors.IsAlreadyExists(err) {
 		return fmt.Errorf("creating %s: %w", name, err)
 	}
+	return nil
+}
+
+// renewAPIServerClient signs the pair in s again once it is due, if the
+// EtcdCluster owns s and ca signed it.
+func (r *Reconciler) renewAPIServerClient(ctx context.Context, s *corev1.Secret, ca *certs.KeyPair, owner metav1.OwnerReference) error {
+	ref := metav1.GetControllerOf(s)
+	if ref == nil || ref.UID != owner.UID {
+		return nil
+	}
+	pair, err := certs.ParseKeyPair(s.Data[secret.TLSCrtDataName], s.Data[secret.TLSKeyDataName])
+	if err != nil {
+		return fmt.Errorf("reading %s: %w", s.Name, err)
+	}
+	if r.Now().Before(certs.RenewAt(pair.Cert.NotBefore, pair.Cert.NotAfter)) {
+		return nil
+	}
+	renewed, err := ca.Reissue(pair, r.Now())
+	if err != nil {
+		return fmt.Errorf("renewing %s: %w", s.Name, err)
+	}
+	s.Data[secret.TLSCrtDataName] = renewed.CertPEM
+	if err := r.Client.Update(ctx, s); err != nil {
+		return fmt.Errorf("renewing %s: %w", s.Name, err)
+	}
+	log.FromContext(ctx).Info("Renewed the API servers' etcd client certificate", "secret", s.Name,
+		"notAfter", renewed.Cert.NotAfter.UTC().Format(time.RFC3339), "previousNotAfter", pair.Cert.NotAfter.UTC().Format(time.RFC3339))
 	return nil
 }
 
