@@ -136,44 +136,81 @@ func (a *machineCtx) loadEtcdSettings() error {
 		a.machine.Namespace, a.machine.Name, path, err)
 }
 
-// serveEtcdSettings serves the etcd settings endpoint, and the machine's
-// certificates (PKIPath, PKIRenewPath), until ctx ends. It asks for a
-// client certificate of the etcd CA, as etcd's client port does: whoever
-// has one can already do anything to etcd's data. It serves etcd's server
-// certificate, the file read again after each renewal.
-func (a *machineCtx) serveEtcdSettings(ctx context.Context) error {
-	a.adminPair = &servingPair{certFile: a.pki.File("etcd/server.crt"), keyFile: a.pki.File("etcd/server.key")}
+// ManagerCommonName is the common name the agent of a control plane
+// machine without an etcd member requires of its endpoint's clients: its
+// client CA is the cluster CA, which Nodes' kubelet certificates chain to
+// as well, and only the name keeps them out.
+const ManagerCommonName = "qcp-manager"
+
+// serveAgentEndpoint serves the agent's endpoint on EtcdAdminPort until
+// ctx ends: the machine's certificates (PKIPath, PKIRenewPath) and, on a
+// machine that runs etcd, the etcd settings. The serving certificate is
+// the file read again after each renewal.
+//
+// On a machine that runs etcd it serves etcd's server certificate and
+// asks for a client certificate of the etcd CA, as etcd's client port
+// does: whoever has one can already do anything to etcd's data. On a
+// control plane machine without a member (an external etcd, an
+// EtcdCluster) it serves agent-serving.crt, which the agent issues from
+// the cluster CA, and asks for a client certificate of the cluster CA
+// whose common name is ManagerCommonName; the handshake of any other is
+// refused.
+func (a *machineCtx) serveAgentEndpoint(ctx context.Context) error {
+	withEtcd := a.doc.Runs(bootstrap.Etcd)
+	pairBase, caPEM, what := "agent-serving", a.pki.ClusterCAPEM, "agent endpoint"
+	if withEtcd {
+		pairBase, caPEM, what = "etcd/server", a.pki.EtcdCAPEM, "etcd settings endpoint"
+	}
+	a.adminPair = &servingPair{certFile: a.pki.File(pairBase + ".crt"), keyFile: a.pki.File(pairBase + ".key")}
 	if err := a.adminPair.load(); err != nil {
-		return fmt.Errorf("machine %s/%s: etcd settings endpoint: loading etcd's server certificate: %w", a.machine.Namespace, a.machine.Name, err)
+		return fmt.Errorf("machine %s/%s: %s: loading %s.crt: %w", a.machine.Namespace, a.machine.Name, what, pairBase, err)
 	}
-	clientCAs, err := certs.CertPool(a.pki.EtcdCAPEM)
+	clientCAs, err := certs.CertPool(caPEM)
 	if err != nil {
-		return fmt.Errorf("machine %s/%s: etcd settings endpoint: etcd CA: %w", a.machine.Namespace, a.machine.Name, err)
+		return fmt.Errorf("machine %s/%s: %s: client CA: %w", a.machine.Namespace, a.machine.Name, what, err)
 	}
-	ln, err := a.listen(EtcdAdminPort, "etcd settings endpoint")
+	ln, err := a.listen(EtcdAdminPort, what)
 	if err != nil {
 		return err
 	}
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET "+EtcdSettingsPath, func(w http.ResponseWriter, _ *http.Request) {
-		writeJSON(w, a.effectiveEtcdSettings())
-	})
-	mux.HandleFunc("PUT "+EtcdSettingsPath, a.putEtcdSettings)
+	if withEtcd {
+		mux.HandleFunc("GET "+EtcdSettingsPath, func(w http.ResponseWriter, _ *http.Request) {
+			writeJSON(w, a.effectiveEtcdSettings())
+		})
+		mux.HandleFunc("PUT "+EtcdSettingsPath, a.putEtcdSettings)
+	}
 	mux.HandleFunc("GET "+PKIPath, a.getPKI)
 	mux.HandleFunc("POST "+PKIRenewPath, func(w http.ResponseWriter, r *http.Request) { a.postRenewPKI(ctx, w, r) })
+	tlsCfg := &tls.Config{
+		GetCertificate: a.adminPair.getCertificate,
+		ClientCAs:      clientCAs,
+		ClientAuth:     tls.RequireAndVerifyClientCert,
+		MinVersion:     tls.VersionTLS12,
+	}
+	if !withEtcd {
+		tlsCfg.VerifyConnection = requireManager
+	}
 	srv := &http.Server{
 		Handler:           mux,
 		ReadHeaderTimeout: 5 * time.Second,
-		TLSConfig: &tls.Config{
-			GetCertificate: a.adminPair.getCertificate,
-			ClientCAs:      clientCAs,
-			ClientAuth:     tls.RequireAndVerifyClientCert,
-			MinVersion:     tls.VersionTLS12,
-		},
+		TLSConfig:         tlsCfg,
 		// Refused handshakes are logged as the agent's other messages are.
 		ErrorLog: slog.NewLogLogger(a.log.Handler(), slog.LevelWarn),
 	}
-	a.serve(ctx, srv, "etcd settings endpoint", func() error { return srv.ServeTLS(ln, "", "") })
+	a.serve(ctx, srv, what, func() error { return srv.ServeTLS(ln, "", "") })
+	return nil
+}
+
+// requireManager refuses a client certificate, already verified against
+// the cluster CA, whose common name is not ManagerCommonName.
+func requireManager(cs tls.ConnectionState) error {
+	if len(cs.PeerCertificates) == 0 {
+		return errors.New("no client certificate")
+	}
+	if cn := cs.PeerCertificates[0].Subject.CommonName; cn != ManagerCommonName {
+		return fmt.Errorf("client certificate %q refused: this endpoint takes only %q", cn, ManagerCommonName)
+	}
 	return nil
 }
 

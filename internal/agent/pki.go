@@ -281,6 +281,15 @@ func (p *PKI) issueKubernetes(w *pkiWriter, m Machine, doc *bootstrap.Document, 
 			return err
 		}
 		p.issued(w, pairLeaf("front-proxy-client", fp, fpc))
+		if !doc.Runs(bootstrap.Etcd) {
+			// The agent endpoint's, on a machine without etcd's server
+			// certificate to serve (serveAgentEndpoint).
+			agentServing, err := certs.IssueServing(ca, "qcp-agent", ip, now)
+			if err != nil {
+				return err
+			}
+			p.issued(w, pairLeaf("agent-serving", ca, agentServing))
+		}
 	}
 	for _, comp := range []struct {
 		c         bootstrap.Component

@@ -204,7 +204,7 @@ func TestPKIEndpoint(t *testing.T) {
 		cancel()
 		a.servers.Wait()
 	}()
-	if err := a.serveEtcdSettings(ctx); err != nil {
+	if err := a.serveAgentEndpoint(ctx); err != nil {
 		t.Fatal(err)
 	}
 	manager := clientTLS(t, cas.Etcd, cas.Etcd)
@@ -437,5 +437,89 @@ func TestDeliverEtcdClient(t *testing.T) {
 	}
 	if _, err := stacked.deliverEtcdClient(PKIRenewRequest{EtcdClientCert: second.CertPEM, EtcdClientKey: second.KeyPEM}, now); !errors.As(err, new(invalidMaterial)) {
 		t.Errorf("a stacked machine took an etcd client pair: %v", err)
+	}
+}
+
+// TestAgentEndpointWithoutEtcd serves the endpoint of a control plane
+// machine on an external etcd: it serves its own certificate of the
+// cluster CA, takes only a cluster-CA client named qcp-manager (not a
+// Node's, not the etcd CA's, not none), has no etcd settings, and renews
+// its own serving certificate with the other leaves.
+func TestAgentEndpointWithoutEtcd(t *testing.T) {
+	now := time.Now()
+	cas, _ := certs.NewClusterCAs(now)
+	client, err := certs.IssueEtcdClient(cas.Etcd, "kube-apiserver-etcd-client", now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := bootstrap.NewExternal("c1", cas, "", bootstrap.ExternalEtcd{Endpoints: []string{"https://127.0.0.1:2379"},
+		CACert: string(cas.Etcd.CertPEM), ClientCert: string(client.CertPEM), ClientKey: string(client.KeyPEM)})
+	addr := testkit.ReserveAddress(t)
+	dir := t.TempDir()
+	m := Machine{Name: "m1", Namespace: "ns", Cluster: "c1", Address: addr, ProviderID: "p"}
+	p, err := IssuePKI(dir, m, doc, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.NewTextHandler(t.Output(), nil))
+	a := &machineCtx{dir: dir, machine: m, doc: doc, pki: p, log: log, sup: newSupervisor(t.TempDir(), log, 0)}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer func() {
+		cancel()
+		a.servers.Wait()
+	}()
+	if err := a.serveAgentEndpoint(ctx); err != nil {
+		t.Fatal(err)
+	}
+	named := func(signer *certs.KeyPair, cn string) *tls.Config {
+		cfg := clientTLS(t, cas.Cluster, nil)
+		kp, err := signer.Issue(certs.Request{CommonName: cn, Usages: certs.ClientUsage}, now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pair, err := tls.X509KeyPair(kp.CertPEM, kp.KeyPEM)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.Certificates = []tls.Certificate{pair}
+		return cfg
+	}
+	manager := named(cas.Cluster, ManagerCommonName)
+	r, err := GetPKI(ctx, manager, addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	serving, ok := r.Find("agent-serving.crt")
+	if !ok || !serving.Renewable || serving.Issuer != cas.Cluster.Cert.Subject.CommonName {
+		t.Fatalf("GET %s: no renewable agent-serving.crt of the cluster CA in %+v", PKIPath, r)
+	}
+	if got := presentedSerial(t, manager, addr); got != serving.SerialNumber {
+		t.Fatalf("the endpoint presents serial %s, want agent-serving.crt's %s", got, serving.SerialNumber)
+	}
+	for name, cfg := range map[string]*tls.Config{
+		"no client certificate":         clientTLS(t, cas.Cluster, nil),
+		"a Node's certificate":          named(cas.Cluster, "system:node:worker-1"),
+		"the etcd CA's, as qcp-manager": named(cas.Etcd, ManagerCommonName),
+	} {
+		if _, err := GetPKI(ctx, cfg, addr); err == nil {
+			t.Errorf("%s: GET answered; want the handshake refused", name)
+		}
+		if _, err := RenewPKI(ctx, cfg, addr, PKIRenewRequest{}); err == nil {
+			t.Errorf("%s: POST answered; want the handshake refused", name)
+		}
+	}
+	if err := callAgent(ctx, manager, addr, http.MethodGet, EtcdSettingsPath, time.Second, nil, new(any)); err == nil || !strings.Contains(err.Error(), "404") {
+		t.Errorf("GET %s on a machine without etcd: %v; want 404", EtcdSettingsPath, err)
+	}
+	res, err := RenewPKI(ctx, manager, addr, PKIRenewRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	renewed, _ := res.Report.Find("agent-serving.crt")
+	if renewed.SerialNumber == serving.SerialNumber || !slices.Contains(res.Renewed, "agent-serving.crt") {
+		t.Errorf("POST %s: renewed %v, agent-serving.crt %+v", PKIRenewPath, res.Renewed, renewed)
+	}
+	if got := presentedSerial(t, manager, addr); got != renewed.SerialNumber {
+		t.Errorf("after the renewal the endpoint presents serial %s, want the renewed %s", got, renewed.SerialNumber)
 	}
 }

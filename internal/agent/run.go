@@ -52,7 +52,7 @@ type machineCtx struct {
 	// follows an etcd cluster's membership through one.
 	etcdEndpoint string
 	etcdSettings etcdSettingsState
-	// adminPair is the etcd settings endpoint's serving certificate.
+	// adminPair is the agent endpoint's serving certificate.
 	adminPair *servingPair
 	// renewing serializes certificate renewals.
 	renewing sync.Mutex
@@ -140,8 +140,8 @@ func Run(ctx context.Context, opts Options) (err error) {
 	if err := a.serveHealth(ctx); err != nil {
 		return err
 	}
-	if doc.Runs(bootstrap.Etcd) {
-		if err := a.serveEtcdSettings(ctx); err != nil {
+	if doc.Runs(bootstrap.Etcd) || doc.Runs(bootstrap.KubeAPIServer) {
+		if err := a.serveAgentEndpoint(ctx); err != nil {
 			return err
 		}
 	}

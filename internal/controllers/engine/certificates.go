@@ -165,10 +165,11 @@ func (x Executor) renewCertificates(ctx context.Context, d quorum.Decision, mach
 // AgentClients are qcp-manager's client certificates for the agents of
 // control plane machines that run no etcd member (on an external etcd or
 // an EtcdCluster): such an agent has no etcd CA to trust, and takes a
-// certificate of the cluster CA with the common name ManagerEtcdClientName
-// instead, which no Node's certificate has. Like the pooled etcd clients',
-// each renews itself after two thirds of its life, without a restart. One
-// is kept per cluster, and made again when the cluster's CA changes.
+// certificate of the cluster CA with the common name
+// agent.ManagerCommonName instead, which no Node's certificate has. Like
+// the pooled etcd clients', each renews itself after two thirds of its
+// life, without a restart. One is kept per cluster, and made again when
+// the cluster's CA changes.
 type AgentClients struct {
 	mu      sync.Mutex
 	clients map[string]agentClient
@@ -193,7 +194,7 @@ func (a *AgentClients) TLSConfig(key string, ca *certs.KeyPair, lifetime time.Du
 		return nil, fmt.Errorf("the cluster CA: %w", err)
 	}
 	cert, err := certs.NewRenewing(func(at time.Time) (*certs.KeyPair, error) {
-		return ca.Issue(certs.Request{CommonName: ManagerEtcdClientName, Usages: certs.ClientUsage, Validity: lifetime}, at)
+		return ca.Issue(certs.Request{CommonName: agent.ManagerCommonName, Usages: certs.ClientUsage, Validity: lifetime}, at)
 	}, nil)
 	if err != nil {
 		return nil, fmt.Errorf("issuing qcp-manager's client certificate for the machines' agents: %w", err)
