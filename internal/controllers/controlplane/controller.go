@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -93,9 +94,12 @@ type Reconciler struct {
 	metrics      *engine.Metrics
 	stepper      *engine.Stepper
 	agentClients engine.AgentClients
-	wakeups      *engine.Wakeups
-	catchUp      *engine.CatchUp
-	controller   controller.Controller
+	// externalPairs is, by externalPoolKey, the client certificate the
+	// pooled client of an external etcd was made with.
+	externalPairs sync.Map
+	wakeups       *engine.Wakeups
+	catchUp       *engine.CatchUp
+	controller    controller.Controller
 }
 
 // +kubebuilder:rbac:groups=controlplane.cluster.x-k8s.io,resources=quorumcontrolplanes;quorumcontrolplanes/status;quorumcontrolplanes/finalizers,verbs=get;list;watch;update;patch

@@ -49,6 +49,7 @@ func (r *Reconciler) reconcileDelete(ctx context.Context, cluster *clusterv1.Clu
 		return ctrl.Result{}, err
 	}
 	r.agentClients.Forget(klogRef(cluster))
+	r.externalPairs.Delete(externalPoolKey(cluster))
 	setDeleting(cp, controlplanev1.DeletionCompletedReason, "")
 	controllerutil.RemoveFinalizer(cp, controlplanev1.QuorumControlPlaneFinalizer)
 	r.Recorder.Event(cp, corev1.EventTypeNormal, "Deleted", "Every control plane machine is gone")

@@ -1,6 +1,7 @@
 package controlplane
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -110,7 +111,17 @@ func (r *Reconciler) observeExternalEtcd(ctx context.Context, cluster *clusterv1
 // certificate. At least one endpoint must pass /health; it returns why
 // none does.
 func (r *Reconciler) checkEtcdConnectivity(ctx context.Context, cluster *clusterv1.Cluster, ext *externalEtcd) string {
-	cli, err := r.Etcd.Get(externalPoolKey(cluster), etcd.Config{Endpoints: ext.endpoints, CAPEM: ext.caCert, CertPEM: ext.clientCert, KeyPEM: ext.clientKey})
+	key := externalPoolKey(cluster)
+	// A pair the owner replaced in the Secret takes the pooled client's
+	// place: the old one's certificate may expire, and with it every new
+	// connection the client makes.
+	if held, ok := r.externalPairs.Load(key); ok && !bytes.Equal(held.([]byte), ext.clientCert) {
+		if err := r.Etcd.Forget(key); err != nil {
+			return err.Error()
+		}
+	}
+	r.externalPairs.Store(key, ext.clientCert)
+	cli, err := r.Etcd.Get(key, etcd.Config{Endpoints: ext.endpoints, CAPEM: ext.caCert, CertPEM: ext.clientCert, KeyPEM: ext.clientKey})
 	if err != nil {
 		return err.Error()
 	}
