@@ -36,6 +36,12 @@ const (
 	// exists but cannot be used (its certificate or key is missing or does
 	// not parse, or they do not match); QCP changes nothing until it can.
 	CertificateAuthorityInvalidReason = "CertificateAuthorityInvalid"
+	// CertificateAuthorityReplacedReason: a certificate authority's Secret
+	// holds another authority than the one the control plane was built
+	// from, as when it is replaced by hand. That is a rotation without its
+	// stages, which would cut every machine off from the others: QCP does
+	// not use it, and changes nothing until the recorded authority is back.
+	CertificateAuthorityReplacedReason = "CertificateAuthorityReplaced"
 )
 
 // EtcdClusterHealthy: every member is healthy, every member reports the same

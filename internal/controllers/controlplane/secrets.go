@@ -6,12 +6,15 @@ package controlplane
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/pem"
 	"errors"
 	"fmt"
 	"net"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -84,6 +87,61 @@ type invalidAuthorityError struct {
 func (e *invalidAuthorityError) Error() string {
 	return fmt.Sprintf("Secret %s cannot be used: %s; put the authority's PEM certificate in %s and its PEM private key in %s (or delete the Secret before any machine exists, and QCP generates it)",
 		e.secret, e.problem, secret.TLSCrtDataName, secret.TLSKeyDataName)
+}
+
+// AuthoritiesAnnotation records, on a QuorumControlPlane, the authorities
+// its machines were issued from: each Secret's purpose and the SHA-256 of
+// its certificate (the service-account Secret: of its public key), as
+// "ca=<hex>,etcd=<hex>,...". It is written the first time the authorities
+// are read, and then only compared.
+const AuthoritiesAnnotation = "controlplane.cluster.x-k8s.io/qcp-authorities"
+
+// replacedAuthorityError is an authority's Secret that holds another
+// authority than the recorded one.
+type replacedAuthorityError struct {
+	secret string
+}
+
+func (e *replacedAuthorityError) Error() string {
+	return fmt.Sprintf("Secret %s holds another certificate authority than the one this control plane's machines were issued from (annotation %s); "+
+		"replacing an authority by hand is a rotation without its stages, which would cut the machines off from each other, so QCP does not use it "+
+		"and changes nothing while it is there: put the previous authority back in the Secret (CA rotation as a declarative operation comes with issue 34)",
+		e.secret, AuthoritiesAnnotation)
+}
+
+// keepAuthorities compares the authorities in use with the ones recorded
+// on cp, and records them if none are: a replaced one is refused. ext's
+// etcd CA, when etcd is external, is the owner's: its certificate counts.
+func keepAuthorities(cp *controlplanev1.QuorumControlPlane, cluster string, cas *certs.ClusterCAs, ext *externalEtcd) error {
+	sum := func(data []byte) string { h := sha256.Sum256(data); return hex.EncodeToString(h[:8]) }
+	now := map[secret.Purpose]string{secret.ClusterCA: sum(cas.Cluster.Cert.Raw), secret.FrontProxyCA: sum(cas.FrontProxy.Cert.Raw),
+		secret.ServiceAccount: sum(cas.ServiceAccountPub)}
+	switch {
+	case ext != nil:
+		now[secret.EtcdCA] = sum(ext.caCert)
+	case cas.Etcd != nil:
+		now[secret.EtcdCA] = sum(cas.Etcd.Cert.Raw)
+	}
+	recorded, ok := cp.Annotations[AuthoritiesAnnotation]
+	if !ok {
+		parts := make([]string, 0, len(now))
+		for p, h := range now {
+			parts = append(parts, string(p)+"="+h)
+		}
+		slices.Sort(parts)
+		if cp.Annotations == nil {
+			cp.Annotations = map[string]string{}
+		}
+		cp.Annotations[AuthoritiesAnnotation] = strings.Join(parts, ",")
+		return nil
+	}
+	for _, part := range strings.Split(recorded, ",") {
+		p, h, _ := strings.Cut(part, "=")
+		if have, ok := now[secret.Purpose(p)]; ok && have != h {
+			return &replacedAuthorityError{secret: secret.Name(cluster, secret.Purpose(p))}
+		}
+	}
+	return nil
 }
 
 // checkAuthoritySecret reports an authority's Secret that exists but whose
@@ -193,11 +251,17 @@ func (r *Reconciler) ensureSecrets(ctx context.Context, cluster *clusterv1.Clust
 		if invalid := (*invalidAuthorityError)(nil); errors.As(err, &invalid) {
 			cond.Reason, cond.Message = controlplanev1.CertificateAuthorityInvalidReason, invalid.Error()
 		}
+		if replaced := (*replacedAuthorityError)(nil); errors.As(err, &replaced) {
+			cond.Reason, cond.Message = controlplanev1.CertificateAuthorityReplacedReason, replaced.Error()
+		}
 		conditions.Set(cp, cond)
 		return nil, err
 	}
 	cas, err := ensureAuthorities(ctx, r.Client, key, owner, ext == nil)
 	if err != nil {
+		return fail(err)
+	}
+	if err := keepAuthorities(cp, cluster.Name, cas, ext); err != nil {
 		return fail(err)
 	}
 	endpoint := cluster.Spec.ControlPlaneEndpoint

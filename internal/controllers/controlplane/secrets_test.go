@@ -55,6 +55,56 @@ func TestSecrets(t *testing.T) {
 	t.Run("certificate authorities", func(t *testing.T) { testCertificateAuthorities(t, newSecretsWorld(t, env, "cas")) })
 	t.Run("kubeconfig rotation", func(t *testing.T) { testKubeconfigRotation(t, newSecretsWorld(t, env, "kcfg")) })
 	t.Run("an authority that cannot be used", func(t *testing.T) { testInvalidAuthority(t, newSecretsWorld(t, env, "bad")) })
+	t.Run("an authority replaced by hand", func(t *testing.T) { testReplacedAuthority(t, newSecretsWorld(t, env, "replaced")) })
+}
+
+// testReplacedAuthority: the authorities are recorded on the control plane
+// the first time; a cluster CA Secret then replaced by hand with another
+// valid authority is refused with a condition naming the Secret and the
+// fix, and nothing is written (the kubeconfig is not issued from it); put
+// back, it is taken again.
+func testReplacedAuthority(t *testing.T, w secretsWorld) {
+	ctx := context.Background()
+	r := &Reconciler{Client: w.c, Now: time.Now}
+	cp := &controlplanev1.QuorumControlPlane{ObjectMeta: metav1.ObjectMeta{Name: w.cluster.Name, Namespace: w.cluster.Namespace, UID: w.owner.UID}}
+	cluster := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Name: w.cluster.Name, Namespace: w.cluster.Namespace},
+		Spec: clusterv1.ClusterSpec{ControlPlaneEndpoint: clusterv1.APIEndpoint{Host: "127.0.0.1", Port: 6443}}}
+	if _, err := r.ensureSecrets(ctx, cluster, cp, nil); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(cp.Annotations[AuthoritiesAnnotation], string(secret.ClusterCA)+"=") {
+		t.Fatalf("the authorities were not recorded: %v", cp.Annotations)
+	}
+	original := w.secret(t, secret.ClusterCA)
+	kubeconfig := w.secret(t, secret.Kubeconfig)
+	other, err := certs.NewCA("kubernetes", time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	replaced := original.DeepCopy()
+	replaced.Data = map[string][]byte{secret.TLSCrtDataName: other.CertPEM, secret.TLSKeyDataName: other.KeyPEM}
+	if err := w.c.Update(ctx, replaced); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.ensureSecrets(ctx, cluster, cp, nil); err == nil {
+		t.Fatal("a cluster CA replaced by hand was used")
+	}
+	c := conditions.Get(cp, controlplanev1.CertificatesAvailableCondition)
+	if c == nil || c.Status != metav1.ConditionFalse || c.Reason != controlplanev1.CertificateAuthorityReplacedReason ||
+		!strings.Contains(c.Message, "Secret "+original.Name) || !strings.Contains(c.Message, "put the previous authority back") {
+		t.Errorf("CertificatesAvailable %+v; want False, %s, naming Secret %s and the fix", c, controlplanev1.CertificateAuthorityReplacedReason, original.Name)
+	}
+	if got := w.secret(t, secret.Kubeconfig); got.ResourceVersion != kubeconfig.ResourceVersion {
+		t.Error("the kubeconfig was written while the cluster CA was replaced")
+	}
+	back := w.secret(t, secret.ClusterCA)
+	back.Data = original.Data
+	if err := w.c.Update(ctx, back); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.ensureSecrets(ctx, cluster, cp, nil); err != nil || !conditions.IsTrue(cp, controlplanev1.CertificatesAvailableCondition) {
+		t.Errorf("the authority put back was not taken: %v", err)
+	}
 }
 
 // testInvalidAuthority: a CA Secret whose certificate does not parse, or
