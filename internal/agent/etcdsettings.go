@@ -297,8 +297,8 @@ func PutEtcdSettings(ctx context.Context, tlsCfg *tls.Config, host string, s Etc
 // few kilobytes.
 const maxAnswer = 1 << 20
 
-// callAgent calls path on the etcd settings endpoint of the machine at host
-// and decodes the answer into out.
+// callAgent calls path on the agent endpoint of the machine at host and
+// decodes the answer into out.
 func callAgent(ctx context.Context, tlsCfg *tls.Config, host, method, path string, timeout time.Duration, body []byte, out any) error {
 	u := "https://" + net.JoinHostPort(host, strconv.Itoa(EtcdAdminPort)) + path
 	req, err := http.NewRequestWithContext(ctx, method, u, bytes.NewReader(body))

@@ -184,7 +184,10 @@ func (a *machineCtx) waitRestarted(ctx context.Context, c bootstrap.Component, s
 }
 
 // GetPKI lists the certificates of the machine at host (its IP address).
-// tlsCfg trusts the etcd CA and holds a client certificate of it.
+// On a machine that runs etcd, tlsCfg trusts the etcd CA and holds a
+// client certificate of it; on a control plane machine without a member,
+// it trusts the cluster CA and holds a client certificate of it named
+// ManagerCommonName (engine.AgentClients).
 func GetPKI(ctx context.Context, tlsCfg *tls.Config, host string) (PKIReport, error) {
 	var r PKIReport
 	err := callAgent(ctx, tlsCfg, host, http.MethodGet, PKIPath, etcdSettingsTimeout, nil, &r)
@@ -193,8 +196,8 @@ func GetPKI(ctx context.Context, tlsCfg *tls.Config, host string) (PKIReport, er
 
 // RenewPKI renews the certificates the agent of the machine at host issued,
 // puts in place the material req carries, and returns once every component
-// uses them, restarting the ones that cannot reload them. tlsCfg trusts the
-// etcd CA and holds a client certificate of it.
+// uses them, restarting the ones that cannot reload them. tlsCfg is as for
+// GetPKI.
 func RenewPKI(ctx context.Context, tlsCfg *tls.Config, host string, req PKIRenewRequest) (PKIRenewResult, error) {
 	var res PKIRenewResult
 	body, err := json.Marshal(req)

@@ -17,7 +17,8 @@ import (
 )
 
 // PKIPath lists the machine's certificates; PKIRenewPath renews the ones
-// the agent issued. Both are on the etcd settings endpoint.
+// the agent issued. Both are on the agent endpoint (serveAgentEndpoint),
+// on every machine that runs etcd or kube-apiserver.
 const (
 	PKIPath      = "/pki"
 	PKIRenewPath = "/pki/renew"

@@ -1,8 +1,13 @@
 package machinehost
 
 import (
+	"bytes"
 	"context"
+	"crypto/tls"
+	"fmt"
 	"net/http"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +16,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/qcp-dev/qcp/internal/agent"
 	"github.com/qcp-dev/qcp/internal/bootstrap"
 	"github.com/qcp-dev/qcp/internal/certs"
 	"github.com/qcp-dev/qcp/internal/etcd"
@@ -19,7 +25,8 @@ import (
 
 // TestExternalEtcdMachine runs an etcd-only machine (as an EtcdCluster
 // will) and a control plane machine whose API server uses it as external
-// etcd, and checks the control plane machine's Node becomes Ready.
+// etcd, checks the control plane machine's Node becomes Ready, then renews
+// that machine's certificates through its agent (renewWithoutMember).
 func TestExternalEtcdMachine(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts real etcd and Kubernetes components")
@@ -51,14 +58,117 @@ func TestExternalEtcdMachine(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.waitNodeReady("cp1", corev1.ConditionTrue, 3*time.Minute)
-	if h := c.waitHealthy(cpSpec, time.Minute); len(h.Components) != 3 {
-		t.Errorf("control plane machine runs %d components, want 3 (no etcd): %+v", len(h.Components), h.Components)
+	hBefore := c.waitHealthy(cpSpec, time.Minute)
+	if len(hBefore.Components) != 3 {
+		t.Errorf("control plane machine runs %d components, want 3 (no etcd): %+v", len(hBefore.Components), hBefore.Components)
 	}
 	// No local member: nothing answers on the control plane machine's etcd port.
 	if resp, err := http.Get("http://" + cpSpec.Address + ":2381/health"); err == nil {
 		resp.Body.Close()
 		t.Error("control plane machine with external etcd serves etcd metrics")
 	}
+	renewWithoutMember(t, h, c, cpSpec, hBefore)
+}
+
+// renewWithoutMember renews the certificates of spec, a running control
+// plane machine on an external etcd, through its agent's endpoint, as
+// qcp-manager does: with a client certificate of the cluster CA named
+// agent.ManagerCommonName, a Node's being refused. Every leaf the agent
+// issued is renewed, its own serving certificate included; the external
+// etcd client pair, which came with the bootstrap data, is not;
+// kube-apiserver reloads and the two components whose kubeconfigs embed
+// their certificates restart. hBefore is the machine's health before.
+func renewWithoutMember(t *testing.T, h *Host, c *testCluster, spec MachineSpec, hBefore agent.Health) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	manager := clusterClientTLS(t, c.cas.Cluster, agent.ManagerCommonName)
+	if _, err := agent.GetPKI(ctx, clusterClientTLS(t, c.cas.Cluster, "system:node:"+spec.Name), spec.Address); err == nil {
+		t.Error("GET /pki answered a Node's certificate of the cluster CA; want the handshake refused")
+	}
+	pkiDir := filepath.Join(h.Dir(c.ns, spec.Name), agent.PKIDir)
+	report, err := agent.GetPKI(ctx, manager, spec.Address)
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := readPKIFiles(t, pkiDir)
+	leafFiles := renewableFiles(report)
+	want := []string{"agent-serving.crt", "apiserver-kubelet-client.crt", "apiserver.crt", "controller-manager-serving.crt",
+		"controller-manager.conf", "front-proxy-client.crt", "scheduler-serving.crt", "scheduler.conf"}
+	if !slices.Equal(slices.Sorted(slices.Values(leafFiles)), want) {
+		t.Fatalf("renewable files %v; want the %d leaves of a control plane machine without a member %v", leafFiles, len(want), want)
+	}
+	if got, want := presented(t, spec.Address, agent.EtcdAdminPort, manager), fileCert(t, pkiDir, "agent-serving.crt"); !got.Equal(want) {
+		t.Fatalf("the agent endpoint presents serial %x, not agent-serving.crt's %x", got.SerialNumber, want.SerialNumber)
+	}
+
+	c.waitPastIssuance(report)
+	renewAt := time.Now()
+	res, err := agent.RenewPKI(ctx, manager, spec.Address, agent.PKIRenewRequest{})
+	if err != nil {
+		c.dumpLogs()
+		t.Fatal(err)
+	}
+	t.Logf("renewal answered after %v, restarted %v", time.Since(renewAt).Round(time.Millisecond), res.Restarted)
+	if want := []string{"kube-controller-manager", "kube-scheduler"}; !slices.Equal(res.Restarted, want) {
+		t.Errorf("restarted %v, want %v in that order", res.Restarted, want)
+	}
+
+	// Every leaf is later; nothing else changed, the external etcd client
+	// pair (apiserver-etcd-client.*) included.
+	after := readPKIFiles(t, pkiDir)
+	for name, old := range files {
+		if changed, wantChanged := !bytes.Equal(after[name], old), slices.Contains(leafFiles, name); changed != wantChanged {
+			t.Errorf("%s changed %v, want %v (keys, CAs, sa.* and the external etcd client pair stay)", name, changed, wantChanged)
+		}
+	}
+	for _, name := range leafFiles {
+		was, now := parseLeaf(t, name, files[name]), parseLeaf(t, name, after[name])
+		if !now.NotAfter.After(was.NotAfter) {
+			t.Errorf("%s: valid until %v after the renewal, was %v; want later", name, now.NotAfter, was.NotAfter)
+		}
+	}
+	for _, name := range []string{"apiserver-etcd-client.crt", "memory:etcd-client"} {
+		was, _ := report.Find(name)
+		now, ok := res.Report.Find(name)
+		if !ok || now.Renewable || now.SerialNumber != was.SerialNumber {
+			t.Errorf("%s: %+v after the renewal, was %+v; want the external pair, unchanged and not renewable", name, now, was)
+		}
+	}
+
+	// The agent endpoint serves its renewed certificate at once,
+	// kube-apiserver within about a minute (it polls the file).
+	if got, want := presented(t, spec.Address, agent.EtcdAdminPort, manager), fileCert(t, pkiDir, "agent-serving.crt"); !got.Equal(want) {
+		t.Errorf("the agent endpoint presents serial %x after the renewal, not the renewed agent-serving.crt's %x", got.SerialNumber, want.SerialNumber)
+	}
+	serving := fileCert(t, pkiDir, "apiserver.crt")
+	apiTLS := &tls.Config{RootCAs: pool(t, c.cas.Cluster.CertPEM), MinVersion: tls.VersionTLS12}
+	c.eventually("kube-apiserver to present its renewed serving certificate", 90*time.Second, func() error {
+		if got := presented(t, spec.Address, agent.APIServerPort, apiTLS); !got.Equal(serving) {
+			return fmt.Errorf("it presents serial %x valid until %v, not %x", got.SerialNumber, got.NotAfter, serving.SerialNumber)
+		}
+		return nil
+	})
+	t.Logf("kube-apiserver presented its renewed serving certificate %v after the renewal", time.Since(renewAt).Round(time.Second))
+
+	checkRestarted(t, hBefore, c.waitHealthy(spec, time.Minute), map[bootstrap.Component]bool{
+		bootstrap.KubeAPIServer: false, bootstrap.KubeControllerManager: true, bootstrap.KubeScheduler: true,
+	})
+	writeConfigMap(t, c, "after-renewal")
+}
+
+// clusterClientTLS trusts the cluster CA and presents a client certificate
+// of it named cn.
+func clusterClientTLS(t *testing.T, clusterCA *certs.KeyPair, cn string) *tls.Config {
+	t.Helper()
+	kp, err := clusterCA.Issue(certs.Request{CommonName: cn, Usages: certs.ClientUsage}, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	pair, err := tls.X509KeyPair(kp.CertPEM, kp.KeyPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &tls.Config{RootCAs: pool(t, clusterCA.CertPEM), Certificates: []tls.Certificate{pair}, MinVersion: tls.VersionTLS12}
 }
 
 // TestEtcdEndpointFollowsMembership runs a control plane machine whose API

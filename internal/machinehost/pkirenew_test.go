@@ -55,12 +55,7 @@ func TestPKIRenewal(t *testing.T) {
 		t.Fatal(err)
 	}
 	files := readPKIFiles(t, pkiDir)
-	var leafFiles []string
-	for _, cert := range report.Certificates {
-		if cert.Renewable && !strings.HasPrefix(cert.Name, "memory:") {
-			leafFiles = append(leafFiles, cert.Name)
-		}
-	}
+	leafFiles := renewableFiles(report)
 	if len(leafFiles) != 10 {
 		t.Fatalf("renewable files %v; want the 10 leaves of a stacked machine", leafFiles)
 	}
@@ -71,20 +66,7 @@ func TestPKIRenewal(t *testing.T) {
 		}
 	}
 
-	// Certificates keep whole seconds: renewing in the second of the boot
-	// would issue the same validity again.
-	var issued time.Time
-	for _, cert := range report.Leaves() {
-		if cert.NotBefore.After(issued) {
-			issued = cert.NotBefore
-		}
-	}
-	c.eventually("a second to pass since the leaves were issued", 5*time.Second, func() error {
-		if now := time.Now().Add(-5 * time.Minute).Truncate(time.Second); !now.After(issued) {
-			return fmt.Errorf("a renewal now would be valid from %v, as the leaves are", now)
-		}
-		return nil
-	})
+	c.waitPastIssuance(report)
 	renewAt := time.Now()
 	res, err := agent.RenewPKI(ctx, manager, m1.Address, agent.PKIRenewRequest{})
 	answered := time.Now()
@@ -148,18 +130,10 @@ func TestPKIRenewal(t *testing.T) {
 	// Restarted: the two that embed their client certificate; not etcd
 	// nor kube-apiserver, which reload.
 	hAfter := c.waitHealthy(m1, time.Minute)
-	for comp, restarted := range map[bootstrap.Component]bool{
+	checkRestarted(t, hBefore, hAfter, map[bootstrap.Component]bool{
 		bootstrap.Etcd: false, bootstrap.KubeAPIServer: false,
 		bootstrap.KubeControllerManager: true, bootstrap.KubeScheduler: true,
-	} {
-		was, now := hBefore.Components[comp], hAfter.Components[comp]
-		if (now.PID != was.PID) != restarted || (now.Restarts != was.Restarts) != restarted {
-			t.Errorf("%s: pid %d, %d restarts after the renewal; was pid %d, %d restarts; want restarted %v", comp, now.PID, now.Restarts, was.PID, was.Restarts, restarted)
-		}
-		if restarted && !strings.Contains(now.LastError, "client certificate was renewed") {
-			t.Errorf("%s: last error %q; want the renewal named", comp, now.LastError)
-		}
-	}
+	})
 
 	// One at a time: the scheduler restarts once the controller manager
 	// has passed a probe after its own restart.
@@ -209,6 +183,53 @@ func TestPKIRenewal(t *testing.T) {
 	}
 	if n := strings.Count(string(log), "certificates renewed"); n != 1 || strings.Contains(string(log), "PRIVATE KEY") {
 		t.Errorf("agent.log has %d renewal lines (want 1) or key material", n)
+	}
+}
+
+// renewableFiles names the files of report that a renewal issues again.
+func renewableFiles(report agent.PKIReport) []string {
+	var out []string
+	for _, cert := range report.Certificates {
+		if cert.Renewable && !strings.HasPrefix(cert.Name, "memory:") {
+			out = append(out, cert.Name)
+		}
+	}
+	return out
+}
+
+// waitPastIssuance waits until a renewal would be valid from later than
+// report's leaves are: certificates keep whole seconds (and are valid from
+// certs' clock skew before their issue), so renewing in the second of the
+// boot would issue the same validity again.
+func (c *testCluster) waitPastIssuance(report agent.PKIReport) {
+	c.t.Helper()
+	var issued time.Time
+	for _, cert := range report.Leaves() {
+		if cert.NotBefore.After(issued) {
+			issued = cert.NotBefore
+		}
+	}
+	c.eventually("a second to pass since the leaves were issued", 5*time.Second, func() error {
+		if now := time.Now().Add(-5 * time.Minute).Truncate(time.Second); !now.After(issued) {
+			return fmt.Errorf("a renewal now would be valid from %v, as the leaves are", now)
+		}
+		return nil
+	})
+}
+
+// checkRestarted checks, for each component of want, that it was
+// restarted between the two health reports, for a renewed certificate,
+// if and only if want says so.
+func checkRestarted(t *testing.T, before, after agent.Health, want map[bootstrap.Component]bool) {
+	t.Helper()
+	for comp, restarted := range want {
+		was, now := before.Components[comp], after.Components[comp]
+		if (now.PID != was.PID) != restarted || (now.Restarts != was.Restarts) != restarted {
+			t.Errorf("%s: pid %d, %d restarts after the renewal; was pid %d, %d restarts; want restarted %v", comp, now.PID, now.Restarts, was.PID, was.Restarts, restarted)
+		}
+		if restarted && !strings.Contains(now.LastError, "client certificate was renewed") {
+			t.Errorf("%s: last error %q; want the renewal named", comp, now.LastError)
+		}
 	}
 }
 

@@ -1,0 +1,149 @@
+package agent
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"io"
+	"log/slog"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/qcp-dev/qcp/internal/bootstrap"
+	"github.com/qcp-dev/qcp/internal/certs"
+	"github.com/qcp-dev/qcp/internal/testkit"
+)
+
+// TestAgentEndpointWithoutEtcd serves the endpoint of a control plane
+// machine on an external etcd: it serves its own certificate of the
+// cluster CA, takes only a cluster-CA client named qcp-manager (not a
+// Node's, not the etcd CA's, not none), has no etcd settings, and renews
+// its own serving certificate with the other leaves. A refused handshake
+// is logged with the name it refused.
+func TestAgentEndpointWithoutEtcd(t *testing.T) {
+	now := time.Now()
+	cas, _ := certs.NewClusterCAs(now)
+	client, err := certs.IssueEtcdClient(cas.Etcd, "kube-apiserver-etcd-client", now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	doc := bootstrap.NewExternal("c1", cas, "", bootstrap.ExternalEtcd{Endpoints: []string{"https://127.0.0.1:2379"},
+		CACert: string(cas.Etcd.CertPEM), ClientCert: string(client.CertPEM), ClientKey: string(client.KeyPEM)})
+	addr := testkit.ReserveAddress(t)
+	dir := t.TempDir()
+	m := Machine{Name: "m1", Namespace: "ns", Cluster: "c1", Address: addr, ProviderID: "p"}
+	p, err := IssuePKI(dir, m, doc, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	logs := &logBuffer{}
+	log := slog.New(slog.NewTextHandler(io.MultiWriter(t.Output(), logs), nil))
+	a := &machineCtx{dir: dir, machine: m, doc: doc, pki: p, log: log, sup: newSupervisor(t.TempDir(), log, 0)}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer func() {
+		cancel()
+		a.servers.Wait()
+	}()
+	if err := a.serveAgentEndpoint(ctx); err != nil {
+		t.Fatal(err)
+	}
+	named := func(signer *certs.KeyPair, cn string) *tls.Config {
+		cfg := clientTLS(t, cas.Cluster, nil)
+		kp, err := signer.Issue(certs.Request{CommonName: cn, Usages: certs.ClientUsage}, now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		pair, err := tls.X509KeyPair(kp.CertPEM, kp.KeyPEM)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.Certificates = []tls.Certificate{pair}
+		return cfg
+	}
+	manager := named(cas.Cluster, ManagerCommonName)
+	r, err := GetPKI(ctx, manager, addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	serving, ok := r.Find("agent-serving.crt")
+	if !ok || !serving.Renewable || serving.Issuer != cas.Cluster.Cert.Subject.CommonName {
+		t.Fatalf("GET %s: no renewable agent-serving.crt of the cluster CA in %+v", PKIPath, r)
+	}
+	if got := presentedSerial(t, manager, addr); got != serving.SerialNumber {
+		t.Fatalf("the endpoint presents serial %s, want agent-serving.crt's %s", got, serving.SerialNumber)
+	}
+	for name, cfg := range map[string]*tls.Config{
+		"no client certificate":         clientTLS(t, cas.Cluster, nil),
+		"a Node's certificate":          named(cas.Cluster, "system:node:worker-1"),
+		"the etcd CA's, as qcp-manager": named(cas.Etcd, ManagerCommonName),
+	} {
+		if _, err := GetPKI(ctx, cfg, addr); err == nil {
+			t.Errorf("%s: GET answered; want the handshake refused", name)
+		}
+		if _, err := RenewPKI(ctx, cfg, addr, PKIRenewRequest{}); err == nil {
+			t.Errorf("%s: POST answered; want the handshake refused", name)
+		}
+	}
+	waitLogged(ctx, t, logs, "TLS handshake error", "system:node:worker-1", "refused")
+	if err := callAgent(ctx, manager, addr, http.MethodGet, EtcdSettingsPath, time.Second, nil, new(any)); err == nil || !strings.Contains(err.Error(), "404") {
+		t.Errorf("GET %s on a machine without etcd: %v; want 404", EtcdSettingsPath, err)
+	}
+	res, err := RenewPKI(ctx, manager, addr, PKIRenewRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	renewed, _ := res.Report.Find("agent-serving.crt")
+	if renewed.SerialNumber == serving.SerialNumber || !slices.Contains(res.Renewed, "agent-serving.crt") {
+		t.Errorf("POST %s: renewed %v, agent-serving.crt %+v", PKIRenewPath, res.Renewed, renewed)
+	}
+	if got := presentedSerial(t, manager, addr); got != renewed.SerialNumber {
+		t.Errorf("after the renewal the endpoint presents serial %s, want the renewed %s", got, renewed.SerialNumber)
+	}
+}
+
+// logBuffer keeps what the agent's servers log, which they write from
+// their own goroutines.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *logBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// waitLogged waits until a line of the log holds every one of want: the
+// server logs a refused handshake from its own goroutine, at about the
+// time the client fails.
+func waitLogged(ctx context.Context, t *testing.T, logs *logBuffer, want ...string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	logged := func() bool {
+		return slices.ContainsFunc(strings.Split(logs.String(), "\n"), func(line string) bool {
+			return !slices.ContainsFunc(want, func(w string) bool { return !strings.Contains(line, w) })
+		})
+	}
+	for !logged() {
+		select {
+		case <-ctx.Done():
+			t.Errorf("no line of the agent's log holds all of %q after 5s:\n%s", want, logs.String())
+			return
+		case <-tick.C:
+		}
+	}
+}
