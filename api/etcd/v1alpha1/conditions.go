@@ -25,6 +25,9 @@ const (
 	EtcdCACertificatesAvailableReason     = controlplanev1.CertificatesAvailableReason
 	EtcdCACertificatesNotAvailableReason  = controlplanev1.CertificatesNotAvailableReason
 	EtcdCACertificatesInternalErrorReason = controlplanev1.CertificatesInternalErrorReason
+	// EtcdCACertificateInvalidReason: the etcd CA's Secret exists but
+	// cannot be used; nothing is written until it can.
+	EtcdCACertificateInvalidReason = controlplanev1.CertificateAuthorityInvalidReason
 )
 
 // EtcdInitialized: the first member runs; status.initialized says the same.

@@ -8,7 +8,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"net"
@@ -30,6 +29,7 @@ import (
 
 	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
 	"github.com/qcp-dev/qcp/internal/certs"
+	"github.com/qcp-dev/qcp/internal/controllers/engine"
 )
 
 // EnsureCertificateAuthorities looks up the cluster's authorities
@@ -54,7 +54,7 @@ func ensureAuthorities(ctx context.Context, c client.Client, cluster client.Obje
 	// others are then neither generated nor read, and nothing is issued
 	// from a half-read set of authorities.
 	for _, crt := range cs {
-		if err := checkAuthoritySecret(ctx, c, cluster, crt.Purpose); err != nil {
+		if err := engine.CheckAuthoritySecret(ctx, c, cluster, crt.Purpose); err != nil {
 			return nil, err
 		}
 	}
@@ -76,17 +76,6 @@ func ensureAuthorities(ctx context.Context, c client.Client, cluster client.Obje
 		return nil, fmt.Errorf("reading the certificate authorities of cluster %s: %w", cluster, err)
 	}
 	return cas, nil
-}
-
-// invalidAuthorityError is an authority's Secret that exists but cannot be
-// used.
-type invalidAuthorityError struct {
-	secret, problem string
-}
-
-func (e *invalidAuthorityError) Error() string {
-	return fmt.Sprintf("Secret %s cannot be used: %s; put the authority's PEM certificate in %s and its PEM private key in %s (or delete the Secret before any machine exists, and QCP generates it)",
-		e.secret, e.problem, secret.TLSCrtDataName, secret.TLSKeyDataName)
 }
 
 // AuthoritiesAnnotation records, on a QuorumControlPlane, the authorities
@@ -140,33 +129,6 @@ func keepAuthorities(cp *controlplanev1.QuorumControlPlane, cluster string, cas 
 		if have, ok := now[secret.Purpose(p)]; ok && have != h {
 			return &replacedAuthorityError{secret: secret.Name(cluster, secret.Purpose(p))}
 		}
-	}
-	return nil
-}
-
-// checkAuthoritySecret reports an authority's Secret that exists but whose
-// certificate (the service-account Secret: public key) or private key is
-// missing or unreadable, or whose two halves do not belong together. A
-// missing Secret is fine: it is generated.
-func checkAuthoritySecret(ctx context.Context, c client.Client, cluster client.ObjectKey, purpose secret.Purpose) error {
-	name := secret.Name(cluster.Name, purpose)
-	var s corev1.Secret
-	if err := c.Get(ctx, client.ObjectKey{Namespace: cluster.Namespace, Name: name}, &s); err != nil {
-		return client.IgnoreNotFound(err)
-	}
-	for _, key := range []string{secret.TLSCrtDataName, secret.TLSKeyDataName} {
-		if len(s.Data[key]) == 0 {
-			return &invalidAuthorityError{secret: name, problem: key + " is missing or empty"}
-		}
-	}
-	if purpose == secret.ServiceAccount {
-		if block, _ := pem.Decode(s.Data[secret.TLSKeyDataName]); block == nil {
-			return &invalidAuthorityError{secret: name, problem: secret.TLSKeyDataName + " is not a PEM private key"}
-		}
-		return nil
-	}
-	if _, err := certs.ParseKeyPair(s.Data[secret.TLSCrtDataName], s.Data[secret.TLSKeyDataName]); err != nil {
-		return &invalidAuthorityError{secret: name, problem: err.Error()}
 	}
 	return nil
 }
@@ -248,7 +210,7 @@ func (r *Reconciler) ensureSecrets(ctx context.Context, cluster *clusterv1.Clust
 	fail := func(err error) (*clusterSecrets, error) {
 		cond := metav1.Condition{Type: controlplanev1.CertificatesAvailableCondition, Status: metav1.ConditionFalse,
 			Reason: controlplanev1.CertificatesInternalErrorReason, Message: "Please check controller logs for errors"}
-		if invalid := (*invalidAuthorityError)(nil); errors.As(err, &invalid) {
+		if invalid := (*engine.InvalidAuthorityError)(nil); errors.As(err, &invalid) {
 			cond.Reason, cond.Message = controlplanev1.CertificateAuthorityInvalidReason, invalid.Error()
 		}
 		if replaced := (*replacedAuthorityError)(nil); errors.As(err, &replaced) {

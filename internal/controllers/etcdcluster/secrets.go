@@ -2,6 +2,7 @@ package etcdcluster
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 
 	etcdv1 "github.com/qcp-dev/qcp/api/etcd/v1alpha1"
 	"github.com/qcp-dev/qcp/internal/certs"
+	"github.com/qcp-dev/qcp/internal/controllers/engine"
 )
 
 // APIServerEtcdClientName is the common name of the API servers' etcd
@@ -31,9 +33,18 @@ const APIServerEtcdClientName = "kube-apiserver-etcd-client"
 func (r *Reconciler) ensureSecrets(ctx context.Context, cluster *clusterv1.Cluster, ec *etcdv1.EtcdCluster) (*certs.KeyPair, error) {
 	key, owner := client.ObjectKeyFromObject(cluster), ownerRef(ec)
 	fail := func(err error) (*certs.KeyPair, error) {
-		conditions.Set(ec, metav1.Condition{Type: etcdv1.EtcdCACertificatesAvailableCondition, Status: metav1.ConditionFalse,
-			Reason: etcdv1.EtcdCACertificatesInternalErrorReason, Message: "Please check controller logs for errors"})
+		cond := metav1.Condition{Type: etcdv1.EtcdCACertificatesAvailableCondition, Status: metav1.ConditionFalse,
+			Reason: etcdv1.EtcdCACertificatesInternalErrorReason, Message: "Please check controller logs for errors"}
+		if invalid := (*engine.InvalidAuthorityError)(nil); errors.As(err, &invalid) {
+			cond.Reason, cond.Message = etcdv1.EtcdCACertificateInvalidReason, invalid.Error()
+		}
+		conditions.Set(ec, cond)
 		return nil, err
+	}
+	// An etcd CA Secret that cannot be used stops here, before util/secret
+	// would write anything beside it.
+	if err := engine.CheckAuthoritySecret(ctx, r.Client, key, secret.EtcdCA); err != nil {
+		return fail(err)
 	}
 	cs := secret.Certificates{&secret.Certificate{Purpose: secret.EtcdCA, CertFile: "etcd/ca.crt", KeyFile: "etcd/ca.key",
 		KeyEncryptionAlgorithm: certs.AuthorityAlgorithm}}
