@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/qcp-dev/qcp/internal/bootstrap"
 	"github.com/qcp-dev/qcp/internal/certs"
 	"github.com/qcp-dev/qcp/internal/testkit"
 )
@@ -26,13 +25,7 @@ import (
 // is logged with the name it refused.
 func TestAgentEndpointWithoutEtcd(t *testing.T) {
 	now := time.Now()
-	cas, _ := certs.NewClusterCAs(now)
-	client, err := certs.IssueEtcdClient(cas.Etcd, "kube-apiserver-etcd-client", now)
-	if err != nil {
-		t.Fatal(err)
-	}
-	doc := bootstrap.NewExternal("c1", cas, "", bootstrap.ExternalEtcd{Endpoints: []string{"https://127.0.0.1:2379"},
-		CACert: string(cas.Etcd.CertPEM), ClientCert: string(client.CertPEM), ClientKey: string(client.KeyPEM)})
+	cas, _, doc := externalDoc(t, now)
 	addr := testkit.ReserveAddress(t)
 	dir := t.TempDir()
 	m := Machine{Name: "m1", Namespace: "ns", Cluster: "c1", Address: addr, ProviderID: "p"}

@@ -153,13 +153,7 @@ func TestPKIRenewReissuesEveryLeafAndNothingElse(t *testing.T) {
 // with the bootstrap data; the agent cannot issue it and leaves it alone.
 func TestPKIRenewKeepsExternalEtcdClient(t *testing.T) {
 	now := time.Now()
-	cas, _ := certs.NewClusterCAs(now)
-	client, err := certs.IssueEtcdClient(cas.Etcd, "kube-apiserver-etcd-client", now)
-	if err != nil {
-		t.Fatal(err)
-	}
-	doc := bootstrap.NewExternal("c1", cas, "", bootstrap.ExternalEtcd{Endpoints: []string{"https://127.0.0.1:2379"},
-		CACert: string(cas.Etcd.CertPEM), ClientCert: string(client.CertPEM), ClientKey: string(client.KeyPEM)})
+	_, client, doc := externalDoc(t, now)
 	p, err := IssuePKI(t.TempDir(), Machine{Name: "m1", Address: "127.0.208.1"}, doc, now)
 	if err != nil {
 		t.Fatal(err)
@@ -379,13 +373,7 @@ func pool(t *testing.T, caPEM []byte) *x509.CertPool {
 // expired certificate, and any pair on a machine that issues its own.
 func TestDeliverEtcdClient(t *testing.T) {
 	now := time.Now()
-	cas, _ := certs.NewClusterCAs(now)
-	client, err := certs.IssueEtcdClient(cas.Etcd, "kube-apiserver-etcd-client", now)
-	if err != nil {
-		t.Fatal(err)
-	}
-	doc := bootstrap.NewExternal("c1", cas, "", bootstrap.ExternalEtcd{Endpoints: []string{"https://127.0.0.1:2379"},
-		CACert: string(cas.Etcd.CertPEM), ClientCert: string(client.CertPEM), ClientKey: string(client.KeyPEM)})
+	cas, client, doc := externalDoc(t, now)
 	p, err := IssuePKI(t.TempDir(), Machine{Name: "m1", Address: "127.0.208.1"}, doc, now)
 	if err != nil {
 		t.Fatal(err)
@@ -438,4 +426,20 @@ func TestDeliverEtcdClient(t *testing.T) {
 	if _, err := stacked.deliverEtcdClient(PKIRenewRequest{EtcdClientCert: second.CertPEM, EtcdClientKey: second.KeyPEM}, now); !errors.As(err, new(invalidMaterial)) {
 		t.Errorf("a stacked machine took an etcd client pair: %v", err)
 	}
+}
+
+// externalDoc is the bootstrap data of a control plane machine on an
+// external etcd, with new authorities and the API servers' client pair.
+func externalDoc(t *testing.T, now time.Time) (*certs.ClusterCAs, *certs.KeyPair, *bootstrap.Document) {
+	t.Helper()
+	cas, err := certs.NewClusterCAs(now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	client, err := certs.IssueEtcdClient(cas.Etcd, "kube-apiserver-etcd-client", now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cas, client, bootstrap.NewExternal("c1", cas, "", bootstrap.ExternalEtcd{Endpoints: []string{"https://127.0.0.1:2379"},
+		CACert: string(cas.Etcd.CertPEM), ClientCert: string(client.CertPEM), ClientKey: string(client.KeyPEM)})
 }
