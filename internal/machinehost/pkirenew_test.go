@@ -66,18 +66,7 @@ func TestPKIRenewal(t *testing.T) {
 		}
 	}
 
-	c.waitPastIssuance(report)
-	renewAt := time.Now()
-	res, err := agent.RenewPKI(ctx, manager, m1.Address, agent.PKIRenewRequest{})
-	answered := time.Now()
-	if err != nil {
-		c.dumpLogs()
-		t.Fatal(err)
-	}
-	t.Logf("renewal answered after %v, restarted %v", time.Since(renewAt).Round(time.Millisecond), res.Restarted)
-	if want := []string{"kube-controller-manager", "kube-scheduler"}; !slices.Equal(res.Restarted, want) {
-		t.Errorf("restarted %v, want %v in that order", res.Restarted, want)
-	}
+	res, renewAt, answered := c.renew(ctx, manager, m1.Address, report)
 
 	// Every leaf on disk is new and later, for the same key; the
 	// authorities and the service-account key are untouched.
@@ -201,6 +190,27 @@ func renewableFiles(report agent.PKIReport) []string {
 // report's leaves are: certificates keep whole seconds (and are valid from
 // certs' clock skew before their issue), so renewing in the second of the
 // boot would issue the same validity again.
+// renew renews the certificates of the machine at addr once the second
+// its leaves were issued in has passed, and checks that only the
+// controller manager and the scheduler restarted, in that order. It
+// returns the answer, when it was asked for and when it came.
+func (c *testCluster) renew(ctx context.Context, manager *tls.Config, addr string, report agent.PKIReport) (res agent.PKIRenewResult, renewAt, answered time.Time) {
+	c.t.Helper()
+	c.waitPastIssuance(report)
+	renewAt = time.Now()
+	res, err := agent.RenewPKI(ctx, manager, addr, agent.PKIRenewRequest{})
+	answered = time.Now()
+	if err != nil {
+		c.dumpLogs()
+		c.t.Fatal(err)
+	}
+	c.t.Logf("renewal answered after %v, restarted %v", answered.Sub(renewAt).Round(time.Millisecond), res.Restarted)
+	if want := []string{"kube-controller-manager", "kube-scheduler"}; !slices.Equal(res.Restarted, want) {
+		c.t.Errorf("restarted %v, want %v in that order", res.Restarted, want)
+	}
+	return res, renewAt, answered
+}
+
 func (c *testCluster) waitPastIssuance(report agent.PKIReport) {
 	c.t.Helper()
 	var issued time.Time
