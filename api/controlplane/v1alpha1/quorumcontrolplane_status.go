@@ -172,7 +172,7 @@ type EtcdDatabaseStatus struct {
 
 // OperationKind is a step of the quorum engine. The values are the kinds of
 // internal/quorum's Decision.
-// +kubebuilder:validation:Enum=CreateMachine;AddLearner;Promote;MoveLeader;RemoveMember;AddHook;RemoveHook;DeleteMachine;DisarmAlarm;Defragment;Compact;RestartMember;Wait;Degraded
+// +kubebuilder:validation:Enum=CreateMachine;AddLearner;Promote;MoveLeader;RemoveMember;AddHook;RemoveHook;DeleteMachine;DisarmAlarm;Defragment;Compact;RestartMember;RenewCertificates;Wait;Degraded
 type OperationKind string
 
 // The quorum engine's steps; see internal/quorum for what each one does.
@@ -189,8 +189,10 @@ const (
 	OperationDefragment    OperationKind = "Defragment"
 	OperationCompact       OperationKind = "Compact"
 	OperationRestartMember OperationKind = "RestartMember"
-	OperationWait          OperationKind = "Wait"
-	OperationDegraded      OperationKind = "Degraded"
+	// OperationRenewCertificates renews a machine's certificates in place.
+	OperationRenewCertificates OperationKind = "RenewCertificates"
+	OperationWait              OperationKind = "Wait"
+	OperationDegraded          OperationKind = "Degraded"
 )
 
 // LastOperation records the quorum engine's latest decision.

@@ -15,20 +15,21 @@ import (
 // the CRD's enum lacks would make every status update fail.
 func TestOperationKindsMatchQuorumKindsAndCRDEnum(t *testing.T) {
 	kinds := map[quorum.Kind]controlplanev1.OperationKind{
-		quorum.CreateMachine: controlplanev1.OperationCreateMachine,
-		quorum.AddLearner:    controlplanev1.OperationAddLearner,
-		quorum.Promote:       controlplanev1.OperationPromote,
-		quorum.MoveLeader:    controlplanev1.OperationMoveLeader,
-		quorum.RemoveMember:  controlplanev1.OperationRemoveMember,
-		quorum.AddHook:       controlplanev1.OperationAddHook,
-		quorum.RemoveHook:    controlplanev1.OperationRemoveHook,
-		quorum.DeleteMachine: controlplanev1.OperationDeleteMachine,
-		quorum.DisarmAlarm:   controlplanev1.OperationDisarmAlarm,
-		quorum.Defragment:    controlplanev1.OperationDefragment,
-		quorum.Compact:       controlplanev1.OperationCompact,
-		quorum.RestartMember: controlplanev1.OperationRestartMember,
-		quorum.Wait:          controlplanev1.OperationWait,
-		quorum.Degraded:      controlplanev1.OperationDegraded,
+		quorum.CreateMachine:     controlplanev1.OperationCreateMachine,
+		quorum.AddLearner:        controlplanev1.OperationAddLearner,
+		quorum.Promote:           controlplanev1.OperationPromote,
+		quorum.MoveLeader:        controlplanev1.OperationMoveLeader,
+		quorum.RemoveMember:      controlplanev1.OperationRemoveMember,
+		quorum.AddHook:           controlplanev1.OperationAddHook,
+		quorum.RemoveHook:        controlplanev1.OperationRemoveHook,
+		quorum.DeleteMachine:     controlplanev1.OperationDeleteMachine,
+		quorum.DisarmAlarm:       controlplanev1.OperationDisarmAlarm,
+		quorum.Defragment:        controlplanev1.OperationDefragment,
+		quorum.Compact:           controlplanev1.OperationCompact,
+		quorum.RestartMember:     controlplanev1.OperationRestartMember,
+		quorum.RenewCertificates: controlplanev1.OperationRenewCertificates,
+		quorum.Wait:              controlplanev1.OperationWait,
+		quorum.Degraded:          controlplanev1.OperationDegraded,
 	}
 	for _, k := range quorum.Kinds {
 		if _, ok := kinds[k]; !ok {

@@ -69,6 +69,16 @@ func testReplacedAuthority(t *testing.T, w secretsWorld) {
 	cp := &controlplanev1.QuorumControlPlane{ObjectMeta: metav1.ObjectMeta{Name: w.cluster.Name, Namespace: w.cluster.Namespace, UID: w.owner.UID}}
 	cluster := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Name: w.cluster.Name, Namespace: w.cluster.Namespace},
 		Spec: clusterv1.ClusterSpec{ControlPlaneEndpoint: clusterv1.APIEndpoint{Host: "127.0.0.1", Port: 6443}}}
+	// The Secrets are made first with the world's owner, which exists: the
+	// local environment's garbage collector deletes Secrets whose owner
+	// (cp, which is not stored) it cannot find.
+	cas, err := EnsureCertificateAuthorities(ctx, w.c, w.cluster, w.owner)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := EnsureKubeconfig(ctx, w.c, w.cluster, "https://127.0.0.1:6443", cas.Cluster, w.owner, DefaultKubeconfigLifetime, time.Now()); err != nil {
+		t.Fatal(err)
+	}
 	if _, err := r.ensureSecrets(ctx, cluster, cp, nil); err != nil {
 		t.Fatal(err)
 	}

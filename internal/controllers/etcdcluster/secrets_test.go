@@ -30,7 +30,14 @@ func TestSecrets(t *testing.T) {
 	now := time.Now()
 	r := &Reconciler{Client: env.Client, Now: func() time.Time { return now }, MachineCertificateLifetime: 6 * time.Minute}
 	cluster := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Name: "etcd-secrets", Namespace: "default"}}
-	ec := &etcdv1.EtcdCluster{ObjectMeta: metav1.ObjectMeta{Name: "etcd-secrets", Namespace: "default", UID: "ec-uid"}}
+	// A stored EtcdCluster: the local environment's garbage collector
+	// deletes Secrets whose owner it cannot find.
+	ec := &etcdv1.EtcdCluster{ObjectMeta: metav1.ObjectMeta{Name: "etcd-secrets", Namespace: "default"},
+		Spec: etcdv1.EtcdClusterSpec{Version: "v3.6.16",
+			InfrastructureRef: clusterv1.ContractVersionedObjectReference{APIGroup: "infrastructure.cluster.x-k8s.io", Kind: "ProcessMachineTemplate", Name: "etcd-secrets"}}}
+	if err := env.Client.Create(ctx, ec); err != nil {
+		t.Fatal(err)
+	}
 	caName := secret.Name(cluster.Name, secret.EtcdCA)
 	clientKey := client.ObjectKey{Namespace: "default", Name: secret.Name(cluster.Name, secret.APIServerEtcdClient)}
 
