@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
-	"io"
-	"log/slog"
 	"net/http"
 	"slices"
 	"strings"
@@ -34,16 +32,7 @@ func TestAgentEndpointWithoutEtcd(t *testing.T) {
 		t.Fatal(err)
 	}
 	logs := &logBuffer{}
-	log := slog.New(slog.NewTextHandler(io.MultiWriter(t.Output(), logs), nil))
-	a := &machineCtx{dir: dir, machine: m, doc: doc, pki: p, log: log, sup: newSupervisor(t.TempDir(), log, 0)}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer func() {
-		cancel()
-		a.servers.Wait()
-	}()
-	if err := a.serveAgentEndpoint(ctx); err != nil {
-		t.Fatal(err)
-	}
+	_, ctx := serveEndpoint(t, dir, m, doc, p, logs)
 	named := func(signer *certs.KeyPair, cn string) *tls.Config {
 		cfg := clientTLS(t, cas.Cluster, nil)
 		kp, err := signer.Issue(certs.Request{CommonName: cn, Usages: certs.ClientUsage}, now)

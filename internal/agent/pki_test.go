@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"io"
 	"io/fs"
 	"log/slog"
 	"net"
@@ -191,16 +192,7 @@ func TestPKIEndpoint(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	log := slog.New(slog.NewTextHandler(t.Output(), nil))
-	a := &machineCtx{dir: dir, machine: m, doc: doc, pki: p, log: log, sup: newSupervisor(t.TempDir(), log, 0)}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer func() {
-		cancel()
-		a.servers.Wait()
-	}()
-	if err := a.serveAgentEndpoint(ctx); err != nil {
-		t.Fatal(err)
-	}
+	a, ctx := serveEndpoint(t, dir, m, doc, p, io.Discard)
 	manager := clientTLS(t, cas.Etcd, cas.Etcd)
 
 	r, err := GetPKI(ctx, manager, addr)
@@ -442,4 +434,22 @@ func externalDoc(t *testing.T, now time.Time) (*certs.ClusterCAs, *certs.KeyPair
 	}
 	return cas, client, bootstrap.NewExternal("c1", cas, "", bootstrap.ExternalEtcd{Endpoints: []string{"https://127.0.0.1:2379"},
 		CACert: string(cas.Etcd.CertPEM), ClientCert: string(client.CertPEM), ClientKey: string(client.KeyPEM)})
+}
+
+// serveEndpoint serves the agent endpoint of machine m, whose PKI p was
+// issued under dir, until the test ends, logging to the test's output and
+// to logs. The context is the endpoint's, for the test's calls too.
+func serveEndpoint(t *testing.T, dir string, m Machine, doc *bootstrap.Document, p *PKI, logs io.Writer) (*machineCtx, context.Context) {
+	t.Helper()
+	log := slog.New(slog.NewTextHandler(io.MultiWriter(t.Output(), logs), nil))
+	a := &machineCtx{dir: dir, machine: m, doc: doc, pki: p, log: log, sup: newSupervisor(t.TempDir(), log, 0)}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(func() {
+		cancel()
+		a.servers.Wait()
+	})
+	if err := a.serveAgentEndpoint(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return a, ctx
 }

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
-	"fmt"
 	"net/http"
 	"path/filepath"
 	"slices"
@@ -130,14 +129,7 @@ func renewWithoutMember(t *testing.T, h *Host, c *testCluster, spec MachineSpec,
 	if got, want := presented(t, spec.Address, agent.EtcdAdminPort, manager), fileCert(t, pkiDir, "agent-serving.crt"); !got.Equal(want) {
 		t.Errorf("the agent endpoint presents serial %x after the renewal, not the renewed agent-serving.crt's %x", got.SerialNumber, want.SerialNumber)
 	}
-	serving := fileCert(t, pkiDir, "apiserver.crt")
-	apiTLS := &tls.Config{RootCAs: pool(t, c.cas.Cluster.CertPEM), MinVersion: tls.VersionTLS12}
-	c.eventually("kube-apiserver to present its renewed serving certificate", 90*time.Second, func() error {
-		if got := presented(t, spec.Address, agent.APIServerPort, apiTLS); !got.Equal(serving) {
-			return fmt.Errorf("it presents serial %x valid until %v, not %x", got.SerialNumber, got.NotAfter, serving.SerialNumber)
-		}
-		return nil
-	})
+	c.waitAPIServerPresents(spec.Address, pkiDir)
 	t.Logf("kube-apiserver presented its renewed serving certificate %v after the renewal answered", time.Since(answered).Round(time.Second))
 
 	checkRestarted(t, hBefore, c.waitHealthy(spec, time.Minute), map[bootstrap.Component]bool{

@@ -106,14 +106,7 @@ func TestPKIRenewal(t *testing.T) {
 	}
 	// kube-apiserver watches its serving certificate (and polls it every
 	// minute), so a new connection gets it within about a minute.
-	serving := fileCert(t, pkiDir, "apiserver.crt")
-	apiTLS := &tls.Config{RootCAs: pool(t, c.cas.Cluster.CertPEM), MinVersion: tls.VersionTLS12}
-	c.eventually("kube-apiserver to present its renewed serving certificate", 90*time.Second, func() error {
-		if got := presented(t, m1.Address, agent.APIServerPort, apiTLS); !got.Equal(serving) {
-			return fmt.Errorf("it presents serial %x valid until %v, not %x", got.SerialNumber, got.NotAfter, serving.SerialNumber)
-		}
-		return nil
-	})
+	c.waitAPIServerPresents(m1.Address, pkiDir)
 	t.Logf("kube-apiserver presented its renewed serving certificate %v after the renewal", time.Since(renewAt).Round(time.Second))
 
 	// Restarted: the two that embed their client certificate; not etcd
@@ -211,6 +204,22 @@ func (c *testCluster) renew(ctx context.Context, manager *tls.Config, addr strin
 	return res, renewAt, answered
 }
 
+// waitAPIServerPresents waits until kube-apiserver at addr presents, to a
+// new connection, the serving certificate in pkiDir: it watches the file
+// (and polls it every minute), so within about a minute of a renewal.
+func (c *testCluster) waitAPIServerPresents(addr, pkiDir string) {
+	c.t.Helper()
+	t := c.t
+	serving := fileCert(t, pkiDir, "apiserver.crt")
+	apiTLS := &tls.Config{RootCAs: pool(t, c.cas.Cluster.CertPEM), MinVersion: tls.VersionTLS12}
+	c.eventually("kube-apiserver to present its renewed serving certificate", 90*time.Second, func() error {
+		if got := presented(t, addr, agent.APIServerPort, apiTLS); !got.Equal(serving) {
+			return fmt.Errorf("it presents serial %x valid until %v, not %x", got.SerialNumber, got.NotAfter, serving.SerialNumber)
+		}
+		return nil
+	})
+}
+
 func (c *testCluster) waitPastIssuance(report agent.PKIReport) {
 	c.t.Helper()
 	var issued time.Time
@@ -262,7 +271,7 @@ func etcdTLS(t *testing.T, etcdCA *certs.KeyPair, client bool) *tls.Config {
 	return cfg
 }
 
-func pool(t *testing.T, caPEM []byte) *x509.CertPool {
+func pool(t testing.TB, caPEM []byte) *x509.CertPool {
 	t.Helper()
 	p, err := certs.CertPool(caPEM)
 	if err != nil {
@@ -272,7 +281,7 @@ func pool(t *testing.T, caPEM []byte) *x509.CertPool {
 }
 
 // presented is the certificate a new TLS connection to addr:port gets.
-func presented(t *testing.T, addr string, port int, cfg *tls.Config) *x509.Certificate {
+func presented(t testing.TB, addr string, port int, cfg *tls.Config) *x509.Certificate {
 	t.Helper()
 	conn, err := tls.DialWithDialer(&net.Dialer{Timeout: 5 * time.Second}, "tcp", net.JoinHostPort(addr, strconv.Itoa(port)), cfg)
 	if err != nil {
@@ -302,7 +311,7 @@ func readPKIFiles(t *testing.T, dir string) map[string][]byte {
 	return out
 }
 
-func fileCert(t *testing.T, dir, name string) *x509.Certificate {
+func fileCert(t testing.TB, dir, name string) *x509.Certificate {
 	t.Helper()
 	data, err := os.ReadFile(filepath.Join(dir, name))
 	if err != nil {
@@ -313,7 +322,7 @@ func fileCert(t *testing.T, dir, name string) *x509.Certificate {
 
 // parseLeaf parses a certificate file, or a kubeconfig's client
 // certificate.
-func parseLeaf(t *testing.T, name string, data []byte) *x509.Certificate {
+func parseLeaf(t testing.TB, name string, data []byte) *x509.Certificate {
 	t.Helper()
 	if strings.HasSuffix(name, ".conf") {
 		cfg, err := clientcmd.Load(data)

@@ -319,10 +319,8 @@ func QuotaBackendBytes(field *int64, extraArgs []controlplanev1.Arg) int64 {
 // standard peer port. Empty while the infrastructure has published no
 // address, which the planner reads as "still provisioning".
 func PeerURL(machine *clusterv1.Machine) string {
-	for _, a := range machine.Status.Addresses {
-		if a.Type == clusterv1.MachineInternalIP && net.ParseIP(a.Address) != nil {
-			return "https://" + net.JoinHostPort(a.Address, "2380")
-		}
+	if ip := MachineIP(machine); ip != "" {
+		return "https://" + net.JoinHostPort(ip, "2380")
 	}
 	return ""
 }
