@@ -33,7 +33,7 @@ const publishGrace = 2 * time.Second
 // etcd CA. It asks for the identity at every handshake, so a connection
 // made after a renewal presents the renewed certificate.
 func (a *machineCtx) etcdTLS() (*tls.Config, error) {
-	pool, err := certs.CertPool(a.pki.EtcdCAPEM)
+	pool, err := certs.CertPool(a.pki.EtcdTrust())
 	if err != nil {
 		return nil, fmt.Errorf("etcd CA: %w", err)
 	}

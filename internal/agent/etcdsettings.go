@@ -157,16 +157,18 @@ const ManagerCommonName = "qcp-manager"
 // refused.
 func (a *machineCtx) serveAgentEndpoint(ctx context.Context) error {
 	withEtcd := a.doc.Runs(bootstrap.Etcd)
-	pairBase, caPEM, what := "agent-serving", a.pki.ClusterCAPEM, "agent endpoint"
+	pairBase, what := "agent-serving", "agent endpoint"
+	// The etcd trust changes during an etcd CA rotation: it is read at
+	// each handshake.
+	trust := func() []byte { return a.pki.ClusterCAPEM }
 	if withEtcd {
-		pairBase, caPEM, what = "etcd/server", a.pki.EtcdCAPEM, "etcd settings endpoint"
+		pairBase, what, trust = "etcd/server", "etcd settings endpoint", a.pki.EtcdTrust
 	}
 	a.adminPair = &servingPair{certFile: a.pki.File(pairBase + ".crt"), keyFile: a.pki.File(pairBase + ".key")}
 	if err := a.adminPair.load(); err != nil {
 		return fmt.Errorf("machine %s/%s: %s: loading %s.crt: %w", a.machine.Namespace, a.machine.Name, what, pairBase, err)
 	}
-	clientCAs, err := certs.CertPool(caPEM)
-	if err != nil {
+	if _, err := certs.CertPool(trust()); err != nil {
 		return fmt.Errorf("machine %s/%s: %s: client CA: %w", a.machine.Namespace, a.machine.Name, what, err)
 	}
 	ln, err := a.listen(EtcdAdminPort, what)
@@ -179,17 +181,27 @@ func (a *machineCtx) serveAgentEndpoint(ctx context.Context) error {
 			writeJSON(w, a.effectiveEtcdSettings())
 		})
 		mux.HandleFunc("PUT "+EtcdSettingsPath, a.putEtcdSettings)
+		mux.HandleFunc("PUT "+PKIEtcdAuthorityPath, func(w http.ResponseWriter, r *http.Request) { a.putEtcdAuthority(ctx, w, r) })
 	}
 	mux.HandleFunc("GET "+PKIPath, a.getPKI)
 	mux.HandleFunc("POST "+PKIRenewPath, func(w http.ResponseWriter, r *http.Request) { a.postRenewPKI(ctx, w, r) })
 	tlsCfg := &tls.Config{
 		GetCertificate: a.adminPair.getCertificate,
-		ClientCAs:      clientCAs,
 		ClientAuth:     tls.RequireAndVerifyClientCert,
 		MinVersion:     tls.VersionTLS12,
 	}
 	if !withEtcd {
 		tlsCfg.VerifyConnection = requireManager
+	}
+	base := tlsCfg.Clone()
+	tlsCfg.GetConfigForClient = func(*tls.ClientHelloInfo) (*tls.Config, error) {
+		clientCAs, err := certs.CertPool(trust())
+		if err != nil {
+			return nil, err
+		}
+		c := base.Clone()
+		c.ClientCAs = clientCAs
+		return c, nil
 	}
 	srv := &http.Server{
 		Handler:           mux,

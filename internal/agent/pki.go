@@ -22,7 +22,10 @@ type PKI struct {
 	Dir string
 
 	ClusterCAPEM []byte
-	EtcdCAPEM    []byte
+
+	// etcdCA issues the etcd leaves (nil on an external etcd's machine);
+	// an etcd CA rotation replaces it (MoveEtcdLeaves).
+	etcdCA *certs.KeyPair
 
 	// leaves are the certificates the agent issued, which Renew signs
 	// again; the authorities, the service-account key and an external
@@ -30,8 +33,12 @@ type PKI struct {
 	// them. Only Renew changes them, and its callers serialize it.
 	leaves []*leaf
 
-	// mu guards the identities, which Renew replaces while they are used.
+	// mu guards the identities, which Renew replaces while they are used,
+	// and the etcd trust bundle, which a rotation replaces.
 	mu sync.Mutex
+	// etcdTrust is the PEM bundle of the etcd authorities this machine
+	// trusts: etcd/ca.crt.
+	etcdTrust []byte
 	// node is the machine's own kubelet identity (system:node:<name>).
 	node *certs.KeyPair
 	// admin is used once, to label the Node as a control plane node the
@@ -64,6 +71,14 @@ func (p *PKI) Node() *certs.KeyPair { return p.identity(&p.node) }
 
 // Admin is the agent's system:masters identity now.
 func (p *PKI) Admin() *certs.KeyPair { return p.identity(&p.admin) }
+
+// EtcdTrust is the PEM bundle of the etcd authorities the machine trusts
+// now.
+func (p *PKI) EtcdTrust() []byte {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.etcdTrust
+}
 
 // EtcdClient is the agent's etcd client identity now.
 func (p *PKI) EtcdClient() *certs.KeyPair { return p.identity(&p.etcdClient) }
@@ -179,8 +194,12 @@ func IssuePKI(dir string, m Machine, doc *bootstrap.Document, now time.Time) (*P
 		if err != nil {
 			return nil, fmt.Errorf("certificates.etcdCA: %w", err)
 		}
-		p.EtcdCAPEM = etcdCA.CertPEM
-		w.cert("etcd/ca.crt", etcdCA.CertPEM)
+		p.etcdCA = etcdCA
+		p.etcdTrust = etcdCA.CertPEM
+		if c.EtcdTrust != "" {
+			p.etcdTrust = []byte(c.EtcdTrust)
+		}
+		w.cert("etcd/ca.crt", p.etcdTrust)
 		if doc.Runs(bootstrap.Etcd) {
 			member, err := certs.IssueEtcdMember(etcdCA, m.Name, ip, now)
 			if err != nil {
@@ -211,7 +230,7 @@ func IssuePKI(dir string, m Machine, doc *bootstrap.Document, now time.Time) (*P
 			return nil, fmt.Errorf("etcd.external.clientCert and clientKey: %w", err)
 		}
 		p.etcdClient = client
-		p.EtcdCAPEM = []byte(ext.CACert)
+		p.etcdTrust = []byte(ext.CACert)
 		w.cert("etcd/ca.crt", []byte(ext.CACert))
 		w.cert("apiserver-etcd-client.crt", []byte(ext.ClientCert))
 		w.key("apiserver-etcd-client.key", []byte(ext.ClientKey))

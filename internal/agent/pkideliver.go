@@ -74,7 +74,7 @@ func (p *PKI) deliverEtcdClient(req PKIRenewRequest, now time.Time) (bool, error
 	if err != nil {
 		return false, invalidMaterial{fmt.Errorf("etcdClientCert and etcdClientKey: %w", err)}
 	}
-	roots, err := certs.CertPool(p.EtcdCAPEM)
+	roots, err := certs.CertPool(p.EtcdTrust())
 	if err != nil {
 		return false, fmt.Errorf("the machine's etcd CA: %w", err)
 	}

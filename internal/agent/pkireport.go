@@ -35,6 +35,11 @@ type PKICertificate struct {
 	NotBefore    time.Time `json:"notBefore"`
 	NotAfter     time.Time `json:"notAfter"`
 	IsCA         bool      `json:"isCA"`
+	// KeyID is the subject key identifier (hexadecimal) and IssuerKeyID
+	// the issuer's: what tells two authorities of a rotation apart, which
+	// may share a name.
+	KeyID       string `json:"keyID,omitempty"`
+	IssuerKeyID string `json:"issuerKeyID,omitempty"`
 	// Renewable says that POST /pki/renew issues it again: false for the
 	// authorities and for what came issued with the bootstrap data.
 	Renewable bool `json:"renewable"`
@@ -66,6 +71,17 @@ func (r PKIReport) EarliestLeaf() (PKICertificate, bool) {
 	return slices.MinFunc(leaves, func(a, b PKICertificate) int { return a.NotAfter.Compare(b.NotAfter) }), true
 }
 
+// All returns every certificate named name: a trust bundle's several.
+func (r PKIReport) All(name string) []PKICertificate {
+	var out []PKICertificate
+	for _, c := range r.Certificates {
+		if c.Name == name {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
 // Find returns the certificate named name.
 func (r PKIReport) Find(name string) (PKICertificate, bool) {
 	i := slices.IndexFunc(r.Certificates, func(c PKICertificate) bool { return c.Name == name })
@@ -79,7 +95,7 @@ func describe(name string, c *x509.Certificate, renewable bool) PKICertificate {
 	return PKICertificate{
 		Name: name, Subject: c.Subject.CommonName, Issuer: c.Issuer.CommonName,
 		SerialNumber: c.SerialNumber.Text(16), NotBefore: c.NotBefore, NotAfter: c.NotAfter,
-		IsCA: c.IsCA, Renewable: renewable,
+		IsCA: c.IsCA, Renewable: renewable, KeyID: certs.KeyID(c), IssuerKeyID: certs.IssuerKeyID(c),
 	}
 }
 
@@ -129,16 +145,14 @@ func (p *PKI) Report() (PKIReport, error) {
 	return r, nil
 }
 
+// readCertFile returns every certificate of a file: a trust bundle holds
+// several.
 func readCertFile(path string) ([]*x509.Certificate, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return nil, err
 	}
-	c, err := certs.ParseCert(data)
-	if err != nil {
-		return nil, err
-	}
-	return []*x509.Certificate{c}, nil
+	return certs.ParseCerts(data)
 }
 
 // readKubeconfigCerts returns the client certificates a kubeconfig embeds.

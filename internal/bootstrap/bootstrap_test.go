@@ -98,6 +98,8 @@ func TestParseRejects(t *testing.T) {
 		{"both etcds", edit(func(d *Document) { d.Etcd.External = &ExternalEtcd{} }), []string{"both local and external"}},
 		{"missing cluster CA", edit(func(d *Document) { d.Certificates.ClusterCA = nil }), []string{"certificates.clusterCA", "missing"}},
 		{"corrupt etcd CA", edit(func(d *Document) { d.Certificates.EtcdCA.Key = "junk" }), []string{"certificates.etcdCA", "not a valid PEM"}},
+		{"etcd trust without its CA", edit(func(d *Document) { d.Certificates.EtcdTrust = d.Certificates.ClusterCA.Cert }), []string{"certificates.etcdTrust", "holds certificates.etcdCA", "leave it empty"}},
+		{"etcd trust not PEM", edit(func(d *Document) { d.Certificates.EtcdTrust = "junk" }), []string{"certificates.etcdTrust", "not PEM"}},
 		{"mismatched CA key", edit(func(d *Document) { d.Certificates.FrontProxyCA.Key = d.Certificates.ClusterCA.Key }), []string{"certificates.frontProxyCA", "does not match"}},
 		{"missing SA", edit(func(d *Document) { d.Certificates.ServiceAccount = nil }), []string{"certificates.serviceAccount", "<cluster>-sa"}},
 		{"bad grace period", edit(func(d *Document) { d.Tunables.NodeMonitorGracePeriod = "soon" }), []string{"tunables.nodeMonitorGracePeriod", "duration"}},

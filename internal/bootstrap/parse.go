@@ -241,6 +241,13 @@ func (d *Document) validateCAs() []FieldError {
 	}
 	need("certificates.clusterCA", c.ClusterCA, d.RunsKubernetes(), "Kubernetes components and the Node need the cluster CA")
 	need("certificates.etcdCA", c.EtcdCA, d.Runs(Etcd), "a local etcd member issues its certificates from the etcd CA")
+	if c.EtcdTrust != "" && c.EtcdCA != nil {
+		if ca, err := certs.ParseKeyPair([]byte(c.EtcdCA.Cert), []byte(c.EtcdCA.Key)); err == nil {
+			if err := certs.CheckBundle([]byte(c.EtcdTrust), ca); err != nil {
+				errs = append(errs, FieldError{"certificates.etcdTrust", "not a bundle of authorities that holds certificates.etcdCA: " + err.Error(), "leave it empty to trust certificates.etcdCA alone"})
+			}
+		}
+	}
 	need("certificates.frontProxyCA", c.FrontProxyCA, d.Runs(KubeAPIServer), "kube-apiserver needs the front-proxy CA")
 	needSA := d.Runs(KubeAPIServer) || d.Runs(KubeControllerManager)
 	switch {

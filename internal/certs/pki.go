@@ -18,8 +18,12 @@ var (
 // kubeadm copies them to every control plane node. CAPI names the Secrets
 // that hold them <cluster>-ca, <cluster>-etcd, <cluster>-proxy and <cluster>-sa.
 type ClusterCAs struct {
-	Cluster    *KeyPair
-	Etcd       *KeyPair
+	Cluster *KeyPair
+	Etcd    *KeyPair
+	// EtcdTrust is the PEM bundle of the etcd authorities machines trust,
+	// which holds Etcd's certificate; nil: Etcd's alone. It holds two
+	// while an etcd CA rotation runs.
+	EtcdTrust  []byte
 	FrontProxy *KeyPair
 	// ServiceAccountKey and ServiceAccountPub are PEM; CAPI stores them in
 	// the <cluster>-sa Secret under tls.key and tls.crt.

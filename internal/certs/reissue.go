@@ -18,6 +18,12 @@ import (
 // Only a leaf this CA signed can be reissued, so a renewal cannot move a
 // certificate to another authority.
 func (ca *KeyPair) Reissue(leaf *KeyPair, now time.Time) (*KeyPair, error) {
+	return ca.reissue(leaf, now, ca.Cert)
+}
+
+// reissue is Reissue, with parent as the issuer the new certificate names
+// (ca.Cert, unless ReissueFrom moves the leaf to another authority).
+func (ca *KeyPair) reissue(leaf *KeyPair, now time.Time, parent *x509.Certificate) (*KeyPair, error) {
 	old := leaf.Cert
 	if leaf.Key == nil || leaf.KeyPEM == nil {
 		return nil, fmt.Errorf("certificate %q: reissuing needs its private key", old.Subject.CommonName)
@@ -47,7 +53,7 @@ func (ca *KeyPair) Reissue(leaf *KeyPair, now time.Time) (*KeyPair, error) {
 		KeyUsage:       old.KeyUsage,
 		ExtKeyUsage:    old.ExtKeyUsage,
 	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.Cert, leaf.Key.Public(), ca.Key)
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, parent, leaf.Key.Public(), ca.Key)
 	if err != nil {
 		return nil, fmt.Errorf("signing certificate %q again: %w", old.Subject.CommonName, err)
 	}

@@ -71,3 +71,55 @@ func TestReissueRefusesCAsAndOtherAuthorities(t *testing.T) {
 		}
 	}
 }
+
+func TestReissueFrom(t *testing.T) {
+	now := time.Now()
+	oldCA, err := NewCA("etcd-ca", now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	newCA, err := NewCA("etcd-ca", now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	leaf, err := IssueEtcdClient(oldCA, "c", now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	moved, err := newCA.ReissueFrom(oldCA, leaf, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := moved.Cert.CheckSignatureFrom(newCA.Cert); err != nil {
+		t.Fatalf("the moved leaf does not chain to the new authority: %v", err)
+	}
+	if IssuerKeyID(moved.Cert) != KeyID(newCA.Cert) || IssuerKeyID(leaf.Cert) != KeyID(oldCA.Cert) {
+		t.Fatalf("issuer key ids: moved %s (want %s), old %s (want %s)", IssuerKeyID(moved.Cert), KeyID(newCA.Cert), IssuerKeyID(leaf.Cert), KeyID(oldCA.Cert))
+	}
+	if !bytes.Equal(moved.KeyPEM, leaf.KeyPEM) || moved.Cert.Subject.CommonName != "c" {
+		t.Fatal("the moved leaf changed its key or subject")
+	}
+	// A leaf of neither authority is refused.
+	stranger, _ := NewCA("x", now)
+	if _, err := newCA.ReissueFrom(stranger, leaf, now); err == nil {
+		t.Fatal("a leaf that the named previous authority did not sign was moved")
+	}
+	// Bundles: both, in order, without repeats; the signer must be in it.
+	b := Bundle(oldCA, newCA, oldCA)
+	ids, err := BundleKeyIDs(b)
+	if err != nil || strings.Count(ids, ",") != 1 {
+		t.Fatalf("bundle ids %q, %v", ids, err)
+	}
+	if err := CheckBundle(b, newCA); err != nil {
+		t.Fatal(err)
+	}
+	if err := CheckBundle(oldCA.CertPEM, newCA); err == nil {
+		t.Fatal("a bundle without its signer passed")
+	}
+	if err := CheckBundle(append(b, leaf.CertPEM...), newCA); err == nil {
+		t.Fatal("a bundle holding a leaf passed")
+	}
+	if _, err := ParseCerts(append(b, []byte("junk")...)); err == nil {
+		t.Fatal("a bundle with junk parsed")
+	}
+}

@@ -132,7 +132,7 @@ func renewWithoutMember(t *testing.T, h *Host, c *testCluster, spec MachineSpec,
 	c.waitAPIServerPresents(spec.Address, pkiDir)
 	t.Logf("kube-apiserver presented its renewed serving certificate %v after the renewal answered", time.Since(answered).Round(time.Second))
 
-	checkRestarted(t, hBefore, c.waitHealthy(spec, time.Minute), map[bootstrap.Component]bool{
+	checkRestarted(t, hBefore, c.waitHealthy(spec, time.Minute), "client certificate was renewed", map[bootstrap.Component]bool{
 		bootstrap.KubeAPIServer: false, bootstrap.KubeControllerManager: true, bootstrap.KubeScheduler: true,
 	})
 	writeConfigMap(t, c, "after-renewal")

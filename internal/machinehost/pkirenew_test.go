@@ -112,7 +112,7 @@ func TestPKIRenewal(t *testing.T) {
 	// Restarted: the two that embed their client certificate; not etcd
 	// nor kube-apiserver, which reload.
 	hAfter := c.waitHealthy(m1, time.Minute)
-	checkRestarted(t, hBefore, hAfter, map[bootstrap.Component]bool{
+	checkRestarted(t, hBefore, hAfter, "client certificate was renewed", map[bootstrap.Component]bool{
 		bootstrap.Etcd: false, bootstrap.KubeAPIServer: false,
 		bootstrap.KubeControllerManager: true, bootstrap.KubeScheduler: true,
 	})
@@ -239,15 +239,15 @@ func (c *testCluster) waitPastIssuance(report agent.PKIReport) {
 // checkRestarted checks, for each component of want, that it was
 // restarted between the two health reports, for a renewed certificate,
 // if and only if want says so.
-func checkRestarted(t *testing.T, before, after agent.Health, want map[bootstrap.Component]bool) {
+func checkRestarted(t *testing.T, before, after agent.Health, why string, want map[bootstrap.Component]bool) {
 	t.Helper()
 	for comp, restarted := range want {
 		was, now := before.Components[comp], after.Components[comp]
 		if (now.PID != was.PID) != restarted || (now.Restarts != was.Restarts) != restarted {
 			t.Errorf("%s: pid %d, %d restarts after the renewal; was pid %d, %d restarts; want restarted %v", comp, now.PID, now.Restarts, was.PID, was.Restarts, restarted)
 		}
-		if restarted && !strings.Contains(now.LastError, "client certificate was renewed") {
-			t.Errorf("%s: last error %q; want the renewal named", comp, now.LastError)
+		if restarted && !strings.Contains(now.LastError, why) {
+			t.Errorf("%s: last error %q; want the restart's cause (%q) named", comp, now.LastError, why)
 		}
 	}
 }

@@ -15,7 +15,7 @@ func Check(before State, d Decision, after State) error {
 	b := newView(before)
 	checks := []func(view, Decision, view) error{
 		checkQuorum, checkBounded, checkLearnersFirst, checkOneAtATime,
-		checkHooks, checkLeader, checkNoHeroics, checkRenewal,
+		checkHooks, checkLeader, checkNoHeroics, checkRenewal, checkAuthority,
 	}
 	var errs []error
 	for _, c := range checks {
@@ -187,17 +187,21 @@ func checkOneAtATime(b view, d Decision, _ view) error {
 // starts only while the cluster can lose the member (at least three
 // voters, every one healthy, no learner joining).
 func checkOneDisruption(b view, d Decision) error {
+	restart := d.Kind == RestartMember || d.Kind == SetEtcdAuthority && d.RestartsMember
 	if busy, ok := b.disrupted(); ok && busy.ID != d.MemberID {
-		switch d.Kind {
-		case AddLearner, Promote, Defragment, RestartMember:
+		switch {
+		case d.Kind == AddLearner, d.Kind == Promote, d.Kind == Defragment, restart:
 			return fmt.Errorf("I4 one at a time: %s while member %s is %s", d.Kind, b.memberName(busy), b.disrupting(busy))
-		case RemoveMember, DeleteMachine:
+		case d.Kind == RemoveMember, d.Kind == DeleteMachine:
 			if d.Destructive(b.State) {
 				return fmt.Errorf("I4 one at a time: %s of a voter while member %s is %s", d.Kind, b.memberName(busy), b.disrupting(busy))
 			}
 		}
 	}
 	verb := map[Kind]string{Defragment: "defragmenting", RestartMember: "restarting"}[d.Kind]
+	if restart {
+		verb = "restarting"
+	}
 	if verb == "" {
 		return nil
 	}
@@ -218,7 +222,7 @@ func checkOneDisruption(b view, d Decision) error {
 	// A NOSPACE recovery may disrupt one of one or two voters: the
 	// cluster refuses writes already. So may a quota restart in a cluster
 	// whose desired size could never lose a member.
-	if tolerance(len(voters)) < 1 && !b.noSpaceRaised() && (d.Kind != RestartMember || tolerance(b.Desired) > 0) {
+	if tolerance(len(voters)) < 1 && !b.noSpaceRaised() && (!restart || tolerance(b.Desired) > 0) {
 		return fmt.Errorf("I4 one at a time: %s %s, one of %d voters: the cluster cannot lose it", verb, b.memberName(m), len(voters))
 	}
 	return nil
@@ -258,7 +262,10 @@ func checkLeader(b view, d Decision, _ view) error {
 		leaving, ok = b.memberOn(d.Machine)
 	case MoveLeader:
 		return checkLeaderTarget(b, d)
-	case Defragment, RestartMember:
+	case Defragment, RestartMember, SetEtcdAuthority:
+		if d.Kind == SetEtcdAuthority && !d.RestartsMember {
+			return nil
+		}
 		if m, ok := b.member(d.MemberID); ok && m.Leader && m.Healthy && len(b.voters()) > 1 {
 			return fmt.Errorf("I6 leader: %s of leader %s without moving leadership first", d.Kind, b.memberName(m))
 		}
@@ -331,6 +338,42 @@ func checkRenewal(b view, d Decision, _ view) error {
 	}
 	if m, ok := b.memberOn(d.Machine); !ok || !m.Voter() || !m.Started() || !m.Healthy {
 		return fmt.Errorf("renewal: renewing the certificates of machine %s, whose member is not a healthy, started voter", d.Machine)
+	}
+	return nil
+}
+
+// checkAuthority holds SetEtcdAuthority to its rule: only on a machine
+// that stays, lacks what the step gives it, and hosts a healthy, started
+// voter; a leaf move (no restart) one at a time and never beside a
+// disruption or a renewal, as a renewal. A trust change is a restart,
+// which checkOneDisruption and checkLeader hold.
+func checkAuthority(b view, d Decision, _ view) error {
+	if d.Kind != SetEtcdAuthority {
+		return nil
+	}
+	mc, ok := b.machine(d.Machine)
+	want := AuthorityLeaves
+	if d.RestartsMember {
+		want = AuthorityTrust
+	}
+	switch {
+	case !ok || mc.Deleting:
+		return fmt.Errorf("authority: changing the etcd authority of machine %s, which is gone or deleting", d.Machine)
+	case mc.AuthorityUpdate != want:
+		return fmt.Errorf("authority: a %q change on machine %s, which lacks %q", want, d.Machine, mc.AuthorityUpdate)
+	}
+	m, ok := b.memberOn(d.Machine)
+	if !ok || m.ID != d.MemberID || !m.Voter() || !m.Started() || !m.Healthy {
+		return fmt.Errorf("authority: changing the etcd authority of machine %s, whose member is not a healthy, started voter", d.Machine)
+	}
+	if d.RestartsMember {
+		return nil
+	}
+	if r, ok := b.renewing(); ok {
+		return fmt.Errorf("I4 one at a time: moving the etcd certificates of machine %s while machine %s renews its own", d.Machine, r.Name)
+	}
+	if busy, ok := b.disrupted(); ok {
+		return fmt.Errorf("I4 one at a time: moving the etcd certificates of machine %s while member %s is %s", d.Machine, b.memberName(busy), b.disrupting(busy))
 	}
 	return nil
 }

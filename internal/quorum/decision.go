@@ -65,6 +65,16 @@ const (
 	// disrupted, but the step is one at a time, and never beside a
 	// member's defragmentation or restart.
 	RenewCertificates Kind = "RenewCertificates"
+	// SetEtcdAuthority: bring Decision.Machine to the current stage of an
+	// etcd CA rotation (PUT /pki/etcd-authority on its agent). With
+	// RestartsMember (Machine.AuthorityUpdate is AuthorityTrust) the
+	// agent restarts member Decision.MemberID's etcd, and then its API
+	// server, to read the new trust: a disruption of the restart's class,
+	// recorded as Machine.RestartStartedAt. Without, it moves the etcd
+	// leaves to the new authority in place, recorded as
+	// Machine.RenewStartedAt like a renewal. The caller then records what
+	// the machine reports and clears the record.
+	SetEtcdAuthority Kind = "SetEtcdAuthority"
 	// Wait: nothing to do until the world changes; Reason names what for.
 	Wait Kind = "Wait"
 	// Degraded: the planner refuses to act and a human is needed; Reason
@@ -74,7 +84,7 @@ const (
 
 // Kinds are every Kind a Decision may have.
 var Kinds = []Kind{CreateMachine, AddLearner, Promote, MoveLeader, RemoveMember, AddHook, RemoveHook, DeleteMachine,
-	DisarmAlarm, Compact, Defragment, RestartMember, RenewCertificates, Wait, Degraded}
+	DisarmAlarm, Compact, Defragment, RestartMember, RenewCertificates, SetEtcdAuthority, Wait, Degraded}
 
 // Decision is exactly one next step. Only the fields its Kind names are set.
 type Decision struct {
@@ -99,6 +109,8 @@ type Decision struct {
 	Revision int64
 	// QuotaBackendBytes is the backend quota RestartMember gives the member.
 	QuotaBackendBytes int64
+	// RestartsMember says that SetEtcdAuthority restarts the member.
+	RestartsMember bool
 	// Reason is a sentence for humans: why this step, or what is waited for.
 	Reason string
 	// Expect is what the world must still look like when the caller acts.
@@ -195,8 +207,11 @@ func (d Decision) Verify(fresh State) error {
 	if healthy := healthyIDs(v.members); e.Members != nil && !slices.Equal(healthy, e.Healthy) {
 		return fmt.Errorf("member health changed since the plan: healthy %s, planned with %s", idList(healthy), idList(e.Healthy))
 	}
-	if d.Kind == RenewCertificates {
+	switch d.Kind {
+	case RenewCertificates:
 		return v.verifyRenewal(d.Machine)
+	case SetEtcdAuthority:
+		return v.verifyAuthority(d)
 	}
 	return nil
 }
@@ -301,6 +316,8 @@ func (d Decision) String() string {
 		target = fmt.Sprintf("(to %d)", d.Revision)
 	case AddHook, RemoveHook, DeleteMachine, RenewCertificates:
 		target = fmt.Sprintf("(%s)", d.Machine)
+	case SetEtcdAuthority:
+		target = fmt.Sprintf("(%s, restarts member %v)", d.Machine, d.RestartsMember)
 	}
 	return fmt.Sprintf("%s%s: %s", d.Kind, target, d.Reason)
 }

@@ -64,6 +64,15 @@ func certificatesDue(w *world) {
 	}
 }
 
+// rotationStage has every machine lack u of an etcd CA rotation's stage.
+func rotationStage(u AuthorityUpdate) func(w *world) {
+	return func(w *world) {
+		for i := range w.machines {
+			w.machines[i].authority = u
+		}
+	}
+}
+
 // initialWorlds are the interesting starting points for desired replicas n.
 func initialWorlds(n int) map[string]world {
 	healthy := healthyWorld(n, n)
@@ -110,6 +119,10 @@ func initialWorlds(n int) map[string]world {
 			w.members = append(w.members, wMember{id: w.nextMember, host: w.nextMachine, learner: true, since: w.epoch})
 		}),
 	}
+	// An etcd CA rotation's stages: a trust change restarts each member,
+	// a leaf move is like a renewal.
+	ws["etcd CA rotation: trust"] = healthy.with(rotationStage(AuthorityTrust))
+	ws["etcd CA rotation: leaves, a member down"] = healthy.with(rotationStage(AuthorityLeaves)).with(crash(n))
 	if n == 1 {
 		// Issue 28, hole 4: the first machine bootstrapped etcd, and is
 		// being deleted, before QCP ever read the member list (nothing

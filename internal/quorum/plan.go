@@ -106,6 +106,7 @@ func planWith(s State, o options) Decision {
 		planner.createMachine,
 		planner.scaleDown,
 		planner.renewCertificates,
+		planner.rotateEtcdAuthority,
 		planner.waitForUnhealthyVoters,
 		planner.restartForQuota,
 		planner.defragment,

@@ -426,7 +426,28 @@ type Machine struct {
 	// younger than Tunables.RenewTimeout is a renewal in flight; an older
 	// one finished or failed.
 	RenewStartedAt time.Time
+	// AuthorityUpdate is what the machine lacks of the current stage of
+	// an etcd CA rotation, by the caller's comparison of what its agent
+	// reports with what the stage wants; AuthorityCurrent (the zero value)
+	// when nothing, no rotation runs, or it is unknown. See
+	// SetEtcdAuthority.
+	AuthorityUpdate AuthorityUpdate
 }
+
+// AuthorityUpdate is what a machine must change to reach the current stage
+// of an etcd CA rotation.
+type AuthorityUpdate string
+
+const (
+	// AuthorityCurrent: nothing.
+	AuthorityCurrent AuthorityUpdate = ""
+	// AuthorityTrust: the authorities it trusts. etcd reads them once, at
+	// its start, so the change restarts the member: a disruption.
+	AuthorityTrust AuthorityUpdate = "Trust"
+	// AuthorityLeaves: only the authority its etcd leaves are issued
+	// from. They are issued again and reloaded; nothing restarts.
+	AuthorityLeaves AuthorityUpdate = "Leaves"
+)
 
 // Member is one etcd member, from MemberList plus per-member Status.
 type Member struct {

@@ -77,13 +77,14 @@ type wMachine struct {
 	certsDue    bool // its certificates passed their renewal point; otherwise, once it has an address, they are months from it
 	renewOpen   bool // a certificate renewal record is open (started at epoch renewAt, end not recorded)
 	renewAt     int
+	authority   AuthorityUpdate // what it lacks of an etcd CA rotation's stage
 }
 
 // version stands in for the Machine's resourceVersion: it changes whenever
 // anything the API server stores about the machine changes.
 func (m wMachine) version() string {
 	return m.fd + "/" + bits(m.addr, m.upToDate, m.deleting, m.annotated, m.hook, m.failed, m.remediate, m.joinStarted, m.defragOpen, m.defragged, m.restartOpen,
-		m.certsDue, m.renewOpen) +
+		m.certsDue, m.renewOpen) + string(m.authority) +
 		"/" + strconv.FormatUint(m.memberID, 10) + "/" + strconv.Itoa(m.defragAt) + "/" + strconv.Itoa(m.restartAt) + "/" + strconv.Itoa(m.renewAt)
 }
 
@@ -190,6 +191,7 @@ func (w world) state() State {
 		if m.renewOpen {
 			mc.RenewStartedAt = at(m.renewAt).Add(time.Minute)
 		}
+		mc.AuthorityUpdate = m.authority
 		s.Machines = append(s.Machines, mc)
 	}
 	for _, m := range w.members {
@@ -284,6 +286,20 @@ func (w world) apply(d Decision) world {
 	case RestartMember:
 		// Down for the seconds its restart takes, in progress.
 		m, mc := w.member(d.MemberID), w.machine(d.Machine)
+		m.restarting, m.healthy, m.leader, m.since = true, false, false, w.epoch
+		mc.restartOpen, mc.restartAt = true, w.epoch
+		w.elect()
+	case SetEtcdAuthority:
+		// The agent saves the stage's authority at once; a trust change
+		// then restarts the member, and a leaf move takes a while, both in
+		// progress.
+		mc := w.machine(d.Machine)
+		mc.authority = AuthorityCurrent
+		if !d.RestartsMember {
+			mc.renewOpen, mc.renewAt = true, w.epoch
+			break
+		}
+		m := w.member(d.MemberID)
 		m.restarting, m.healthy, m.leader, m.since = true, false, false, w.epoch
 		mc.restartOpen, mc.restartAt = true, w.epoch
 		w.elect()
@@ -445,6 +461,9 @@ func (w world) converged() bool {
 		if mc.certsDue || mc.renewOpen {
 			return false // every machine's certificates are renewed
 		}
+		if mc.authority != AuthorityCurrent {
+			return false // every machine reached the rotation's stage
+		}
 		replaced := !mc.upToDate || (len(w.domains) > 0 && !slices.Contains(w.domains, mc.fd))
 		if replaced && w.strategy != OnDelete {
 			return false
@@ -512,6 +531,7 @@ func (w world) key() string {
 			mc.noInfra, mc.slow, mc.remediate, mc.joinStarted, mc.memberID != 0, mc.stalled, mc.defragOpen, mc.defragged && mc.defragAt == w.epoch,
 			mc.defragged && w.compacted && mc.defragAt >= w.compactAt, mc.restartOpen && mc.restartAt == w.epoch,
 			mc.certsDue, mc.renewOpen, mc.renewOpen && mc.renewAt == w.epoch)...)
+		b = append(b, mc.authority...)
 		b = append(b, ',')
 		b = strconv.AppendInt(b, int64(mid), 10)
 		b = append(b, ';')

@@ -1,0 +1,106 @@
+package certs
+
+import (
+	"bytes"
+	"crypto/x509"
+	"encoding/hex"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+)
+
+// ParseCerts parses every PEM certificate in data, in order, and fails on
+// anything else: a trust bundle with a stray block is not what its writer
+// meant.
+func ParseCerts(data []byte) ([]*x509.Certificate, error) {
+	var out []*x509.Certificate
+	for rest := bytes.TrimSpace(data); len(rest) > 0; rest = bytes.TrimSpace(rest) {
+		var block *pem.Block
+		block, rest = pem.Decode(rest)
+		if block == nil || block.Type != "CERTIFICATE" {
+			return nil, fmt.Errorf("certificate %d is not PEM encoded", len(out)+1)
+		}
+		c, err := x509.ParseCertificate(block.Bytes)
+		if err != nil {
+			return nil, fmt.Errorf("certificate %d: %w", len(out)+1, err)
+		}
+		out = append(out, c)
+	}
+	if len(out) == 0 {
+		return nil, errors.New("no PEM certificate found")
+	}
+	return out, nil
+}
+
+// KeyID names an authority by its subject key identifier, in hexadecimal,
+// the way leaves name their issuer (AuthorityKeyId): two authorities of a
+// rotation may share a common name, never a key.
+func KeyID(c *x509.Certificate) string { return hex.EncodeToString(c.SubjectKeyId) }
+
+// IssuerKeyID is the key identifier of the authority that signed c.
+func IssuerKeyID(c *x509.Certificate) string { return hex.EncodeToString(c.AuthorityKeyId) }
+
+// Bundle is the PEM trust bundle of the authorities cas, in order,
+// skipping repeats.
+func Bundle(cas ...*KeyPair) []byte {
+	var out []byte
+	var seen []string
+	for _, ca := range cas {
+		if id := KeyID(ca.Cert); !slices.Contains(seen, id) {
+			seen = append(seen, id)
+			out = append(out, ca.CertPEM...)
+		}
+	}
+	return out
+}
+
+// BundleKeyIDs lists the key identifiers of the authorities in a PEM
+// bundle, sorted, joined with commas: the form the records compare.
+func BundleKeyIDs(bundle []byte) (string, error) {
+	cs, err := ParseCerts(bundle)
+	if err != nil {
+		return "", err
+	}
+	ids := make([]string, 0, len(cs))
+	for _, c := range cs {
+		ids = append(ids, KeyID(c))
+	}
+	slices.Sort(ids)
+	return strings.Join(slices.Compact(ids), ","), nil
+}
+
+// CheckBundle checks that bundle parses, holds only authorities, and
+// holds signer's certificate: a machine must trust the authority it
+// issues its certificates from.
+func CheckBundle(bundle []byte, signer *KeyPair) error {
+	cs, err := ParseCerts(bundle)
+	if err != nil {
+		return err
+	}
+	for _, c := range cs {
+		if !c.IsCA {
+			return fmt.Errorf("certificate %q is not an authority", c.Subject.CommonName)
+		}
+	}
+	if !slices.ContainsFunc(cs, func(c *x509.Certificate) bool { return c.Equal(signer.Cert) }) {
+		return fmt.Errorf("it does not hold the issuing authority %q (%s)", signer.Cert.Subject.CommonName, KeyID(signer.Cert))
+	}
+	return nil
+}
+
+// ReissueFrom signs leaf, which prev signed, again from ca for leaf's own
+// key, as Reissue does: how a leaf moves to the new authority of a
+// rotation. It refuses a leaf prev did not sign.
+func (ca *KeyPair) ReissueFrom(prev, leaf *KeyPair, now time.Time) (*KeyPair, error) {
+	if prev.Cert.Equal(ca.Cert) {
+		return ca.Reissue(leaf, now)
+	}
+	// reissue checks the leaf against its receiver's certificate and signs
+	// with its key: a copy of ca naming prev's certificate does both.
+	signer := *ca
+	signer.Cert = prev.Cert
+	return signer.reissue(leaf, now, ca.Cert)
+}
