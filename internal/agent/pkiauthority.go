@@ -99,10 +99,8 @@ func (a *machineCtx) loadEtcdAuthority() error {
 	if err != nil {
 		return fmt.Errorf("%s, which an etcd CA rotation wrote, is invalid (%w): restore it, or replace the machine", path, err)
 	}
-	doc := *a.doc
-	doc.Certificates.EtcdCA = &e.CA
-	doc.Certificates.EtcdTrust = e.Trust
-	a.doc = &doc
+	a.doc.Certificates.EtcdCA = &e.CA
+	a.doc.Certificates.EtcdTrust = e.Trust
 	a.log.Info("the etcd authority of an etcd CA rotation overrides the bootstrap data's", "file", path)
 	return nil
 }

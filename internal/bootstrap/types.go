@@ -132,14 +132,14 @@ type ExternalEtcd struct {
 // CAMaterial is what kubeadm copies to every control plane node. All values
 // are PEM.
 type CAMaterial struct {
-	ClusterCA      *CertKey          `json:"clusterCA,omitempty"`
-	EtcdCA         *CertKey          `json:"etcdCA,omitempty"`
+	ClusterCA *CertKey `json:"clusterCA,omitempty"`
+	EtcdCA    *CertKey `json:"etcdCA,omitempty"`
 	// EtcdTrust is the PEM bundle of the authorities etcd's client and
 	// peer ports and every etcd client of the machine trust; it holds
 	// EtcdCA's certificate. Empty: EtcdCA's alone. An etcd CA rotation
 	// trusts the old and the new authority beside each other while its
 	// leaves move from one to the other.
-	EtcdTrust string `json:"etcdTrust,omitempty"`
+	EtcdTrust      string            `json:"etcdTrust,omitempty"`
 	FrontProxyCA   *CertKey          `json:"frontProxyCA,omitempty"`
 	ServiceAccount *ServiceAccountKP `json:"serviceAccount,omitempty"`
 }

@@ -65,10 +65,12 @@ func (c Config) TLSConfig() (*tls.Config, error) {
 type Pool struct {
 	mu      sync.Mutex
 	clients map[string]*Client
+	// versions name the material each client was built from (GetFunc).
+	versions map[string]string
 }
 
 // NewPool returns an empty pool.
-func NewPool() *Pool { return &Pool{clients: map[string]*Client{}} }
+func NewPool() *Pool { return &Pool{clients: map[string]*Client{}, versions: map[string]string{}} }
 
 // Get returns the client for cluster, creating it from cfg on first use.
 // A later cfg for the same cluster is ignored until Forget is called; callers
@@ -88,19 +90,34 @@ func (p *Pool) Get(cluster string, cfg Config) (*Client, error) {
 }
 
 // GetFunc is Get for callers whose Config is costly to build (it issues a
-// client certificate): cfg is called only when cluster has no client yet.
-func (p *Pool) GetFunc(cluster string, cfg func() (Config, error)) (*Client, error) {
+// client certificate): cfg is called only when cluster has no client yet,
+// or has one built from material other than version names (an etcd CA
+// rotation's stage changes what the client trusts and presents); that one
+// is closed and replaced.
+func (p *Pool) GetFunc(cluster, version string, cfg func() (Config, error)) (*Client, error) {
 	p.mu.Lock()
 	c, ok := p.clients[cluster]
+	stale := ok && p.versions[cluster] != version
 	p.mu.Unlock()
-	if ok {
+	if ok && !stale {
 		return c, nil
+	}
+	if stale {
+		if err := p.Forget(cluster); err != nil {
+			return nil, fmt.Errorf("closing the etcd client of cluster %s built from other material: %w", cluster, err)
+		}
 	}
 	built, err := cfg()
 	if err != nil {
 		return nil, fmt.Errorf("etcd client for cluster %s: %w", cluster, err)
 	}
-	return p.Get(cluster, built)
+	c, err = p.Get(cluster, built)
+	if err == nil {
+		p.mu.Lock()
+		p.versions[cluster] = version
+		p.mu.Unlock()
+	}
+	return c, err
 }
 
 // Forget closes and drops the client for cluster.
@@ -108,6 +125,7 @@ func (p *Pool) Forget(cluster string) error {
 	p.mu.Lock()
 	c, ok := p.clients[cluster]
 	delete(p.clients, cluster)
+	delete(p.versions, cluster)
 	p.mu.Unlock()
 	if !ok {
 		return nil

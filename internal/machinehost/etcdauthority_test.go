@@ -2,6 +2,7 @@ package machinehost
 
 import (
 	"context"
+	"fmt"
 	"crypto/tls"
 	"os"
 	"path/filepath"
@@ -134,16 +135,23 @@ func TestEtcdAuthorityMove(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// A restart from the unchanged bootstrap data keeps the rotation.
-	if err := h.Stop(c.ns, m1.Name); err != nil {
+	// A restart from the unchanged bootstrap data keeps the rotation: a
+	// power cut (the directory stays), then a start.
+	if err := h.Kill(c.ns, m1.Name); err != nil {
 		t.Fatal(err)
 	}
+	c.eventually("the machine down", time.Minute, func() error {
+		if st, err := h.Status(c.ns, m1.Name); err != nil || st.Running {
+			return fmt.Errorf("running %v, %v", st.Running, err)
+		}
+		return nil
+	})
 	c.startDoc(m1, doc)
-	c.waitNodeReady("m1", corev1.ConditionTrue, 3*time.Minute)
-	rep, err := agent.GetPKI(ctx, asNew, m1.Address)
-	if err != nil {
-		t.Fatal(err)
-	}
+	var rep agent.PKIReport
+	c.eventually("the restarted machine's report", time.Minute, func() error {
+		rep, err = agent.GetPKI(ctx, asNew, m1.Address)
+		return err
+	})
 	checkIssuedBy(t, rep, newCA)
 	checkTrusts(t, rep, newCA)
 	if fi, err := os.Stat(filepath.Join(h.Dir(c.ns, m1.Name), agent.EtcdAuthorityFile)); err != nil || fi.Mode().Perm() != 0o600 {

@@ -40,7 +40,11 @@ func TestRotateEtcdAuthority(t *testing.T) {
 		{"but not on a member in trouble",
 			edit(cluster(3, 3), func(s *State) { lacks(s, 2, AuthorityLeaves); down(s, 2, time.Minute) }), Wait, "", "waiting for member m-03 to become healthy"},
 		{"one leaf move at a time",
-			edit(cluster(3, 3), func(s *State) { lacks(s, 1, AuthorityLeaves); lacks(s, 2, AuthorityLeaves); renewStarted(s, 2, time.Minute) }),
+			edit(cluster(3, 3), func(s *State) {
+				lacks(s, 1, AuthorityLeaves)
+				lacks(s, 2, AuthorityLeaves)
+				renewStarted(s, 2, time.Minute)
+			}),
 			Wait, "", "waiting for machine m-03 to finish renewing its certificates (started 1m0s ago; counted as finished after 5m0s) before moving the etcd certificates of machine m-02"},
 		{"nor beside a restart",
 			edit(cluster(3, 3), func(s *State) { lacks(s, 2, AuthorityLeaves); restartStarted(s, 1, 10*time.Second) }),

@@ -72,6 +72,18 @@ func quota(bytes int64) func(*controlplanev1.QuorumControlPlane) {
 	return func(q *controlplanev1.QuorumControlPlane) { q.Spec.Etcd.Stacked.QuotaBackendBytes = ptr.To(bytes) }
 }
 
+func rotate(trigger string) func(*controlplanev1.QuorumControlPlane) {
+	return func(q *controlplanev1.QuorumControlPlane) {
+		q.Spec.Certificates.Rotation = &controlplanev1.CertificateRotation{Kind: controlplanev1.CertificateAuthorityEtcdCA, Trigger: trigger}
+	}
+}
+
+func rotating(trigger string, stage controlplanev1.CertificateRotationStage) func(*controlplanev1.QuorumControlPlane) {
+	return func(q *controlplanev1.QuorumControlPlane) {
+		q.Status.CertificateRotation = &controlplanev1.CertificateRotationStatus{Kind: controlplanev1.CertificateAuthorityEtcdCA, Trigger: trigger, Stage: stage}
+	}
+}
+
 func admissionCases() []admissionCase {
 	return []admissionCase{
 		// Rejected creates.
@@ -116,6 +128,16 @@ func admissionCases() []admissionCase {
 		{name: "second upgrade before the machines finished the first", pureOnly: true,
 			old: qcp(func(q *controlplanev1.QuorumControlPlane) { q.Status.Version = "v1.35.4" }),
 			new: qcp(version("v1.37.0")), field: "spec.version", fix: "the control plane is at v1.35.4"},
+		{name: "etcd CA rotation on external etcd", new: qcp(external("https://10.0.0.1:2379"), rotate("1")),
+			field: "spec.certificates.rotation.kind", fix: "its CA belongs to whoever runs it"},
+		{name: "a rotation requested while another is in progress", pureOnly: true,
+			old: qcp(rotate("1"), rotating("1", controlplanev1.RotationReissue)), new: qcp(rotate("2")),
+			field: "spec.certificates.rotation", fix: `a rotation of the EtcdCA (trigger "1") is at stage Reissue; wait until status.certificateRotation.stage is Completed`},
+		{name: "a rotation withdrawn while in progress", pureOnly: true,
+			old: qcp(rotate("1"), rotating("1", controlplanev1.RotationTrustBoth)), new: qcp(),
+			field: "spec.certificates.rotation", fix: "is at stage TrustBoth"},
+		{name: "a new rotation once the last completed", old: qcp(rotate("1"), rotating("1", controlplanev1.RotationCompleted)), new: qcp(rotate("2"))},
+		{name: "a first rotation", old: qcp(), new: qcp(rotate("1"))},
 		{name: "stacked to external etcd", old: qcp(), new: qcp(external("https://10.0.0.1:2379")),
 			field: "spec.etcd", fix: "cannot switch from stacked etcd to external etcd endpoints after creation, because the cluster's data lives in the etcd it started with; remove spec.etcd.external and spec.etcd.clusterRef"},
 		{name: "stacked to EtcdCluster", old: qcp(), new: qcp(clusterRef("etcd-a")),

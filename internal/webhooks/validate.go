@@ -33,6 +33,7 @@ func Validate(old, qcp *controlplanev1.QuorumControlPlane) field.ErrorList {
 	errs = append(errs, validateVersion(specPath.Child("version"), spec.Version, "v1.36.3")...)
 	errs = append(errs, validateConfig(specPath, &spec.QuorumControlPlaneConfig)...)
 	errs = append(errs, validateSurge(spec)...)
+	errs = append(errs, validateRotation(old, qcp)...)
 	if old != nil {
 		errs = append(errs, validateVersionChange(old, qcp)...)
 		errs = append(errs, validateEtcdChange(old.Spec.Etcd, spec.Etcd)...)
@@ -248,4 +249,27 @@ func validateSurge(spec *controlplanev1.QuorumControlPlaneSpec) field.ErrorList 
 	}
 	return field.ErrorList{field.Invalid(specPath.Child("rollout", "strategy", "rollingUpdate", "maxSurge"), *surge,
 		"maxSurge 0 removes a machine before its replacement exists, which needs at least 3 replicas; use maxSurge 1, or 3 or more replicas")}
+}
+
+// validateRotation refuses an etcd CA rotation of an etcd QCP does not run,
+// and any change of the rotation asked for while one is in progress: an
+// interrupted rotation can always be finished, and a second one started
+// over it would leave machines trusting three authorities.
+func validateRotation(old, qcp *controlplanev1.QuorumControlPlane) field.ErrorList {
+	path := specPath.Child("certificates", "rotation")
+	rot := qcp.Spec.Certificates.Rotation
+	var errs field.ErrorList
+	if rot != nil && rot.Kind == controlplanev1.CertificateAuthorityEtcdCA && !qcp.Spec.Etcd.IsStacked() {
+		errs = append(errs, field.Invalid(path.Child("kind"), rot.Kind,
+			"EtcdCA rotates the CA of the etcd QCP runs on the control plane machines; this control plane's etcd is external, and its CA belongs to whoever runs it (an EtcdCluster, or the endpoints' owner): remove spec.certificates.rotation"))
+	}
+	if old == nil || equality.Semantic.DeepEqual(old.Spec.Certificates.Rotation, rot) {
+		return errs
+	}
+	if st := old.Status.CertificateRotation; st != nil && st.Stage != controlplanev1.RotationCompleted {
+		errs = append(errs, field.Forbidden(path, fmt.Sprintf(
+			"a rotation of the %s (trigger %q) is at stage %s; wait until status.certificateRotation.stage is Completed, then change spec.certificates.rotation (an interrupted rotation always finishes)",
+			st.Kind, st.Trigger, st.Stage)))
+	}
+	return errs
 }

@@ -42,6 +42,10 @@ const (
 	// stages, which would cut every machine off from the others: QCP does
 	// not use it, and changes nothing until the recorded authority is back.
 	CertificateAuthorityReplacedReason = "CertificateAuthorityReplaced"
+	// CertificateAuthorityRotatingReason: a rotation of an authority runs;
+	// the message names its stage and which clients it affects (the
+	// condition stays True: every certificate in use is valid).
+	CertificateAuthorityRotatingReason = "CertificateAuthorityRotating"
 )
 
 // EtcdClusterHealthy: every member is healthy, every member reports the same

@@ -70,6 +70,11 @@ type QuorumControlPlaneStatus struct {
 	// +kubebuilder:validation:MaxItems=16
 	Certificates []CertificateExpiry `json:"certificates,omitempty"`
 
+	// certificateRotation is the latest certificate authority rotation: its
+	// stage while it runs, Completed once it has finished.
+	// +optional
+	CertificateRotation *CertificateRotationStatus `json:"certificateRotation,omitempty"`
+
 	// lastOperation is the quorum engine's latest step: what, on what, why,
 	// and when it started and finished.
 	// +optional
@@ -172,7 +177,7 @@ type EtcdDatabaseStatus struct {
 
 // OperationKind is a step of the quorum engine. The values are the kinds of
 // internal/quorum's Decision.
-// +kubebuilder:validation:Enum=CreateMachine;AddLearner;Promote;MoveLeader;RemoveMember;AddHook;RemoveHook;DeleteMachine;DisarmAlarm;Defragment;Compact;RestartMember;RenewCertificates;Wait;Degraded
+// +kubebuilder:validation:Enum=CreateMachine;AddLearner;Promote;MoveLeader;RemoveMember;AddHook;RemoveHook;DeleteMachine;DisarmAlarm;Defragment;Compact;RestartMember;RenewCertificates;SetEtcdAuthority;Wait;Degraded
 type OperationKind string
 
 // The quorum engine's steps; see internal/quorum for what each one does.
@@ -191,6 +196,9 @@ const (
 	OperationRestartMember OperationKind = "RestartMember"
 	// OperationRenewCertificates renews a machine's certificates in place.
 	OperationRenewCertificates OperationKind = "RenewCertificates"
+	// OperationSetEtcdAuthority brings a machine to an etcd CA rotation's
+	// stage.
+	OperationSetEtcdAuthority OperationKind = "SetEtcdAuthority"
 	OperationWait              OperationKind = "Wait"
 	OperationDegraded          OperationKind = "Degraded"
 )
@@ -257,4 +265,43 @@ type CertificateExpiry struct {
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=300
 	Source string `json:"source"`
+}
+
+// CertificateRotationStage is a stage of a certificate authority rotation.
+// +kubebuilder:validation:Enum=TrustBoth;Reissue;SwitchSigner;Distrust;Completed
+type CertificateRotationStage string
+
+// The stages, in order.
+const (
+	// RotationTrustBoth: every machine trusts the new authority beside the
+	// old one (etcd restarts, one member at a time).
+	RotationTrustBoth CertificateRotationStage = "TrustBoth"
+	// RotationReissue: every certificate is issued again from the new
+	// authority. Clients that trust only the old one fail from here on.
+	RotationReissue CertificateRotationStage = "Reissue"
+	// RotationSwitchSigner: the authority's Secret takes the new one, so
+	// machines created from now on issue from it.
+	RotationSwitchSigner CertificateRotationStage = "SwitchSigner"
+	// RotationDistrust: every machine stops trusting the old authority
+	// (etcd restarts again, one member at a time).
+	RotationDistrust CertificateRotationStage = "Distrust"
+	// RotationCompleted: nothing trusts or holds the old authority.
+	RotationCompleted CertificateRotationStage = "Completed"
+)
+
+// CertificateRotationStatus is where a rotation stands.
+type CertificateRotationStatus struct {
+	// kind is the authority rotated.
+	Kind CertificateAuthorityKind `json:"kind"`
+	// trigger is the spec's trigger that started it.
+	// +kubebuilder:validation:MaxLength=63
+	Trigger string `json:"trigger"`
+	// stage is where it stands.
+	Stage CertificateRotationStage `json:"stage"`
+	// stageStartTime is when the stage began.
+	StageStartTime metav1.Time `json:"stageStartTime"`
+	// message says what the stage waits for.
+	// +optional
+	// +kubebuilder:validation:MaxLength=1024
+	Message string `json:"message,omitempty"`
 }

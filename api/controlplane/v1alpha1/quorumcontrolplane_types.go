@@ -51,9 +51,52 @@ type QuorumControlPlaneSpec struct {
 	// +required
 	MachineTemplate QuorumControlPlaneMachineTemplate `json:"machineTemplate"`
 
+	// certificates starts operations on the control plane's certificate
+	// authorities. A QuorumControlPlaneTemplate has none: they belong to
+	// one cluster.
+	// +optional
+	Certificates CertificatesSpec `json:"certificates,omitempty,omitzero"`
+
 	// The rest of the spec is how the components run, which a
 	// QuorumControlPlaneTemplate carries too.
 	QuorumControlPlaneConfig `json:",inline"`
+}
+
+// CertificatesSpec starts operations on certificate authorities.
+type CertificatesSpec struct {
+	// rotation rotates a certificate authority: a new one is trusted beside
+	// the old everywhere, every certificate is issued again from it, it
+	// becomes the signer, and the old one is distrusted, each stage on one
+	// machine at a time, without replacing a machine. A new trigger starts
+	// a rotation; status.certificateRotation follows it. While one runs, this
+	// field cannot change.
+	// +optional
+	Rotation *CertificateRotation `json:"rotation,omitempty"`
+}
+
+// CertificateAuthorityKind names an authority a rotation replaces.
+// +kubebuilder:validation:Enum=EtcdCA
+type CertificateAuthorityKind string
+
+// CertificateAuthorityEtcdCA is the stacked etcd cluster's CA, the
+// <cluster>-etcd Secret: it signs etcd's server, peer and client
+// certificates, among them the API servers' and qcp-manager's.
+const CertificateAuthorityEtcdCA CertificateAuthorityKind = "EtcdCA"
+
+// CertificateRotation asks for a rotation of one authority.
+type CertificateRotation struct {
+	// kind is the authority to rotate: EtcdCA, on a control plane with
+	// stacked etcd.
+	// +required
+	Kind CertificateAuthorityKind `json:"kind"`
+
+	// trigger starts a rotation whenever it changes: a generation number or
+	// a timestamp, as rollout.after is one. A rotation with the trigger of
+	// the last completed one does nothing.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=63
+	Trigger string `json:"trigger"`
 }
 
 // QuorumControlPlaneConfig is how a control plane's components run:

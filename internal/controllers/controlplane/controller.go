@@ -16,6 +16,7 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/controllers/clustercache"
 	"sigs.k8s.io/cluster-api/util"
+	"sigs.k8s.io/cluster-api/util/conditions"
 	"sigs.k8s.io/cluster-api/util/patch"
 	"sigs.k8s.io/cluster-api/util/paused"
 	"sigs.k8s.io/cluster-api/util/secret"
@@ -265,6 +266,20 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Clu
 	}
 	r.initialize(ctx, cluster, cp, obs)
 	r.watchNodes(ctx, cluster, cp, obs)
+	if rt := secrets.rotation; rt != nil {
+		advanced, err := r.advanceRotation(ctx, cluster, cp, rt, obs.Machines)
+		if err != nil {
+			return ctrl.Result{}, err
+		}
+		if advanced {
+			// The next round observes and plans with the new stage.
+			return ctrl.Result{RequeueAfter: engine.FastPoll}, nil
+		}
+		conditions.Set(cp, rt.condition())
+		rt.setStatus(cp)
+	} else {
+		mirrorRotation(cp)
+	}
 
 	d := quorum.PlanWithOptions(obs.State, r.PlanOptions)
 	acted, replan, err := r.act(ctx, cluster, cp, secrets, d, learned)
@@ -347,10 +362,13 @@ func (r *Reconciler) healthCheckToControlPlane(ctx context.Context, o client.Obj
 // secretToControlPlane maps a cluster's <cluster>-apiserver-etcd-client
 // Secret to its control plane: when its pair is renewed (by an
 // EtcdCluster) or replaced (by the owner of an external etcd), the
-// control plane delivers it to its machines. Other Secrets map to none.
+// control plane delivers it to its machines; and its <cluster>-etcd-next,
+// the new authority a user supplies for an etcd CA rotation, which a
+// rotation waiting for it to become usable then takes. Other Secrets map
+// to none.
 func (r *Reconciler) secretToControlPlane(ctx context.Context, o client.Object) []ctrl.Request {
 	name := o.GetLabels()[clusterv1.ClusterNameLabel]
-	if name == "" || o.GetName() != secret.Name(name, secret.APIServerEtcdClient) {
+	if name == "" || o.GetName() != secret.Name(name, secret.APIServerEtcdClient) && o.GetName() != secret.Name(name, nextEtcdCA) {
 		return nil
 	}
 	cluster := &clusterv1.Cluster{}

@@ -113,6 +113,9 @@ func (r *Reconciler) observe(ctx context.Context, cluster *clusterv1.Cluster, cp
 			return nil, fmt.Errorf("the API servers' etcd client pair: %w", err)
 		}
 	}
+	if rt := secrets.rotation; rt != nil {
+		obs.EtcdAuthority, obs.EtcdAuthorityWant = rt.authority(), rt.want()
+	}
 	obs.rollout = r.newRollout(ctx, cp)
 	obs.remediation = newRemediationPolicy(cp, r.Now())
 	obs.certificates = observeCertificates(ctx, secrets, obs)
@@ -155,7 +158,7 @@ func byName(list []corev1.Node) map[string]*corev1.Node {
 // observeEtcd reads the stacked members through the machines' client
 // URLs, with a client certificate QCP issues itself from the etcd CA.
 func (r *Reconciler) observeEtcd(ctx context.Context, cluster *clusterv1.Cluster, secrets *clusterSecrets, machines []*clusterv1.Machine) (*etcd.Client, []quorum.Member, []quorum.Alarm, error) {
-	cli, members, departed, err := engine.ObserveEtcd(ctx, r.Etcd, klogRef(cluster), secrets.cas.Etcd, r.EtcdClientLifetime, machines)
+	cli, members, departed, err := engine.ObserveEtcd(ctx, r.Etcd, klogRef(cluster), secrets.cas.Etcd, secrets.cas.EtcdTrust, r.EtcdClientLifetime, machines)
 	return cli, r.catchUp.Observe(members, r.Now()), departed, err
 }
 
@@ -202,6 +205,7 @@ func (o *observation) build(cp *controlplanev1.QuorumControlPlane, cluster *clus
 			// delivers it.
 			pm.CertificatesRenewAt = pair.Cert.NotBefore
 		}
+		pm.AuthorityUpdate = engine.AuthorityUpdate(m, o.EtcdAuthorityWant)
 		s.Machines = append(s.Machines, pm)
 	}
 	o.State = s

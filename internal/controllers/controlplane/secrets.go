@@ -102,14 +102,13 @@ func (e *replacedAuthorityError) Error() string {
 // on cp, and records them if none are: a replaced one is refused. ext's
 // etcd CA, when etcd is external, is the owner's: its certificate counts.
 func keepAuthorities(cp *controlplanev1.QuorumControlPlane, cluster string, cas *certs.ClusterCAs, ext *externalEtcd) error {
-	sum := func(data []byte) string { h := sha256.Sum256(data); return hex.EncodeToString(h[:8]) }
-	now := map[secret.Purpose]string{secret.ClusterCA: sum(cas.Cluster.Cert.Raw), secret.FrontProxyCA: sum(cas.FrontProxy.Cert.Raw),
-		secret.ServiceAccount: sum(cas.ServiceAccountPub)}
+	now := map[secret.Purpose]string{secret.ClusterCA: authoritySum(cas.Cluster.Cert.Raw), secret.FrontProxyCA: authoritySum(cas.FrontProxy.Cert.Raw),
+		secret.ServiceAccount: authoritySum(cas.ServiceAccountPub)}
 	switch {
 	case ext != nil:
-		now[secret.EtcdCA] = sum(ext.caCert)
+		now[secret.EtcdCA] = authoritySum(ext.caCert)
 	case cas.Etcd != nil:
-		now[secret.EtcdCA] = sum(cas.Etcd.Cert.Raw)
+		now[secret.EtcdCA] = authoritySum(cas.Etcd.Cert.Raw)
 	}
 	recorded, ok := cp.Annotations[AuthoritiesAnnotation]
 	if !ok {
@@ -131,6 +130,21 @@ func keepAuthorities(cp *controlplanev1.QuorumControlPlane, cluster string, cas 
 		}
 	}
 	return nil
+}
+
+// authoritySum is how AuthoritiesAnnotation names an authority.
+func authoritySum(data []byte) string { h := sha256.Sum256(data); return hex.EncodeToString(h[:8]) }
+
+// recordAuthority records certDER as the authority of purpose in
+// AuthoritiesAnnotation: a rotation's switch of the signer.
+func recordAuthority(cp *controlplanev1.QuorumControlPlane, purpose secret.Purpose, certDER []byte) {
+	parts := strings.Split(cp.Annotations[AuthoritiesAnnotation], ",")
+	for i, part := range parts {
+		if p, _, _ := strings.Cut(part, "="); p == string(purpose) {
+			parts[i] = p + "=" + authoritySum(certDER)
+		}
+	}
+	cp.Annotations[AuthoritiesAnnotation] = strings.Join(parts, ",")
 }
 
 // EnsureKubeconfig keeps <cluster>-kubeconfig, an administrator kubeconfig
@@ -200,6 +214,8 @@ type clusterSecrets struct {
 	external *externalEtcd
 	// renewAt is when the kubeconfig next needs issuing.
 	renewAt time.Time
+	// rotation is the etcd CA rotation that runs; nil if none.
+	rotation *rotation
 }
 
 // ensureSecrets keeps the authorities and the kubeconfig, owned by cp, and
@@ -223,8 +239,24 @@ func (r *Reconciler) ensureSecrets(ctx context.Context, cluster *clusterv1.Clust
 	if err != nil {
 		return fail(err)
 	}
+	var rt *rotation
+	if ext == nil {
+		if err := keepRotatedAuthority(cp, cas); err != nil {
+			return fail(err)
+		}
+	}
 	if err := keepAuthorities(cp, cluster.Name, cas, ext); err != nil {
 		return fail(err)
+	}
+	if ext == nil {
+		if rt, err = r.ensureRotation(ctx, cluster, cp, cas); err != nil {
+			return fail(err)
+		}
+	}
+	if rt != nil {
+		// New machines and qcp-manager's etcd client issue from, and
+		// trust, what the stage does.
+		cas.Etcd, cas.EtcdTrust = rt.signer(), rt.trust()
 	}
 	endpoint := cluster.Spec.ControlPlaneEndpoint
 	renewAt, err := EnsureKubeconfig(ctx, r.Client, key, "https://"+net.JoinHostPort(endpoint.Host, strconv.Itoa(int(endpoint.Port))),
@@ -234,5 +266,5 @@ func (r *Reconciler) ensureSecrets(ctx context.Context, cluster *clusterv1.Clust
 	}
 	conditions.Set(cp, metav1.Condition{Type: controlplanev1.CertificatesAvailableCondition, Status: metav1.ConditionTrue,
 		Reason: controlplanev1.CertificatesAvailableReason})
-	return &clusterSecrets{cas: cas, external: ext, renewAt: renewAt}, nil
+	return &clusterSecrets{cas: cas, external: ext, renewAt: renewAt, rotation: rt}, nil
 }

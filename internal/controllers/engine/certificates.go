@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -34,6 +36,59 @@ type PKIRecords struct {
 	// EtcdClientSerial is the serial number (hexadecimal) of the API
 	// server's etcd client certificate, "" if the machine has none.
 	EtcdClientSerial string
+	// EtcdAuthority is EtcdAuthorityAnnotation's value.
+	EtcdAuthority string
+}
+
+// etcdLeaves are the leaves a machine that runs a member issues from the
+// etcd CA, as the agent's report names them.
+var etcdLeaves = []string{"etcd/server.crt", "etcd/peer.crt", etcdClientFile, "memory:etcd-client"}
+
+// noEtcdAuthority is EtcdAuthorityAnnotation on a machine without a member.
+const noEtcdAuthority = "none"
+
+// EtcdAuthorityOf is what a machine's report says of its etcd authorities
+// (EtcdAuthorityAnnotation).
+func EtcdAuthorityOf(rep agent.PKIReport) string {
+	if _, ok := rep.Find("etcd/server.crt"); !ok {
+		return noEtcdAuthority
+	}
+	issuer := ""
+	for _, name := range etcdLeaves {
+		c, ok := rep.Find(name)
+		switch {
+		case !ok:
+		case issuer == "":
+			issuer = c.IssuerKeyID
+		case issuer != c.IssuerKeyID:
+			issuer = "mixed"
+		}
+	}
+	var trusted []string
+	for _, c := range rep.All("etcd/ca.crt") {
+		trusted = append(trusted, c.KeyID)
+	}
+	slices.Sort(trusted)
+	return issuer + "/" + strings.Join(slices.Compact(trusted), ",")
+}
+
+// AuthorityUpdate is what machine lacks of the etcd authority want
+// ("<issuer>/<trusted>", as EtcdAuthorityAnnotation; "" when no rotation
+// runs): nothing while its record is unknown.
+func AuthorityUpdate(machine *clusterv1.Machine, want string) quorum.AuthorityUpdate {
+	rec := machine.Annotations[EtcdAuthorityAnnotation]
+	if want == "" || rec == "" || rec == noEtcdAuthority {
+		return quorum.AuthorityCurrent
+	}
+	issuer, trusted, _ := strings.Cut(rec, "/")
+	wantIssuer, wantTrusted, _ := strings.Cut(want, "/")
+	switch {
+	case trusted != wantTrusted:
+		return quorum.AuthorityTrust
+	case issuer != wantIssuer:
+		return quorum.AuthorityLeaves
+	}
+	return quorum.AuthorityCurrent
 }
 
 // etcdClientFile is the API server's etcd client certificate, as the
@@ -65,6 +120,7 @@ func pkiRecords(rep agent.PKIReport) (PKIRecords, error) {
 	if c, ok := rep.Find(etcdClientFile); ok {
 		r.EtcdClientSerial = c.SerialNumber
 	}
+	r.EtcdAuthority = EtcdAuthorityOf(rep)
 	return r, nil
 }
 
@@ -85,6 +141,9 @@ func (r PKIRecords) set(a map[string]string, delivered bool) {
 	if delivered && r.EtcdClientSerial != "" {
 		a[EtcdClientSerialAnnotation] = r.EtcdClientSerial
 	}
+	if r.EtcdAuthority != "" {
+		a[EtcdAuthorityAnnotation] = r.EtcdAuthority
+	}
 }
 
 // EtcdClientStale reports whether machine holds another etcd client pair
@@ -95,9 +154,11 @@ func EtcdClientStale(machine *clusterv1.Machine, want *certs.KeyPair) bool {
 }
 
 // NeedsPKIRead reports whether QCP has yet to read machine's certificates:
-// it has no renewal record, or one that does not parse.
+// it has no renewal record, or one that does not parse, or no record of its
+// etcd authorities.
 func NeedsPKIRead(machine *clusterv1.Machine) bool {
-	return ReadRecords(machine).CertificatesRenewAt.IsZero()
+	_, authority := machine.Annotations[EtcdAuthorityAnnotation]
+	return ReadRecords(machine).CertificatesRenewAt.IsZero() || !authority
 }
 
 // MemberServes reports whether machine hosts a healthy, started etcd
@@ -159,6 +220,42 @@ func (x Executor) renewCertificates(ctx context.Context, d quorum.Decision, mach
 	return x.recordOwn(ctx, machine, func(a map[string]string) {
 		delete(a, RenewStartedAnnotation)
 		rec.set(a, x.EtcdClientPair != nil)
+	})
+}
+
+// setEtcdAuthority records the start on the machine (a restart's record
+// when the step restarts its member, a renewal's otherwise), has its agent
+// take the etcd authority of the rotation's stage, and records what the
+// machine then reports. A failure leaves the start recorded, as a
+// renewal's or a restart's does.
+func (x Executor) setEtcdAuthority(ctx context.Context, d quorum.Decision, machine *clusterv1.Machine) error {
+	host := MachineIP(machine)
+	switch {
+	case host == "":
+		return fmt.Errorf("setting the etcd authority of machine %s: it has no address", machine.Name)
+	case x.AgentTLS == nil:
+		return fmt.Errorf("setting the etcd authority of machine %s: qcp-manager has no client certificate for its agent yet", machine.Name)
+	case x.EtcdAuthority == nil:
+		return fmt.Errorf("setting the etcd authority of machine %s: no etcd CA rotation runs", machine.Name)
+	}
+	started := RenewStartedAnnotation
+	if d.RestartsMember {
+		started = RestartStartedAnnotation
+	}
+	if err := x.annotate(ctx, machine, func(a map[string]string) { a[started] = FormatTime(x.Now()) }); err != nil {
+		return err
+	}
+	res, err := agent.SetEtcdAuthority(ctx, x.AgentTLS, host, *x.EtcdAuthority)
+	if err != nil {
+		return fmt.Errorf("setting the etcd authority of machine %s: %w", machine.Name, err)
+	}
+	rec, err := pkiRecords(res.Report)
+	if err != nil {
+		return fmt.Errorf("machine %s took the etcd authority, but %w", machine.Name, err)
+	}
+	return x.recordOwn(ctx, machine, func(a map[string]string) {
+		delete(a, started)
+		rec.set(a, false)
 	})
 }
 

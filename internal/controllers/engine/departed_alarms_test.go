@@ -71,7 +71,7 @@ func TestDepartedAlarmIsObservedAndDisarmed(t *testing.T) {
 	t.Cleanup(func() { _ = pool.Close() })
 	observe := func(ctx context.Context) (*Observation, error) {
 		obs := &Observation{Machines: machines}
-		obs.Etcd, obs.Members, obs.DepartedAlarms, obs.MembersErr = ObserveEtcd(ctx, pool, "departed", cl.CA, 0, machines)
+		obs.Etcd, obs.Members, obs.DepartedAlarms, obs.MembersErr = ObserveEtcd(ctx, pool, "departed", cl.CA, nil, 0, machines)
 		obs.State.QuotaBackendBytes = DefaultQuotaBackendBytes
 		if obs.MembersErr != nil {
 			return nil, obs.MembersErr

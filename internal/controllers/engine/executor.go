@@ -41,6 +41,9 @@ type Executor struct {
 	// a renewal delivers to them (see Observation).
 	AgentTLS       *tls.Config
 	EtcdClientPair *certs.KeyPair
+	// EtcdAuthority is what SetEtcdAuthority gives a machine: the etcd CA
+	// rotation's stage (see Observation).
+	EtcdAuthority *agent.EtcdAuthority
 	// Owner is the control plane or EtcdCluster the step is for; Compact
 	// records the compaction on it.
 	Owner      client.Object
@@ -52,7 +55,7 @@ type Executor struct {
 // for steps that name none).
 func (x Executor) Execute(ctx context.Context, d quorum.Decision, machine *clusterv1.Machine) error {
 	switch d.Kind {
-	case quorum.AddHook, quorum.RemoveHook, quorum.DeleteMachine, quorum.AddLearner, quorum.Defragment, quorum.RestartMember, quorum.RenewCertificates:
+	case quorum.AddHook, quorum.RemoveHook, quorum.DeleteMachine, quorum.AddLearner, quorum.Defragment, quorum.RestartMember, quorum.RenewCertificates, quorum.SetEtcdAuthority:
 		if machine == nil || machine.Name != d.Machine {
 			return fmt.Errorf("%s: machine %s was not observed", d.Kind, d.Machine)
 		}
@@ -97,6 +100,8 @@ func (x Executor) Execute(ctx context.Context, d quorum.Decision, machine *clust
 		return x.restartMember(ctx, d, machine)
 	case quorum.RenewCertificates:
 		return x.renewCertificates(ctx, d, machine)
+	case quorum.SetEtcdAuthority:
+		return x.setEtcdAuthority(ctx, d, machine)
 	case quorum.Compact:
 		if err := x.Etcd.Compact(ctx, d.Revision); err != nil {
 			return err

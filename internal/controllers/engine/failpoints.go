@@ -20,6 +20,13 @@ const (
 	FailpointAfterMemberAdd     = "join.afterMemberAdd"
 	FailpointAfterHook          = "hook.afterAdd"
 	FailpointAfterPromote       = "promote.after"
+	// FailpointRotationRecorded, followed by a stage's name, is reached
+	// once an etcd CA rotation's stage is recorded on the control plane,
+	// before anything of it is done; FailpointAfterSignerSwitch once the
+	// authority's Secret holds the new authority, before the next stage is
+	// recorded.
+	FailpointRotationRecorded  = "rotation.recorded."
+	FailpointAfterSignerSwitch = "rotation.afterSignerSwitch"
 )
 
 // FailpointsEnv names the environment variable that arms failpoints.

@@ -17,6 +17,7 @@ import (
 
 	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
 	"github.com/qcp-dev/qcp/internal/bootstrap"
+	"github.com/qcp-dev/qcp/internal/agent"
 	"github.com/qcp-dev/qcp/internal/certs"
 	"github.com/qcp-dev/qcp/internal/etcd"
 	"github.com/qcp-dev/qcp/internal/quorum"
@@ -49,6 +50,11 @@ type Observation struct {
 	// Secret's on an external etcd or an EtcdCluster; nil where the machines
 	// issue their own.
 	EtcdClientPair *certs.KeyPair
+	// EtcdAuthority is, while an etcd CA rotation runs, what its stage
+	// gives each machine, and EtcdAuthorityWant its record of it
+	// (EtcdAuthorityAnnotation's form); nil and "" otherwise.
+	EtcdAuthority     *agent.EtcdAuthority
+	EtcdAuthorityWant string
 }
 
 // PlannerMachine is what every owner's machine tells the planner: where it
@@ -208,11 +214,13 @@ const ManagerEtcdClientName = "qcp-manager"
 // ObserveEtcd reads the member list through the machines' client URLs,
 // each member's status, the alarms, and whether every voter reports the
 // same member list, with a client certificate issued from ca, valid for
-// lifetime (0: certs.LeafValidity) and renewed after two thirds of it.
+// lifetime (0: certs.LeafValidity) and renewed after two thirds of it,
+// trusting the PEM bundle trust (nil: ca alone; an etcd CA rotation
+// trusts two). A client built from another ca or trust is replaced.
 // The client is kept in pool under key. It returns the members and the
 // alarms of members since removed. An error means the membership is
 // unknown.
-func ObserveEtcd(ctx context.Context, pool *etcd.Pool, key string, ca *certs.KeyPair, lifetime time.Duration, machines []*clusterv1.Machine) (*etcd.Client, []quorum.Member, []quorum.Alarm, error) {
+func ObserveEtcd(ctx context.Context, pool *etcd.Pool, key string, ca *certs.KeyPair, trust []byte, lifetime time.Duration, machines []*clusterv1.Machine) (*etcd.Client, []quorum.Member, []quorum.Alarm, error) {
 	var endpoints []string
 	for _, m := range machines {
 		if u := ClientURL(m); u != "" {
@@ -222,7 +230,10 @@ func ObserveEtcd(ctx context.Context, pool *etcd.Pool, key string, ca *certs.Key
 	if len(endpoints) == 0 {
 		return nil, nil, nil, errors.New("no machine has an address yet, so no etcd member can be asked")
 	}
-	cli, err := pool.GetFunc(key, func() (etcd.Config, error) {
+	if trust == nil {
+		trust = ca.CertPEM
+	}
+	cli, err := pool.GetFunc(key, certs.KeyID(ca.Cert)+"/"+string(trust), func() (etcd.Config, error) {
 		// The pooled client lives as long as the manager: its certificate
 		// renews itself, so a manager that runs longer than the
 		// certificate's life keeps reaching etcd.
@@ -232,7 +243,7 @@ func ObserveEtcd(ctx context.Context, pool *etcd.Pool, key string, ca *certs.Key
 		if err != nil {
 			return etcd.Config{}, err
 		}
-		return etcd.Config{Endpoints: endpoints, CAPEM: ca.CertPEM, ClientCertificate: cert.ClientCertificate}, nil
+		return etcd.Config{Endpoints: endpoints, CAPEM: trust, ClientCertificate: cert.ClientCertificate}, nil
 	})
 	if err != nil {
 		return nil, nil, nil, err

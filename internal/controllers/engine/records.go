@@ -69,6 +69,14 @@ const (
 	// machine whose serial is not the <cluster>-apiserver-etcd-client
 	// Secret's is due for renewal, which delivers the Secret's pair.
 	EtcdClientSerialAnnotation = "controlplane.cluster.x-k8s.io/qcp-etcd-client-serial"
+	// EtcdAuthorityAnnotation is, on a machine that runs an etcd member,
+	// what its agent last reported of its etcd authorities:
+	// "<issuer>/<trusted>", the key identifier of the authority its etcd
+	// leaves come from ("mixed" while they come from several) and the
+	// sorted key identifiers of those it trusts, comma-separated; "none"
+	// on a machine without a member. An etcd CA rotation compares it with
+	// its stage's.
+	EtcdAuthorityAnnotation = "controlplane.cluster.x-k8s.io/qcp-etcd-authority"
 )
 
 // CompactedAnnotation is, on the owner (a QuorumControlPlane or an

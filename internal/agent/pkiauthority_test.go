@@ -1,0 +1,66 @@
+package agent
+
+import (
+	"encoding/json"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/qcp-dev/qcp/internal/bootstrap"
+	"github.com/qcp-dev/qcp/internal/certs"
+)
+
+// TestSavedEtcdAuthorityOverridesBootstrap: a machine that restarts after
+// an etcd CA rotation moved it issues its etcd leaves from the saved
+// authority and trusts the saved bundle, not the bootstrap data's; a saved
+// file that does not parse fails the start, naming it.
+func TestSavedEtcdAuthorityOverridesBootstrap(t *testing.T) {
+	now := time.Now()
+	cas, err := certs.NewClusterCAs(now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	next, err := certs.NewCA("etcd-ca-next", now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	doc := bootstrap.NewStacked("c1", cas, "", bootstrap.NewMember())
+	a := &machineCtx{dir: dir, doc: doc, machine: Machine{Name: "m1", Namespace: "ns", Address: "127.0.0.9"}, log: slog.Default()}
+	saved, err := json.Marshal(EtcdAuthority{CA: bootstrap.CertKey{Cert: string(next.CertPEM), Key: string(next.KeyPEM)}, Trust: string(next.CertPEM)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, EtcdAuthorityFile), saved, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.loadEtcdAuthority(); err != nil {
+		t.Fatal(err)
+	}
+	p, err := IssuePKI(dir, a.machine, doc, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := p.Report()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"etcd/server.crt", "etcd/peer.crt", "apiserver-etcd-client.crt", memoryEtcdClient} {
+		if c, ok := rep.Find(name); !ok || c.IssuerKeyID != certs.KeyID(next.Cert) {
+			t.Errorf("%s: %+v; want it issued by the saved authority", name, c)
+		}
+	}
+	if all := rep.All("etcd/ca.crt"); len(all) != 1 || all[0].KeyID != certs.KeyID(next.Cert) {
+		t.Errorf("etcd/ca.crt: %+v; want the saved bundle", all)
+	}
+
+	if err := os.WriteFile(filepath.Join(dir, EtcdAuthorityFile), []byte(`{"ca":{"cert":"junk"}}`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.loadEtcdAuthority(); err == nil || !strings.Contains(err.Error(), EtcdAuthorityFile) || !strings.Contains(err.Error(), "replace the machine") {
+		t.Fatalf("a corrupt saved authority: %v; want an error naming the file and the fix", err)
+	}
+}
