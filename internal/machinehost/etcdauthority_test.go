@@ -2,8 +2,8 @@ package machinehost
 
 import (
 	"context"
-	"fmt"
 	"crypto/tls"
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"

@@ -199,8 +199,8 @@ const (
 	// OperationSetEtcdAuthority brings a machine to an etcd CA rotation's
 	// stage.
 	OperationSetEtcdAuthority OperationKind = "SetEtcdAuthority"
-	OperationWait              OperationKind = "Wait"
-	OperationDegraded          OperationKind = "Degraded"
+	OperationWait             OperationKind = "Wait"
+	OperationDegraded         OperationKind = "Degraded"
 )
 
 // LastOperation records the quorum engine's latest decision.
