@@ -122,7 +122,7 @@ func (a *machineCtx) etcdServers() string {
 
 func (a *machineCtx) apiserverProcess() Process {
 	f := a.pki.File
-	return a.process(bootstrap.KubeAPIServer, a.bins["kube"], []string{
+	own := []string{
 		"kube-apiserver",
 		"--advertise-address=" + a.machine.Address,
 		"--bind-address=" + a.machine.Address,
@@ -134,7 +134,6 @@ func (a *machineCtx) apiserverProcess() Process {
 		"--client-ca-file=" + f("ca.crt"),
 		"--tls-cert-file=" + f("apiserver.crt"),
 		"--tls-private-key-file=" + f("apiserver.key"),
-		"--etcd-servers=" + a.etcdServers(),
 		"--etcd-cafile=" + f("etcd/ca.crt"),
 		"--etcd-certfile=" + f("apiserver-etcd-client.crt"),
 		"--etcd-keyfile=" + f("apiserver-etcd-client.key"),
@@ -153,7 +152,32 @@ func (a *machineCtx) apiserverProcess() Process {
 		"--service-account-signing-key-file=" + f("sa.key"),
 		"--service-cluster-ip-range=" + a.doc.ServiceClusterIPRange(),
 		"--profiling=false",
-	})
+	}
+	p := a.process(bootstrap.KubeAPIServer, a.bins["kube"], own)
+	p.DynamicArgs, p.DynamicAt = a.apiserverEtcdServers, len(own)
+	return p
+}
+
+// apiserverEtcdServers is kube-apiserver's --etcd-servers, computed at each
+// of its starts: etcdServers, and from its first restart on, beside them,
+// every voter the local member lists. The first machine of a cluster knows
+// only its own member at boot; an API server restarted once the others
+// joined (an etcd CA rotation restarts it before its etcd) then keeps
+// serving from them while its local member restarts.
+func (a *machineCtx) apiserverEtcdServers() []string {
+	servers := strings.Split(a.etcdServers(), ",")
+	if a.apiserverStarted.Swap(true) && a.etcdEndpoint == "" && a.doc.Runs(bootstrap.Etcd) {
+		urls, err := a.voterClientURLs([]string{a.url("https", EtcdClientPort)})
+		if err != nil {
+			a.log.Warn("kube-apiserver starts with the etcd members it knew: the local member did not list the others", "err", err)
+		}
+		for _, u := range urls {
+			if !slices.Contains(servers, u) {
+				servers = append(servers, u)
+			}
+		}
+	}
+	return []string{"--etcd-servers=" + strings.Join(servers, ",")}
 }
 
 func (a *machineCtx) controllerManagerProcess() Process {

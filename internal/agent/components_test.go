@@ -111,7 +111,10 @@ func TestAgentFlagsAreOwnedOrOverridable(t *testing.T) {
 
 // TestAPIServerKnowsTheOtherMembers: a joining machine's API server lists
 // its local member first, then the members it joined, so that it keeps
-// serving once its own member is removed during a replacement.
+// serving once its own member is removed during a replacement. (From its
+// first restart on it lists every voter too; TestEtcdCARotation, in
+// test/e2e, restarts the first machine's API server, then its etcd, under
+// an API probe.)
 func TestAPIServerKnowsTheOtherMembers(t *testing.T) {
 	cas, err := certs.NewClusterCAs(time.Now())
 	if err != nil {
@@ -126,7 +129,7 @@ func TestAPIServerKnowsTheOtherMembers(t *testing.T) {
 			"https://127.0.208.1:2379,https://127.0.208.2:2379,https://127.0.208.3:2379"},
 	} {
 		doc := bootstrap.NewStacked("c1", cas, "", tc.member)
-		args := testMachineCtx(doc).apiserverProcess().Args
+		args := testMachineCtx(doc).apiserverProcess().CommandLine()
 		if !slices.Contains(args, "--etcd-servers="+tc.want) {
 			t.Errorf("kube-apiserver args %q lack --etcd-servers=%s", args, tc.want)
 		}

@@ -205,3 +205,26 @@ func (a *machineCtx) watchPublish(ctx context.Context) {
 		}
 	}
 }
+
+// voterClientURLs asks the members at endpoints for the member list and
+// returns the client URLs of its started voters, within a second or two.
+func (a *machineCtx) voterClientURLs(endpoints []string) ([]string, error) {
+	cli, err := a.etcdClient(endpoints)
+	if err != nil {
+		return nil, err
+	}
+	defer cli.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	resp, err := cli.MemberList(ctx)
+	if err != nil {
+		return nil, err
+	}
+	var urls []string
+	for _, m := range resp.Members {
+		if !m.IsLearner && m.Name != "" {
+			urls = append(urls, m.ClientURLs...)
+		}
+	}
+	return urls, nil
+}

@@ -46,7 +46,7 @@ type EtcdAuthorityResult struct {
 	// Moved names the leaves issued again from the new authority.
 	Moved []string `json:"moved"`
 	// Restarted names the components restarted to read the new trust, in
-	// order: etcd and kube-apiserver read it once, at their start.
+	// order: kube-apiserver and etcd read it once, at their start.
 	Restarted []string `json:"restarted"`
 }
 
@@ -131,7 +131,7 @@ func (a *machineCtx) putEtcdAuthority(ctx context.Context, w http.ResponseWriter
 
 // setEtcdAuthority saves the authority, then moves the etcd leaves to the
 // new issuer and writes the new trust bundle, whichever changed, and
-// restarts etcd and then kube-apiserver, each healthy before the next, if
+// restarts kube-apiserver and then etcd, each healthy before the next, if
 // the trust changed: both read their trusted authorities once, at start
 // (etcd's transport builds its pools once; the leaves it reads at every
 // handshake). A restart of etcd is a member disruption, which the manager
@@ -176,7 +176,10 @@ func (a *machineCtx) setEtcdAuthority(ctx context.Context, want EtcdAuthority, c
 		}
 	}
 	if trustChanged {
-		for _, c := range []bootstrap.Component{bootstrap.Etcd, bootstrap.KubeAPIServer} {
+		// kube-apiserver first: restarted, it lists every voter among its
+		// etcd servers (apiserverEtcdServers), so it keeps serving while
+		// its local member restarts after it.
+		for _, c := range []bootstrap.Component{bootstrap.KubeAPIServer, bootstrap.Etcd} {
 			requested := time.Now()
 			if !a.doc.Runs(c) || !a.sup.Restart(c, "the etcd authorities it trusts changed") {
 				continue

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/qcp-dev/qcp/internal/bootstrap"
@@ -48,6 +49,9 @@ type machineCtx struct {
 	sup     *supervisor
 	prober  *prober
 	node    *nodeAgent
+	// apiserverStarted is set once kube-apiserver was given its command
+	// line (apiserverEtcdServers).
+	apiserverStarted atomic.Bool
 	// etcdEndpoint is the local etcd endpoint's URL, when the API server
 	// follows an etcd cluster's membership through one.
 	etcdEndpoint string

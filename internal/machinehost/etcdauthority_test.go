@@ -23,7 +23,7 @@ import (
 
 // TestEtcdAuthorityMove takes a running stacked machine through the
 // machine's part of an etcd CA rotation with PUT /pki/etcd-authority:
-// trusting the new authority beside the old (etcd and kube-apiserver
+// trusting the new authority beside the old (kube-apiserver and etcd
 // restart, one after the other, and a client of the new authority is
 // taken), moving every etcd leaf to the new authority (nothing restarts),
 // and distrusting the old one (a client of the old authority is refused).
@@ -107,8 +107,8 @@ func TestEtcdAuthorityMove(t *testing.T) {
 		t.Fatal("etcd took a client of the new authority before trusting it")
 	}
 
-	// 1. Trust both: etcd and kube-apiserver read their trust at start.
-	set(asOld, oldCA, both, false, string(bootstrap.Etcd), string(bootstrap.KubeAPIServer))
+	// 1. Trust both: kube-apiserver and etcd read their trust at start.
+	set(asOld, oldCA, both, false, string(bootstrap.KubeAPIServer), string(bootstrap.Etcd))
 	for _, via := range []*tls.Config{asOld, asNew} {
 		if err := served(via); err != nil {
 			t.Fatalf("trusting both, etcd refuses a client: %v", err)
@@ -126,7 +126,7 @@ func TestEtcdAuthorityMove(t *testing.T) {
 		t.Fatalf("etcd's client port presents a certificate of %s after the move", got.Issuer.CommonName)
 	}
 	// 3. Distrust the old authority.
-	res = set(asNew, newCA, newCA.CertPEM, false, string(bootstrap.Etcd), string(bootstrap.KubeAPIServer))
+	res = set(asNew, newCA, newCA.CertPEM, false, string(bootstrap.KubeAPIServer), string(bootstrap.Etcd))
 	checkTrusts(t, res.Report, newCA)
 	if err := served(asOld); err == nil {
 		t.Fatal("etcd still takes a client of the distrusted authority")

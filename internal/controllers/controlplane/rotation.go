@@ -64,11 +64,11 @@ var nextStage = map[controlplanev1.CertificateRotationStage]controlplanev1.Certi
 // stageDoes says, for the condition and the event, what each stage does
 // and which clients it affects.
 var stageDoes = map[controlplanev1.CertificateRotationStage]string{
-	controlplanev1.RotationTrustBoth: "every machine trusts the new etcd CA beside the old one (etcd and kube-apiserver restart, one machine at a time)",
+	controlplanev1.RotationTrustBoth: "every machine trusts the new etcd CA beside the old one (kube-apiserver and etcd restart, one machine at a time)",
 	controlplanev1.RotationReissue: "every etcd certificate is issued again from the new etcd CA, one machine at a time; " +
 		"an etcd client that trusts only the old etcd CA fails from now on: give it both (the <cluster>-etcd-next Secret's tls.crt)",
 	controlplanev1.RotationSwitchSigner: "the <cluster>-etcd Secret takes the new etcd CA",
-	controlplanev1.RotationDistrust:     "every machine stops trusting the old etcd CA (etcd and kube-apiserver restart, one machine at a time)",
+	controlplanev1.RotationDistrust:     "every machine stops trusting the old etcd CA (kube-apiserver and etcd restart, one machine at a time)",
 	controlplanev1.RotationCompleted:    "nothing trusts or holds the old etcd CA",
 }
 
@@ -244,7 +244,14 @@ func (r *Reconciler) recordStage(ctx context.Context, cp *controlplanev1.QuorumC
 	if err != nil {
 		return err
 	}
-	status, err := json.Marshal(map[string]any{"status": map[string]any{"certificateRotation": cp.Status.CertificateRotation}})
+	// A merge patch keeps a key it does not name: the message of the
+	// last stage is removed by name.
+	rot := map[string]any{"kind": rt.state.Kind, "trigger": rt.state.Trigger, "stage": stage,
+		"stageStartTime": cp.Status.CertificateRotation.StageStartTime, "message": nil}
+	if rt.waiting != "" {
+		rot["message"] = rt.waiting
+	}
+	status, err := json.Marshal(map[string]any{"status": map[string]any{"certificateRotation": rot}})
 	if err != nil {
 		return err
 	}

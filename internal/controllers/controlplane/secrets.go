@@ -138,7 +138,11 @@ func authoritySum(data []byte) string { h := sha256.Sum256(data); return hex.Enc
 // recordAuthority records certDER as the authority of purpose in
 // AuthoritiesAnnotation: a rotation's switch of the signer.
 func recordAuthority(cp *controlplanev1.QuorumControlPlane, purpose secret.Purpose, certDER []byte) {
-	parts := strings.Split(cp.Annotations[AuthoritiesAnnotation], ",")
+	recorded, ok := cp.Annotations[AuthoritiesAnnotation]
+	if !ok {
+		return // keepAuthorities records them all
+	}
+	parts := strings.Split(recorded, ",")
 	for i, part := range parts {
 		if p, _, _ := strings.Cut(part, "="); p == string(purpose) {
 			parts[i] = p + "=" + authoritySum(certDER)
