@@ -297,17 +297,22 @@ func GetEtcdSettings(ctx context.Context, tlsCfg *tls.Config, host string) (Etcd
 // the etcd CA and holds a client certificate of it.
 func PutEtcdSettings(ctx context.Context, tlsCfg *tls.Config, host string, s EtcdSettings) (EtcdSettingsResult, error) {
 	var res EtcdSettingsResult
-	body, err := json.Marshal(s)
-	if err != nil {
-		return res, err
-	}
-	err = callAgent(ctx, tlsCfg, host, http.MethodPut, EtcdSettingsPath, etcdSettingsTimeout, body, &res)
+	err := sendAgent(ctx, tlsCfg, host, http.MethodPut, EtcdSettingsPath, etcdSettingsTimeout, s, &res)
 	return res, err
 }
 
 // maxAnswer bounds an answer of the endpoint: a certificate report is a
 // few kilobytes.
 const maxAnswer = 1 << 20
+
+// sendAgent is callAgent with in, encoded as JSON, for the body.
+func sendAgent(ctx context.Context, tlsCfg *tls.Config, host, method, path string, timeout time.Duration, in, out any) error {
+	body, err := json.Marshal(in)
+	if err != nil {
+		return err
+	}
+	return callAgent(ctx, tlsCfg, host, method, path, timeout, body, out)
+}
 
 // callAgent calls path on the agent endpoint of the machine at host and
 // decodes the answer into out.

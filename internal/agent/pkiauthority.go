@@ -242,10 +242,6 @@ func (p *PKI) moveEtcdLeaves(ca *certs.KeyPair, now time.Time) ([]string, error)
 // certificate one of them issued.
 func SetEtcdAuthority(ctx context.Context, tlsCfg *tls.Config, host string, e EtcdAuthority) (EtcdAuthorityResult, error) {
 	var res EtcdAuthorityResult
-	body, err := json.Marshal(e)
-	if err != nil {
-		return res, err
-	}
-	err = callAgent(ctx, tlsCfg, host, http.MethodPut, PKIEtcdAuthorityPath, pkiRenewTimeout, body, &res)
+	err := sendAgent(ctx, tlsCfg, host, http.MethodPut, PKIEtcdAuthorityPath, pkiRenewTimeout, e, &res)
 	return res, err
 }

@@ -3,7 +3,6 @@ package agent
 import (
 	"context"
 	"crypto/tls"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -200,10 +199,6 @@ func GetPKI(ctx context.Context, tlsCfg *tls.Config, host string) (PKIReport, er
 // GetPKI.
 func RenewPKI(ctx context.Context, tlsCfg *tls.Config, host string, req PKIRenewRequest) (PKIRenewResult, error) {
 	var res PKIRenewResult
-	body, err := json.Marshal(req)
-	if err != nil {
-		return res, err
-	}
-	err = callAgent(ctx, tlsCfg, host, http.MethodPost, PKIRenewPath, pkiRenewTimeout, body, &res)
+	err := sendAgent(ctx, tlsCfg, host, http.MethodPost, PKIRenewPath, pkiRenewTimeout, req, &res)
 	return res, err
 }

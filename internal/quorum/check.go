@@ -352,10 +352,7 @@ func checkAuthority(b view, d Decision, _ view) error {
 		return nil
 	}
 	mc, ok := b.machine(d.Machine)
-	want := AuthorityLeaves
-	if d.RestartsMember {
-		want = AuthorityTrust
-	}
+	want := d.authorityUpdate()
 	switch {
 	case !ok || mc.Deleting:
 		return fmt.Errorf("authority: changing the etcd authority of machine %s, which is gone or deleting", d.Machine)

@@ -298,6 +298,14 @@ func (d Decision) Destructive(s State) bool {
 	return false
 }
 
+// authorityUpdate is what a SetEtcdAuthority step gives its machine.
+func (d Decision) authorityUpdate() AuthorityUpdate {
+	if d.RestartsMember {
+		return AuthorityTrust
+	}
+	return AuthorityLeaves
+}
+
 // String renders the decision for logs and status.
 func (d Decision) String() string {
 	var target string

@@ -66,10 +66,7 @@ func (p planner) rotateEtcdAuthority() (Decision, bool) {
 // no renewal or authority change started since the plan.
 func (v view) verifyAuthority(d Decision) error {
 	mc, ok := v.machine(d.Machine)
-	want := AuthorityLeaves
-	if d.RestartsMember {
-		want = AuthorityTrust
-	}
+	want := d.authorityUpdate()
 	switch {
 	case !ok || mc.Deleting:
 		return fmt.Errorf("machine %s is gone or being deleted since the plan", d.Machine)
