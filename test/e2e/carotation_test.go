@@ -62,7 +62,7 @@ var rotationCrashPoints = []string{
 // than 5 s.
 func TestEtcdCARotation(t *testing.T) {
 	requireShared(t)
-	parallel(t, 8*time.Minute)
+	parallel(t, 4*time.Minute)
 	mgmt := ownManagement(t, rotationAddressRange, nil)
 	s := newScenario(t, mgmt, "rotate", 3)
 	s.waitAvailable(convergeTimeout, 3)
