@@ -158,9 +158,9 @@ const ManagerCommonName = "qcp-manager"
 func (a *machineCtx) serveAgentEndpoint(ctx context.Context) error {
 	withEtcd := a.doc.Runs(bootstrap.Etcd)
 	pairBase, what := "agent-serving", "agent endpoint"
-	// The etcd trust changes during an etcd CA rotation: it is read at
-	// each handshake.
-	trust := func() []byte { return a.pki.ClusterCAPEM }
+	// The trust changes during a CA rotation: it is read at each
+	// handshake.
+	trust := a.pki.ClusterTrust
 	if withEtcd {
 		pairBase, what, trust = "etcd/server", "etcd settings endpoint", a.pki.EtcdTrust
 	}
@@ -181,9 +181,12 @@ func (a *machineCtx) serveAgentEndpoint(ctx context.Context) error {
 			writeJSON(w, a.effectiveEtcdSettings())
 		})
 		mux.HandleFunc("PUT "+EtcdSettingsPath, a.putEtcdSettings)
-		mux.HandleFunc("PUT "+PKIEtcdAuthorityPath, func(w http.ResponseWriter, r *http.Request) { a.putEtcdAuthority(ctx, w, r) })
+		mux.HandleFunc("PUT "+EtcdAuthorityKind.Path(), func(w http.ResponseWriter, r *http.Request) { a.putAuthority(ctx, EtcdAuthorityKind, w, r) })
 	}
 	mux.HandleFunc("GET "+PKIPath, a.getPKI)
+	if a.doc.RunsKubernetes() {
+		mux.HandleFunc("PUT "+ClusterAuthorityKind.Path(), func(w http.ResponseWriter, r *http.Request) { a.putAuthority(ctx, ClusterAuthorityKind, w, r) })
+	}
 	mux.HandleFunc("POST "+PKIRenewPath, func(w http.ResponseWriter, r *http.Request) { a.postRenewPKI(ctx, w, r) })
 	tlsCfg := &tls.Config{
 		GetCertificate: a.adminPair.getCertificate,

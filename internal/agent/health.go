@@ -2,7 +2,6 @@ package agent
 
 import (
 	"context"
-	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -59,14 +58,9 @@ type prober struct {
 }
 
 func (a *machineCtx) newProber() (*prober, error) {
-	tlsCfg := &tls.Config{MinVersion: tls.VersionTLS12}
-	if a.pki.ClusterCAPEM != nil {
-		pool, err := certs.CertPool(a.pki.ClusterCAPEM)
-		if err != nil {
-			return nil, err
-		}
-		tlsCfg.RootCAs = pool
-	}
+	// The cluster trust changes during a cluster CA rotation: it is read
+	// at each probe's handshake.
+	tlsCfg := certs.DynamicRootsConfig(a.pki.ClusterTrust)
 	return &prober{
 		a:      a,
 		client: &http.Client{Timeout: time.Second, Transport: &http.Transport{TLSClientConfig: tlsCfg, DisableKeepAlives: true}},

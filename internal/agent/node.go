@@ -80,11 +80,11 @@ func (n *nodeAgent) newClients() error {
 	var clients, admins []kubernetes.Interface
 	nodeID, adminID := a.pki.Node(), a.pki.Admin()
 	for _, s := range servers {
-		node, err := clientFor(s, a.pki.ClusterCAPEM, nodeID)
+		node, err := clientFor(s, a.pki.ClusterTrust(), nodeID)
 		if err != nil {
 			return err
 		}
-		admin, err := clientFor(s, a.pki.ClusterCAPEM, adminID)
+		admin, err := clientFor(s, a.pki.ClusterTrust(), adminID)
 		if err != nil {
 			return err
 		}

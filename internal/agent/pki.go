@@ -21,7 +21,9 @@ import (
 type PKI struct {
 	Dir string
 
-	ClusterCAPEM []byte
+	// clusterCA issues the leaves of the cluster CA (nil on a machine
+	// without Kubernetes components); a cluster CA rotation replaces it.
+	clusterCA *certs.KeyPair
 
 	// etcdCA issues the etcd leaves (nil on an external etcd's machine);
 	// an etcd CA rotation replaces it (MoveEtcdLeaves).
@@ -39,6 +41,10 @@ type PKI struct {
 	// etcdTrust is the PEM bundle of the etcd authorities this machine
 	// trusts: etcd/ca.crt.
 	etcdTrust []byte
+	// clusterTrust is the PEM bundle of the cluster authorities it
+	// trusts: ca-bundle.crt, the components' client CA, and the CA of
+	// every kubeconfig and client of the agent.
+	clusterTrust []byte
 	// node is the machine's own kubelet identity (system:node:<name>).
 	node *certs.KeyPair
 	// admin is used once, to label the Node as a control plane node the
@@ -64,7 +70,14 @@ type leaf struct {
 	kp   *certs.KeyPair
 	// put writes kp where its reader finds it, or swaps the identity.
 	put func(w *pkiWriter, kp *certs.KeyPair)
+	// kubeconfig: put writes a kubeconfig, which embeds the trust bundle.
+	kubeconfig bool
 }
+
+// ClusterTrustFile, under the PKI directory, is the bundle of cluster
+// authorities the components trust (their --client-ca-file, the
+// controller manager's --root-ca-file); ca.crt is the one that signs.
+const ClusterTrustFile = "ca-bundle.crt"
 
 // Node is the machine's kubelet identity now.
 func (p *PKI) Node() *certs.KeyPair { return p.identity(&p.node) }
@@ -78,6 +91,14 @@ func (p *PKI) EtcdTrust() []byte {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.etcdTrust
+}
+
+// ClusterTrust is the PEM bundle of the cluster authorities the machine
+// trusts now; nil on a machine without Kubernetes components.
+func (p *PKI) ClusterTrust() []byte {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.clusterTrust
 }
 
 // EtcdClient is the agent's etcd client identity now.
@@ -146,10 +167,10 @@ func (p *PKI) memoryLeaf(name string, ca, kp *certs.KeyPair, slot **certs.KeyPai
 }
 
 // kubeconfigLeaf is a client certificate embedded in kubeconfig file name,
-// which points at server.
-func kubeconfigLeaf(name, clusterName, server, user string, ca, kp *certs.KeyPair) *leaf {
-	return &leaf{name: name, ca: ca, kp: kp, put: func(w *pkiWriter, kp *certs.KeyPair) {
-		kc, err := certs.Kubeconfig(clusterName, server, ca.CertPEM, user, kp)
+// which points at server and trusts the machine's cluster trust bundle.
+func (p *PKI) kubeconfigLeaf(name, clusterName, server, user string, ca, kp *certs.KeyPair) *leaf {
+	return &leaf{name: name, ca: ca, kp: kp, kubeconfig: true, put: func(w *pkiWriter, kp *certs.KeyPair) {
+		kc, err := certs.Kubeconfig(clusterName, server, p.ClusterTrust(), user, kp)
 		if err != nil {
 			w.err = cmp.Or(w.err, err)
 			return
@@ -253,9 +274,15 @@ func (p *PKI) issueKubernetes(w *pkiWriter, m Machine, doc *bootstrap.Document, 
 	if err != nil {
 		return fmt.Errorf("certificates.clusterCA: %w", err)
 	}
-	p.ClusterCAPEM = ca.CertPEM
-	// kube-controller-manager signs CSRs with the CA key, as on kubeadm nodes.
+	p.clusterCA = ca
+	p.clusterTrust = ca.CertPEM
+	if c.ClusterTrust != "" {
+		p.clusterTrust = []byte(c.ClusterTrust)
+	}
+	// kube-controller-manager signs CSRs with the CA key, as on kubeadm
+	// nodes; every reader that verifies trusts the bundle.
 	w.pair("ca", ca)
+	w.cert(ClusterTrustFile, p.clusterTrust)
 	if c.ServiceAccount != nil {
 		w.key("sa.key", []byte(c.ServiceAccount.PrivateKey))
 		w.cert("sa.pub", []byte(c.ServiceAccount.PublicKey))
@@ -325,7 +352,7 @@ func (p *PKI) issueKubernetes(w *pkiWriter, m Machine, doc *bootstrap.Document, 
 		if err != nil {
 			return err
 		}
-		p.issued(w, kubeconfigLeaf(comp.cfg+".conf", doc.ClusterName, local, comp.user, ca, client))
+		p.issued(w, p.kubeconfigLeaf(comp.cfg+".conf", doc.ClusterName, local, comp.user, ca, client))
 		serving, err := certs.IssueServing(ca, string(comp.c), ip, now)
 		if err != nil {
 			return err

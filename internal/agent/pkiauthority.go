@@ -19,44 +19,55 @@ import (
 	"github.com/qcp-dev/qcp/internal/certs"
 )
 
-// PKIEtcdAuthorityPath sets the etcd authority of a machine that runs an
-// etcd member: a step of an etcd CA rotation.
-const PKIEtcdAuthorityPath = "/pki/etcd-authority"
+// AuthorityKind names the authority a rotation sets on a machine.
+type AuthorityKind string
 
-// EtcdAuthorityFile, in the machine directory, holds the etcd authority
-// the manager set on the running machine (0600: it holds the CA's key).
-// It overrides the bootstrap data's, which is read once at boot, so that a
+const (
+	// EtcdAuthorityKind is the etcd CA, on a machine that runs a member.
+	EtcdAuthorityKind AuthorityKind = "etcd"
+	// ClusterAuthorityKind is the cluster CA, on a machine that runs
+	// Kubernetes components.
+	ClusterAuthorityKind AuthorityKind = "cluster"
+)
+
+// Path is where the agent endpoint takes the authority of kind k: a step
+// of a CA rotation.
+func (k AuthorityKind) Path() string { return "/pki/" + string(k) + "-authority" }
+
+// File, in the machine directory, holds the authority of kind k the
+// manager set on the running machine (0600: it holds the CA's key). It
+// overrides the bootstrap data's, which is read once at boot, so that a
 // machine that restarts in the middle of a rotation comes back where the
 // rotation left it.
-const EtcdAuthorityFile = "etcd-authority.json"
+func (k AuthorityKind) File() string { return string(k) + "-authority.json" }
 
-// EtcdAuthority is what a machine's etcd certificates come from: the
-// authority that issues its etcd leaves and the bundle of authorities it
+// Authority is what a machine's certificates of one kind come from: the
+// authority that issues its leaves and the bundle of authorities it
 // trusts, which holds it.
-type EtcdAuthority struct {
+type Authority struct {
 	CA bootstrap.CertKey `json:"ca"`
 	// Trust is a PEM bundle of authorities.
 	Trust string `json:"trust"`
 }
 
-// EtcdAuthorityResult answers PUT PKIEtcdAuthorityPath: the machine's
+// AuthorityResult answers a PUT of an authority: the machine's
 // certificates after it, and what changed.
-type EtcdAuthorityResult struct {
+type AuthorityResult struct {
 	Report PKIReport `json:"report"`
 	// Moved names the leaves issued again from the new authority.
 	Moved []string `json:"moved"`
-	// Restarted names the components restarted to read the new trust, in
-	// order: kube-apiserver and etcd read it once, at their start.
+	// Restarted names the components restarted to read the new trust or
+	// certificates, in order.
 	Restarted []string `json:"restarted"`
 }
 
-// maxAuthorityBody bounds the body of PUT PKIEtcdAuthorityPath.
+// maxAuthorityBody bounds the body of a PUT of an authority.
 const maxAuthorityBody = 64 << 10
 
 // parse checks the authority: the CA's certificate and key match and it is
 // an authority, and the trust bundle holds only authorities, among them
 // the CA.
-func (e EtcdAuthority) parse() (*certs.KeyPair, error) {
+func (e Authority) parse() (*certs.KeyPair, error) {
 	ca, err := certs.ParseKeyPair([]byte(e.CA.Cert), []byte(e.CA.Key))
 	if err != nil {
 		return nil, fmt.Errorf("ca: %w", err)
@@ -70,8 +81,8 @@ func (e EtcdAuthority) parse() (*certs.KeyPair, error) {
 	return ca, nil
 }
 
-func decodeEtcdAuthority(r io.Reader) (EtcdAuthority, *certs.KeyPair, error) {
-	var e EtcdAuthority
+func decodeAuthority(r io.Reader) (Authority, *certs.KeyPair, error) {
+	var e Authority
 	dec := json.NewDecoder(r)
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&e); err != nil {
@@ -81,37 +92,43 @@ func decodeEtcdAuthority(r io.Reader) (EtcdAuthority, *certs.KeyPair, error) {
 	return e, ca, err
 }
 
-// loadEtcdAuthority makes the authority a rotation last set on this
+// loadAuthorities makes the authorities a rotation last set on this
 // machine, if any, override the bootstrap data's. A file that does not
 // parse fails the start: issuing from the bootstrap data's authority
 // instead could leave the machine trusting an authority the rest of the
 // cluster no longer uses.
-func (a *machineCtx) loadEtcdAuthority() error {
-	path := filepath.Join(a.dir, EtcdAuthorityFile)
-	data, err := os.ReadFile(path)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil
+func (a *machineCtx) loadAuthorities() error {
+	for _, k := range []AuthorityKind{EtcdAuthorityKind, ClusterAuthorityKind} {
+		path := filepath.Join(a.dir, k.File())
+		data, err := os.ReadFile(path)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("reading %s: %w", path, err)
+		}
+		e, _, err := decodeAuthority(bytes.NewReader(data))
+		if err != nil {
+			return fmt.Errorf("%s, which a CA rotation wrote, is invalid (%w): restore it, or replace the machine", path, err)
+		}
+		c := &a.doc.Certificates
+		if k == EtcdAuthorityKind {
+			c.EtcdCA, c.EtcdTrust = &e.CA, e.Trust
+		} else {
+			c.ClusterCA, c.ClusterTrust = &e.CA, e.Trust
+		}
+		a.log.Info("the authority of a CA rotation overrides the bootstrap data's", "file", path)
 	}
-	if err != nil {
-		return fmt.Errorf("reading %s: %w", path, err)
-	}
-	e, _, err := decodeEtcdAuthority(bytes.NewReader(data))
-	if err != nil {
-		return fmt.Errorf("%s, which an etcd CA rotation wrote, is invalid (%w): restore it, or replace the machine", path, err)
-	}
-	a.doc.Certificates.EtcdCA = &e.CA
-	a.doc.Certificates.EtcdTrust = e.Trust
-	a.log.Info("the etcd authority of an etcd CA rotation overrides the bootstrap data's", "file", path)
 	return nil
 }
 
-// putEtcdAuthority sets the machine's etcd authority. Like a renewal, it
+// putAuthority sets the machine's authority of kind k. Like a renewal, it
 // is refused while another renewal or authority change runs, and runs
 // under the endpoint's ctx.
-func (a *machineCtx) putEtcdAuthority(ctx context.Context, w http.ResponseWriter, r *http.Request) {
-	want, ca, err := decodeEtcdAuthority(http.MaxBytesReader(w, r.Body, maxAuthorityBody))
+func (a *machineCtx) putAuthority(ctx context.Context, k AuthorityKind, w http.ResponseWriter, r *http.Request) {
+	want, ca, err := decodeAuthority(http.MaxBytesReader(w, r.Body, maxAuthorityBody))
 	if err != nil {
-		http.Error(w, "invalid etcd authority: "+err.Error(), http.StatusBadRequest)
+		http.Error(w, "invalid "+string(k)+" authority: "+err.Error(), http.StatusBadRequest)
 		return
 	}
 	if !a.renewing.TryLock() {
@@ -119,76 +136,103 @@ func (a *machineCtx) putEtcdAuthority(ctx context.Context, w http.ResponseWriter
 		return
 	}
 	defer a.renewing.Unlock()
-	res, err := a.setEtcdAuthority(ctx, want, ca, time.Now())
+	res, err := a.setAuthority(ctx, k, want, ca, time.Now())
 	if err != nil {
-		a.log.Error("changing the etcd authority failed", "err", err, "moved", res.Moved, "restarted", res.Restarted, "client", clientName(r))
+		a.log.Error("changing an authority failed", "kind", k, "err", err, "moved", res.Moved, "restarted", res.Restarted, "client", clientName(r))
 		http.Error(w, err.Error(), http.StatusInternalServerError)
 		return
 	}
-	a.log.Info("etcd authority set", "authority", certs.KeyID(ca.Cert), "moved", res.Moved, "restarted", res.Restarted, "client", clientName(r))
+	a.log.Info("authority set", "kind", k, "authority", certs.KeyID(ca.Cert), "moved", res.Moved, "restarted", res.Restarted, "client", clientName(r))
 	writeJSON(w, res)
 }
 
-// setEtcdAuthority saves the authority, then moves the etcd leaves to the
-// new issuer and writes the new trust bundle, whichever changed, and
-// restarts kube-apiserver and then etcd, each healthy before the next, if
-// the trust changed: both read their trusted authorities once, at start
-// (etcd's transport builds its pools once; the leaves it reads at every
-// handshake). A restart of etcd is a member disruption, which the manager
-// plans as one. Hold a.renewing.
-func (a *machineCtx) setEtcdAuthority(ctx context.Context, want EtcdAuthority, ca *certs.KeyPair, now time.Time) (EtcdAuthorityResult, error) {
-	res := EtcdAuthorityResult{Moved: []string{}, Restarted: []string{}}
-	fail := func(what string, err error) (EtcdAuthorityResult, error) {
-		return res, fmt.Errorf("machine %s/%s: setting the etcd authority: %s: %w", a.machine.Namespace, a.machine.Name, what, err)
+// setAuthority saves the authority of kind k, then moves the leaves of
+// that kind to the new issuer and writes the new trust bundle, whichever
+// changed, and makes the components use them. Hold a.renewing.
+//
+// etcd: when the trust changed, kube-apiserver and then etcd restart, each
+// healthy before the next: both read their trusted authorities once, at
+// start (etcd's transport builds its pools once; the leaves it reads at
+// every handshake). kube-apiserver goes first because from its first
+// restart on it lists every voter among its etcd servers, and keeps
+// serving while its own member restarts. A restart of etcd is a member
+// disruption, which the manager plans as one.
+//
+// cluster: kube-apiserver reloads its client CA bundle and its serving
+// certificate; kube-controller-manager and kube-scheduler, whose
+// kubeconfigs embed the bundle and their client certificates (and the
+// controller manager's --root-ca-file, which it publishes as
+// kube-root-ca.crt), restart one after the other; the agent's own clients
+// are built again. etcd is not touched.
+func (a *machineCtx) setAuthority(ctx context.Context, k AuthorityKind, want Authority, ca *certs.KeyPair, now time.Time) (AuthorityResult, error) {
+	res := AuthorityResult{Moved: []string{}, Restarted: []string{}}
+	fail := func(what string, err error) (AuthorityResult, error) {
+		return res, fmt.Errorf("machine %s/%s: setting the %s authority: %s: %w", a.machine.Namespace, a.machine.Name, k, what, err)
 	}
 	p := a.pki
-	if p.etcdCA == nil || !a.doc.Runs(bootstrap.Etcd) {
-		return fail("checking the machine", errors.New("it runs no etcd member, so it issues no etcd certificate"))
+	from, trust, trustFile := p.etcdCA, p.EtcdTrust, "etcd/ca.crt"
+	if k == ClusterAuthorityKind {
+		from, trust, trustFile = p.clusterCA, p.ClusterTrust, ClusterTrustFile
 	}
-	had, err := certs.BundleKeyIDs(p.EtcdTrust())
+	if from == nil || k == EtcdAuthorityKind && !a.doc.Runs(bootstrap.Etcd) {
+		return fail("checking the machine", fmt.Errorf("it issues no certificate of the %s authority", k))
+	}
+	had, err := certs.BundleKeyIDs(trust())
 	if err != nil {
 		return fail("reading the trust it has", err)
 	}
 	wants, _ := certs.BundleKeyIDs([]byte(want.Trust))
-	trustChanged, signerChanged := had != wants, !p.etcdCA.Cert.Equal(ca.Cert)
-	if trustChanged || signerChanged {
-		data, err := json.Marshal(want)
-		if err != nil {
-			return fail("encoding", err)
+	trustChanged, signerChanged := had != wants, !from.Cert.Equal(ca.Cert)
+	if !trustChanged && !signerChanged {
+		if res.Report, err = p.Report(); err != nil {
+			return fail("reporting", err)
 		}
-		// The file first: a machine that restarts comes back with it.
-		if err := atomicfile.Write(filepath.Join(a.dir, EtcdAuthorityFile), data, 0o600); err != nil {
-			return fail("saving "+EtcdAuthorityFile, err)
-		}
+		return res, nil
+	}
+	data, err := json.Marshal(want)
+	if err != nil {
+		return fail("encoding", err)
+	}
+	// The file first: a machine that restarts comes back with it.
+	if err := atomicfile.Write(filepath.Join(a.dir, k.File()), data, 0o600); err != nil {
+		return fail("saving "+k.File(), err)
 	}
 	ca.LeafValidity = a.doc.LeafValidity()
 	if trustChanged {
-		if err := p.setEtcdTrust([]byte(want.Trust)); err != nil {
-			return fail("writing etcd/ca.crt", err)
+		if err := p.setTrust(k, trustFile, []byte(want.Trust)); err != nil {
+			return fail("writing "+trustFile, err)
 		}
 	}
 	if signerChanged {
-		if res.Moved, err = p.moveEtcdLeaves(ca, now); err != nil {
-			return fail("issuing the etcd leaves again", err)
+		if res.Moved, err = p.moveLeaves(k, ca, now); err != nil {
+			return fail("issuing the leaves again", err)
 		}
+	} else if k == ClusterAuthorityKind {
+		// The kubeconfigs embed the bundle.
+		if err := p.rewriteKubeconfigs(); err != nil {
+			return fail("writing the kubeconfigs", err)
+		}
+	}
+	if a.adminPair != nil {
 		if err := a.adminPair.load(); err != nil {
 			return fail("loading the endpoint's serving certificate", err)
 		}
 	}
-	if trustChanged {
-		// kube-apiserver first: restarted, it lists every voter among its
-		// etcd servers (apiserverEtcdServers), so it keeps serving while
-		// its local member restarts after it.
-		for _, c := range []bootstrap.Component{bootstrap.KubeAPIServer, bootstrap.Etcd} {
-			requested := time.Now()
-			if !a.doc.Runs(c) || !a.sup.Restart(c, "the etcd authorities it trusts changed") {
-				continue
-			}
-			res.Restarted = append(res.Restarted, string(c))
-			if err := a.waitRestarted(ctx, c, requested); err != nil {
-				return fail("restarting "+string(c), err)
+	restart := []bootstrap.Component{bootstrap.KubeAPIServer, bootstrap.Etcd}
+	why := "the etcd authorities it trusts changed"
+	switch {
+	case k == ClusterAuthorityKind:
+		if a.node != nil {
+			if err := a.node.newClients(); err != nil {
+				return fail("building the Node's clients", err)
 			}
 		}
+		restart, why = kubeconfigReaders, "the cluster authorities its kubeconfig trusts or its certificate changed"
+	case !trustChanged:
+		restart = nil
+	}
+	if res.Restarted, err = a.restartInTurn(ctx, restart, why); err != nil {
+		return fail("restarting", err)
 	}
 	if res.Report, err = p.Report(); err != nil {
 		return fail("reporting", err)
@@ -196,28 +240,58 @@ func (a *machineCtx) setEtcdAuthority(ctx context.Context, want EtcdAuthority, c
 	return res, nil
 }
 
-// setEtcdTrust writes etcd/ca.crt and makes the agent's etcd clients and
-// its endpoint trust bundle from now on.
-func (p *PKI) setEtcdTrust(bundle []byte) error {
+// restartInTurn restarts each of comps the machine runs, one after the
+// other, each healthy again before the next, and returns those it
+// restarted.
+func (a *machineCtx) restartInTurn(ctx context.Context, comps []bootstrap.Component, why string) ([]string, error) {
+	restarted := []string{}
+	for _, c := range comps {
+		requested := time.Now()
+		if !a.doc.Runs(c) || !a.sup.Restart(c, why) {
+			// Not started yet (its start reads the new files), or a
+			// restart is already pending.
+			continue
+		}
+		restarted = append(restarted, string(c))
+		if err := a.waitRestarted(ctx, c, requested); err != nil {
+			return restarted, fmt.Errorf("%s: %w", c, err)
+		}
+	}
+	return restarted, nil
+}
+
+// setTrust writes the trust bundle of kind k to file and makes the agent
+// trust it from now on.
+func (p *PKI) setTrust(k AuthorityKind, file string, bundle []byte) error {
 	w := &pkiWriter{dir: p.Dir}
-	w.cert("etcd/ca.crt", bundle)
+	w.cert(file, bundle)
 	if w.err != nil {
 		return w.err
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.etcdTrust = bundle
+	if k == EtcdAuthorityKind {
+		p.etcdTrust = bundle
+	} else {
+		p.clusterTrust = bundle
+	}
 	return nil
 }
 
-// moveEtcdLeaves issues every leaf of the etcd authority again from ca,
+// moveLeaves issues every leaf of the authority of kind k again from ca,
 // for its own key, and puts it in place; it returns their names. It stops
 // at the first failure; the leaves moved before it are valid under the
-// trust the manager set first, which holds both authorities.
-func (p *PKI) moveEtcdLeaves(ca *certs.KeyPair, now time.Time) ([]string, error) {
+// trust the manager set first, which holds both authorities. The cluster
+// CA's own pair (ca.crt and ca.key, which kube-controller-manager signs
+// with) is replaced last.
+func (p *PKI) moveLeaves(k AuthorityKind, ca *certs.KeyPair, now time.Time) ([]string, error) {
+	from := p.etcdCA
+	if k == ClusterAuthorityKind {
+		from = p.clusterCA
+	}
 	moved := []string{}
 	for _, l := range p.leaves {
-		if l.ca != p.etcdCA {
+		if l.ca != from {
 			continue
 		}
 		kp, err := ca.ReissueFrom(l.ca, l.kp, now)
@@ -232,16 +306,36 @@ func (p *PKI) moveEtcdLeaves(ca *certs.KeyPair, now time.Time) ([]string, error)
 		l.ca, l.kp = ca, kp
 		moved = append(moved, l.name)
 	}
-	p.etcdCA = ca
+	if k == EtcdAuthorityKind {
+		p.etcdCA = ca
+		return moved, nil
+	}
+	w := &pkiWriter{dir: p.Dir}
+	w.pair("ca", ca)
+	if w.err != nil {
+		return moved, w.err
+	}
+	p.clusterCA = ca
 	return moved, nil
 }
 
-// SetEtcdAuthority sets the etcd authority of the machine at host (its IP
-// address), which runs an etcd member, and returns once its components use
-// it. tlsCfg trusts the machine's etcd authorities and holds a client
-// certificate one of them issued.
-func SetEtcdAuthority(ctx context.Context, tlsCfg *tls.Config, host string, e EtcdAuthority) (EtcdAuthorityResult, error) {
-	var res EtcdAuthorityResult
-	err := sendAgent(ctx, tlsCfg, host, http.MethodPut, PKIEtcdAuthorityPath, pkiRenewTimeout, e, &res)
+// rewriteKubeconfigs writes each kubeconfig again, with the trust bundle
+// of the moment and its certificate unchanged.
+func (p *PKI) rewriteKubeconfigs() error {
+	w := &pkiWriter{dir: p.Dir}
+	for _, l := range p.leaves {
+		if l.kubeconfig {
+			l.put(w, l.kp)
+		}
+	}
+	return w.err
+}
+
+// SetAuthority sets the authority of kind k on the machine at host (its
+// IP address) and returns once its components use it. tlsCfg is as for
+// GetPKI, and trusts the authorities of the stage.
+func SetAuthority(ctx context.Context, tlsCfg *tls.Config, host string, k AuthorityKind, e Authority) (AuthorityResult, error) {
+	var res AuthorityResult
+	err := sendAgent(ctx, tlsCfg, host, http.MethodPut, k.Path(), pkiRenewTimeout, e, &res)
 	return res, err
 }

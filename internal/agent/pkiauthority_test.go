@@ -30,14 +30,14 @@ func TestSavedEtcdAuthorityOverridesBootstrap(t *testing.T) {
 	dir := t.TempDir()
 	doc := bootstrap.NewStacked("c1", cas, "", bootstrap.NewMember())
 	a := &machineCtx{dir: dir, doc: doc, machine: Machine{Name: "m1", Namespace: "ns", Address: "127.0.0.9"}, log: slog.Default()}
-	saved, err := json.Marshal(EtcdAuthority{CA: bootstrap.CertKey{Cert: string(next.CertPEM), Key: string(next.KeyPEM)}, Trust: string(next.CertPEM)})
+	saved, err := json.Marshal(Authority{CA: bootstrap.CertKey{Cert: string(next.CertPEM), Key: string(next.KeyPEM)}, Trust: string(next.CertPEM)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := os.WriteFile(filepath.Join(dir, EtcdAuthorityFile), saved, 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, EtcdAuthorityKind.File()), saved, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := a.loadEtcdAuthority(); err != nil {
+	if err := a.loadAuthorities(); err != nil {
 		t.Fatal(err)
 	}
 	p, err := IssuePKI(dir, a.machine, doc, now)
@@ -57,10 +57,10 @@ func TestSavedEtcdAuthorityOverridesBootstrap(t *testing.T) {
 		t.Errorf("etcd/ca.crt: %+v; want the saved bundle", all)
 	}
 
-	if err := os.WriteFile(filepath.Join(dir, EtcdAuthorityFile), []byte(`{"ca":{"cert":"junk"}}`), 0o600); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, EtcdAuthorityKind.File()), []byte(`{"ca":{"cert":"junk"}}`), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if err := a.loadEtcdAuthority(); err == nil || !strings.Contains(err.Error(), EtcdAuthorityFile) || !strings.Contains(err.Error(), "replace the machine") {
+	if err := a.loadAuthorities(); err == nil || !strings.Contains(err.Error(), EtcdAuthorityKind.File()) || !strings.Contains(err.Error(), "replace the machine") {
 		t.Fatalf("a corrupt saved authority: %v; want an error naming the file and the fix", err)
 	}
 }

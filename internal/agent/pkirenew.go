@@ -141,17 +141,8 @@ func (a *machineCtx) renewPKI(ctx context.Context, now time.Time, req PKIRenewRe
 			return fail("building the Node's clients", err)
 		}
 	}
-	for _, c := range kubeconfigReaders {
-		requested := time.Now()
-		if !a.doc.Runs(c) || !a.sup.Restart(c, "its kubeconfig's client certificate was renewed") {
-			// Not started yet (its start reads the new file), or a
-			// restart is already pending.
-			continue
-		}
-		res.Restarted = append(res.Restarted, string(c))
-		if err := a.waitRestarted(ctx, c, requested); err != nil {
-			return fail("restarting "+string(c), err)
-		}
+	if res.Restarted, err = a.restartInTurn(ctx, kubeconfigReaders, "its kubeconfig's client certificate was renewed"); err != nil {
+		return fail("restarting", err)
 	}
 	if res.Report, err = a.pki.Report(); err != nil {
 		return fail("reporting", err)

@@ -114,9 +114,9 @@ func Run(ctx context.Context, opts Options) (err error) {
 		if err := a.loadEtcdSettings(); err != nil {
 			return err
 		}
-		if err := a.loadEtcdAuthority(); err != nil {
-			return err
-		}
+	}
+	if err := a.loadAuthorities(); err != nil {
+		return err
 	}
 	if err := WriteStatus(opts.Dir, Status{Phase: PhaseStarting}); err != nil {
 		return err

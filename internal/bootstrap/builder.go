@@ -55,6 +55,7 @@ func JoinMember(existingEndpoints ...string) LocalEtcd {
 func CAMaterialFrom(cas *certs.ClusterCAs) CAMaterial {
 	return CAMaterial{
 		ClusterCA:    certKey(cas.Cluster),
+		ClusterTrust: string(cas.ClusterTrust),
 		EtcdCA:       certKey(cas.Etcd),
 		EtcdTrust:    string(cas.EtcdTrust),
 		FrontProxyCA: certKey(cas.FrontProxy),

@@ -241,13 +241,18 @@ func (d *Document) validateCAs() []FieldError {
 	}
 	need("certificates.clusterCA", c.ClusterCA, d.RunsKubernetes(), "Kubernetes components and the Node need the cluster CA")
 	need("certificates.etcdCA", c.EtcdCA, d.Runs(Etcd), "a local etcd member issues its certificates from the etcd CA")
-	if c.EtcdTrust != "" && c.EtcdCA != nil {
-		if ca, err := certs.ParseKeyPair([]byte(c.EtcdCA.Cert), []byte(c.EtcdCA.Key)); err == nil {
-			if err := certs.CheckBundle([]byte(c.EtcdTrust), ca); err != nil {
-				errs = append(errs, FieldError{"certificates.etcdTrust", "not a bundle of authorities that holds certificates.etcdCA: " + err.Error(), "leave it empty to trust certificates.etcdCA alone"})
+	bundle := func(field, trust string, ca *CertKey, caField string) {
+		if trust == "" || ca == nil {
+			return
+		}
+		if kp, err := certs.ParseKeyPair([]byte(ca.Cert), []byte(ca.Key)); err == nil {
+			if err := certs.CheckBundle([]byte(trust), kp); err != nil {
+				errs = append(errs, FieldError{field, "not a bundle of authorities that holds " + caField + ": " + err.Error(), "leave it empty to trust " + caField + " alone"})
 			}
 		}
 	}
+	bundle("certificates.etcdTrust", c.EtcdTrust, c.EtcdCA, "certificates.etcdCA")
+	bundle("certificates.clusterTrust", c.ClusterTrust, c.ClusterCA, "certificates.clusterCA")
 	need("certificates.frontProxyCA", c.FrontProxyCA, d.Runs(KubeAPIServer), "kube-apiserver needs the front-proxy CA")
 	needSA := d.Runs(KubeAPIServer) || d.Runs(KubeControllerManager)
 	switch {

@@ -133,7 +133,12 @@ type ExternalEtcd struct {
 // are PEM.
 type CAMaterial struct {
 	ClusterCA *CertKey `json:"clusterCA,omitempty"`
-	EtcdCA    *CertKey `json:"etcdCA,omitempty"`
+	// ClusterTrust is the PEM bundle of the cluster authorities the
+	// machine's components and clients trust; it holds ClusterCA's
+	// certificate. Empty: ClusterCA's alone. A cluster CA rotation
+	// trusts the old and the new authority beside each other.
+	ClusterTrust string   `json:"clusterTrust,omitempty"`
+	EtcdCA       *CertKey `json:"etcdCA,omitempty"`
 	// EtcdTrust is the PEM bundle of the authorities etcd's client and
 	// peer ports and every etcd client of the machine trust; it holds
 	// EtcdCA's certificate. Empty: EtcdCA's alone. An etcd CA rotation

@@ -32,17 +32,22 @@ func Kubeconfig(clusterName, server string, caPEM []byte, userName string, user 
 // AdminKubeconfig issues a system:masters client certificate from the cluster
 // CA and returns a kubeconfig for it, as kubeadm's admin.conf.
 func AdminKubeconfig(clusterName, server string, ca *KeyPair, now time.Time) ([]byte, error) {
-	return AdminKubeconfigValidFor(clusterName, server, ca, now, 0)
+	return AdminKubeconfigValidFor(clusterName, server, ca, nil, now, 0)
 }
 
 // AdminKubeconfigValidFor is AdminKubeconfig with a client certificate valid
-// for validity (0 means LeafValidity), for kubeconfigs that are rotated.
-func AdminKubeconfigValidFor(clusterName, server string, ca *KeyPair, now time.Time, validity time.Duration) ([]byte, error) {
+// for validity (0 means LeafValidity), for kubeconfigs that are rotated,
+// trusting the PEM bundle trust (nil: ca alone; a cluster CA rotation
+// trusts two).
+func AdminKubeconfigValidFor(clusterName, server string, ca *KeyPair, trust []byte, now time.Time, validity time.Duration) ([]byte, error) {
 	kp, err := ca.Issue(Request{CommonName: "kubernetes-admin", Organization: []string{"system:masters"}, Usages: ClientUsage, Validity: validity}, now)
 	if err != nil {
 		return nil, err
 	}
-	return Kubeconfig(clusterName, server, ca.CertPEM, "kubernetes-admin", kp)
+	if trust == nil {
+		trust = ca.CertPEM
+	}
+	return Kubeconfig(clusterName, server, trust, "kubernetes-admin", kp)
 }
 
 // ComponentKubeconfig returns a kubeconfig for a control plane component

@@ -19,7 +19,11 @@ var (
 // that hold them <cluster>-ca, <cluster>-etcd, <cluster>-proxy and <cluster>-sa.
 type ClusterCAs struct {
 	Cluster *KeyPair
-	Etcd    *KeyPair
+	// ClusterTrust is the PEM bundle of the cluster authorities machines
+	// and kubeconfigs trust, which holds Cluster's certificate; nil:
+	// Cluster's alone. It holds two while a cluster CA rotation runs.
+	ClusterTrust []byte
+	Etcd         *KeyPair
 	// EtcdTrust is the PEM bundle of the etcd authorities machines trust,
 	// which holds Etcd's certificate; nil: Etcd's alone. It holds two
 	// while an etcd CA rotation runs.

@@ -54,10 +54,10 @@ func TestEtcdAuthorityMove(t *testing.T) {
 	}
 	both := certs.Bundle(oldCA, newCA)
 	asOld, asNew := etcdClientTLS(t, both, oldCA), etcdClientTLS(t, both, newCA)
-	set := func(via *tls.Config, ca *certs.KeyPair, trust []byte, wantMoved bool, wantRestarted ...string) agent.EtcdAuthorityResult {
+	set := func(via *tls.Config, ca *certs.KeyPair, trust []byte, wantMoved bool, wantRestarted ...string) agent.AuthorityResult {
 		t.Helper()
 		before := c.waitHealthy(m1, time.Minute)
-		res, err := agent.SetEtcdAuthority(ctx, via, m1.Address, agent.EtcdAuthority{CA: bootstrap.CertKey{Cert: string(ca.CertPEM), Key: string(ca.KeyPEM)}, Trust: string(trust)})
+		res, err := agent.SetAuthority(ctx, via, m1.Address, agent.EtcdAuthorityKind, agent.Authority{CA: bootstrap.CertKey{Cert: string(ca.CertPEM), Key: string(ca.KeyPEM)}, Trust: string(trust)})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -96,7 +96,7 @@ func TestEtcdAuthorityMove(t *testing.T) {
 	// Refused: a trust bundle without the issuing authority; nothing
 	// changes.
 	caFile, _ := os.ReadFile(filepath.Join(pkiDir, "etcd/ca.crt"))
-	_, err = agent.SetEtcdAuthority(ctx, asOld, m1.Address, agent.EtcdAuthority{CA: bootstrap.CertKey{Cert: string(newCA.CertPEM), Key: string(newCA.KeyPEM)}, Trust: string(oldCA.CertPEM)})
+	_, err = agent.SetAuthority(ctx, asOld, m1.Address, agent.EtcdAuthorityKind, agent.Authority{CA: bootstrap.CertKey{Cert: string(newCA.CertPEM), Key: string(newCA.KeyPEM)}, Trust: string(oldCA.CertPEM)})
 	if err == nil || !strings.Contains(err.Error(), "400") || !strings.Contains(err.Error(), "trust") {
 		t.Fatalf("a bundle without its issuer: %v; want a 400 naming trust", err)
 	}
@@ -154,8 +154,8 @@ func TestEtcdAuthorityMove(t *testing.T) {
 	})
 	checkIssuedBy(t, rep, newCA)
 	checkTrusts(t, rep, newCA)
-	if fi, err := os.Stat(filepath.Join(h.Dir(c.ns, m1.Name), agent.EtcdAuthorityFile)); err != nil || fi.Mode().Perm() != 0o600 {
-		t.Fatalf("%s: %v, %v; want mode 0600", agent.EtcdAuthorityFile, fi, err)
+	if fi, err := os.Stat(filepath.Join(h.Dir(c.ns, m1.Name), agent.EtcdAuthorityKind.File())); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("%s: %v, %v; want mode 0600", agent.EtcdAuthorityKind.File(), fi, err)
 	}
 	c.checkNoRaces()
 }

@@ -187,7 +187,7 @@ func checkOneAtATime(b view, d Decision, _ view) error {
 // starts only while the cluster can lose the member (at least three
 // voters, every one healthy, no learner joining).
 func checkOneDisruption(b view, d Decision) error {
-	restart := d.Kind == RestartMember || d.Kind == SetEtcdAuthority && d.RestartsMember
+	restart := d.Kind == RestartMember || d.Kind == SetAuthority && d.RestartsMember
 	if busy, ok := b.disrupted(); ok && busy.ID != d.MemberID {
 		switch {
 		case d.Kind == AddLearner, d.Kind == Promote, d.Kind == Defragment, restart:
@@ -262,8 +262,8 @@ func checkLeader(b view, d Decision, _ view) error {
 		leaving, ok = b.memberOn(d.Machine)
 	case MoveLeader:
 		return checkLeaderTarget(b, d)
-	case Defragment, RestartMember, SetEtcdAuthority:
-		if d.Kind == SetEtcdAuthority && !d.RestartsMember {
+	case Defragment, RestartMember, SetAuthority:
+		if d.Kind == SetAuthority && !d.RestartsMember {
 			return nil
 		}
 		if m, ok := b.member(d.MemberID); ok && m.Leader && m.Healthy && len(b.voters()) > 1 {
@@ -342,13 +342,13 @@ func checkRenewal(b view, d Decision, _ view) error {
 	return nil
 }
 
-// checkAuthority holds SetEtcdAuthority to its rule: only on a machine
+// checkAuthority holds SetAuthority to its rule: only on a machine
 // that stays, lacks what the step gives it, and hosts a healthy, started
 // voter; a leaf move (no restart) one at a time and never beside a
 // disruption or a renewal, as a renewal. A trust change is a restart,
 // which checkOneDisruption and checkLeader hold.
 func checkAuthority(b view, d Decision, _ view) error {
-	if d.Kind != SetEtcdAuthority {
+	if d.Kind != SetAuthority {
 		return nil
 	}
 	mc, ok := b.machine(d.Machine)
@@ -367,10 +367,10 @@ func checkAuthority(b view, d Decision, _ view) error {
 		return nil
 	}
 	if r, ok := b.renewing(); ok {
-		return fmt.Errorf("I4 one at a time: moving the etcd certificates of machine %s while machine %s renews its own", d.Machine, r.Name)
+		return fmt.Errorf("I4 one at a time: bringing machine %s to a CA rotation's stage while machine %s renews its own", d.Machine, r.Name)
 	}
 	if busy, ok := b.disrupted(); ok {
-		return fmt.Errorf("I4 one at a time: moving the etcd certificates of machine %s while member %s is %s", d.Machine, b.memberName(busy), b.disrupting(busy))
+		return fmt.Errorf("I4 one at a time: bringing machine %s to a CA rotation's stage while member %s is %s", d.Machine, b.memberName(busy), b.disrupting(busy))
 	}
 	return nil
 }

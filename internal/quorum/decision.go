@@ -65,7 +65,7 @@ const (
 	// disrupted, but the step is one at a time, and never beside a
 	// member's defragmentation or restart.
 	RenewCertificates Kind = "RenewCertificates"
-	// SetEtcdAuthority: bring Decision.Machine to the current stage of an
+	// SetAuthority: bring Decision.Machine to the current stage of an
 	// etcd CA rotation (PUT /pki/etcd-authority on its agent). With
 	// RestartsMember (Machine.AuthorityUpdate is AuthorityTrust) the
 	// agent restarts member Decision.MemberID's etcd, and then its API
@@ -74,7 +74,7 @@ const (
 	// leaves to the new authority in place, recorded as
 	// Machine.RenewStartedAt like a renewal. The caller then records what
 	// the machine reports and clears the record.
-	SetEtcdAuthority Kind = "SetEtcdAuthority"
+	SetAuthority Kind = "SetAuthority"
 	// Wait: nothing to do until the world changes; Reason names what for.
 	Wait Kind = "Wait"
 	// Degraded: the planner refuses to act and a human is needed; Reason
@@ -84,7 +84,7 @@ const (
 
 // Kinds are every Kind a Decision may have.
 var Kinds = []Kind{CreateMachine, AddLearner, Promote, MoveLeader, RemoveMember, AddHook, RemoveHook, DeleteMachine,
-	DisarmAlarm, Compact, Defragment, RestartMember, RenewCertificates, SetEtcdAuthority, Wait, Degraded}
+	DisarmAlarm, Compact, Defragment, RestartMember, RenewCertificates, SetAuthority, Wait, Degraded}
 
 // Decision is exactly one next step. Only the fields its Kind names are set.
 type Decision struct {
@@ -109,7 +109,7 @@ type Decision struct {
 	Revision int64
 	// QuotaBackendBytes is the backend quota RestartMember gives the member.
 	QuotaBackendBytes int64
-	// RestartsMember says that SetEtcdAuthority restarts the member.
+	// RestartsMember says that SetAuthority restarts the member.
 	RestartsMember bool
 	// Reason is a sentence for humans: why this step, or what is waited for.
 	Reason string
@@ -210,7 +210,7 @@ func (d Decision) Verify(fresh State) error {
 	switch d.Kind {
 	case RenewCertificates:
 		return v.verifyRenewal(d.Machine)
-	case SetEtcdAuthority:
+	case SetAuthority:
 		return v.verifyAuthority(d)
 	}
 	return nil
@@ -298,7 +298,7 @@ func (d Decision) Destructive(s State) bool {
 	return false
 }
 
-// authorityUpdate is what a SetEtcdAuthority step gives its machine.
+// authorityUpdate is what a SetAuthority step gives its machine.
 func (d Decision) authorityUpdate() AuthorityUpdate {
 	if d.RestartsMember {
 		return AuthorityTrust
@@ -324,7 +324,7 @@ func (d Decision) String() string {
 		target = fmt.Sprintf("(to %d)", d.Revision)
 	case AddHook, RemoveHook, DeleteMachine, RenewCertificates:
 		target = fmt.Sprintf("(%s)", d.Machine)
-	case SetEtcdAuthority:
+	case SetAuthority:
 		target = fmt.Sprintf("(%s, restarts member %v)", d.Machine, d.RestartsMember)
 	}
 	return fmt.Sprintf("%s%s: %s", d.Kind, target, d.Reason)

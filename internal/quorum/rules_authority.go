@@ -47,21 +47,21 @@ func (p planner) rotateEtcdAuthority() (Decision, bool) {
 		if d, ok := p.waitToDisrupt(what, min(1, tolerance(p.Desired))); ok && !p.opts.restartUnchecked {
 			return d, true
 		}
-		return p.disruptMember(m, Decision{Kind: SetEtcdAuthority, RestartsMember: true}, "restarting",
+		return p.disruptMember(m, Decision{Kind: SetAuthority, RestartsMember: true}, "restarting",
 			"an etcd CA rotation changes the authorities it trusts, which etcd reads at its start; the machine stays")
 	}
-	what := "moving the etcd certificates of machine " + mc.Name + " to the rotation's new authority"
+	what := "bringing machine " + mc.Name + " to the CA rotation's stage"
 	if d, ok := p.waitForRenewal(what); ok && !p.opts.renewUnchecked {
 		return d, true
 	}
 	if d, ok := p.waitForDisrupted(what); ok && !p.opts.renewUnchecked {
 		return d, true
 	}
-	return Decision{Kind: SetEtcdAuthority, Machine: mc.Name, MemberID: m.ID,
-		Reason: fmt.Sprintf("machine %s: %s; etcd reloads them, nothing restarts", mc.Name, what)}, true
+	return Decision{Kind: SetAuthority, Machine: mc.Name, MemberID: m.ID,
+		Reason: fmt.Sprintf("machine %s: %s; no etcd member restarts", mc.Name, what)}, true
 }
 
-// verifyAuthority is SetEtcdAuthority's part of Decision.Verify: the
+// verifyAuthority is SetAuthority's part of Decision.Verify: the
 // machine is still there, staying, and lacks what the plan gives it, and
 // no renewal or authority change started since the plan.
 func (v view) verifyAuthority(d Decision) error {

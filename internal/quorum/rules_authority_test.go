@@ -19,7 +19,7 @@ func TestRotateEtcdAuthority(t *testing.T) {
 	}
 	runPlanCases(t, []planCase{
 		{"a trust change restarts a follower first",
-			edit(cluster(3, 3), allTrust), SetEtcdAuthority, "m-02", "restarting member m-02: an etcd CA rotation changes the authorities it trusts"},
+			edit(cluster(3, 3), allTrust), SetAuthority, "m-02", "restarting member m-02: an etcd CA rotation changes the authorities it trusts"},
 		{"the leader last, and its leadership moves first",
 			edit(cluster(3, 3), func(s *State) { lacks(s, 0, AuthorityTrust) }), MoveLeader, "2", "moving etcd leadership from m-01 to m-02 before restarting m-01"},
 		{"one restart at a time",
@@ -29,14 +29,14 @@ func TestRotateEtcdAuthority(t *testing.T) {
 			edit(cluster(3, 3), func(s *State) { lacks(s, 1, AuthorityTrust); down(s, 2, time.Minute) }),
 			Wait, "", "waiting for member m-03 to become healthy"},
 		{"a single-member control plane restarts its only member: its size never tolerates a loss",
-			edit(cluster(1, 1), func(s *State) { lacks(s, 0, AuthorityTrust) }), SetEtcdAuthority, "m-01", "restarting member m-01"},
+			edit(cluster(1, 1), func(s *State) { lacks(s, 0, AuthorityTrust) }), SetAuthority, "m-01", "restarting member m-01"},
 		{"not beside a renewal",
 			edit(cluster(3, 3), func(s *State) { lacks(s, 1, AuthorityTrust); renewStarted(s, 2, time.Minute) }),
 			Wait, "", "waiting for machine m-03 to finish renewing its certificates"},
 		{"a leaf move restarts nothing, and may be on the leader",
-			edit(cluster(3, 3), func(s *State) { lacks(s, 0, AuthorityLeaves) }), SetEtcdAuthority, "m-01", "moving the etcd certificates of machine m-01 to the rotation's new authority; etcd reloads them"},
+			edit(cluster(3, 3), func(s *State) { lacks(s, 0, AuthorityLeaves) }), SetAuthority, "m-01", "bringing machine m-01 to the CA rotation's stage; no etcd member restarts"},
 		{"a leaf move needs no fault tolerance",
-			edit(cluster(3, 3), func(s *State) { lacks(s, 1, AuthorityLeaves); down(s, 2, time.Minute) }), SetEtcdAuthority, "m-02", "moving the etcd certificates"},
+			edit(cluster(3, 3), func(s *State) { lacks(s, 1, AuthorityLeaves); down(s, 2, time.Minute) }), SetAuthority, "m-02", "bringing machine m-02 to the CA rotation's stage"},
 		{"but not on a member in trouble",
 			edit(cluster(3, 3), func(s *State) { lacks(s, 2, AuthorityLeaves); down(s, 2, time.Minute) }), Wait, "", "waiting for member m-03 to become healthy"},
 		{"one leaf move at a time",
@@ -45,7 +45,7 @@ func TestRotateEtcdAuthority(t *testing.T) {
 				lacks(s, 2, AuthorityLeaves)
 				renewStarted(s, 2, time.Minute)
 			}),
-			Wait, "", "waiting for machine m-03 to finish renewing its certificates (started 1m0s ago; counted as finished after 5m0s) before moving the etcd certificates of machine m-02"},
+			Wait, "", "waiting for machine m-03 to finish renewing its certificates (started 1m0s ago; counted as finished after 5m0s) before bringing machine m-02 to the CA rotation's stage"},
 		{"nor beside a restart",
 			edit(cluster(3, 3), func(s *State) { lacks(s, 2, AuthorityLeaves); restartStarted(s, 1, 10*time.Second) }),
 			Wait, "", "waiting for member m-02 to finish restarting"},
@@ -61,7 +61,7 @@ func TestRotateEtcdAuthority(t *testing.T) {
 func TestVerifyAuthority(t *testing.T) {
 	s := edit(cluster(3, 3), func(s *State) { lacks(s, 1, AuthorityLeaves) })
 	d := Plan(s)
-	if d.Kind != SetEtcdAuthority || d.RestartsMember {
+	if d.Kind != SetAuthority || d.RestartsMember {
 		t.Fatalf("planned %v", d)
 	}
 	if err := d.Verify(s); err != nil {
@@ -73,7 +73,7 @@ func TestVerifyAuthority(t *testing.T) {
 	if err := d.Verify(edit(s, func(s *State) { renewStarted(s, 2, 0) })); err == nil {
 		t.Fatal("verified a move beside a renewal that started since")
 	}
-	if err := Check(s, Decision{Kind: SetEtcdAuthority, Machine: "m-02", MemberID: s.Members[1].ID, RestartsMember: true}, s); err == nil {
+	if err := Check(s, Decision{Kind: SetAuthority, Machine: "m-02", MemberID: s.Members[1].ID, RestartsMember: true}, s); err == nil {
 		t.Fatal("the checker took a restart on a machine that lacks only a leaf move")
 	}
 	if err := Check(edit(s, func(s *State) { restartStarted(s, 2, 0); down(s, 2, 0) }), d, s); err == nil {

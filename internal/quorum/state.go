@@ -430,7 +430,7 @@ type Machine struct {
 	// an etcd CA rotation, by the caller's comparison of what its agent
 	// reports with what the stage wants; AuthorityCurrent (the zero value)
 	// when nothing, no rotation runs, or it is unknown. See
-	// SetEtcdAuthority.
+	// SetAuthority.
 	AuthorityUpdate AuthorityUpdate
 }
 

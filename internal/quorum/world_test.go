@@ -289,7 +289,7 @@ func (w world) apply(d Decision) world {
 		m.restarting, m.healthy, m.leader, m.since = true, false, false, w.epoch
 		mc.restartOpen, mc.restartAt = true, w.epoch
 		w.elect()
-	case SetEtcdAuthority:
+	case SetAuthority:
 		// The agent saves the stage's authority at once; a trust change
 		// then restarts the member, and a leaf move takes a while, both in
 		// progress.

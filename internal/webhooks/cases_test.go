@@ -138,6 +138,9 @@ func admissionCases() []admissionCase {
 			field: "spec.certificates.rotation", fix: "is at stage TrustBoth"},
 		{name: "a new rotation once the last completed", old: qcp(rotate("1"), rotating("1", controlplanev1.RotationCompleted)), new: qcp(rotate("2"))},
 		{name: "a first rotation", old: qcp(), new: qcp(rotate("1"))},
+		{name: "a cluster CA rotation on external etcd", old: qcp(external("https://10.0.0.1:2379")), new: qcp(external("https://10.0.0.1:2379"), func(q *controlplanev1.QuorumControlPlane) {
+			q.Spec.Certificates.Rotation = &controlplanev1.CertificateRotation{Kind: controlplanev1.CertificateAuthorityClusterCA, Trigger: "1"}
+		})},
 		{name: "stacked to external etcd", old: qcp(), new: qcp(external("https://10.0.0.1:2379")),
 			field: "spec.etcd", fix: "cannot switch from stacked etcd to external etcd endpoints after creation, because the cluster's data lives in the etcd it started with; remove spec.etcd.external and spec.etcd.clusterRef"},
 		{name: "stacked to EtcdCluster", old: qcp(), new: qcp(clusterRef("etcd-a")),

@@ -16,6 +16,8 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/conditions"
 	"sigs.k8s.io/cluster-api/util/secret"
@@ -401,5 +403,207 @@ func (s *scenario) sameMachines(before []clusterv1.Machine) func(context.Context
 			return fmt.Errorf("the machines changed: %d now, %d before", len(is), len(was))
 		}
 		return nil
+	}
+}
+
+// TestClusterCARotation rotates the cluster CA of a 3-machine control
+// plane, on the shared management cluster, under the writer, the monitor
+// and an API probe that re-reads <cluster>-kubeconfig before every request
+// (a client that takes the re-issued kubeconfig). QCP generates the new
+// authority. Every stage is announced by an event, and each stage that
+// lasts is seen in status. At the end no certificate on any machine, by its
+// agent and by its files, is or chains to the old authority, nor does the
+// kubeconfig or kube-root-ca.crt hold it; <cluster>-ca holds the new one,
+// the rotation's Secrets are gone, an admin client of the old authority is
+// refused, no machine was replaced, no acknowledged write was lost, and the
+// probe never went more than 5 s without an answer.
+func TestClusterCARotation(t *testing.T) {
+	mgmt := requireShared(t)
+	parallel(t, 4*time.Minute)
+	s := newScenario(t, mgmt, "rotate-ca", 3)
+	s.startTraffic(3)
+	s.waitAvailable(convergeTimeout, 3)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
+	before, err := s.machines(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	oldCA := s.secretAuthority(ctx, secret.ClusterCA)
+	probe := s.startAPIProbe(true)
+	s.patchControlPlane(ctx, func(cp *controlplanev1.QuorumControlPlane) {
+		cp.Spec.Certificates.Rotation = &controlplanev1.CertificateRotation{Kind: controlplanev1.CertificateAuthorityClusterCA, Trigger: "1"}
+	})
+	seen := map[controlplanev1.CertificateRotationStage]bool{}
+	s.eventually(10*time.Minute, "the cluster CA rotation completed", func(ctx context.Context) error {
+		cp, err := s.controlPlane(ctx)
+		if err != nil {
+			return err
+		}
+		st := cp.Status.CertificateRotation
+		if st == nil {
+			return errors.New("no rotation in status yet")
+		}
+		seen[st.Stage] = true
+		if st.Stage != controlplanev1.RotationCompleted || st.Kind != controlplanev1.CertificateAuthorityClusterCA {
+			return fmt.Errorf("stage %s: %s", st.Stage, st.Message)
+		}
+		return nil
+	})
+	for _, stage := range []controlplanev1.CertificateRotationStage{controlplanev1.RotationTrustBoth, controlplanev1.RotationReissue,
+		controlplanev1.RotationSwitchSigner, controlplanev1.RotationDistrust, controlplanev1.RotationCompleted} {
+		s.checkEvent(ctx, "CertificateRotationStage", "at stage "+string(stage))
+	}
+	for _, stage := range []controlplanev1.CertificateRotationStage{controlplanev1.RotationTrustBoth, controlplanev1.RotationReissue, controlplanev1.RotationDistrust} {
+		if !seen[stage] {
+			t.Errorf("stage %s was never seen in status (seen: %v)", stage, seen)
+		}
+	}
+	s.waitAvailable(5*time.Minute, 3)
+	newCA := s.secretAuthority(ctx, secret.ClusterCA)
+	if newCA.Cert.Equal(oldCA.Cert) {
+		t.Fatal("<cluster>-ca still holds the old authority")
+	}
+	s.checkClusterRotated(ctx, oldCA, newCA)
+	if err := s.sameMachines(before)(ctx); err != nil {
+		t.Error(err)
+	}
+	s.checkAPIGap(probe)
+	s.finish()
+}
+
+// checkClusterRotated checks the end of a cluster CA rotation.
+func (s *scenario) checkClusterRotated(ctx context.Context, oldCA, newCA *certs.KeyPair) {
+	s.t.Helper()
+	for _, p := range []secret.Purpose{"ca-next", "ca-previous"} {
+		var sec corev1.Secret
+		if err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: secret.Name(s.name, p)}, &sec); !apierrors.IsNotFound(err) {
+			s.t.Errorf("Secret %s after the rotation: %v", secret.Name(s.name, p), err)
+		}
+	}
+	old := certs.KeyID(oldCA.Cert)
+	holdsOld := func(data []byte) bool {
+		cs, err := certs.ParseCerts(data)
+		return err == nil && slices.ContainsFunc(cs, func(c *x509.Certificate) bool { return certs.KeyID(c) == old || certs.IssuerKeyID(c) == old })
+	}
+	// The kubeconfig: its CA and its client certificate.
+	var kc corev1.Secret
+	if err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: secret.Name(s.name, secret.Kubeconfig)}, &kc); err != nil {
+		s.t.Fatal(err)
+	}
+	cfg, err := clientcmd.Load(kc.Data[secret.KubeconfigDataName])
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	for name, c := range cfg.Clusters {
+		if holdsOld(c.CertificateAuthorityData) {
+			s.t.Errorf("the kubeconfig's cluster %s trusts the old authority", name)
+		}
+	}
+	for name, u := range cfg.AuthInfos {
+		if holdsOld(u.ClientCertificateData) {
+			s.t.Errorf("the kubeconfig's user %s holds a certificate of the old authority", name)
+		}
+	}
+	// kube-root-ca.crt in every namespace, and cluster-info where it exists.
+	wl, err := s.workload(ctx)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	s.eventually(2*time.Minute, "kube-root-ca.crt holding the new authority alone in every namespace", func(ctx context.Context) error {
+		cms, err := wl.CoreV1().ConfigMaps("").List(ctx, metav1.ListOptions{FieldSelector: "metadata.name=kube-root-ca.crt"})
+		if err != nil {
+			return err
+		}
+		if len(cms.Items) == 0 {
+			return errors.New("none yet")
+		}
+		for _, cm := range cms.Items {
+			if ids, err := certs.BundleKeyIDs([]byte(cm.Data["ca.crt"])); err != nil || ids != certs.KeyID(newCA.Cert) {
+				return fmt.Errorf("namespace %s: it holds %s (%v)", cm.Namespace, ids, err)
+			}
+		}
+		return nil
+	})
+	if ci, err := wl.CoreV1().ConfigMaps("kube-public").Get(ctx, "cluster-info", metav1.GetOptions{}); err == nil && strings.Contains(ci.Data["kubeconfig"], string(oldCA.CertPEM)) {
+		s.t.Error("kube-public/cluster-info holds the old authority")
+	}
+	// Every machine, by its agent and by its files.
+	machines, err := s.machines(ctx)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	host := &machinehost.Host{Root: s.mgmt.env.MachineRoot()}
+	viaEtcd := s.etcdAgentTLS()
+	for _, m := range machines {
+		rep, err := agent.GetPKI(ctx, viaEtcd, internalIP(&m))
+		if err != nil {
+			s.t.Errorf("machine %s: %v", m.Name, err)
+			continue
+		}
+		for _, c := range rep.Certificates {
+			if c.KeyID == old || c.IssuerKeyID == old {
+				s.t.Errorf("machine %s: %s is or chains to the old cluster CA", m.Name, c.Name)
+			}
+		}
+		dir := filepath.Join(host.Dir(ns, m.Name), agent.PKIDir)
+		err = filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
+			if err != nil || d.IsDir() {
+				return err
+			}
+			data, err := os.ReadFile(path)
+			if err != nil {
+				return err
+			}
+			switch {
+			case strings.HasSuffix(path, ".crt") && holdsOld(data):
+				s.t.Errorf("machine %s: %s holds or chains to the old cluster CA", m.Name, path)
+			case strings.HasSuffix(path, ".conf"):
+				kc, err := clientcmd.Load(data)
+				if err != nil {
+					return err
+				}
+				for _, c := range kc.Clusters {
+					if holdsOld(c.CertificateAuthorityData) {
+						s.t.Errorf("machine %s: %s trusts the old cluster CA", m.Name, path)
+					}
+				}
+				for _, u := range kc.AuthInfos {
+					if holdsOld(u.ClientCertificateData) {
+						s.t.Errorf("machine %s: %s holds a certificate of the old cluster CA", m.Name, path)
+					}
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			s.t.Error(err)
+		}
+	}
+	// An admin client of the old authority is refused; one of the new is
+	// taken.
+	server := cfg.Clusters[s.name].Server
+	for _, via := range []struct {
+		name string
+		ca   *certs.KeyPair
+		ok   bool
+	}{{"the new", newCA, true}, {"the old", oldCA, false}} {
+		data, err := certs.AdminKubeconfigValidFor(s.name, server, via.ca, certs.Bundle(oldCA, newCA), time.Now(), 0)
+		if err != nil {
+			s.t.Fatal(err)
+		}
+		rc, err := clientcmd.RESTConfigFromKubeConfig(data)
+		if err != nil {
+			s.t.Fatal(err)
+		}
+		rc.Timeout = 5 * time.Second
+		cs, err := kubernetes.NewForConfig(rc)
+		if err != nil {
+			s.t.Fatal(err)
+		}
+		_, err = cs.CoreV1().Namespaces().Get(ctx, metav1.NamespaceDefault, metav1.GetOptions{})
+		if (err == nil) != via.ok {
+			s.t.Errorf("an admin client of %s authority: %v; want success %v", via.name, err, via.ok)
+		}
 	}
 }

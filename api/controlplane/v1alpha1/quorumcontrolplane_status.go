@@ -177,7 +177,7 @@ type EtcdDatabaseStatus struct {
 
 // OperationKind is a step of the quorum engine. The values are the kinds of
 // internal/quorum's Decision.
-// +kubebuilder:validation:Enum=CreateMachine;AddLearner;Promote;MoveLeader;RemoveMember;AddHook;RemoveHook;DeleteMachine;DisarmAlarm;Defragment;Compact;RestartMember;RenewCertificates;SetEtcdAuthority;Wait;Degraded
+// +kubebuilder:validation:Enum=CreateMachine;AddLearner;Promote;MoveLeader;RemoveMember;AddHook;RemoveHook;DeleteMachine;DisarmAlarm;Defragment;Compact;RestartMember;RenewCertificates;SetAuthority;Wait;Degraded
 type OperationKind string
 
 // The quorum engine's steps; see internal/quorum for what each one does.
@@ -196,9 +196,9 @@ const (
 	OperationRestartMember OperationKind = "RestartMember"
 	// OperationRenewCertificates renews a machine's certificates in place.
 	OperationRenewCertificates OperationKind = "RenewCertificates"
-	// OperationSetEtcdAuthority brings a machine to an etcd CA rotation's
+	// OperationSetAuthority brings a machine to an etcd CA rotation's
 	// stage.
-	OperationSetEtcdAuthority OperationKind = "SetEtcdAuthority"
+	OperationSetAuthority OperationKind = "SetAuthority"
 	OperationWait             OperationKind = "Wait"
 	OperationDegraded         OperationKind = "Degraded"
 )

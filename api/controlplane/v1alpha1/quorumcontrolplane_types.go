@@ -75,18 +75,25 @@ type CertificatesSpec struct {
 }
 
 // CertificateAuthorityKind names an authority a rotation replaces.
-// +kubebuilder:validation:Enum=EtcdCA
+// +kubebuilder:validation:Enum=EtcdCA;ClusterCA
 type CertificateAuthorityKind string
 
-// CertificateAuthorityEtcdCA is the stacked etcd cluster's CA, the
-// <cluster>-etcd Secret: it signs etcd's server, peer and client
-// certificates, among them the API servers' and qcp-manager's.
-const CertificateAuthorityEtcdCA CertificateAuthorityKind = "EtcdCA"
+const (
+	// CertificateAuthorityEtcdCA is the stacked etcd cluster's CA, the
+	// <cluster>-etcd Secret: it signs etcd's server, peer and client
+	// certificates, among them the API servers' and qcp-manager's.
+	CertificateAuthorityEtcdCA CertificateAuthorityKind = "EtcdCA"
+	// CertificateAuthorityClusterCA is the cluster's CA, the <cluster>-ca
+	// Secret: it signs the API servers' serving certificates, every
+	// component's and kubeconfig's client certificate, and the Nodes'
+	// (kube-controller-manager signs their CSRs with it).
+	CertificateAuthorityClusterCA CertificateAuthorityKind = "ClusterCA"
+)
 
 // CertificateRotation asks for a rotation of one authority.
 type CertificateRotation struct {
 	// kind is the authority to rotate: EtcdCA, on a control plane with
-	// stacked etcd.
+	// stacked etcd, or ClusterCA.
 	// +required
 	Kind CertificateAuthorityKind `json:"kind"`
 

@@ -362,13 +362,14 @@ func (r *Reconciler) healthCheckToControlPlane(ctx context.Context, o client.Obj
 // secretToControlPlane maps a cluster's <cluster>-apiserver-etcd-client
 // Secret to its control plane: when its pair is renewed (by an
 // EtcdCluster) or replaced (by the owner of an external etcd), the
-// control plane delivers it to its machines; and its <cluster>-etcd-next,
-// the new authority a user supplies for an etcd CA rotation, which a
+// control plane delivers it to its machines; and its <cluster>-etcd-next
+// and <cluster>-ca-next, the new authority a user supplies for a rotation, which a
 // rotation waiting for it to become usable then takes. Other Secrets map
 // to none.
 func (r *Reconciler) secretToControlPlane(ctx context.Context, o client.Object) []ctrl.Request {
 	name := o.GetLabels()[clusterv1.ClusterNameLabel]
-	if name == "" || o.GetName() != secret.Name(name, secret.APIServerEtcdClient) && o.GetName() != secret.Name(name, nextEtcdCA) {
+	if name == "" || o.GetName() != secret.Name(name, secret.APIServerEtcdClient) &&
+		o.GetName() != secret.Name(name, nextPurpose(secret.EtcdCA)) && o.GetName() != secret.Name(name, nextPurpose(secret.ClusterCA)) {
 		return nil
 	}
 	cluster := &clusterv1.Cluster{}

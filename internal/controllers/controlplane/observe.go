@@ -106,7 +106,7 @@ func (r *Reconciler) observe(ctx context.Context, cluster *clusterv1.Cluster, cp
 			obs.AgentTLS = obs.Etcd.TLSConfig()
 		}
 	} else {
-		if obs.AgentTLS, err = r.agentClients.TLSConfig(klogRef(cluster), secrets.cas.Cluster, r.EtcdClientLifetime); err != nil {
+		if obs.AgentTLS, err = r.agentClients.TLSConfig(klogRef(cluster), secrets.cas.Cluster, secrets.cas.ClusterTrust, r.EtcdClientLifetime); err != nil {
 			return nil, err
 		}
 		if obs.EtcdClientPair, err = certs.ParseKeyPair(obs.external.clientCert, obs.external.clientKey); err != nil {
@@ -114,7 +114,7 @@ func (r *Reconciler) observe(ctx context.Context, cluster *clusterv1.Cluster, cp
 		}
 	}
 	if rt := secrets.rotation; rt != nil {
-		obs.EtcdAuthority, obs.EtcdAuthorityWant = rt.authority(), rt.want()
+		obs.Authority, obs.AuthorityKind, obs.AuthorityWant = rt.authority(), authorityOf[rt.state.Kind].agent, rt.want()
 	}
 	obs.rollout = r.newRollout(ctx, cp)
 	obs.remediation = newRemediationPolicy(cp, r.Now())
@@ -205,7 +205,7 @@ func (o *observation) build(cp *controlplanev1.QuorumControlPlane, cluster *clus
 			// delivers it.
 			pm.CertificatesRenewAt = pair.Cert.NotBefore
 		}
-		pm.AuthorityUpdate = engine.AuthorityUpdate(m, o.EtcdAuthorityWant)
+		pm.AuthorityUpdate = engine.AuthorityUpdate(m, o.AuthorityKind, o.AuthorityWant)
 		s.Machines = append(s.Machines, pm)
 	}
 	o.State = s

@@ -28,15 +28,34 @@ import (
 // restarted manager resumes from; status.certificateRotation mirrors it.
 const RotationAnnotation = "controlplane.cluster.x-k8s.io/qcp-certificate-rotation"
 
-// The Secrets that hold a rotation's authorities while it runs, owned by
-// the control plane: <cluster>-etcd-next the new one (QCP generates it, or
-// takes the one a user put there before the rotation starts), and
-// <cluster>-etcd-previous a copy of the old one. Both are deleted when the
-// rotation completes.
-const (
-	nextEtcdCA     secret.Purpose = "etcd-next"
-	previousEtcdCA secret.Purpose = "etcd-previous"
-)
+// authorityOf is, by kind, the authority's Secret purpose (<cluster>-etcd,
+// <cluster>-ca), the agent's name for it, and the common name QCP gives an
+// authority it generates. While a rotation runs, two more Secrets, owned
+// by the control plane, hold its authorities: <purpose>-next the new one
+// (QCP generates it, or takes the one a user put there before the
+// rotation starts) and <purpose>-previous a copy of the old one. Both are
+// deleted when the rotation completes.
+var authorityOf = map[controlplanev1.CertificateAuthorityKind]struct {
+	purpose    secret.Purpose
+	agent      agent.AuthorityKind
+	commonName string
+}{
+	controlplanev1.CertificateAuthorityEtcdCA:    {secret.EtcdCA, agent.EtcdAuthorityKind, "etcd-ca"},
+	controlplanev1.CertificateAuthorityClusterCA: {secret.ClusterCA, agent.ClusterAuthorityKind, "kubernetes"},
+}
+
+// nextPurpose and previousPurpose name a rotation's two Secrets.
+func nextPurpose(p secret.Purpose) secret.Purpose     { return p + "-next" }
+func previousPurpose(p secret.Purpose) secret.Purpose { return p + "-previous" }
+
+// current is the authority of kind in cas, and set replaces it and its
+// trust bundle.
+func current(cas *certs.ClusterCAs, kind controlplanev1.CertificateAuthorityKind) *certs.KeyPair {
+	if kind == controlplanev1.CertificateAuthorityClusterCA {
+		return cas.Cluster
+	}
+	return cas.Etcd
+}
 
 // rotationState is RotationAnnotation's value.
 type rotationState struct {
@@ -61,19 +80,28 @@ var nextStage = map[controlplanev1.CertificateRotationStage]controlplanev1.Certi
 	controlplanev1.RotationDistrust:     controlplanev1.RotationCompleted,
 }
 
-// stageDoes says, for the condition and the event, what each stage does
-// and which clients it affects.
-var stageDoes = map[controlplanev1.CertificateRotationStage]string{
-	controlplanev1.RotationTrustBoth: "every machine trusts the new etcd CA beside the old one (kube-apiserver and etcd restart, one machine at a time)",
-	controlplanev1.RotationReissue: "every etcd certificate is issued again from the new etcd CA, one machine at a time; " +
-		"an etcd client that trusts only the old etcd CA fails from now on: give it both (the <cluster>-etcd-next Secret's tls.crt)",
-	controlplanev1.RotationSwitchSigner: "the <cluster>-etcd Secret takes the new etcd CA",
-	controlplanev1.RotationDistrust:     "every machine stops trusting the old etcd CA (kube-apiserver and etcd restart, one machine at a time)",
-	controlplanev1.RotationCompleted:    "nothing trusts or holds the old etcd CA",
+// stageDoes says, for the condition and the event, what each stage of a
+// rotation of kind does and which clients it affects.
+func stageDoes(kind controlplanev1.CertificateAuthorityKind, stage controlplanev1.CertificateRotationStage) string {
+	what, restarts, clients, secretName := "etcd CA", "kube-apiserver and etcd restart", "an etcd client", "<cluster>-etcd"
+	if kind == controlplanev1.CertificateAuthorityClusterCA {
+		what, restarts, clients, secretName = "cluster CA", "kube-controller-manager and kube-scheduler restart", "a client of the API servers (a kubeconfig)", "<cluster>-ca"
+	}
+	switch stage {
+	case controlplanev1.RotationTrustBoth:
+		return fmt.Sprintf("every machine trusts the new %s beside the old one (%s, one machine at a time)", what, restarts)
+	case controlplanev1.RotationReissue:
+		return fmt.Sprintf("every certificate of the %s is issued again from the new one, one machine at a time; "+
+			"%s that trusts only the old %s fails from now on: give it both (the %s-next Secret's tls.crt)", what, clients, what, secretName)
+	case controlplanev1.RotationSwitchSigner:
+		return fmt.Sprintf("the %s Secret takes the new %s", secretName, what)
+	case controlplanev1.RotationDistrust:
+		return fmt.Sprintf("every machine stops trusting the old %s (%s, one machine at a time)", what, restarts)
+	}
+	return fmt.Sprintf("nothing trusts or holds the old %s", what)
 }
 
-// rotation is an etcd CA rotation that runs: its state and both
-// authorities.
+// rotation is a CA rotation that runs: its state and both authorities.
 type rotation struct {
 	state    rotationState
 	old, new *certs.KeyPair
@@ -97,16 +125,16 @@ func (rt *rotation) trust() []byte {
 	return certs.Bundle(rt.old, rt.new)
 }
 
-// want is what a machine at the stage reports (EtcdAuthorityAnnotation).
+// want is what a machine at the stage reports (engine.AuthorityAnnotation).
 func (rt *rotation) want() string {
 	ids, _ := certs.BundleKeyIDs(rt.trust())
 	return certs.KeyID(rt.signer().Cert) + "/" + ids
 }
 
-// authority is what SetEtcdAuthority gives a machine at the stage.
-func (rt *rotation) authority() *agent.EtcdAuthority {
+// authority is what SetAuthority gives a machine at the stage.
+func (rt *rotation) authority() *agent.Authority {
 	s := rt.signer()
-	return &agent.EtcdAuthority{CA: bootstrap.CertKey{Cert: string(s.CertPEM), Key: string(s.KeyPEM)}, Trust: string(rt.trust())}
+	return &agent.Authority{CA: bootstrap.CertKey{Cert: string(s.CertPEM), Key: string(s.KeyPEM)}, Trust: string(rt.trust())}
 }
 
 func readRotation(cp *controlplanev1.QuorumControlPlane) (rotationState, error) {
@@ -135,29 +163,32 @@ func (r *Reconciler) ensureRotation(ctx context.Context, cluster *clusterv1.Clus
 	key, owner := client.ObjectKeyFromObject(cluster), controlPlaneOwnerRef(cp)
 	want := cp.Spec.Certificates.Rotation
 	if !st.running() {
-		if want == nil || want.Trigger == st.Trigger || cas.Etcd == nil {
+		if want == nil || want.Trigger == st.Trigger || current(cas, want.Kind) == nil {
 			return nil, nil
 		}
-		next, err := r.authoritySecret(ctx, key, nextEtcdCA, owner, true)
+		in := current(cas, want.Kind)
+		of := authorityOf[want.Kind]
+		next, err := r.authoritySecret(ctx, key, nextPurpose(of.purpose), of.commonName, owner, true)
 		if err != nil {
 			return nil, err
 		}
-		if next.Cert.Equal(cas.Etcd.Cert) {
-			return nil, &engine.InvalidAuthorityError{Secret: secret.Name(cluster.Name, nextEtcdCA), Problem: "it holds the etcd CA in use, not a new one"}
+		if next.Cert.Equal(in.Cert) {
+			return nil, &engine.InvalidAuthorityError{Secret: secret.Name(cluster.Name, nextPurpose(of.purpose)), Problem: "it holds the authority in use, not a new one"}
 		}
-		if err := r.writeAuthoritySecret(ctx, key, previousEtcdCA, owner, cas.Etcd); err != nil {
+		if err := r.writeAuthoritySecret(ctx, key, previousPurpose(of.purpose), owner, in); err != nil {
 			return nil, err
 		}
-		st = rotationState{Kind: want.Kind, Trigger: want.Trigger, Old: certs.KeyID(cas.Etcd.Cert), New: certs.KeyID(next.Cert)}
-		rt := &rotation{state: st, old: cas.Etcd, new: next}
+		st = rotationState{Kind: want.Kind, Trigger: want.Trigger, Old: certs.KeyID(in.Cert), New: certs.KeyID(next.Cert)}
+		rt := &rotation{state: st, old: in, new: next}
 		if err := r.recordStage(ctx, cp, rt, controlplanev1.RotationTrustBoth); err != nil {
 			return nil, err
 		}
 		return rt, nil
 	}
 	rt := &rotation{state: st}
-	if rt.old, err = r.authoritySecret(ctx, key, previousEtcdCA, owner, false); err == nil {
-		rt.new, err = r.authoritySecret(ctx, key, nextEtcdCA, owner, false)
+	of := authorityOf[st.Kind]
+	if rt.old, err = r.authoritySecret(ctx, key, previousPurpose(of.purpose), "", owner, false); err == nil {
+		rt.new, err = r.authoritySecret(ctx, key, nextPurpose(of.purpose), "", owner, false)
 	}
 	if err != nil {
 		return nil, err
@@ -166,7 +197,7 @@ func (r *Reconciler) ensureRotation(ctx context.Context, cluster *clusterv1.Clus
 		kp      *certs.KeyPair
 		want    string
 		purpose secret.Purpose
-	}{{rt.old, st.Old, previousEtcdCA}, {rt.new, st.New, nextEtcdCA}} {
+	}{{rt.old, st.Old, previousPurpose(of.purpose)}, {rt.new, st.New, nextPurpose(of.purpose)}} {
 		if got := certs.KeyID(c.kp.Cert); got != c.want {
 			return nil, &engine.InvalidAuthorityError{Secret: secret.Name(cluster.Name, c.purpose),
 				Problem: fmt.Sprintf("it holds authority %s, and the rotation that runs (%s) recorded %s; put that one back", got, RotationAnnotation, c.want)}
@@ -176,8 +207,8 @@ func (r *Reconciler) ensureRotation(ctx context.Context, cluster *clusterv1.Clus
 }
 
 // authoritySecret reads the authority in the Secret of purpose; with
-// generate, a missing one is generated and written.
-func (r *Reconciler) authoritySecret(ctx context.Context, cluster client.ObjectKey, purpose secret.Purpose, owner metav1.OwnerReference, generate bool) (*certs.KeyPair, error) {
+// generate, a missing one is generated, named commonName, and written.
+func (r *Reconciler) authoritySecret(ctx context.Context, cluster client.ObjectKey, purpose secret.Purpose, commonName string, owner metav1.OwnerReference, generate bool) (*certs.KeyPair, error) {
 	if err := engine.CheckAuthoritySecret(ctx, r.Client, cluster, purpose); err != nil {
 		return nil, err
 	}
@@ -192,7 +223,7 @@ func (r *Reconciler) authoritySecret(ctx context.Context, cluster client.ObjectK
 	case !generate:
 		return nil, &engine.InvalidAuthorityError{Secret: name, Problem: "it is missing while the rotation recorded in " + RotationAnnotation + " runs"}
 	}
-	ca, err := certs.NewCA("etcd-ca", r.Now())
+	ca, err := certs.NewCA(commonName, r.Now())
 	if err != nil {
 		return nil, err
 	}
@@ -256,13 +287,13 @@ func (r *Reconciler) recordStage(ctx context.Context, cp *controlplanev1.QuorumC
 		return err
 	}
 	if err := r.Client.Patch(ctx, cp.DeepCopy(), client.RawPatch(types.MergePatchType, meta)); err != nil {
-		return fmt.Errorf("recording stage %s of the etcd CA rotation: %w", stage, err)
+		return fmt.Errorf("recording stage %s of the %s rotation: %w", stage, rt.state.Kind, err)
 	}
 	if err := r.Client.Status().Patch(ctx, cp.DeepCopy(), client.RawPatch(types.MergePatchType, status)); err != nil {
-		return fmt.Errorf("recording stage %s of the etcd CA rotation in status: %w", stage, err)
+		return fmt.Errorf("recording stage %s of the %s rotation in status: %w", stage, rt.state.Kind, err)
 	}
-	r.Recorder.Eventf(cp, corev1.EventTypeNormal, "CertificateRotationStage", "etcd CA rotation (trigger %q) at stage %s: %s", rt.state.Trigger, stage, stageDoes[stage])
-	log.FromContext(ctx).Info("etcd CA rotation stage recorded", "stage", stage, "trigger", rt.state.Trigger, "old", rt.state.Old, "new", rt.state.New)
+	r.Recorder.Eventf(cp, corev1.EventTypeNormal, "CertificateRotationStage", "%s rotation (trigger %q) at stage %s: %s", rt.state.Kind, rt.state.Trigger, stage, stageDoes(rt.state.Kind, stage))
+	log.FromContext(ctx).Info("CA rotation stage recorded", "kind", rt.state.Kind, "stage", stage, "trigger", rt.state.Trigger, "old", rt.state.Old, "new", rt.state.New)
 	r.Failpoints.Hit(engine.FailpointRotationRecorded + string(stage))
 	return nil
 }
@@ -278,16 +309,16 @@ func (rt *rotation) setStatus(cp *controlplanev1.QuorumControlPlane) {
 // lagging names the first machine not yet at the stage, and what it
 // lacks; "" when every machine that stays is.
 func (rt *rotation) lagging(machines []*clusterv1.Machine) string {
-	want := rt.want()
+	want, key := rt.want(), engine.AuthorityAnnotation(authorityOf[rt.state.Kind].agent)
 	for _, m := range machines {
 		if !m.DeletionTimestamp.IsZero() {
 			continue
 		}
-		switch rec := m.Annotations[engine.EtcdAuthorityAnnotation]; {
+		switch rec := m.Annotations[key]; {
 		case rec == "":
 			return fmt.Sprintf("waiting for QCP to read machine %s's certificates", m.Name)
 		case rec != want:
-			return fmt.Sprintf("waiting for machine %s to take the stage's etcd authorities (it reports %s, the stage wants %s)", m.Name, rec, want)
+			return fmt.Sprintf("waiting for machine %s to take the stage's authorities (it reports %s, the stage wants %s)", m.Name, rec, want)
 		}
 	}
 	return ""
@@ -299,21 +330,21 @@ func (rt *rotation) lagging(machines []*clusterv1.Machine) string {
 // rotation's two Secrets. It reports whether the stage changed.
 func (r *Reconciler) advanceRotation(ctx context.Context, cluster *clusterv1.Cluster, cp *controlplanev1.QuorumControlPlane, rt *rotation, machines []*clusterv1.Machine) (bool, error) {
 	key, owner := client.ObjectKeyFromObject(cluster), controlPlaneOwnerRef(cp)
-	stage := rt.state.Stage
+	stage, purpose := rt.state.Stage, authorityOf[rt.state.Kind].purpose
 	switch stage {
 	case controlplanev1.RotationSwitchSigner:
-		if err := r.writeAuthoritySecret(ctx, key, secret.EtcdCA, owner, rt.new); err != nil {
+		if err := r.writeAuthoritySecret(ctx, key, purpose, owner, rt.new); err != nil {
 			return false, err
 		}
 		r.Failpoints.Hit(engine.FailpointAfterSignerSwitch)
-		recordAuthority(cp, secret.EtcdCA, rt.new.Cert.Raw)
+		recordAuthority(cp, purpose, rt.new.Cert.Raw)
 	default:
 		if rt.waiting = rt.lagging(machines); rt.waiting != "" {
 			return false, nil
 		}
 	}
 	if stage == controlplanev1.RotationDistrust {
-		for _, p := range []secret.Purpose{previousEtcdCA, nextEtcdCA} {
+		for _, p := range []secret.Purpose{previousPurpose(purpose), nextPurpose(purpose)} {
 			s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: cluster.Namespace, Name: secret.Name(cluster.Name, p)}}
 			if err := r.Client.Delete(ctx, s); client.IgnoreNotFound(err) != nil {
 				return false, fmt.Errorf("deleting Secret %s: %w", s.Name, err)
@@ -325,8 +356,8 @@ func (r *Reconciler) advanceRotation(ctx context.Context, cluster *clusterv1.Clu
 
 // rotationCondition is CertificatesAvailable while a rotation runs.
 func (rt *rotation) condition() metav1.Condition {
-	msg := fmt.Sprintf("etcd CA rotation (trigger %q) at stage %s since %s: %s", rt.state.Trigger, rt.state.Stage,
-		rt.state.Since.Format(time.RFC3339), stageDoes[rt.state.Stage])
+	msg := fmt.Sprintf("%s rotation (trigger %q) at stage %s since %s: %s", rt.state.Kind, rt.state.Trigger, rt.state.Stage,
+		rt.state.Since.Format(time.RFC3339), stageDoes(rt.state.Kind, rt.state.Stage))
 	if rt.waiting != "" {
 		msg += "; " + rt.waiting
 	}
@@ -334,8 +365,8 @@ func (rt *rotation) condition() metav1.Condition {
 		Reason: controlplanev1.CertificateAuthorityRotatingReason, Message: msg}
 }
 
-// keepRotatedAuthority records the new authority as the etcd CA in use
-// when a manager stopped between SwitchSigner's write of <cluster>-etcd and
+// keepRotatedAuthority records the new authority as the one in use when a
+// manager stopped between SwitchSigner's write of the authority's Secret and
 // the record of the next stage, which records it too: without, the Secret
 // would be taken for one replaced by hand.
 func keepRotatedAuthority(cp *controlplanev1.QuorumControlPlane, cas *certs.ClusterCAs) error {
@@ -343,8 +374,8 @@ func keepRotatedAuthority(cp *controlplanev1.QuorumControlPlane, cas *certs.Clus
 	if err != nil {
 		return err
 	}
-	if st.Stage == controlplanev1.RotationSwitchSigner && cas.Etcd != nil && certs.KeyID(cas.Etcd.Cert) == st.New {
-		recordAuthority(cp, secret.EtcdCA, cas.Etcd.Cert.Raw)
+	if in := current(cas, st.Kind); st.Stage == controlplanev1.RotationSwitchSigner && in != nil && certs.KeyID(in.Cert) == st.New {
+		recordAuthority(cp, authorityOf[st.Kind].purpose, in.Cert.Raw)
 	}
 	return nil
 }
@@ -355,4 +386,14 @@ func mirrorRotation(cp *controlplanev1.QuorumControlPlane) {
 	if st, err := readRotation(cp); err == nil && st.Stage != "" {
 		(&rotation{state: st}).setStatus(cp)
 	}
+}
+
+// apply makes cas issue from, and trust, what the stage does, for new
+// machines, the kubeconfig and qcp-manager's own clients.
+func (rt *rotation) apply(cas *certs.ClusterCAs) {
+	if rt.state.Kind == controlplanev1.CertificateAuthorityClusterCA {
+		cas.Cluster, cas.ClusterTrust = rt.signer(), rt.trust()
+		return
+	}
+	cas.Etcd, cas.EtcdTrust = rt.signer(), rt.trust()
 }

@@ -5,6 +5,7 @@
 package controlplane
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -156,10 +157,13 @@ func recordAuthority(cp *controlplanev1.QuorumControlPlane, purpose secret.Purpo
 // again when its client certificate has less than half of lifetime left,
 // was not signed by ca, or points elsewhere. It returns when the kubeconfig
 // next needs issuing, for the caller to requeue at.
-func EnsureKubeconfig(ctx context.Context, c client.Client, cluster client.ObjectKey, endpoint string, ca *certs.KeyPair,
+func EnsureKubeconfig(ctx context.Context, c client.Client, cluster client.ObjectKey, endpoint string, ca *certs.KeyPair, trust []byte,
 	owner metav1.OwnerReference, lifetime time.Duration, now time.Time) (time.Time, error) {
+	if trust == nil {
+		trust = ca.CertPEM
+	}
 	issue := func() ([]byte, time.Time, error) {
-		data, err := certs.AdminKubeconfigValidFor(cluster.Name, endpoint, ca, now, lifetime)
+		data, err := certs.AdminKubeconfigValidFor(cluster.Name, endpoint, ca, trust, now, lifetime)
 		return data, now.Add(lifetime / 2), err
 	}
 	var existing corev1.Secret
@@ -177,7 +181,7 @@ func EnsureKubeconfig(ctx context.Context, c client.Client, cluster client.Objec
 	if err != nil {
 		return time.Time{}, fmt.Errorf("reading the kubeconfig of cluster %s: %w", cluster, err)
 	}
-	if renewAt, ok := kubeconfigCurrent(existing.Data[secret.KubeconfigDataName], cluster.Name, endpoint, ca, lifetime, now); ok {
+	if renewAt, ok := kubeconfigCurrent(existing.Data[secret.KubeconfigDataName], cluster.Name, endpoint, ca, trust, lifetime, now); ok {
 		return renewAt, nil
 	}
 	data, renewAt, err := issue()
@@ -191,12 +195,13 @@ func EnsureKubeconfig(ctx context.Context, c client.Client, cluster client.Objec
 	return renewAt, nil
 }
 
-// kubeconfigCurrent reports whether data points at endpoint with a client
-// certificate from ca that has at least half of lifetime left, and when it
-// will not.
-func kubeconfigCurrent(data []byte, clusterName, endpoint string, ca *certs.KeyPair, lifetime time.Duration, now time.Time) (time.Time, bool) {
+// kubeconfigCurrent reports whether data points at endpoint, trusting
+// trust, with a client certificate from ca that has at least half of
+// lifetime left, and when it will not.
+func kubeconfigCurrent(data []byte, clusterName, endpoint string, ca *certs.KeyPair, trust []byte, lifetime time.Duration, now time.Time) (time.Time, bool) {
 	cfg, err := clientcmd.Load(data)
-	if err != nil || cfg.Clusters[clusterName] == nil || cfg.Clusters[clusterName].Server != endpoint {
+	if err != nil || cfg.Clusters[clusterName] == nil || cfg.Clusters[clusterName].Server != endpoint ||
+		!bytes.Equal(cfg.Clusters[clusterName].CertificateAuthorityData, trust) {
 		return time.Time{}, false
 	}
 	for _, user := range cfg.AuthInfos {
@@ -243,28 +248,22 @@ func (r *Reconciler) ensureSecrets(ctx context.Context, cluster *clusterv1.Clust
 	if err != nil {
 		return fail(err)
 	}
-	var rt *rotation
-	if ext == nil {
-		if err := keepRotatedAuthority(cp, cas); err != nil {
-			return fail(err)
-		}
+	if err := keepRotatedAuthority(cp, cas); err != nil {
+		return fail(err)
 	}
 	if err := keepAuthorities(cp, cluster.Name, cas, ext); err != nil {
 		return fail(err)
 	}
-	if ext == nil {
-		if rt, err = r.ensureRotation(ctx, cluster, cp, cas); err != nil {
-			return fail(err)
-		}
+	rt, err := r.ensureRotation(ctx, cluster, cp, cas)
+	if err != nil {
+		return fail(err)
 	}
 	if rt != nil {
-		// New machines and qcp-manager's etcd client issue from, and
-		// trust, what the stage does.
-		cas.Etcd, cas.EtcdTrust = rt.signer(), rt.trust()
+		rt.apply(cas)
 	}
 	endpoint := cluster.Spec.ControlPlaneEndpoint
 	renewAt, err := EnsureKubeconfig(ctx, r.Client, key, "https://"+net.JoinHostPort(endpoint.Host, strconv.Itoa(int(endpoint.Port))),
-		cas.Cluster, owner, r.KubeconfigLifetime, r.Now())
+		cas.Cluster, cas.ClusterTrust, owner, r.KubeconfigLifetime, r.Now())
 	if err != nil {
 		return fail(err)
 	}

@@ -76,7 +76,7 @@ func testReplacedAuthority(t *testing.T, w secretsWorld) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := EnsureKubeconfig(ctx, w.c, w.cluster, "https://127.0.0.1:6443", cas.Cluster, w.owner, DefaultKubeconfigLifetime, time.Now()); err != nil {
+	if _, err := EnsureKubeconfig(ctx, w.c, w.cluster, "https://127.0.0.1:6443", cas.Cluster, nil, w.owner, DefaultKubeconfigLifetime, time.Now()); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := r.ensureSecrets(ctx, cluster, cp, nil); err != nil {
@@ -242,7 +242,7 @@ func testKubeconfigRotation(t *testing.T, w secretsWorld) {
 	endpoint := "https://127.0.9.1:6443"
 	ensure := func(at time.Time, endpoint string, ca *certs.KeyPair) (*corev1.Secret, time.Time) {
 		t.Helper()
-		renewAt, err := EnsureKubeconfig(ctx, w.c, w.cluster, endpoint, ca, w.owner, lifetime, at)
+		renewAt, err := EnsureKubeconfig(ctx, w.c, w.cluster, endpoint, ca, nil, w.owner, lifetime, at)
 		if err != nil {
 			t.Fatal(err)
 		}

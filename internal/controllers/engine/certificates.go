@@ -36,25 +36,36 @@ type PKIRecords struct {
 	// EtcdClientSerial is the serial number (hexadecimal) of the API
 	// server's etcd client certificate, "" if the machine has none.
 	EtcdClientSerial string
-	// EtcdAuthority is EtcdAuthorityAnnotation's value.
-	EtcdAuthority string
+	// EtcdAuthority and ClusterAuthority are AuthorityAnnotation's
+	// values.
+	EtcdAuthority, ClusterAuthority string
 }
 
-// etcdLeaves are the leaves a machine that runs a member issues from the
-// etcd CA, as the agent's report names them.
-var etcdLeaves = []string{"etcd/server.crt", "etcd/peer.crt", etcdClientFile, "memory:etcd-client"}
+// authorityLeaves are, by kind, the leaves a machine issues from that
+// authority, as the agent's report names them, and the trust bundle it
+// keeps; a machine without the first leaf has none of that kind.
+var authorityLeaves = map[agent.AuthorityKind]struct {
+	leaves []string
+	trust  string
+}{
+	agent.EtcdAuthorityKind: {[]string{"etcd/server.crt", "etcd/peer.crt", etcdClientFile, "memory:etcd-client"}, "etcd/ca.crt"},
+	agent.ClusterAuthorityKind: {[]string{"memory:node", "memory:admin", "apiserver.crt", "apiserver-kubelet-client.crt",
+		"controller-manager.conf", "controller-manager-serving.crt", "scheduler.conf", "scheduler-serving.crt", "agent-serving.crt"}, agent.ClusterTrustFile},
+}
 
-// noEtcdAuthority is EtcdAuthorityAnnotation on a machine without a member.
-const noEtcdAuthority = "none"
+// noAuthority is AuthorityAnnotation on a machine without leaves of the
+// kind.
+const noAuthority = "none"
 
-// EtcdAuthorityOf is what a machine's report says of its etcd authorities
-// (EtcdAuthorityAnnotation).
-func EtcdAuthorityOf(rep agent.PKIReport) string {
-	if _, ok := rep.Find("etcd/server.crt"); !ok {
-		return noEtcdAuthority
+// AuthorityOf is what a machine's report says of its authorities of kind
+// k (AuthorityAnnotation): "<issuer>/<trusted>".
+func AuthorityOf(rep agent.PKIReport, k agent.AuthorityKind) string {
+	kind := authorityLeaves[k]
+	if _, ok := rep.Find(kind.leaves[0]); !ok {
+		return noAuthority
 	}
 	issuer := ""
-	for _, name := range etcdLeaves {
+	for _, name := range kind.leaves {
 		c, ok := rep.Find(name)
 		switch {
 		case !ok:
@@ -65,30 +76,29 @@ func EtcdAuthorityOf(rep agent.PKIReport) string {
 		}
 	}
 	var trusted []string
-	for _, c := range rep.All("etcd/ca.crt") {
+	for _, c := range rep.All(kind.trust) {
 		trusted = append(trusted, c.KeyID)
 	}
 	slices.Sort(trusted)
 	return issuer + "/" + strings.Join(slices.Compact(trusted), ",")
 }
 
-// AuthorityUpdate is what machine lacks of the etcd authority want
-// ("<issuer>/<trusted>", as EtcdAuthorityAnnotation; "" when no rotation
-// runs): nothing while its record is unknown.
-func AuthorityUpdate(machine *clusterv1.Machine, want string) quorum.AuthorityUpdate {
-	rec := machine.Annotations[EtcdAuthorityAnnotation]
-	if want == "" || rec == "" || rec == noEtcdAuthority {
+// AuthorityUpdate is what machine lacks of the authority of kind k that
+// want names ("<issuer>/<trusted>", as AuthorityAnnotation; "" when no
+// rotation runs): nothing while its record is unknown. Only a change of
+// the etcd trust restarts the member; every cluster authority change is a
+// move that restarts no member.
+func AuthorityUpdate(machine *clusterv1.Machine, k agent.AuthorityKind, want string) quorum.AuthorityUpdate {
+	rec := machine.Annotations[AuthorityAnnotation(k)]
+	if want == "" || rec == "" || rec == noAuthority || rec == want {
 		return quorum.AuthorityCurrent
 	}
-	issuer, trusted, _ := strings.Cut(rec, "/")
-	wantIssuer, wantTrusted, _ := strings.Cut(want, "/")
-	switch {
-	case trusted != wantTrusted:
+	_, trusted, _ := strings.Cut(rec, "/")
+	_, wantTrusted, _ := strings.Cut(want, "/")
+	if k == agent.EtcdAuthorityKind && trusted != wantTrusted {
 		return quorum.AuthorityTrust
-	case issuer != wantIssuer:
-		return quorum.AuthorityLeaves
 	}
-	return quorum.AuthorityCurrent
+	return quorum.AuthorityLeaves
 }
 
 // etcdClientFile is the API server's etcd client certificate, as the
@@ -120,7 +130,7 @@ func pkiRecords(rep agent.PKIReport) (PKIRecords, error) {
 	if c, ok := rep.Find(etcdClientFile); ok {
 		r.EtcdClientSerial = c.SerialNumber
 	}
-	r.EtcdAuthority = EtcdAuthorityOf(rep)
+	r.EtcdAuthority, r.ClusterAuthority = AuthorityOf(rep, agent.EtcdAuthorityKind), AuthorityOf(rep, agent.ClusterAuthorityKind)
 	return r, nil
 }
 
@@ -144,6 +154,9 @@ func (r PKIRecords) set(a map[string]string, delivered bool) {
 	if r.EtcdAuthority != "" {
 		a[EtcdAuthorityAnnotation] = r.EtcdAuthority
 	}
+	if r.ClusterAuthority != "" {
+		a[ClusterAuthorityAnnotation] = r.ClusterAuthority
+	}
 }
 
 // EtcdClientStale reports whether machine holds another etcd client pair
@@ -155,10 +168,11 @@ func EtcdClientStale(machine *clusterv1.Machine, want *certs.KeyPair) bool {
 
 // NeedsPKIRead reports whether QCP has yet to read machine's certificates:
 // it has no renewal record, or one that does not parse, or no record of its
-// etcd authorities.
+// authorities.
 func NeedsPKIRead(machine *clusterv1.Machine) bool {
-	_, authority := machine.Annotations[EtcdAuthorityAnnotation]
-	return ReadRecords(machine).CertificatesRenewAt.IsZero() || !authority
+	_, etcdAuthority := machine.Annotations[EtcdAuthorityAnnotation]
+	_, clusterAuthority := machine.Annotations[ClusterAuthorityAnnotation]
+	return ReadRecords(machine).CertificatesRenewAt.IsZero() || !etcdAuthority || !clusterAuthority
 }
 
 // MemberServes reports whether machine hosts a healthy, started etcd
@@ -235,8 +249,8 @@ func (x Executor) setEtcdAuthority(ctx context.Context, d quorum.Decision, machi
 		return fmt.Errorf("setting the etcd authority of machine %s: it has no address", machine.Name)
 	case x.AgentTLS == nil:
 		return fmt.Errorf("setting the etcd authority of machine %s: qcp-manager has no client certificate for its agent yet", machine.Name)
-	case x.EtcdAuthority == nil:
-		return fmt.Errorf("setting the etcd authority of machine %s: no etcd CA rotation runs", machine.Name)
+	case x.Authority == nil:
+		return fmt.Errorf("setting the %s authority of machine %s: no CA rotation runs", x.AuthorityKind, machine.Name)
 	}
 	started := RenewStartedAnnotation
 	if d.RestartsMember {
@@ -245,7 +259,7 @@ func (x Executor) setEtcdAuthority(ctx context.Context, d quorum.Decision, machi
 	if err := x.annotate(ctx, machine, func(a map[string]string) { a[started] = FormatTime(x.Now()) }); err != nil {
 		return err
 	}
-	res, err := agent.SetEtcdAuthority(ctx, x.AgentTLS, host, *x.EtcdAuthority)
+	res, err := agent.SetAuthority(ctx, x.AgentTLS, host, x.AuthorityKind, *x.Authority)
 	if err != nil {
 		return fmt.Errorf("setting the etcd authority of machine %s: %w", machine.Name, err)
 	}
@@ -273,20 +287,24 @@ type AgentClients struct {
 }
 
 type agentClient struct {
-	caPEM []byte
-	tls   *tls.Config
+	caPEM, trust []byte
+	tls          *tls.Config
 }
 
 // TLSConfig returns the client configuration for the agents of the
 // cluster named key, whose CA is ca, with a certificate valid for lifetime
-// (0: certs.LeafValidity).
-func (a *AgentClients) TLSConfig(key string, ca *certs.KeyPair, lifetime time.Duration) (*tls.Config, error) {
+// (0: certs.LeafValidity), trusting the PEM bundle trust (nil: ca alone;
+// a cluster CA rotation trusts two).
+func (a *AgentClients) TLSConfig(key string, ca *certs.KeyPair, trust []byte, lifetime time.Duration) (*tls.Config, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if c, ok := a.clients[key]; ok && bytes.Equal(c.caPEM, ca.CertPEM) {
+	if trust == nil {
+		trust = ca.CertPEM
+	}
+	if c, ok := a.clients[key]; ok && bytes.Equal(c.caPEM, ca.CertPEM) && bytes.Equal(c.trust, trust) {
 		return c.tls.Clone(), nil
 	}
-	roots, err := certs.CertPool(ca.CertPEM)
+	roots, err := certs.CertPool(trust)
 	if err != nil {
 		return nil, fmt.Errorf("the cluster CA: %w", err)
 	}
@@ -300,7 +318,7 @@ func (a *AgentClients) TLSConfig(key string, ca *certs.KeyPair, lifetime time.Du
 	if a.clients == nil {
 		a.clients = map[string]agentClient{}
 	}
-	a.clients[key] = agentClient{caPEM: ca.CertPEM, tls: cfg}
+	a.clients[key] = agentClient{caPEM: ca.CertPEM, trust: trust, tls: cfg}
 	return cfg.Clone(), nil
 }
 

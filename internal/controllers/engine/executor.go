@@ -41,9 +41,10 @@ type Executor struct {
 	// a renewal delivers to them (see Observation).
 	AgentTLS       *tls.Config
 	EtcdClientPair *certs.KeyPair
-	// EtcdAuthority is what SetEtcdAuthority gives a machine: the etcd CA
-	// rotation's stage (see Observation).
-	EtcdAuthority *agent.EtcdAuthority
+	// Authority is what SetAuthority gives a machine: the CA
+	// rotation's stage, of AuthorityKind (see Observation).
+	Authority     *agent.Authority
+	AuthorityKind agent.AuthorityKind
 	// Owner is the control plane or EtcdCluster the step is for; Compact
 	// records the compaction on it.
 	Owner      client.Object
@@ -55,7 +56,7 @@ type Executor struct {
 // for steps that name none).
 func (x Executor) Execute(ctx context.Context, d quorum.Decision, machine *clusterv1.Machine) error {
 	switch d.Kind {
-	case quorum.AddHook, quorum.RemoveHook, quorum.DeleteMachine, quorum.AddLearner, quorum.Defragment, quorum.RestartMember, quorum.RenewCertificates, quorum.SetEtcdAuthority:
+	case quorum.AddHook, quorum.RemoveHook, quorum.DeleteMachine, quorum.AddLearner, quorum.Defragment, quorum.RestartMember, quorum.RenewCertificates, quorum.SetAuthority:
 		if machine == nil || machine.Name != d.Machine {
 			return fmt.Errorf("%s: machine %s was not observed", d.Kind, d.Machine)
 		}
@@ -100,7 +101,7 @@ func (x Executor) Execute(ctx context.Context, d quorum.Decision, machine *clust
 		return x.restartMember(ctx, d, machine)
 	case quorum.RenewCertificates:
 		return x.renewCertificates(ctx, d, machine)
-	case quorum.SetEtcdAuthority:
+	case quorum.SetAuthority:
 		return x.setEtcdAuthority(ctx, d, machine)
 	case quorum.Compact:
 		if err := x.Etcd.Compact(ctx, d.Revision); err != nil {

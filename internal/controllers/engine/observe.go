@@ -50,11 +50,12 @@ type Observation struct {
 	// Secret's on an external etcd or an EtcdCluster; nil where the machines
 	// issue their own.
 	EtcdClientPair *certs.KeyPair
-	// EtcdAuthority is, while an etcd CA rotation runs, what its stage
-	// gives each machine, and EtcdAuthorityWant its record of it
-	// (EtcdAuthorityAnnotation's form); nil and "" otherwise.
-	EtcdAuthority     *agent.EtcdAuthority
-	EtcdAuthorityWant string
+	// Authority is, while a CA rotation runs, what its stage gives each
+	// machine (of AuthorityKind), and AuthorityWant the machines' record of
+	// it (AuthorityAnnotation's form); nil and "" otherwise.
+	Authority     *agent.Authority
+	AuthorityKind agent.AuthorityKind
+	AuthorityWant string
 }
 
 // PlannerMachine is what every owner's machine tells the planner: where it

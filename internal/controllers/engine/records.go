@@ -5,6 +5,7 @@
 package engine
 
 import (
+	"github.com/qcp-dev/qcp/internal/agent"
 	"strconv"
 	"strings"
 	"time"
@@ -77,7 +78,18 @@ const (
 	// on a machine without a member. An etcd CA rotation compares it with
 	// its stage's.
 	EtcdAuthorityAnnotation = "controlplane.cluster.x-k8s.io/qcp-etcd-authority"
+	// ClusterAuthorityAnnotation is the same of the cluster authorities,
+	// on a machine that runs Kubernetes components ("none" elsewhere).
+	ClusterAuthorityAnnotation = "controlplane.cluster.x-k8s.io/qcp-cluster-authority"
 )
+
+// AuthorityAnnotation is the record of the machine's authorities of kind k.
+func AuthorityAnnotation(k agent.AuthorityKind) string {
+	if k == agent.ClusterAuthorityKind {
+		return ClusterAuthorityAnnotation
+	}
+	return EtcdAuthorityAnnotation
+}
 
 // CompactedAnnotation is, on the owner (a QuorumControlPlane or an
 // EtcdCluster), the revision QCP last compacted etcd to and when, as

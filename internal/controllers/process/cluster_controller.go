@@ -211,15 +211,22 @@ func (r *ClusterReconciler) reconcileDelete(ctx context.Context, pc *infrav1.Pro
 // clusterCA returns the cluster CA certificate the load balancer verifies
 // API servers with, or nil while the control plane has not created it.
 func (r *ClusterReconciler) clusterCA(ctx context.Context, cluster *clusterv1.Cluster) ([]byte, error) {
-	s := &corev1.Secret{}
-	err := r.Client.Get(ctx, client.ObjectKey{Namespace: cluster.Namespace, Name: secret.Name(cluster.Name, secret.ClusterCA)}, s)
-	if apierrors.IsNotFound(err) {
-		return nil, nil
+	var bundle []byte
+	// <cluster>-ca-next holds the new cluster CA while a control plane
+	// rotates it (QCP's cluster CA rotation): its API servers then serve
+	// certificates of either, and the probes must take both.
+	for _, name := range []string{secret.Name(cluster.Name, secret.ClusterCA), secret.Name(cluster.Name, secret.ClusterCA) + "-next"} {
+		s := &corev1.Secret{}
+		err := r.Client.Get(ctx, client.ObjectKey{Namespace: cluster.Namespace, Name: name}, s)
+		if apierrors.IsNotFound(err) {
+			continue
+		}
+		if err != nil {
+			return nil, fmt.Errorf("reading the cluster CA of %s: %w", cluster.Name, err)
+		}
+		bundle = append(bundle, s.Data[secret.TLSCrtDataName]...)
 	}
-	if err != nil {
-		return nil, fmt.Errorf("reading the cluster CA of %s: %w", cluster.Name, err)
-	}
-	return s.Data[secret.TLSCrtDataName], nil
+	return bundle, nil
 }
 
 // backends lists the API server addresses of the cluster's machines, sorted
