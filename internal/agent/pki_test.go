@@ -83,7 +83,7 @@ func TestPKIRenewReissuesEveryLeafAndNothingElse(t *testing.T) {
 			t.Errorf("%s: CA %v, renewable %v; want every leaf renewable and no CA", c.Name, c.IsCA, c.Renewable)
 		}
 	}
-	wantNames := append([]string{"ca.crt", "etcd/ca.crt", "front-proxy-ca.crt"}, stackedLeaves...)
+	wantNames := append([]string{"ca.crt", ClusterTrustFile, "etcd/ca.crt", "front-proxy-ca.crt"}, stackedLeaves...)
 	if !sameSet(names, wantNames) || !sameSet(renewable, stackedLeaves) {
 		t.Fatalf("report names %v, renewable %v; want %v and %v", names, renewable, wantNames, stackedLeaves)
 	}

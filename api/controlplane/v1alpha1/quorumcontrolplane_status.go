@@ -199,8 +199,8 @@ const (
 	// OperationSetAuthority brings a machine to an etcd CA rotation's
 	// stage.
 	OperationSetAuthority OperationKind = "SetAuthority"
-	OperationWait             OperationKind = "Wait"
-	OperationDegraded         OperationKind = "Degraded"
+	OperationWait         OperationKind = "Wait"
+	OperationDegraded     OperationKind = "Degraded"
 )
 
 // LastOperation records the quorum engine's latest decision.

@@ -28,7 +28,7 @@ func TestOperationKindsMatchQuorumKindsAndCRDEnum(t *testing.T) {
 		quorum.Compact:           controlplanev1.OperationCompact,
 		quorum.RestartMember:     controlplanev1.OperationRestartMember,
 		quorum.RenewCertificates: controlplanev1.OperationRenewCertificates,
-		quorum.SetAuthority:  controlplanev1.OperationSetAuthority,
+		quorum.SetAuthority:      controlplanev1.OperationSetAuthority,
 		quorum.Wait:              controlplanev1.OperationWait,
 		quorum.Degraded:          controlplanev1.OperationDegraded,
 	}
