@@ -65,13 +65,15 @@ const (
 	// disrupted, but the step is one at a time, and never beside a
 	// member's defragmentation or restart.
 	RenewCertificates Kind = "RenewCertificates"
-	// SetAuthority: bring Decision.Machine to the current stage of an
-	// etcd CA rotation (PUT /pki/etcd-authority on its agent). With
+	// SetAuthority: bring Decision.Machine to the current stage of a CA
+	// rotation (PUT /pki/etcd-authority or /pki/cluster-authority on its
+	// agent). With
 	// RestartsMember (Machine.AuthorityUpdate is AuthorityTrust) the
 	// agent restarts member Decision.MemberID's etcd, and then its API
 	// server, to read the new trust: a disruption of the restart's class,
-	// recorded as Machine.RestartStartedAt. Without, it moves the etcd
-	// leaves to the new authority in place, recorded as
+	// recorded as Machine.RestartStartedAt. Without, it moves the leaves
+	// to the new authority or changes a trust no member reads, in place,
+	// recorded as
 	// Machine.RenewStartedAt like a renewal. The caller then records what
 	// the machine reports and clears the record.
 	SetAuthority Kind = "SetAuthority"

@@ -427,7 +427,7 @@ type Machine struct {
 	// one finished or failed.
 	RenewStartedAt time.Time
 	// AuthorityUpdate is what the machine lacks of the current stage of
-	// an etcd CA rotation, by the caller's comparison of what its agent
+	// a CA rotation (of the etcd CA or the cluster CA), by the caller's comparison of what its agent
 	// reports with what the stage wants; AuthorityCurrent (the zero value)
 	// when nothing, no rotation runs, or it is unknown. See
 	// SetAuthority.
@@ -441,11 +441,14 @@ type AuthorityUpdate string
 const (
 	// AuthorityCurrent: nothing.
 	AuthorityCurrent AuthorityUpdate = ""
-	// AuthorityTrust: the authorities it trusts. etcd reads them once, at
-	// its start, so the change restarts the member: a disruption.
+	// AuthorityTrust: the etcd authorities it trusts. etcd reads them
+	// once, at its start, so the change restarts the member: a
+	// disruption.
 	AuthorityTrust AuthorityUpdate = "Trust"
-	// AuthorityLeaves: only the authority its etcd leaves are issued
-	// from. They are issued again and reloaded; nothing restarts.
+	// AuthorityLeaves: a change that restarts no member: the authority its
+	// etcd leaves are issued from (they are issued again and reloaded), or
+	// any change of a cluster CA rotation (etcd is not touched; the
+	// controller manager and the scheduler restart).
 	AuthorityLeaves AuthorityUpdate = "Leaves"
 )
 

@@ -196,7 +196,7 @@ const (
 	OperationRestartMember OperationKind = "RestartMember"
 	// OperationRenewCertificates renews a machine's certificates in place.
 	OperationRenewCertificates OperationKind = "RenewCertificates"
-	// OperationSetAuthority brings a machine to an etcd CA rotation's
+	// OperationSetAuthority brings a machine to a CA rotation's
 	// stage.
 	OperationSetAuthority OperationKind = "SetAuthority"
 	OperationWait         OperationKind = "Wait"
@@ -274,7 +274,7 @@ type CertificateRotationStage string
 // The stages, in order.
 const (
 	// RotationTrustBoth: every machine trusts the new authority beside the
-	// old one (etcd restarts, one member at a time).
+	// old one, one machine at a time (for the etcd CA, etcd restarts).
 	RotationTrustBoth CertificateRotationStage = "TrustBoth"
 	// RotationReissue: every certificate is issued again from the new
 	// authority. Clients that trust only the old one fail from here on.
@@ -282,8 +282,8 @@ const (
 	// RotationSwitchSigner: the authority's Secret takes the new one, so
 	// machines created from now on issue from it.
 	RotationSwitchSigner CertificateRotationStage = "SwitchSigner"
-	// RotationDistrust: every machine stops trusting the old authority
-	// (etcd restarts again, one member at a time).
+	// RotationDistrust: every machine stops trusting the old authority,
+	// one machine at a time (for the etcd CA, etcd restarts again).
 	RotationDistrust CertificateRotationStage = "Distrust"
 	// RotationCompleted: nothing trusts or holds the old authority.
 	RotationCompleted CertificateRotationStage = "Completed"

@@ -22,7 +22,7 @@ import (
 	"github.com/qcp-dev/qcp/internal/controllers/engine"
 )
 
-// RotationAnnotation holds, on a QuorumControlPlane, where its etcd CA
+// RotationAnnotation holds, on a QuorumControlPlane, where its CA
 // rotation stands (JSON of rotationState): the stage, and the key
 // identifiers of the old and the new authority. It is the record a
 // restarted manager resumes from; status.certificateRotation mirrors it.

@@ -223,7 +223,7 @@ type clusterSecrets struct {
 	external *externalEtcd
 	// renewAt is when the kubeconfig next needs issuing.
 	renewAt time.Time
-	// rotation is the etcd CA rotation that runs; nil if none.
+	// rotation is the CA rotation that runs; nil if none.
 	rotation *rotation
 }
 
