@@ -13,7 +13,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/qcp-dev/qcp/internal/agent"
 	"github.com/qcp-dev/qcp/internal/bootstrap"
@@ -67,20 +66,7 @@ func newTestCluster(t testing.TB, h *Host, ns, cluster string) *testCluster {
 // balancer or one machine's API server).
 func (c *testCluster) client(server string) kubernetes.Interface {
 	c.t.Helper()
-	kc, err := certs.AdminKubeconfig(c.cl, server, c.cas.Cluster, time.Now())
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	cfg, err := clientcmd.RESTConfigFromKubeConfig(kc)
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	cfg.Timeout = 5 * time.Second
-	kube, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		c.t.Fatal(err)
-	}
-	return kube
+	return testkit.AdminClient(c.t, c.cl, server, c.cas.Cluster, nil)
 }
 
 // spec is machine name's spec in failure domain fd, at an address

@@ -12,7 +12,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/qcp-dev/qcp/internal/agent"
 	"github.com/qcp-dev/qcp/internal/bootstrap"
@@ -57,27 +56,12 @@ func TestClusterAuthorityMove(t *testing.T) {
 		t.Fatal(err)
 	}
 	server := "https://" + m1.Address + ":6443"
-	asOld, asNew := kubeClient(t, c.cl, server, both, oldCA), kubeClient(t, c.cl, server, both, newCA)
+	asOld, asNew := testkit.AdminClient(t, c.cl, server, oldCA, both), testkit.AdminClient(t, c.cl, server, newCA, both)
 	manager := etcdTLS(t, c.cas.Etcd, true)
+	watched := []bootstrap.Component{bootstrap.Etcd, bootstrap.KubeAPIServer, bootstrap.KubeControllerManager, bootstrap.KubeScheduler}
 	set := func(ca *certs.KeyPair, trust []byte, wantMoved bool, wantRestarted ...string) agent.AuthorityResult {
 		t.Helper()
-		before := c.waitHealthy(m1, time.Minute)
-		res, err := agent.SetAuthority(ctx, manager, m1.Address, agent.ClusterAuthorityKind, agent.Authority{CA: bootstrap.CertKey{Cert: string(ca.CertPEM), Key: string(ca.KeyPEM)}, Trust: string(trust)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !slices.Equal(res.Restarted, wantRestarted) {
-			t.Fatalf("restarted %v, want %v", res.Restarted, wantRestarted)
-		}
-		if moved := len(res.Moved) > 0; moved != wantMoved {
-			t.Fatalf("moved %v, want leaves moved: %v", res.Moved, wantMoved)
-		}
-		after := c.waitHealthy(m1, time.Minute)
-		checkRestarted(t, before, after, "the cluster authorities its kubeconfig trusts", map[bootstrap.Component]bool{
-			bootstrap.Etcd: false, bootstrap.KubeAPIServer: false,
-			bootstrap.KubeControllerManager: true, bootstrap.KubeScheduler: true,
-		})
-		return res
+		return c.setAuthority(ctx, m1, manager, agent.ClusterAuthorityKind, ca, trust, wantMoved, "the cluster authorities its kubeconfig trusts", watched, wantRestarted...)
 	}
 	answers := func(cs kubernetes.Interface) error {
 		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -153,24 +137,4 @@ func TestClusterAuthorityMove(t *testing.T) {
 		return nil
 	})
 	c.checkNoRaces()
-}
-
-// kubeClient is an admin client of the cluster through server, trusting
-// bundle, with a client certificate of ca.
-func kubeClient(t *testing.T, cluster, server string, bundle []byte, ca *certs.KeyPair) kubernetes.Interface {
-	t.Helper()
-	kc, err := certs.AdminKubeconfigValidFor(cluster, server, ca, bundle, time.Now(), 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := clientcmd.RESTConfigFromKubeConfig(kc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cfg.Timeout = 5 * time.Second
-	cs, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return cs
 }

@@ -54,32 +54,13 @@ func TestEtcdAuthorityMove(t *testing.T) {
 	}
 	both := certs.Bundle(oldCA, newCA)
 	asOld, asNew := etcdClientTLS(t, both, oldCA), etcdClientTLS(t, both, newCA)
+	// kube-controller-manager and kube-scheduler reach etcd through the
+	// local API server, and may restart when it does (their leader
+	// election lapses); they are left out.
+	watched := []bootstrap.Component{bootstrap.Etcd, bootstrap.KubeAPIServer}
 	set := func(via *tls.Config, ca *certs.KeyPair, trust []byte, wantMoved bool, wantRestarted ...string) agent.AuthorityResult {
 		t.Helper()
-		before := c.waitHealthy(m1, time.Minute)
-		res, err := agent.SetAuthority(ctx, via, m1.Address, agent.EtcdAuthorityKind, agent.Authority{CA: bootstrap.CertKey{Cert: string(ca.CertPEM), Key: string(ca.KeyPEM)}, Trust: string(trust)})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !slices.Equal(res.Restarted, wantRestarted) {
-			t.Fatalf("restarted %v, want %v", res.Restarted, wantRestarted)
-		}
-		if moved := len(res.Moved) > 0; moved != wantMoved {
-			t.Fatalf("moved %v, want leaves moved: %v", res.Moved, wantMoved)
-		}
-		after := c.waitHealthy(m1, time.Minute)
-		// kube-controller-manager and kube-scheduler reach etcd through
-		// the local API server, and may restart when it does (their
-		// leader election lapses); they are left out.
-		restarted := map[bootstrap.Component]bool{}
-		for _, comp := range []bootstrap.Component{bootstrap.Etcd, bootstrap.KubeAPIServer} {
-			restarted[comp] = slices.Contains(wantRestarted, string(comp))
-		}
-		checkRestarted(t, before, after, "the etcd authorities it trusts changed", restarted)
-		if err := c.listNodes(); err != nil {
-			t.Fatalf("the API server does not serve after the step: %v", err)
-		}
-		return res
+		return c.setAuthority(ctx, m1, via, agent.EtcdAuthorityKind, ca, trust, wantMoved, "the etcd authorities it trusts changed", watched, wantRestarted...)
 	}
 	served := func(via *tls.Config) error {
 		cli, err := clientv3.New(clientv3.Config{Endpoints: []string{clientURL(m1)}, DialTimeout: 5 * time.Second, TLS: via, Logger: zap.NewNop()})
@@ -184,4 +165,35 @@ func checkTrusts(t *testing.T, rep agent.PKIReport, ca *certs.KeyPair) {
 	if all := rep.All("etcd/ca.crt"); len(all) != 1 || all[0].KeyID != certs.KeyID(ca.Cert) {
 		t.Errorf("etcd/ca.crt holds %+v; want %s alone", all, certs.KeyID(ca.Cert))
 	}
+}
+
+// setAuthority sets the authority of kind on machine spec through via and
+// checks the answer: leaves moved or not as wantMoved says, the components
+// of wantRestarted restarted in that order (naming why) and the others of
+// watched not, and the API server serving after the step.
+func (c *testCluster) setAuthority(ctx context.Context, spec MachineSpec, via *tls.Config, kind agent.AuthorityKind, ca *certs.KeyPair, trust []byte,
+	wantMoved bool, why string, watched []bootstrap.Component, wantRestarted ...string) agent.AuthorityResult {
+	c.t.Helper()
+	t := c.t
+	before := c.waitHealthy(spec, time.Minute)
+	res, err := agent.SetAuthority(ctx, via, spec.Address, kind, agent.Authority{CA: bootstrap.CertKey{Cert: string(ca.CertPEM), Key: string(ca.KeyPEM)}, Trust: string(trust)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(res.Restarted, wantRestarted) {
+		t.Fatalf("restarted %v, want %v", res.Restarted, wantRestarted)
+	}
+	if moved := len(res.Moved) > 0; moved != wantMoved {
+		t.Fatalf("moved %v, want leaves moved: %v", res.Moved, wantMoved)
+	}
+	after := c.waitHealthy(spec, time.Minute)
+	restarted := map[bootstrap.Component]bool{}
+	for _, comp := range watched {
+		restarted[comp] = slices.Contains(wantRestarted, string(comp))
+	}
+	checkRestarted(t, before, after, why, restarted)
+	if err := c.listNodes(); err != nil {
+		t.Fatalf("the API server does not serve after the step: %v", err)
+	}
+	return res
 }

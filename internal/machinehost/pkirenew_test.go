@@ -239,7 +239,7 @@ func (c *testCluster) waitPastIssuance(report agent.PKIReport) {
 // checkRestarted checks, for each component of want, that it was
 // restarted between the two health reports, for a renewed certificate,
 // if and only if want says so.
-func checkRestarted(t *testing.T, before, after agent.Health, why string, want map[bootstrap.Component]bool) {
+func checkRestarted(t testing.TB, before, after agent.Health, why string, want map[bootstrap.Component]bool) {
 	t.Helper()
 	for comp, restarted := range want {
 		was, now := before.Components[comp], after.Components[comp]

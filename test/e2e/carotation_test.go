@@ -16,7 +16,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/conditions"
@@ -29,6 +28,7 @@ import (
 	"github.com/qcp-dev/qcp/internal/controllers/engine"
 	"github.com/qcp-dev/qcp/internal/etcd"
 	"github.com/qcp-dev/qcp/internal/machinehost"
+	"github.com/qcp-dev/qcp/internal/testkit"
 )
 
 // rotationAddressRange is the etcd CA rotation scenario's own: it kills
@@ -588,19 +588,7 @@ func (s *scenario) checkClusterRotated(ctx context.Context, oldCA, newCA *certs.
 		ca   *certs.KeyPair
 		ok   bool
 	}{{"the new", newCA, true}, {"the old", oldCA, false}} {
-		data, err := certs.AdminKubeconfigValidFor(s.name, server, via.ca, certs.Bundle(oldCA, newCA), time.Now(), 0)
-		if err != nil {
-			s.t.Fatal(err)
-		}
-		rc, err := clientcmd.RESTConfigFromKubeConfig(data)
-		if err != nil {
-			s.t.Fatal(err)
-		}
-		rc.Timeout = 5 * time.Second
-		cs, err := kubernetes.NewForConfig(rc)
-		if err != nil {
-			s.t.Fatal(err)
-		}
+		cs := testkit.AdminClient(s.t, s.name, server, via.ca, certs.Bundle(oldCA, newCA))
 		_, err = cs.CoreV1().Namespaces().Get(ctx, metav1.NamespaceDefault, metav1.GetOptions{})
 		if (err == nil) != via.ok {
 			s.t.Errorf("an admin client of %s authority: %v; want success %v", via.name, err, via.ok)

@@ -1,0 +1,32 @@
+package testkit
+
+import (
+	"testing"
+	"time"
+
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/qcp-dev/qcp/internal/certs"
+)
+
+// AdminClient is a system:masters client of the workload cluster named
+// cluster through server, with a certificate of ca, trusting the PEM bundle
+// trust (nil: ca alone), and a 5-s timeout per request.
+func AdminClient(t testing.TB, cluster, server string, ca *certs.KeyPair, trust []byte) kubernetes.Interface {
+	t.Helper()
+	kc, err := certs.AdminKubeconfigValidFor(cluster, server, ca, trust, time.Now(), 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := clientcmd.RESTConfigFromKubeConfig(kc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg.Timeout = 5 * time.Second
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cs
+}
