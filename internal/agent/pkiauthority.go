@@ -158,8 +158,10 @@ func (a *machineCtx) putAuthority(ctx context.Context, k AuthorityKind, w http.R
 // serving while its own member restarts. A restart of etcd is a member
 // disruption, which the manager plans as one.
 //
-// cluster: kube-apiserver reloads its client CA bundle and its serving
-// certificate; kube-controller-manager and kube-scheduler, whose
+// cluster: kube-apiserver restarts when the trust changed (it would
+// reload its client CA bundle, but at a moment nothing reports) and
+// reloads its serving certificate; kube-controller-manager and
+// kube-scheduler, whose
 // kubeconfigs embed the bundle and their client certificates (and the
 // controller manager's --root-ca-file, which it publishes as
 // kube-root-ca.crt), restart one after the other; the agent's own clients
@@ -228,6 +230,12 @@ func (a *machineCtx) setAuthority(ctx context.Context, k AuthorityKind, want Aut
 			}
 		}
 		restart, why = kubeconfigReaders, "the cluster authorities its kubeconfig trusts or its certificate changed"
+		if trustChanged {
+			// kube-apiserver watches its client CA file, but nothing says
+			// when it has read it again; restarted, it has, before the
+			// step ends and the next machine's clients move.
+			restart = append([]bootstrap.Component{bootstrap.KubeAPIServer}, restart...)
+		}
 	case !trustChanged:
 		restart = nil
 	}

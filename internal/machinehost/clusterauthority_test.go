@@ -25,12 +25,12 @@ var clusterLeaves = []string{"apiserver.crt", "apiserver-kubelet-client.crt", "c
 
 // TestClusterAuthorityMove takes a running stacked machine through the
 // machine's part of a cluster CA rotation with PUT /pki/cluster-authority:
-// trusting the new authority beside the old (kube-apiserver takes clients
-// of the new one without a restart; kube-controller-manager and
-// kube-scheduler restart with the bundle), moving every leaf of the cluster
+// trusting the new authority beside the old (kube-apiserver,
+// kube-controller-manager and kube-scheduler restart with the bundle, and
+// kube-apiserver takes clients of the new one), moving every leaf of the cluster
 // CA to the new one (kube-apiserver serves the new serving certificate
 // without a restart), and distrusting the old one (a client of the old
-// authority is refused). etcd is never restarted, the Node keeps its
+// authority is refused, after the same restarts). etcd is never restarted, the Node keeps its
 // lease, and kube-root-ca.crt ends up holding the new authority alone.
 func TestClusterAuthorityMove(t *testing.T) {
 	if testing.Short() {
@@ -73,9 +73,10 @@ func TestClusterAuthorityMove(t *testing.T) {
 		t.Fatal("kube-apiserver took a client of the new authority before trusting it")
 	}
 	kubeconfigReaders := []string{string(bootstrap.KubeControllerManager), string(bootstrap.KubeScheduler)}
+	withAPIServer := append([]string{string(bootstrap.KubeAPIServer)}, kubeconfigReaders...)
 
-	// 1. Trust both: kube-apiserver reloads its client CA bundle.
-	set(oldCA, both, false, kubeconfigReaders...)
+	// 1. Trust both: kube-apiserver restarts to read its client CA bundle.
+	set(oldCA, both, false, withAPIServer...)
 	c.eventually("kube-apiserver taking a client of the new authority", 90*time.Second, func() error { return answers(asNew) })
 	// 2. Move the leaves: kube-apiserver reloads its serving certificate.
 	res := set(newCA, both, true, kubeconfigReaders...)
@@ -92,7 +93,7 @@ func TestClusterAuthorityMove(t *testing.T) {
 		return nil
 	})
 	// 3. Distrust the old authority.
-	res = set(newCA, newCA.CertPEM, false, kubeconfigReaders...)
+	res = set(newCA, newCA.CertPEM, false, withAPIServer...)
 	for _, name := range clusterLeaves {
 		if got, ok := res.Report.Find(name); !ok || got.IssuerKeyID != certs.KeyID(newCA.Cert) {
 			t.Errorf("%s: %+v; want it issued by the new authority", name, got)

@@ -467,6 +467,11 @@ func TestClusterCARotation(t *testing.T) {
 	s.checkClusterRotated(ctx, oldCA, newCA)
 	if err := s.sameMachines(before)(ctx); err != nil {
 		t.Error(err)
+		for _, reason := range []string{"RemoveMember", "CreateMachine", "DeleteMachine"} {
+			for _, e := range s.controlPlaneEvents(ctx, reason) {
+				t.Logf("event %s: %s", e.Reason, e.Message)
+			}
+		}
 	}
 	s.checkAPIGap(probe)
 	s.finish()
