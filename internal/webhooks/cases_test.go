@@ -138,7 +138,10 @@ func admissionCases() []admissionCase {
 			field: "spec.certificates.rotation", fix: "is at stage TrustBoth"},
 		{name: "a new rotation once the last completed", old: qcp(rotate("1"), rotating("1", controlplanev1.RotationCompleted)), new: qcp(rotate("2"))},
 		{name: "a first rotation", old: qcp(), new: qcp(rotate("1"))},
-		{name: "a cluster CA rotation on external etcd", old: qcp(external("https://10.0.0.1:2379")), new: qcp(external("https://10.0.0.1:2379"), func(q *controlplanev1.QuorumControlPlane) {
+		{name: "a cluster CA rotation on external etcd", new: qcp(external("https://10.0.0.1:2379"), func(q *controlplanev1.QuorumControlPlane) {
+			q.Spec.Certificates.Rotation = &controlplanev1.CertificateRotation{Kind: controlplanev1.CertificateAuthorityClusterCA, Trigger: "1"}
+		}), field: "spec.certificates.rotation.kind", fix: "stacked etcd only, so far"},
+		{name: "a cluster CA rotation on stacked etcd", old: qcp(), new: qcp(func(q *controlplanev1.QuorumControlPlane) {
 			q.Spec.Certificates.Rotation = &controlplanev1.CertificateRotation{Kind: controlplanev1.CertificateAuthorityClusterCA, Trigger: "1"}
 		})},
 		{name: "stacked to external etcd", old: qcp(), new: qcp(external("https://10.0.0.1:2379")),

@@ -92,8 +92,8 @@ const (
 
 // CertificateRotation asks for a rotation of one authority.
 type CertificateRotation struct {
-	// kind is the authority to rotate: EtcdCA, on a control plane with
-	// stacked etcd, or ClusterCA.
+	// kind is the authority to rotate: EtcdCA or ClusterCA, on a control
+	// plane with stacked etcd (on external etcd, neither yet).
 	// +required
 	Kind CertificateAuthorityKind `json:"kind"`
 

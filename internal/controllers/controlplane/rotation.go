@@ -48,8 +48,7 @@ var authorityOf = map[controlplanev1.CertificateAuthorityKind]struct {
 func nextPurpose(p secret.Purpose) secret.Purpose     { return p + "-next" }
 func previousPurpose(p secret.Purpose) secret.Purpose { return p + "-previous" }
 
-// current is the authority of kind in cas, and set replaces it and its
-// trust bundle.
+// current is the authority of kind in cas.
 func current(cas *certs.ClusterCAs, kind controlplanev1.CertificateAuthorityKind) *certs.KeyPair {
 	if kind == controlplanev1.CertificateAuthorityClusterCA {
 		return cas.Cluster
