@@ -444,6 +444,9 @@ func TestClusterCARotation(t *testing.T) {
 		if st == nil {
 			return errors.New("no rotation in status yet")
 		}
+		if !seen[st.Stage] {
+			t.Logf("%s: stage %s since %s", time.Now().Format("15:04:05.000"), st.Stage, st.StageStartTime.Format(time.TimeOnly))
+		}
 		seen[st.Stage] = true
 		if st.Stage != controlplanev1.RotationCompleted || st.Kind != controlplanev1.CertificateAuthorityClusterCA {
 			return fmt.Errorf("stage %s: %s", st.Stage, st.Message)

@@ -227,7 +227,8 @@ func (s *scenario) checkEtcdWrites() {
 func (s *scenario) checkAPIGap(probe *apiProbe) {
 	s.t.Helper()
 	gap := probe.stop()
-	s.t.Logf("longest time the API server did not answer while the machines renewed their certificates: %s", gap)
+	s.t.Logf("longest time the API server did not answer while the machines renewed their certificates: %s, ending at %s (last error: %v)",
+		gap, probe.worstEnd.Format("15:04:05.000"), probe.worstErr)
 	if gap > maxAPIGap {
 		s.t.Errorf("the API server went %s without answering while the machines renewed their certificates, more than %s", gap.Round(time.Millisecond), maxAPIGap)
 	}

@@ -6,12 +6,14 @@ import (
 	"net"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/discovery"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
@@ -436,12 +438,17 @@ func (s *scenario) checkLeaderMovedBeforeRemoval() {
 // through the control plane endpoint, every 200 ms and records the longest
 // time without an answer: a real request, not /readyz, which is the load
 // balancer's routing signal. With reread, each request uses the
-// <cluster>-kubeconfig Secret as it is then, as a client that takes the
-// re-issued kubeconfig does.
+// <cluster>-kubeconfig Secret as last read (it is read again every 200 ms,
+// beside the requests), as a client that takes the re-issued kubeconfig
+// does.
 type apiProbe struct {
 	cancel context.CancelFunc
 	done   chan struct{}
 	worst  time.Duration
+	// worstEnd is when the longest gap ended, and worstErr the last error
+	// in it, for the log.
+	worstEnd time.Time
+	worstErr error
 }
 
 func (s *scenario) startAPIProbe(reread bool) *apiProbe {
@@ -451,18 +458,37 @@ func (s *scenario) startAPIProbe(reread bool) *apiProbe {
 	if err != nil {
 		s.t.Fatal(err)
 	}
+	var current atomic.Pointer[kubernetes.Clientset]
+	current.Store(cs)
+	if reread {
+		// Beside the probe, so that a slow read of the Secret from the
+		// management cluster is not counted as the workload API's silence.
+		go func() {
+			for ctx.Err() == nil {
+				if fresh, err := s.workload(ctx); err == nil {
+					current.Store(fresh)
+				}
+				select {
+				case <-ctx.Done():
+				case <-time.After(200 * time.Millisecond):
+				}
+			}
+		}()
+	}
 	go func() {
 		last, worst := time.Now(), time.Duration(0)
+		var lastErr error
 		tick := time.NewTicker(200 * time.Millisecond)
 		defer tick.Stop()
 		for {
-			if reread {
-				if fresh, err := s.workload(ctx); err == nil {
-					cs = fresh
+			_, err := current.Load().CoreV1().Namespaces().Get(ctx, metav1.NamespaceDefault, metav1.GetOptions{})
+			if err != nil {
+				lastErr = err
+			} else {
+				if gap := time.Since(last); gap > worst {
+					worst, p.worstEnd, p.worstErr = gap, time.Now(), lastErr
 				}
-			}
-			if _, err := cs.CoreV1().Namespaces().Get(ctx, metav1.NamespaceDefault, metav1.GetOptions{}); err == nil {
-				worst, last = max(worst, time.Since(last)), time.Now()
+				last = time.Now()
 			}
 			select {
 			case <-ctx.Done():
