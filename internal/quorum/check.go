@@ -355,13 +355,13 @@ func checkAuthority(b view, d Decision, _ view) error {
 	want := d.authorityUpdate()
 	switch {
 	case !ok || mc.Deleting:
-		return fmt.Errorf("authority: changing the etcd authority of machine %s, which is gone or deleting", d.Machine)
+		return fmt.Errorf("authority: changing the authorities of machine %s, which is gone or deleting", d.Machine)
 	case mc.AuthorityUpdate != want:
 		return fmt.Errorf("authority: a %q change on machine %s, which lacks %q", want, d.Machine, mc.AuthorityUpdate)
 	}
 	m, ok := b.memberOn(d.Machine)
 	if !ok || m.ID != d.MemberID || !m.Voter() || !m.Started() || !m.Healthy {
-		return fmt.Errorf("authority: changing the etcd authority of machine %s, whose member is not a healthy, started voter", d.Machine)
+		return fmt.Errorf("authority: changing the authorities of machine %s, whose member is not a healthy, started voter", d.Machine)
 	}
 	if d.RestartsMember {
 		return nil

@@ -106,7 +106,7 @@ func planWith(s State, o options) Decision {
 		planner.createMachine,
 		planner.scaleDown,
 		planner.renewCertificates,
-		planner.rotateEtcdAuthority,
+		planner.rotateAuthority,
 		planner.waitForUnhealthyVoters,
 		planner.restartForQuota,
 		planner.defragment,

@@ -6,27 +6,28 @@ import (
 	"slices"
 )
 
-// rotateEtcdAuthority brings the machines, one at a time, to the current
-// stage of an etcd CA rotation (the caller runs the stages and says what
-// each machine lacks: Machine.AuthorityUpdate). It is maintenance, after
+// rotateAuthority brings the machines, one at a time, to the current
+// stage of a CA rotation, of the etcd CA or the cluster CA (the caller
+// runs the stages and says what each machine lacks:
+// Machine.AuthorityUpdate). It is maintenance, after
 // the certificate renewals and before the waits for unhealthy voters and
 // the other maintenance: a rotation that stalls leaves old and new
 // authorities trusted side by side, which works, but each stage should
 // finish soon.
 //
-// A change of trust restarts the member (etcd reads its trusted
+// A change of the etcd trust restarts the member (etcd reads its trusted
 // authorities once, at start): a disruption like a restart for a new
 // quota, so it waits for the same preflight (every voter healthy, no
 // learner, nothing else disrupted or renewing, and the cluster able to
 // lose the member, unless its desired size never could), takes followers
-// first, and moves leadership off a leader first. Moving the leaves to the
-// new authority restarts nothing (etcd reads its certificates at every
-// handshake): like a renewal, one machine at a time and never beside a
+// first, and moves leadership off a leader first. Every other change
+// restarts no member (etcd reads its certificates at every handshake; a
+// cluster CA rotation does not touch etcd): like a renewal, one machine at a time and never beside a
 // disruption. Only a machine whose member is a healthy, started voter is
 // changed; the others wait, since a member that cannot take the change now
 // would only fail it, and one replaced gets the stage's authorities in its
 // bootstrap data.
-func (p planner) rotateEtcdAuthority() (Decision, bool) {
+func (p planner) rotateAuthority() (Decision, bool) {
 	var due []Member
 	for _, mc := range p.machines {
 		m, ok := p.memberOn(mc.Name)
@@ -71,7 +72,7 @@ func (v view) verifyAuthority(d Decision) error {
 	case !ok || mc.Deleting:
 		return fmt.Errorf("machine %s is gone or being deleted since the plan", d.Machine)
 	case mc.AuthorityUpdate != want:
-		return fmt.Errorf("machine %s no longer lacks the etcd authority change planned (%q; now %q)", d.Machine, want, mc.AuthorityUpdate)
+		return fmt.Errorf("machine %s no longer lacks the authority change planned (%q; now %q)", d.Machine, want, mc.AuthorityUpdate)
 	}
 	if r, ok := v.renewing(); ok {
 		return fmt.Errorf("machine %s started renewing its certificates since the plan", r.Name)

@@ -237,18 +237,18 @@ func (x Executor) renewCertificates(ctx context.Context, d quorum.Decision, mach
 	})
 }
 
-// setEtcdAuthority records the start on the machine (a restart's record
-// when the step restarts its member, a renewal's otherwise), has its agent
-// take the etcd authority of the rotation's stage, and records what the
-// machine then reports. A failure leaves the start recorded, as a
+// setAuthority records the start on the machine (a restart's record when
+// the step restarts its member, a renewal's otherwise), has its agent take
+// the authority of the rotation's stage, and records what the machine then
+// reports. A failure leaves the start recorded, as a
 // renewal's or a restart's does.
-func (x Executor) setEtcdAuthority(ctx context.Context, d quorum.Decision, machine *clusterv1.Machine) error {
+func (x Executor) setAuthority(ctx context.Context, d quorum.Decision, machine *clusterv1.Machine) error {
 	host := MachineIP(machine)
 	switch {
 	case host == "":
-		return fmt.Errorf("setting the etcd authority of machine %s: it has no address", machine.Name)
+		return fmt.Errorf("setting the %s authority of machine %s: it has no address", x.AuthorityKind, machine.Name)
 	case x.AgentTLS == nil:
-		return fmt.Errorf("setting the etcd authority of machine %s: qcp-manager has no client certificate for its agent yet", machine.Name)
+		return fmt.Errorf("setting the %s authority of machine %s: qcp-manager has no client certificate for its agent yet", x.AuthorityKind, machine.Name)
 	case x.Authority == nil:
 		return fmt.Errorf("setting the %s authority of machine %s: no CA rotation runs", x.AuthorityKind, machine.Name)
 	}
@@ -261,11 +261,11 @@ func (x Executor) setEtcdAuthority(ctx context.Context, d quorum.Decision, machi
 	}
 	res, err := agent.SetAuthority(ctx, x.AgentTLS, host, x.AuthorityKind, *x.Authority)
 	if err != nil {
-		return fmt.Errorf("setting the etcd authority of machine %s: %w", machine.Name, err)
+		return fmt.Errorf("setting the %s authority of machine %s: %w", x.AuthorityKind, machine.Name, err)
 	}
 	rec, err := pkiRecords(res.Report)
 	if err != nil {
-		return fmt.Errorf("machine %s took the etcd authority, but %w", machine.Name, err)
+		return fmt.Errorf("machine %s took the %s authority, but %w", machine.Name, x.AuthorityKind, err)
 	}
 	return x.recordOwn(ctx, machine, func(a map[string]string) {
 		delete(a, started)

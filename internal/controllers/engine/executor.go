@@ -102,7 +102,7 @@ func (x Executor) Execute(ctx context.Context, d quorum.Decision, machine *clust
 	case quorum.RenewCertificates:
 		return x.renewCertificates(ctx, d, machine)
 	case quorum.SetAuthority:
-		return x.setEtcdAuthority(ctx, d, machine)
+		return x.setAuthority(ctx, d, machine)
 	case quorum.Compact:
 		if err := x.Etcd.Compact(ctx, d.Revision); err != nil {
 			return err

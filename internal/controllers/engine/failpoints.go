@@ -21,7 +21,7 @@ const (
 	FailpointAfterHook          = "hook.afterAdd"
 	FailpointAfterPromote       = "promote.after"
 	// FailpointRotationRecorded, followed by a stage's name, is reached
-	// once an etcd CA rotation's stage is recorded on the control plane,
+	// once a CA rotation's stage is recorded on the control plane,
 	// before anything of it is done; FailpointAfterSignerSwitch once the
 	// authority's Secret holds the new authority, before the next stage is
 	// recorded.
