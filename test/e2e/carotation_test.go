@@ -17,6 +17,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/conditions"
 	"sigs.k8s.io/cluster-api/util/secret"
@@ -292,51 +293,12 @@ func (s *scenario) checkRotated(ctx context.Context, oldCA, newCA *certs.KeyPair
 			s.t.Errorf("Secret %s after the rotation: %v", secret.Name(s.name, p), err)
 		}
 	}
-	machines, err := s.machines(ctx)
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	host := &machinehost.Host{Root: s.mgmt.env.MachineRoot()}
 	own := mustClient(s.t, newCA)
-	viaNew := agentTLS(s.t, newCA.CertPEM, own.CertPEM, own.KeyPEM)
-	for _, m := range machines {
-		rep, err := agent.GetPKI(ctx, viaNew, internalIP(&m))
-		if err != nil {
-			s.t.Errorf("machine %s: %v", m.Name, err)
-			continue
-		}
-		for _, c := range rep.Certificates {
-			if c.KeyID == certs.KeyID(oldCA.Cert) || c.IssuerKeyID == certs.KeyID(oldCA.Cert) {
-				s.t.Errorf("machine %s: %s is or chains to the old etcd CA", m.Name, c.Name)
-			}
-		}
+	s.checkMachinesFreeOf(ctx, agentTLS(s.t, newCA.CertPEM, own.CertPEM, own.KeyPEM), oldCA, "etcd CA", func(m clusterv1.Machine, rep agent.PKIReport) {
 		if trusted := rep.All("etcd/ca.crt"); len(trusted) != 1 || trusted[0].KeyID != certs.KeyID(newCA.Cert) {
 			s.t.Errorf("machine %s trusts %+v for etcd; want the new authority alone", m.Name, trusted)
 		}
-		dir := filepath.Join(host.Dir(ns, m.Name), agent.PKIDir)
-		err = filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
-			if err != nil || d.IsDir() || !strings.HasSuffix(path, ".crt") {
-				return err
-			}
-			data, err := os.ReadFile(path)
-			if err != nil {
-				return err
-			}
-			cs, err := certs.ParseCerts(data)
-			if err != nil {
-				return err
-			}
-			if slices.ContainsFunc(cs, func(c *x509.Certificate) bool {
-				return certs.KeyID(c) == certs.KeyID(oldCA.Cert) || certs.IssuerKeyID(c) == certs.KeyID(oldCA.Cert)
-			}) {
-				s.t.Errorf("machine %s: %s holds or chains to the old etcd CA", m.Name, path)
-			}
-			return nil
-		})
-		if err != nil {
-			s.t.Error(err)
-		}
-	}
+	})
 	plain, err := s.etcdConfig(ctx)
 	if err != nil {
 		s.t.Fatal(err)
@@ -489,11 +451,6 @@ func (s *scenario) checkClusterRotated(ctx context.Context, oldCA, newCA *certs.
 			s.t.Errorf("Secret %s after the rotation: %v", secret.Name(s.name, p), err)
 		}
 	}
-	old := certs.KeyID(oldCA.Cert)
-	holdsOld := func(data []byte) bool {
-		cs, err := certs.ParseCerts(data)
-		return err == nil && slices.ContainsFunc(cs, func(c *x509.Certificate) bool { return certs.KeyID(c) == old || certs.IssuerKeyID(c) == old })
-	}
 	// The kubeconfig: its CA and its client certificate.
 	var kc corev1.Secret
 	if err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: secret.Name(s.name, secret.Kubeconfig)}, &kc); err != nil {
@@ -503,15 +460,8 @@ func (s *scenario) checkClusterRotated(ctx context.Context, oldCA, newCA *certs.
 	if err != nil {
 		s.t.Fatal(err)
 	}
-	for name, c := range cfg.Clusters {
-		if holdsOld(c.CertificateAuthorityData) {
-			s.t.Errorf("the kubeconfig's cluster %s trusts the old authority", name)
-		}
-	}
-	for name, u := range cfg.AuthInfos {
-		if holdsOld(u.ClientCertificateData) {
-			s.t.Errorf("the kubeconfig's user %s holds a certificate of the old authority", name)
-		}
+	for _, what := range kubeconfigHolding(cfg, oldCA) {
+		s.t.Errorf("<cluster>-kubeconfig: %s the old authority", what)
 	}
 	// kube-root-ca.crt in every namespace, and cluster-info where it exists.
 	wl, err := s.workload(ctx)
@@ -537,57 +487,7 @@ func (s *scenario) checkClusterRotated(ctx context.Context, oldCA, newCA *certs.
 		s.t.Error("kube-public/cluster-info holds the old authority")
 	}
 	// Every machine, by its agent and by its files.
-	machines, err := s.machines(ctx)
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	host := &machinehost.Host{Root: s.mgmt.env.MachineRoot()}
-	viaEtcd := s.etcdAgentTLS()
-	for _, m := range machines {
-		rep, err := agent.GetPKI(ctx, viaEtcd, internalIP(&m))
-		if err != nil {
-			s.t.Errorf("machine %s: %v", m.Name, err)
-			continue
-		}
-		for _, c := range rep.Certificates {
-			if c.KeyID == old || c.IssuerKeyID == old {
-				s.t.Errorf("machine %s: %s is or chains to the old cluster CA", m.Name, c.Name)
-			}
-		}
-		dir := filepath.Join(host.Dir(ns, m.Name), agent.PKIDir)
-		err = filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
-			if err != nil || d.IsDir() {
-				return err
-			}
-			data, err := os.ReadFile(path)
-			if err != nil {
-				return err
-			}
-			switch {
-			case strings.HasSuffix(path, ".crt") && holdsOld(data):
-				s.t.Errorf("machine %s: %s holds or chains to the old cluster CA", m.Name, path)
-			case strings.HasSuffix(path, ".conf"):
-				kc, err := clientcmd.Load(data)
-				if err != nil {
-					return err
-				}
-				for _, c := range kc.Clusters {
-					if holdsOld(c.CertificateAuthorityData) {
-						s.t.Errorf("machine %s: %s trusts the old cluster CA", m.Name, path)
-					}
-				}
-				for _, u := range kc.AuthInfos {
-					if holdsOld(u.ClientCertificateData) {
-						s.t.Errorf("machine %s: %s holds a certificate of the old cluster CA", m.Name, path)
-					}
-				}
-			}
-			return nil
-		})
-		if err != nil {
-			s.t.Error(err)
-		}
-	}
+	s.checkMachinesFreeOf(ctx, s.etcdAgentTLS(), oldCA, "cluster CA", nil)
 	// An admin client of the old authority is refused; one of the new is
 	// taken.
 	server := cfg.Clusters[s.name].Server
@@ -600,6 +500,85 @@ func (s *scenario) checkClusterRotated(ctx context.Context, oldCA, newCA *certs.
 		_, err = cs.CoreV1().Namespaces().Get(ctx, metav1.NamespaceDefault, metav1.GetOptions{})
 		if (err == nil) != via.ok {
 			s.t.Errorf("an admin client of %s authority: %v; want success %v", via.name, err, via.ok)
+		}
+	}
+}
+
+// holds reports whether PEM data holds ca or a certificate it signed.
+func holds(data []byte, ca *certs.KeyPair) bool {
+	id := certs.KeyID(ca.Cert)
+	cs, err := certs.ParseCerts(data)
+	return err == nil && slices.ContainsFunc(cs, func(c *x509.Certificate) bool { return certs.KeyID(c) == id || certs.IssuerKeyID(c) == id })
+}
+
+// kubeconfigHolding names what of cfg trusts ca or holds a certificate it
+// signed.
+func kubeconfigHolding(cfg *clientcmdapi.Config, ca *certs.KeyPair) []string {
+	var out []string
+	for name, c := range cfg.Clusters {
+		if holds(c.CertificateAuthorityData, ca) {
+			out = append(out, "cluster "+name+" trusts")
+		}
+	}
+	for name, u := range cfg.AuthInfos {
+		if holds(u.ClientCertificateData, ca) {
+			out = append(out, "user "+name+" holds a certificate of")
+		}
+	}
+	return out
+}
+
+// checkMachinesFreeOf fails the scenario for every certificate of each of
+// its machines that is or chains to old (what names it): in the report of
+// its agent, reached with via, and in its PKI directory, certificate files
+// and kubeconfigs. each, when set, checks more of each machine's report.
+func (s *scenario) checkMachinesFreeOf(ctx context.Context, via *tls.Config, old *certs.KeyPair, what string, each func(clusterv1.Machine, agent.PKIReport)) {
+	s.t.Helper()
+	machines, err := s.machines(ctx)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	host := &machinehost.Host{Root: s.mgmt.env.MachineRoot()}
+	oldID := certs.KeyID(old.Cert)
+	for _, m := range machines {
+		rep, err := agent.GetPKI(ctx, via, internalIP(&m))
+		if err != nil {
+			s.t.Errorf("machine %s: %v", m.Name, err)
+			continue
+		}
+		for _, c := range rep.Certificates {
+			if c.KeyID == oldID || c.IssuerKeyID == oldID {
+				s.t.Errorf("machine %s: %s is or chains to the old %s", m.Name, c.Name, what)
+			}
+		}
+		if each != nil {
+			each(m, rep)
+		}
+		dir := filepath.Join(host.Dir(ns, m.Name), agent.PKIDir)
+		err = filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
+			if err != nil || d.IsDir() {
+				return err
+			}
+			data, err := os.ReadFile(path)
+			if err != nil {
+				return err
+			}
+			switch {
+			case strings.HasSuffix(path, ".crt") && holds(data, old):
+				s.t.Errorf("machine %s: %s holds or chains to the old %s", m.Name, path, what)
+			case strings.HasSuffix(path, ".conf"):
+				kc, err := clientcmd.Load(data)
+				if err != nil {
+					return err
+				}
+				for _, h := range kubeconfigHolding(kc, old) {
+					s.t.Errorf("machine %s: %s: %s the old %s", m.Name, path, h, what)
+				}
+			}
+			return nil
+		})
+		if err != nil {
+			s.t.Error(err)
 		}
 	}
 }
