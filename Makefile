@@ -16,6 +16,7 @@ KUBE := $(BIN)/kube-$(KUBE_VERSION)
 KUBE_PREVIOUS := $(BIN)/kube-$(KUBE_PREVIOUS_VERSION)
 ETCD_PREVIOUS := $(BIN)/etcd-$(ETCD_PREVIOUS_VERSION)
 CAPI := $(BIN)/capi-manager-$(CAPI_VERSION)
+CABPK := $(BIN)/cabpk-manager-$(CAPI_VERSION)
 CONTROLLER_GEN := $(BIN)/controller-gen-$(CONTROLLER_TOOLS_VERSION)
 
 # -count=1: CI must run every test, never report a cached result.
@@ -49,19 +50,24 @@ export QCP_BIN_DIR := $(BIN)
 
 all: binaries
 
-## binaries: the pinned etcd, kube and CAPI core binaries (built once), plus QCP's own.
-binaries: $(ETCD) $(KUBE) $(CAPI) $(CONTROLLER_GEN) qcp-binaries
+## binaries: the pinned etcd, kube, CAPI core and CABPK binaries (built once), plus QCP's own.
+binaries: $(ETCD) $(KUBE) $(CAPI) $(CABPK) $(CONTROLLER_GEN) qcp-binaries
 
 $(ETCD):
 	hack/build-pinned.sh etcd $(ETCD_VERSION) $@
-$(KUBE):
+# A changed wrapper (a new command in the multi-call binary) rebuilds.
+KUBE_WRAPPER := hack/tools/kube/main.go hack/tools/kube/go.mod
+CAPI_WRAPPER := hack/tools/capi/main.go hack/tools/capi/go.mod
+$(KUBE): $(KUBE_WRAPPER)
 	hack/build-pinned.sh kube $(KUBE_VERSION) $@
-$(KUBE_PREVIOUS):
+$(KUBE_PREVIOUS): $(KUBE_WRAPPER)
 	hack/build-pinned.sh kube $(KUBE_PREVIOUS_VERSION) $@
 $(ETCD_PREVIOUS):
 	hack/build-pinned.sh etcd $(ETCD_PREVIOUS_VERSION) $@
-$(CAPI):
+$(CAPI): $(CAPI_WRAPPER)
 	hack/build-pinned.sh capi $(CAPI_VERSION) $@
+$(CABPK): $(CAPI_WRAPPER)
+	hack/build-pinned.sh cabpk $(CAPI_VERSION) $@
 $(CONTROLLER_GEN):
 	@echo ">> building controller-gen $(CONTROLLER_TOOLS_VERSION)"
 	GOBIN=$(BIN)/.controller-gen go install sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_TOOLS_VERSION)
@@ -83,7 +89,13 @@ generate: $(CONTROLLER_GEN)
 	capi=$$(go list -m -f '{{.Dir}}' sigs.k8s.io/cluster-api) && \
 		cp $$capi/core/config/crd/bases/*.yaml config/capi/crd/ && \
 		cp $$capi/core/config/webhook/manifests.yaml config/capi/webhook-manifests.yaml && \
+		cp $$capi/bootstrap/kubeadm/config/crd/bases/*.yaml config/capi/crd/ && \
+		cp $$capi/bootstrap/kubeadm/config/webhook/manifests.yaml config/capi/cabpk-webhook-manifests.yaml && \
 		chmod -R u+w config/capi
+	@# CABPK's contract labels, as its kustomization adds them: CAPI core
+	@# reads a bootstrap template's contract version from its CRD.
+	sed -i '0,/^metadata:$$/s//metadata:\n  labels:\n    cluster.x-k8s.io\/v1beta1: v1beta1\n    cluster.x-k8s.io\/v1beta2: v1beta2/' \
+		config/capi/crd/bootstrap.cluster.x-k8s.io_*.yaml
 
 verify-generate: generate
 	@git diff --exit-code -- api config || { echo "generated files are stale: run 'make generate' and commit"; exit 1; }

@@ -10,5 +10,5 @@ import "embed"
 // core CRDs), capi/webhook-manifests.yaml, and samples/ (the demo cluster
 // `qcpctl up` creates).
 //
-//go:embed crd/bases/*.yaml webhook/manifests.yaml capi/crd/*.yaml capi/webhook-manifests.yaml samples/*.yaml
+//go:embed crd/bases/*.yaml webhook/manifests.yaml capi/crd/*.yaml capi/webhook-manifests.yaml capi/cabpk-webhook-manifests.yaml samples/*.yaml
 var Manifests embed.FS

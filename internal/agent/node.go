@@ -33,6 +33,9 @@ const (
 	zoneLabel      = "topology.kubernetes.io/zone"
 )
 
+// controlPlaneTaint is kubeadm's (constants.ControlPlaneTaint).
+var controlPlaneTaint = corev1.Taint{Key: controlPlaneLb, Effect: corev1.TaintEffectNoSchedule}
+
 // NodeState is what the health endpoint reports about the Node.
 type NodeState struct {
 	Registered    bool      `json:"registered"`
@@ -213,7 +216,9 @@ func (n *nodeAgent) register(ctx context.Context) error {
 	}
 	node := &corev1.Node{
 		ObjectMeta: metav1.ObjectMeta{Name: m.Name, Labels: labels},
-		Spec:       corev1.NodeSpec{ProviderID: m.ProviderID},
+		// As kubeadm's mark-control-plane phase taints its Nodes; nothing
+		// but the agent runs here, so nothing else may be scheduled here.
+		Spec: corev1.NodeSpec{ProviderID: m.ProviderID, Taints: []corev1.Taint{controlPlaneTaint}},
 	}
 	clients, _ := n.current()
 	err := each(ctx, clients, func(ctx context.Context, c kubernetes.Interface) error {
@@ -230,11 +235,15 @@ func (n *nodeAgent) register(ctx context.Context) error {
 	return nil
 }
 
+// label marks the Node as a control plane's, with the role label (which
+// NodeRestriction forbids a node to set itself) and the taint (on a Node an
+// older agent registered without it). Taints merge by key.
 func (n *nodeAgent) label(ctx context.Context) error {
-	patch := []byte(fmt.Sprintf(`{"metadata":{"labels":{%q:""}}}`, controlPlaneLb))
+	patch := []byte(fmt.Sprintf(`{"metadata":{"labels":{%q:""}},"spec":{"taints":[{"key":%q,"effect":%q}]}}`,
+		controlPlaneLb, controlPlaneTaint.Key, controlPlaneTaint.Effect))
 	_, admin := n.current()
 	err := each(ctx, admin, func(ctx context.Context, c kubernetes.Interface) error {
-		_, err := c.CoreV1().Nodes().Patch(ctx, n.a.machine.Name, types.MergePatchType, patch, metav1.PatchOptions{})
+		_, err := c.CoreV1().Nodes().Patch(ctx, n.a.machine.Name, types.StrategicMergePatchType, patch, metav1.PatchOptions{})
 		return err
 	})
 	if err != nil {

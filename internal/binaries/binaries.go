@@ -23,7 +23,7 @@ const (
 )
 
 // makeVariables name the Makefile variable that picks each pinned binary's version.
-var makeVariables = map[string]string{"etcd": "ETCD_VERSION", "kube": "KUBE_VERSION", "capi-manager": "CAPI_VERSION"}
+var makeVariables = map[string]string{"etcd": "ETCD_VERSION", "kube": "KUBE_VERSION", "capi-manager": "CAPI_VERSION", "cabpk-manager": "CAPI_VERSION"}
 
 // DirEnv overrides where the binaries are looked up.
 const DirEnv = "QCP_BIN_DIR"

@@ -236,7 +236,7 @@ func serve(ctx context.Context, dir, addressRange string) (err error) {
 	if err := os.WriteFile(filepath.Join(dir, pidFile), []byte(strconv.Itoa(os.Getpid())), 0o600); err != nil {
 		return err
 	}
-	env, err := localenv.Start(ctx, localenv.Options{Dir: dir})
+	env, err := localenv.Start(ctx, localenv.Options{Dir: dir, WithKubeadmBootstrap: true})
 	if err != nil {
 		return err
 	}

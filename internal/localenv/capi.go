@@ -56,3 +56,41 @@ func (e *Env) RestartCAPI(ctx context.Context) error {
 	}
 	return e.startCAPI(ctx, e.opts)
 }
+
+// cabpkWebhookNamePrefix keeps CABPK's webhook configurations apart from
+// CAPI core's, which controller-gen names the same.
+const cabpkWebhookNamePrefix = "cabpk-"
+
+// startCABPK starts CAPI's kubeadm bootstrap provider, which gives worker
+// Machines their `kubeadm join` bootstrap data, and installs its webhooks.
+func (e *Env) startCABPK(ctx context.Context, opts Options) error {
+	path, err := binaries.Path("cabpk-manager", opts.CAPIVersion)
+	if err != nil {
+		return err
+	}
+	if e.cabpkWebhookPort == 0 {
+		if e.cabpkWebhookPort, err = stablePort(e.webhookHost); err != nil {
+			return err
+		}
+	}
+	start := func(addrs []string) (*Process, error) {
+		health, diagnostics := addrs[0], addrs[1]
+		args := []string{
+			"--kubeconfig=" + e.Kubeconfig,
+			"--leader-elect=false",
+			"--webhook-port=" + strconv.Itoa(e.cabpkWebhookPort),
+			"--webhook-cert-dir=" + e.WebhookCertDir,
+			"--health-addr=" + health,
+			"--diagnostics-address=" + diagnostics,
+			"--insecure-diagnostics=true",
+			"--feature-gates=MachinePool=false",
+		}
+		return StartProcess("cabpk-manager", path, args, []string{"KUBE_FEATURE_WatchListClient=false"}, e.Dir)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	if e.cabpk, _, err = e.startOnFreePorts(ctx, "cabpk-manager", 2, start, func(addrs []string) string { return "http://" + addrs[0] + "/readyz" }); err != nil {
+		return fmt.Errorf("CABPK did not become ready (log: %s/cabpk-manager.log): %w", e.Dir, err)
+	}
+	return e.installWebhooks("capi/cabpk-webhook-manifests.yaml", cabpkWebhookNamePrefix, e.cabpkWebhookPort)
+}

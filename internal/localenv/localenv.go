@@ -37,6 +37,9 @@ type Options struct {
 	KubeVersion, EtcdVersion, CAPIVersion string
 	// WithoutCAPI skips the CAPI core manager.
 	WithoutCAPI bool
+	// WithKubeadmBootstrap also runs CAPI's kubeadm bootstrap provider
+	// (CABPK, from CAPIVersion), for worker Machines that join with kubeadm.
+	WithKubeadmBootstrap bool
 }
 
 // Env is a running local management cluster.
@@ -61,15 +64,18 @@ type Env struct {
 	env         *envtest.Environment
 	webhookHost string
 	capi        *Process
-	gc          *Process
-	managers    []*Process
-	ownsDir     bool
+	cabpk       *Process
+	// cabpkWebhookPort is where CABPK serves its webhooks.
+	cabpkWebhookPort int
+	gc               *Process
+	managers         []*Process
+	ownsDir          bool
 	// opts are the options Start was given, for starting CAPI core again.
 	opts Options
 }
 
 // Start starts the management cluster, its garbage collector and, unless
-// told not to, CAPI core, and returns once all serve. On error everything
+// told not to, CAPI core (and CABPK if asked), and returns once all serve. On error everything
 // started is stopped.
 func Start(ctx context.Context, opts Options) (_ *Env, err error) {
 	opts = withDefaults(opts)
@@ -98,6 +104,9 @@ func Start(ctx context.Context, opts Options) (_ *Env, err error) {
 	var capiErr error
 	if !opts.WithoutCAPI {
 		capiErr = e.startCAPI(ctx, opts)
+	}
+	if capiErr == nil && opts.WithKubeadmBootstrap {
+		capiErr = e.startCABPK(ctx, opts)
 	}
 	if err := errors.Join(capiErr, <-gcStarted); err != nil {
 		return nil, err
@@ -229,6 +238,10 @@ func (e *Env) Stop() error {
 	if e.capi != nil {
 		errs = append(errs, e.capi.Stop())
 		e.capi = nil
+	}
+	if e.cabpk != nil {
+		errs = append(errs, e.cabpk.Stop())
+		e.cabpk = nil
 	}
 	if e.gc != nil {
 		errs = append(errs, e.gc.Stop())

@@ -28,10 +28,11 @@ import (
 	"github.com/qcp-dev/qcp/config"
 )
 
-// QCP's webhooks are served by qcp-manager, not by CAPI core, yet envtest
-// points every configuration it installs at its one serving port. So envtest
-// installs only CAPI's, and the environment installs QCP's itself: same
-// envtest-generated serving certificate and CA, but qcp-manager's own port.
+// QCP's webhooks are served by qcp-manager, and CABPK's by CABPK, not by CAPI
+// core, yet envtest points every configuration it installs at its one serving
+// port. So envtest installs only CAPI core's, and the environment installs
+// the others itself: same envtest-generated serving certificate and CA, but
+// each manager's own port.
 
 // qcpWebhookNamePrefix keeps QCP's configurations apart from CAPI core's:
 // controller-gen names both "mutating-webhook-configuration" (a real
@@ -49,24 +50,29 @@ func (e *Env) qcpWebhookArgs() []string {
 }
 
 // allocateQCPWebhookPort picks qcp-manager's webhook port once, so that a
-// restarted manager serves where the configurations already point. The port
-// is below the kernel's ephemeral range: while the manager is down (a crash
-// test kills it), a port in that range can be handed to any outgoing
-// connection, and the restarted manager could then not bind it.
-func (e *Env) allocateQCPWebhookPort() error {
+// restarted manager serves where the configurations already point.
+func (e *Env) allocateQCPWebhookPort() (err error) {
 	e.webhookHost = e.env.WebhookInstallOptions.LocalServingHost
+	e.QCPWebhookPort, err = stablePort(e.webhookHost)
+	return err
+}
+
+// stablePort finds a free port on host for a long-lived listener. It is
+// below the kernel's ephemeral range: while its server is down (a crash
+// test kills qcp-manager), a port in that range can be handed to any
+// outgoing connection, and the restarted server could then not bind it.
+func stablePort(host string) (int, error) {
 	low := ephemeralLow()
 	var err error
 	for range 100 {
 		port := low - 1 - rand.IntN(stablePorts)
 		var l net.Listener
-		if l, err = net.Listen("tcp", net.JoinHostPort(e.webhookHost, strconv.Itoa(port))); err == nil {
+		if l, err = net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(port))); err == nil {
 			_ = l.Close()
-			e.QCPWebhookPort = port
-			return nil
+			return port, nil
 		}
 	}
-	return fmt.Errorf("finding a free port below %d for qcp-manager's webhooks on %s: %w", low, e.webhookHost, err)
+	return 0, fmt.Errorf("finding a free port below %d on %s: %w", low, host, err)
 }
 
 // stablePorts is how many ports below the ephemeral range long-lived
@@ -89,37 +95,48 @@ func ephemeralLow() int {
 // installQCPWebhooks creates or updates QCP's webhook configurations and
 // waits until the API server calls them, served by manager.
 func (e *Env) installQCPWebhooks(ctx context.Context, manager *Process) error {
-	serving := e.env.WebhookInstallOptions
-	opts := envtest.WebhookInstallOptions{
-		LocalServingHost:   e.webhookHost,
-		LocalServingPort:   e.QCPWebhookPort,
-		LocalServingCAData: serving.LocalServingCAData,
-	}
-	var err error
-	if opts.MutatingWebhooks, opts.ValidatingWebhooks, err = e.qcpWebhookConfigurations(); err != nil {
+	if err := e.installWebhooks("webhook/manifests.yaml", qcpWebhookNamePrefix, e.QCPWebhookPort); err != nil {
 		return err
-	}
-	// With the CA given, Install neither makes a new certificate nor
-	// rewrites the client configs; ModifyWebhookDefinitions points them at
-	// qcp-manager.
-	if err := opts.ModifyWebhookDefinitions(); err != nil {
-		return fmt.Errorf("pointing QCP's webhook configurations at qcp-manager: %w", err)
-	}
-	if err := opts.Install(e.Config); err != nil {
-		return fmt.Errorf("installing QCP's webhook configurations: %w", err)
 	}
 	return e.waitForQCPAdmission(ctx, manager)
 }
 
-// qcpWebhookConfigurations reads config/webhook/manifests.yaml.
-func (e *Env) qcpWebhookConfigurations() (
+// installWebhooks creates or updates the webhook configurations in the
+// embedded manifests at path, named with prefix, pointed at port on the
+// webhook host: same envtest-generated serving certificate and CA as CAPI
+// core's.
+func (e *Env) installWebhooks(path, prefix string, port int) error {
+	opts := envtest.WebhookInstallOptions{
+		LocalServingHost:   e.webhookHost,
+		LocalServingPort:   port,
+		LocalServingCAData: e.env.WebhookInstallOptions.LocalServingCAData,
+	}
+	var err error
+	if opts.MutatingWebhooks, opts.ValidatingWebhooks, err = e.webhookConfigurations(path, prefix); err != nil {
+		return err
+	}
+	// With the CA given, Install neither makes a new certificate nor
+	// rewrites the client configs; ModifyWebhookDefinitions points them at
+	// the port.
+	if err := opts.ModifyWebhookDefinitions(); err != nil {
+		return fmt.Errorf("pointing the webhook configurations of %s at port %d: %w", path, port, err)
+	}
+	if err := opts.Install(e.Config); err != nil {
+		return fmt.Errorf("installing the webhook configurations of %s: %w", path, err)
+	}
+	return nil
+}
+
+// webhookConfigurations reads the embedded webhook manifests at path and
+// names each configuration with prefix.
+func (e *Env) webhookConfigurations(path, prefix string) (
 	mutating []*admissionregistrationv1.MutatingWebhookConfiguration,
 	validating []*admissionregistrationv1.ValidatingWebhookConfiguration,
 	err error,
 ) {
-	data, err := config.Manifests.ReadFile("webhook/manifests.yaml")
+	data, err := config.Manifests.ReadFile(path)
 	if err != nil {
-		return nil, nil, fmt.Errorf("reading QCP's webhook manifests: %w", err)
+		return nil, nil, fmt.Errorf("reading webhook manifests: %w", err)
 	}
 	decoder := serializer.NewCodecFactory(e.Scheme).UniversalDeserializer()
 	reader := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(data)))
@@ -129,24 +146,24 @@ func (e *Env) qcpWebhookConfigurations() (
 			return mutating, validating, nil
 		}
 		if err != nil {
-			return nil, nil, fmt.Errorf("splitting QCP's webhook manifests: %w", err)
+			return nil, nil, fmt.Errorf("splitting %s: %w", path, err)
 		}
 		if len(bytes.TrimSpace(doc)) == 0 {
 			continue
 		}
 		obj, _, err := decoder.Decode(doc, nil, nil)
 		if err != nil {
-			return nil, nil, fmt.Errorf("decoding QCP's webhook manifests: %w", err)
+			return nil, nil, fmt.Errorf("decoding %s: %w", path, err)
 		}
 		switch cfg := obj.(type) {
 		case *admissionregistrationv1.MutatingWebhookConfiguration:
-			cfg.Name = qcpWebhookNamePrefix + cfg.Name
+			cfg.Name = prefix + cfg.Name
 			mutating = append(mutating, cfg)
 		case *admissionregistrationv1.ValidatingWebhookConfiguration:
-			cfg.Name = qcpWebhookNamePrefix + cfg.Name
+			cfg.Name = prefix + cfg.Name
 			validating = append(validating, cfg)
 		default:
-			return nil, nil, fmt.Errorf("QCP's webhook manifests hold an unexpected %T", obj)
+			return nil, nil, fmt.Errorf("%s holds an unexpected %T", path, obj)
 		}
 	}
 }

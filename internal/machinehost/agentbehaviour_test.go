@@ -110,8 +110,8 @@ func nodeRegisteredAgain(t *testing.T, c *testCluster, spec MachineSpec) {
 			return fmt.Errorf("Node %s is still the deleted one (uid %s)", n.Name, n.UID)
 		}
 		_, cp := n.Labels["node-role.kubernetes.io/control-plane"]
-		if n.Spec.ProviderID != spec.ProviderID || n.Labels["topology.kubernetes.io/zone"] != spec.FailureDomain || !cp {
-			return fmt.Errorf("Node %s registered with providerID %q and labels %v", n.Name, n.Spec.ProviderID, n.Labels)
+		if n.Spec.ProviderID != spec.ProviderID || n.Labels["topology.kubernetes.io/zone"] != spec.FailureDomain || !cp || !hasControlPlaneTaint(n) {
+			return fmt.Errorf("Node %s registered with providerID %q, labels %v and taints %v", n.Name, n.Spec.ProviderID, n.Labels, n.Spec.Taints)
 		}
 		return nil
 	})

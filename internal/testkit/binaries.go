@@ -16,12 +16,13 @@ var pinned = map[string]struct{ binary, version string }{
 	"etcd":          {"etcd", binaries.EtcdVersion},
 	"kube":          {"kube", binaries.KubeVersion},
 	"capi-manager":  {"capi-manager", binaries.CAPIVersion},
+	"cabpk-manager": {"cabpk-manager", binaries.CAPIVersion},
 	"kube-previous": {"kube", binaries.PreviousKubeVersion},
 	"etcd-previous": {"etcd", binaries.PreviousEtcdVersion},
 }
 
 // RequireBinaries skips t when one of the named pinned binaries (etcd,
-// kube, capi-manager, kube-previous, etcd-previous) is not built, so a fresh clone can run what needs
+// kube, capi-manager, cabpk-manager, kube-previous, etcd-previous) is not built, so a fresh clone can run what needs
 // none. Under CI or `make test` it fails t instead: there a skip would let
 // a green run hide a path nobody tested.
 func RequireBinaries(t testing.TB, names ...string) {

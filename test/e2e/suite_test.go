@@ -86,7 +86,7 @@ func TestMain(m *testing.M) {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
 		}
-		mgmt, err := startManagement(binDir, addressRange, nil)
+		mgmt, err := startManagement(binDir, addressRange, nil, localenv.Options{WithKubeadmBootstrap: true})
 		if err != nil {
 			fmt.Fprintln(os.Stderr, err)
 			return 1
@@ -127,12 +127,13 @@ func scenariosAtOnce() error {
 // member's pinned status client, and to the agents' settings endpoint.
 const managerEtcdClientLifetime = 3 * time.Minute
 
-// startManagement starts a management cluster and qcp-manager on it, with
-// extra flags for the manager.
-func startManagement(binDir, addrs string, args []string) (*management, error) {
+// startManagement starts a management cluster with opts and qcp-manager on
+// it, with extra flags for the manager. The shared one also runs CABPK, for
+// the workers scenario.
+func startManagement(binDir, addrs string, args []string, opts localenv.Options) (*management, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	e, err := localenv.Start(ctx, localenv.Options{})
+	e, err := localenv.Start(ctx, opts)
 	if err != nil {
 		return nil, fmt.Errorf("starting the local management cluster: %w", err)
 	}
@@ -178,10 +179,10 @@ func (m *management) stop() {
 // QCP, so it gets a second attempt.
 func ownManagement(t *testing.T, addrs string, args []string) *management {
 	t.Helper()
-	mgmt, err := startManagement(shared.binDir, addrs, args)
+	mgmt, err := startManagement(shared.binDir, addrs, args, localenv.Options{})
 	if err != nil {
 		t.Logf("starting this scenario's management cluster, attempt 1: %v", err)
-		mgmt, err = startManagement(shared.binDir, addrs, args)
+		mgmt, err = startManagement(shared.binDir, addrs, args, localenv.Options{})
 	}
 	if err != nil {
 		t.Fatal(err)

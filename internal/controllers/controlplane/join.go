@@ -1,0 +1,286 @@
+package controlplane
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"strconv"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
+	rbacv1ac "k8s.io/client-go/applyconfigurations/rbac/v1"
+	"k8s.io/client-go/tools/clientcmd"
+	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	kubeletv1beta1 "k8s.io/kubelet/config/v1beta1"
+	"k8s.io/utils/ptr"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	kubeadmv1beta4 "sigs.k8s.io/cluster-api/bootstrap/kubeadm/pkg/types/upstreamv1beta4"
+	"sigs.k8s.io/cluster-api/controllers/clustercache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/controller-runtime/pkg/log"
+	"sigs.k8s.io/yaml"
+
+	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
+	"github.com/qcp-dev/qcp/internal/bootstrap"
+)
+
+// What `kubeadm init` leaves in a new cluster for `kubeadm join`, which
+// CAPI's kubeadm bootstrap provider (CABPK) runs on every worker: QCP's
+// machines run no kubeadm, so QCP writes the same objects itself. Each is
+// named after its kubeadm source (k8s.io/kubernetes, cmd/kubeadm/app);
+// their names and keys are contracts with kubeadm join and the kubelet.
+const (
+	// joinFieldManager owns the fields QCP applies; the bootstrap signer
+	// adds its jws-kubeconfig-<token id> keys to cluster-info under its own.
+	joinFieldManager = "qcp-manager"
+	// joinResync is how often the artifacts are applied again when nothing
+	// in them changed, so that one deleted by hand comes back.
+	joinResync = 10 * time.Minute
+
+	// bootstrapTokenGroup is constants.NodeBootstrapTokenAuthGroup, the
+	// group CABPK's tokens authenticate in (auth-extra-groups).
+	bootstrapTokenGroup = "system:bootstrappers:kubeadm:default-node-token"
+	// nodesGroup is constants.NodesGroup.
+	nodesGroup = "system:nodes"
+	// kubeadmCertificatesDir is kubeadm's default certificatesDir: where
+	// a joined worker keeps ca.crt, which kubelet-config names.
+	kubeadmCertificatesDir = "/etc/kubernetes/pki"
+	// defaultDNSDomain is kubeadm's default networking.dnsDomain.
+	defaultDNSDomain = "cluster.local"
+)
+
+// joinArtifacts is every object of the join contract, as apply
+// configurations, in the order they are applied.
+func joinArtifacts(cluster *clusterv1.Cluster, cp *controlplanev1.QuorumControlPlane, clusterTrust []byte, ext *externalEtcd) ([]runtime.ApplyConfiguration, error) {
+	endpoint := net.JoinHostPort(cluster.Spec.ControlPlaneEndpoint.Host, strconv.Itoa(int(cluster.Spec.ControlPlaneEndpoint.Port)))
+	clusterInfo, err := clusterInfoKubeconfig("https://"+endpoint, clusterTrust)
+	if err != nil {
+		return nil, err
+	}
+	clusterConfiguration, err := kubeadmClusterConfiguration(cluster, cp, endpoint, ext)
+	if err != nil {
+		return nil, err
+	}
+	kubeletConfiguration, err := kubeletBaseConfiguration()
+	if err != nil {
+		return nil, err
+	}
+	getConfigMap := func(name string) *rbacv1ac.PolicyRuleApplyConfiguration {
+		return rbacv1ac.PolicyRule().WithVerbs("get").WithAPIGroups("").WithResources("configmaps").WithResourceNames(name)
+	}
+	group := func(name string) *rbacv1ac.SubjectApplyConfiguration {
+		return rbacv1ac.Subject().WithKind("Group").WithAPIGroup("rbac.authorization.k8s.io").WithName(name)
+	}
+	roleBinding := func(ns, name string, subjects ...*rbacv1ac.SubjectApplyConfiguration) *rbacv1ac.RoleBindingApplyConfiguration {
+		return rbacv1ac.RoleBinding(name, ns).WithRoleRef(rbacv1ac.RoleRef().WithAPIGroup("rbac.authorization.k8s.io").WithKind("Role").WithName(name)).WithSubjects(subjects...)
+	}
+	clusterRoleBinding := func(name, role string, subjects ...*rbacv1ac.SubjectApplyConfiguration) *rbacv1ac.ClusterRoleBindingApplyConfiguration {
+		return rbacv1ac.ClusterRoleBinding(name).WithRoleRef(rbacv1ac.RoleRef().WithAPIGroup("rbac.authorization.k8s.io").WithKind("ClusterRole").WithName(role)).WithSubjects(subjects...)
+	}
+	return []runtime.ApplyConfiguration{
+		// phases/bootstraptoken/clusterinfo: CreateBootstrapConfigMapIfNotExists
+		// (bootstrapapi.ConfigMapClusterInfo, key bootstrapapi.KubeConfigKey)
+		// and CreateClusterInfoRBACRules (BootstrapSignerClusterRoleName, for
+		// user.Anonymous): discovery reads it before it trusts anything.
+		corev1ac.ConfigMap("cluster-info", metav1.NamespacePublic).WithData(map[string]string{"kubeconfig": clusterInfo}),
+		rbacv1ac.Role("kubeadm:bootstrap-signer-clusterinfo", metav1.NamespacePublic).WithRules(getConfigMap("cluster-info")),
+		roleBinding(metav1.NamespacePublic, "kubeadm:bootstrap-signer-clusterinfo",
+			rbacv1ac.Subject().WithKind("User").WithAPIGroup("rbac.authorization.k8s.io").WithName("system:anonymous")),
+		// phases/uploadconfig: UploadConfiguration (constants.KubeadmConfigConfigMap,
+		// key constants.ClusterConfigurationConfigMapKey, and the Role
+		// NodesKubeadmConfigClusterRoleName for bootstrap tokens and nodes).
+		corev1ac.ConfigMap("kubeadm-config", metav1.NamespaceSystem).WithData(map[string]string{"ClusterConfiguration": clusterConfiguration}),
+		rbacv1ac.Role("kubeadm:nodes-kubeadm-config", metav1.NamespaceSystem).WithRules(getConfigMap("kubeadm-config")),
+		roleBinding(metav1.NamespaceSystem, "kubeadm:nodes-kubeadm-config", group(bootstrapTokenGroup), group(nodesGroup)),
+		// phases/kubelet: CreateConfigMap (constants.KubeletBaseConfigurationConfigMap,
+		// key constants.KubeletBaseConfigurationConfigMapKey, and the Role
+		// constants.KubeletBaseConfigMapRole).
+		corev1ac.ConfigMap("kubelet-config", metav1.NamespaceSystem).WithData(map[string]string{"kubelet": kubeletConfiguration}),
+		rbacv1ac.Role("kubeadm:kubelet-config", metav1.NamespaceSystem).WithRules(getConfigMap("kubelet-config")),
+		roleBinding(metav1.NamespaceSystem, "kubeadm:kubelet-config", group(nodesGroup), group(bootstrapTokenGroup)),
+		// phases/bootstraptoken/node: AllowBootstrapTokensToPostCSRs
+		// (constants.NodeKubeletBootstrap), AllowBootstrapTokensToGetNodes
+		// (constants.GetNodesClusterRoleName), AutoApproveNodeBootstrapTokens
+		// (constants.NodeAutoApproveBootstrapClusterRoleBinding) and
+		// AutoApproveNodeCertificateRotation
+		// (constants.NodeAutoApproveCertificateRotationClusterRoleBinding): a
+		// token may ask for a node client certificate, which
+		// kube-controller-manager's csrapproving then approves, as it does
+		// a node's own renewal.
+		clusterRoleBinding("kubeadm:kubelet-bootstrap", "system:node-bootstrapper", group(bootstrapTokenGroup)),
+		rbacv1ac.ClusterRole("kubeadm:get-nodes").WithRules(rbacv1ac.PolicyRule().WithVerbs("get").WithAPIGroups("").WithResources("nodes")),
+		clusterRoleBinding("kubeadm:get-nodes", "kubeadm:get-nodes", group(bootstrapTokenGroup)),
+		clusterRoleBinding("kubeadm:node-autoapprove-bootstrap", "system:certificates.k8s.io:certificatesigningrequests:nodeclient", group(bootstrapTokenGroup)),
+		clusterRoleBinding("kubeadm:node-autoapprove-certificate-rotation", "system:certificates.k8s.io:certificatesigningrequests:selfnodeclient", group(nodesGroup)),
+		// phases/bootstraptoken/node: AllowAPIServerToAccessKubeletAPI
+		// (constants.KubeletAPIAdminClusterRoleBindingName for
+		// constants.APIServerKubeletClientCertCommonName, the CN of
+		// certs.IssueKubeletClient): logs, exec and port-forward on workers.
+		clusterRoleBinding("kubeadm:apiserver-kubelet-client", "system:kubelet-api-admin",
+			rbacv1ac.Subject().WithKind("User").WithAPIGroup("rbac.authorization.k8s.io").WithName("kube-apiserver-kubelet-client")),
+	}, nil
+}
+
+// clusterInfoKubeconfig is cluster-info's kubeconfig: one cluster named ""
+// with the endpoint and the CAs a joining node must trust (both while a
+// cluster CA rotation runs), and no user.
+func clusterInfoKubeconfig(server string, clusterTrust []byte) (string, error) {
+	data, err := clientcmd.Write(clientcmdapi.Config{
+		Clusters: map[string]*clientcmdapi.Cluster{"": {Server: server, CertificateAuthorityData: clusterTrust}},
+	})
+	if err != nil {
+		return "", fmt.Errorf("writing cluster-info's kubeconfig: %w", err)
+	}
+	return string(data), nil
+}
+
+// kubeadmClusterConfiguration is kube-system/kubeadm-config's
+// ClusterConfiguration (kubeadm.k8s.io/v1beta4): the cluster as kubeadm
+// would describe it. Workers read it during join; the file paths are
+// kubeadm's defaults, which QCP's own machines do not use.
+func kubeadmClusterConfiguration(cluster *clusterv1.Cluster, cp *controlplanev1.QuorumControlPlane, endpoint string, ext *externalEtcd) (string, error) {
+	cfg := kubeadmv1beta4.ClusterConfiguration{
+		TypeMeta:             metav1.TypeMeta{APIVersion: kubeadmv1beta4.GroupVersion.String(), Kind: "ClusterConfiguration"},
+		ClusterName:          cluster.Name,
+		KubernetesVersion:    cp.Spec.Version,
+		ControlPlaneEndpoint: endpoint,
+		CertificatesDir:      kubeadmCertificatesDir,
+		ImageRepository:      "registry.k8s.io",
+		Networking: kubeadmv1beta4.Networking{
+			ServiceSubnet: bootstrap.DefaultServiceClusterIPRange,
+			DNSDomain:     defaultDNSDomain,
+		},
+		APIServer: kubeadmv1beta4.APIServer{CertSANs: cp.Spec.APIServer.CertSANs},
+	}
+	if ext == nil {
+		cfg.Etcd.Local = &kubeadmv1beta4.LocalEtcd{DataDir: "/var/lib/etcd"}
+	} else {
+		cfg.Etcd.External = &kubeadmv1beta4.ExternalEtcd{
+			Endpoints: ext.endpoints,
+			CAFile:    kubeadmCertificatesDir + "/etcd/ca.crt",
+			CertFile:  kubeadmCertificatesDir + "/apiserver-etcd-client.crt",
+			KeyFile:   kubeadmCertificatesDir + "/apiserver-etcd-client.key",
+		}
+	}
+	data, err := yaml.Marshal(cfg)
+	if err != nil {
+		return "", fmt.Errorf("writing kubeadm-config's ClusterConfiguration: %w", err)
+	}
+	return string(data), nil
+}
+
+// kubeletBaseConfiguration is kube-system/kubelet-config's
+// KubeletConfiguration: kubeadm's defaults (componentconfigs/kubelet.go,
+// kubeletConfig.Default) for the cluster's service range and domain.
+func kubeletBaseConfiguration() (string, error) {
+	dns, err := clusterDNSIP(bootstrap.DefaultServiceClusterIPRange)
+	if err != nil {
+		return "", err
+	}
+	cfg := kubeletv1beta1.KubeletConfiguration{
+		TypeMeta:      metav1.TypeMeta{APIVersion: kubeletv1beta1.SchemeGroupVersion.String(), Kind: "KubeletConfiguration"},
+		StaticPodPath: "/etc/kubernetes/manifests",
+		ClusterDNS:    []string{dns},
+		ClusterDomain: defaultDNSDomain,
+		Authentication: kubeletv1beta1.KubeletAuthentication{
+			X509:      kubeletv1beta1.KubeletX509Authentication{ClientCAFile: kubeadmCertificatesDir + "/ca.crt"},
+			Anonymous: kubeletv1beta1.KubeletAnonymousAuthentication{Enabled: ptr.To(false)},
+			Webhook:   kubeletv1beta1.KubeletWebhookAuthentication{Enabled: ptr.To(true)},
+		},
+		Authorization:      kubeletv1beta1.KubeletAuthorization{Mode: kubeletv1beta1.KubeletAuthorizationModeWebhook},
+		HealthzBindAddress: "127.0.0.1",
+		HealthzPort:        ptr.To[int32](10248),
+		RotateCertificates: true,
+		CgroupDriver:       "systemd",
+	}
+	data, err := yaml.Marshal(cfg)
+	if err != nil {
+		return "", fmt.Errorf("writing kubelet-config's KubeletConfiguration: %w", err)
+	}
+	return string(data), nil
+}
+
+// clusterDNSIP is the tenth address of the service range, as kubeadm's
+// constants.GetDNSIP picks it.
+func clusterDNSIP(serviceRange string) (string, error) {
+	_, n, err := net.ParseCIDR(serviceRange)
+	if err != nil {
+		return "", fmt.Errorf("the service range %q: %w", serviceRange, err)
+	}
+	ip := n.IP.To16()
+	out := make(net.IP, len(ip))
+	copy(out, ip)
+	carry := 10
+	for i := len(out) - 1; i >= 0 && carry > 0; i-- {
+		sum := int(out[i]) + carry
+		out[i], carry = byte(sum), sum>>8
+	}
+	if !n.Contains(out) {
+		return "", fmt.Errorf("the service range %q has no tenth address for the cluster DNS", serviceRange)
+	}
+	return out.String(), nil
+}
+
+// joinRecord is what was last applied to a workload cluster, and when.
+type joinRecord struct {
+	hash string
+	at   time.Time
+}
+
+// ensureJoinArtifacts applies the join artifacts once the first API server
+// answers, and again when they change (a new CA, version or endpoint) or
+// joinResync has passed. A failure is logged and reported in an event and
+// retried on the next round; it never holds the control plane's own steps.
+func (r *Reconciler) ensureJoinArtifacts(ctx context.Context, cluster *clusterv1.Cluster, cp *controlplanev1.QuorumControlPlane, secrets *clusterSecrets, obs *observation) {
+	if !obs.initialized {
+		return
+	}
+	trust := secrets.cas.ClusterTrust
+	if trust == nil {
+		trust = secrets.cas.Cluster.CertPEM
+	}
+	objs, err := joinArtifacts(cluster, cp, trust, secrets.external)
+	if err != nil {
+		log.FromContext(ctx).Error(err, "Rendering the join artifacts")
+		return
+	}
+	sum := sha256.New()
+	for _, o := range objs {
+		data, err := json.Marshal(o)
+		if err != nil {
+			log.FromContext(ctx).Error(err, "Rendering the join artifacts")
+			return
+		}
+		sum.Write(data)
+	}
+	hash, key := hex.EncodeToString(sum.Sum(nil)), client.ObjectKeyFromObject(cluster)
+	if v, ok := r.joinApplied.Load(key); ok {
+		if last := v.(joinRecord); last.hash == hash && r.Now().Sub(last.at) < joinResync {
+			return
+		}
+	}
+	c, err := r.ClusterCache.GetClient(ctx, key)
+	if err != nil {
+		if !errors.Is(err, clustercache.ErrClusterNotConnected) {
+			log.FromContext(ctx).Error(err, "Reaching the workload cluster for the join artifacts")
+		}
+		return
+	}
+	for _, o := range objs {
+		if err := c.Apply(ctx, o, client.FieldOwner(joinFieldManager), client.ForceOwnership); err != nil {
+			r.Recorder.Eventf(cp, corev1.EventTypeWarning, "JoinArtifactsFailed", "Applying what kubeadm join needs to the workload cluster: %v", err)
+			log.FromContext(ctx).Error(err, "Applying the join artifacts")
+			return
+		}
+	}
+	if _, seen := r.joinApplied.Swap(key, joinRecord{hash: hash, at: r.Now()}); !seen {
+		r.Recorder.Event(cp, corev1.EventTypeNormal, "JoinArtifactsApplied", "The workload cluster has cluster-info, kubeadm-config, kubelet-config and the bootstrap-token RBAC that kubeadm join needs")
+	}
+}

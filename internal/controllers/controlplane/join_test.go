@@ -1,0 +1,123 @@
+package controlplane
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/tools/clientcmd"
+	kubeletv1beta1 "k8s.io/kubelet/config/v1beta1"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	kubeadmv1beta4 "sigs.k8s.io/cluster-api/bootstrap/kubeadm/pkg/types/upstreamv1beta4"
+	"sigs.k8s.io/yaml"
+
+	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
+)
+
+func TestClusterDNSIP(t *testing.T) {
+	for _, tc := range []struct{ cidr, want, err string }{
+		{"10.96.0.0/12", "10.96.0.10", ""},
+		{"10.100.0.0/16", "10.100.0.10", ""},
+		{"192.168.0.248/29", "", "no tenth address"},
+		{"fd00:10:96::/112", "fd00:10:96::a", ""},
+		{"10.96.0.0", "", "10.96.0.0"},
+	} {
+		got, err := clusterDNSIP(tc.cidr)
+		if tc.err != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.err) {
+				t.Errorf("clusterDNSIP(%q) = %q, %v; want an error with %q", tc.cidr, got, err, tc.err)
+			}
+			continue
+		}
+		if err != nil || got != tc.want {
+			t.Errorf("clusterDNSIP(%q) = %q, %v; want %q", tc.cidr, got, err, tc.want)
+		}
+	}
+}
+
+// TestJoinArtifacts: the objects kubeadm join reads hold what kubeadm's
+// own init would write, in the formats it parses.
+func TestJoinArtifacts(t *testing.T) {
+	cluster := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Name: "c1", Namespace: "ns"},
+		Spec: clusterv1.ClusterSpec{ControlPlaneEndpoint: clusterv1.APIEndpoint{Host: "127.0.0.9", Port: 6443}}}
+	cp := &controlplanev1.QuorumControlPlane{Spec: controlplanev1.QuorumControlPlaneSpec{Version: "v1.36.3"}}
+	bundle := []byte("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
+	stacked, err := joinArtifacts(cluster, cp, bundle, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	external, err := joinArtifacts(cluster, cp, bundle, &externalEtcd{endpoints: []string{"https://127.0.0.5:2379"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	objects := func(objs []runtime.ApplyConfiguration) map[string]map[string]any {
+		out := map[string]map[string]any{}
+		for _, o := range objs {
+			data, err := json.Marshal(o)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var m map[string]any
+			if err := json.Unmarshal(data, &m); err != nil {
+				t.Fatal(err)
+			}
+			meta := m["metadata"].(map[string]any)
+			ns, _ := meta["namespace"].(string)
+			out[m["kind"].(string)+"/"+ns+"/"+meta["name"].(string)] = m
+		}
+		return out
+	}
+	got := objects(stacked)
+	for _, want := range []string{
+		"ConfigMap/kube-public/cluster-info", "Role/kube-public/kubeadm:bootstrap-signer-clusterinfo", "RoleBinding/kube-public/kubeadm:bootstrap-signer-clusterinfo",
+		"ConfigMap/kube-system/kubeadm-config", "Role/kube-system/kubeadm:nodes-kubeadm-config", "RoleBinding/kube-system/kubeadm:nodes-kubeadm-config",
+		"ConfigMap/kube-system/kubelet-config", "Role/kube-system/kubeadm:kubelet-config", "RoleBinding/kube-system/kubeadm:kubelet-config",
+		"ClusterRoleBinding//kubeadm:kubelet-bootstrap", "ClusterRole//kubeadm:get-nodes", "ClusterRoleBinding//kubeadm:get-nodes",
+		"ClusterRoleBinding//kubeadm:node-autoapprove-bootstrap", "ClusterRoleBinding//kubeadm:node-autoapprove-certificate-rotation",
+		"ClusterRoleBinding//kubeadm:apiserver-kubelet-client",
+	} {
+		if got[want] == nil {
+			t.Errorf("no %s among the join artifacts", want)
+		}
+	}
+	if len(got) != 15 {
+		t.Errorf("%d join artifacts; want 15", len(got))
+	}
+	data := func(m map[string]any, key string) string { return m["data"].(map[string]any)[key].(string) }
+
+	info, err := clientcmd.Load([]byte(data(got["ConfigMap/kube-public/cluster-info"], "kubeconfig")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := info.Clusters[""]; c == nil || c.Server != "https://127.0.0.9:6443" || string(c.CertificateAuthorityData) != string(bundle) || len(info.AuthInfos) != 0 {
+		t.Errorf("cluster-info's kubeconfig: %+v", info)
+	}
+
+	var cc kubeadmv1beta4.ClusterConfiguration
+	if err := yaml.UnmarshalStrict([]byte(data(got["ConfigMap/kube-system/kubeadm-config"], "ClusterConfiguration")), &cc); err != nil {
+		t.Fatal(err)
+	}
+	if cc.APIVersion != "kubeadm.k8s.io/v1beta4" || cc.Kind != "ClusterConfiguration" || cc.KubernetesVersion != "v1.36.3" ||
+		cc.ControlPlaneEndpoint != "127.0.0.9:6443" || cc.ClusterName != "c1" || cc.Networking.ServiceSubnet != "10.96.0.0/12" ||
+		cc.Networking.DNSDomain != "cluster.local" || cc.Etcd.Local == nil || cc.Etcd.External != nil {
+		t.Errorf("kubeadm-config's ClusterConfiguration: %+v", cc)
+	}
+	ext := objects(external)
+	if err := yaml.UnmarshalStrict([]byte(data(ext["ConfigMap/kube-system/kubeadm-config"], "ClusterConfiguration")), &cc); err != nil {
+		t.Fatal(err)
+	}
+	if cc.Etcd.External == nil || len(cc.Etcd.External.Endpoints) != 1 || cc.Etcd.External.CAFile == "" {
+		t.Errorf("kubeadm-config's etcd on external etcd: %+v", cc.Etcd)
+	}
+
+	var kc kubeletv1beta1.KubeletConfiguration
+	if err := yaml.UnmarshalStrict([]byte(data(got["ConfigMap/kube-system/kubelet-config"], "kubelet")), &kc); err != nil {
+		t.Fatal(err)
+	}
+	if kc.Kind != "KubeletConfiguration" || len(kc.ClusterDNS) != 1 || kc.ClusterDNS[0] != "10.96.0.10" || kc.ClusterDomain != "cluster.local" ||
+		kc.Authentication.X509.ClientCAFile != "/etc/kubernetes/pki/ca.crt" || *kc.Authentication.Anonymous.Enabled || kc.Authorization.Mode != "Webhook" || !kc.RotateCertificates {
+		t.Errorf("kubelet-config's KubeletConfiguration: %+v", kc)
+	}
+}

@@ -1,0 +1,431 @@
+package e2e
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509/pkix"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	certificatesv1 "k8s.io/api/certificates/v1"
+	coordinationv1 "k8s.io/api/coordination/v1"
+	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	certutil "k8s.io/client-go/util/cert"
+	"k8s.io/client-go/util/certificate/csr"
+	"k8s.io/client-go/util/keyutil"
+	"k8s.io/utils/ptr"
+	bootstrapv1 "sigs.k8s.io/cluster-api/api/bootstrap/kubeadm/v1beta2"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/secret"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+	"sigs.k8s.io/yaml"
+
+	"github.com/qcp-dev/qcp/internal/binaries"
+	"github.com/qcp-dev/qcp/internal/certs"
+	"github.com/qcp-dev/qcp/internal/scheme"
+	"github.com/qcp-dev/qcp/internal/testkit"
+)
+
+// workerGroup is the API group of the worker infrastructure the scenario
+// defines: a process machine cannot run a kubelet (there is no container
+// runtime here), so a worker's machine provisions nothing and only reports
+// a providerID and readiness, as the InfraMachine contract asks.
+const workerGroup = "infrastructure.workers.test.qcp.dev"
+
+// workerLabel is the kubelet flag the workers' KubeadmConfigTemplate sets.
+const workerLabel = "qcp.dev/worker=true"
+
+// TestWorkerJoin: a MachineDeployment whose bootstrap is CAPI's kubeadm
+// bootstrap provider (CABPK) gets a worker Machine, and the worker joins
+// the QCP cluster up to the line a kubelet would cross, with real parts:
+// kubeadm's own discovery validates the signed cluster-info against the
+// token and CA hash CABPK generated (and refuses a wrong hash), reading
+// kubeadm-config and kubelet-config with the token; client-go's CSR helpers
+// obtain an auto-approved node client certificate with the token; with only
+// that certificate the node registers its Node under the worker Machine's
+// providerID, keeps its Lease and is Ready, and CAPI core links the Machine
+// to it; the certificate is then renewed through a CSR of the node's own.
+// QCP's own Nodes carry the control-plane taint.
+func TestWorkerJoin(t *testing.T) {
+	mgmt := requireShared(t)
+	testkit.RequireBinaries(t, "cabpk-manager")
+	parallel(t, 3*time.Minute)
+	s := newScenario(t, mgmt, "workers", 1)
+	c := workerClient(t, mgmt)
+	s.c = c
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	installWorkerInfrastructure(ctx, t, c)
+	provisioning, stop := context.WithCancel(ctx)
+	defer stop()
+	go provisionWorkers(provisioning, c)
+	s.waitAvailable(convergeTimeout, 1)
+
+	s.create(ctx,
+		&bootstrapv1.KubeadmConfigTemplate{ObjectMeta: metav1.ObjectMeta{Name: s.name + "-workers", Namespace: ns},
+			Spec: bootstrapv1.KubeadmConfigTemplateSpec{Template: bootstrapv1.KubeadmConfigTemplateResource{Spec: bootstrapv1.KubeadmConfigSpec{
+				JoinConfiguration: bootstrapv1.JoinConfiguration{NodeRegistration: bootstrapv1.NodeRegistrationOptions{
+					KubeletExtraArgs: []bootstrapv1.Arg{{Name: "node-labels", Value: ptr.To(workerLabel)}},
+				}},
+			}}}},
+		workerMachineTemplate(s.name+"-workers"),
+		&clusterv1.MachineDeployment{
+			ObjectMeta: metav1.ObjectMeta{Name: s.name + "-workers", Namespace: ns},
+			Spec: clusterv1.MachineDeploymentSpec{
+				ClusterName: s.name,
+				Replicas:    ptr.To[int32](1),
+				Template: clusterv1.MachineTemplateSpec{Spec: clusterv1.MachineSpec{
+					ClusterName: s.name,
+					Version:     binaries.KubeVersion,
+					Bootstrap: clusterv1.Bootstrap{ConfigRef: clusterv1.ContractVersionedObjectReference{
+						APIGroup: bootstrapv1.GroupVersion.Group, Kind: "KubeadmConfigTemplate", Name: s.name + "-workers",
+					}},
+					InfrastructureRef: clusterv1.ContractVersionedObjectReference{
+						APIGroup: workerGroup, Kind: "WorkerMachineTemplate", Name: s.name + "-workers",
+					},
+				}},
+			},
+		})
+
+	var worker clusterv1.Machine
+	var joinConfig []byte
+	s.eventually(3*time.Minute, "a worker Machine with CABPK's bootstrap data and a providerID", func(ctx context.Context) error {
+		var list clusterv1.MachineList
+		if err := s.c.List(ctx, &list, client.InNamespace(ns), client.MatchingLabels{clusterv1.MachineDeploymentNameLabel: s.name + "-workers"}); err != nil {
+			return err
+		}
+		if len(list.Items) != 1 {
+			return fmt.Errorf("%d worker Machines", len(list.Items))
+		}
+		worker = list.Items[0]
+		if worker.Spec.Bootstrap.DataSecretName == nil || worker.Spec.ProviderID == "" {
+			return fmt.Errorf("Machine %s: bootstrap data %v, providerID %q", worker.Name, worker.Spec.Bootstrap.DataSecretName, worker.Spec.ProviderID)
+		}
+		var data corev1.Secret
+		if err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: *worker.Spec.Bootstrap.DataSecretName}, &data); err != nil {
+			return err
+		}
+		var err error
+		joinConfig, err = kubeadmJoinConfiguration(data.Data["value"], worker.Name)
+		return err
+	})
+	nodeName := worker.Name
+	var join bootstrapv1.JoinConfiguration
+	if err := yaml.Unmarshal(joinConfig, &join); err != nil {
+		t.Fatalf("CABPK's join configuration: %v\n%s", err, joinConfig)
+	}
+	token := join.Discovery.BootstrapToken
+	if token.Token == "" || token.APIServerEndpoint == "" || len(token.CACertHashes) != 1 {
+		t.Fatalf("CABPK's discovery settings: %+v", token)
+	}
+	if args := join.NodeRegistration.KubeletExtraArgs; len(args) != 1 || ptr.Deref(args[0].Value, "") != workerLabel {
+		t.Errorf("CABPK's kubelet flags %v; want the template's node-labels=%s", args, workerLabel)
+	}
+	t.Logf("CABPK: token %s…, endpoint %s, CA hashes %v", token.Token[:6], token.APIServerEndpoint, token.CACertHashes)
+
+	// Discovery, by kubeadm itself: the JWS signature of cluster-info for
+	// this token, the CA pinned by hash, then kubeadm-config and
+	// kubelet-config read with the token.
+	dir := t.TempDir()
+	// kubeadm fails unless it validates cluster-info and reads
+	// kubeadm-config and kubelet-config (kube-proxy's is optional).
+	if out, err := kubeadmPreflight(ctx, dir, joinConfig); err != nil {
+		t.Fatalf("kubeadm join phase preflight with CABPK's configuration: %v\n%s", err, out)
+	}
+	wrong := strings.Replace(string(joinConfig), token.CACertHashes[0], "sha256:"+strings.Repeat("0", 64), 1)
+	out, err := kubeadmPreflight(ctx, dir, []byte(wrong))
+	if err == nil || !strings.Contains(out, "none of the public keys") {
+		t.Errorf("kubeadm join phase preflight with a wrong CA hash: err %v; want it to fail on the pin\n%s", err, out)
+	}
+
+	// TLS bootstrap with the token: an auto-approved node client
+	// certificate.
+	endpoint := "https://" + token.APIServerEndpoint
+	ca := clusterCA(ctx, t, s)
+	bootstrapClient := kubernetes.NewForConfigOrDie(&rest.Config{Host: endpoint, BearerToken: token.Token,
+		TLSClientConfig: rest.TLSClientConfig{CAData: ca}, Timeout: 10 * time.Second})
+	nodeCert, nodeKey := nodeClientCertificate(ctx, t, bootstrapClient, nodeName)
+
+	// Registration with that certificate alone.
+	node := kubernetes.NewForConfigOrDie(&rest.Config{Host: endpoint, Timeout: 10 * time.Second,
+		TLSClientConfig: rest.TLSClientConfig{CAData: ca, CertData: nodeCert, KeyData: nodeKey}})
+	registerWorkerNode(ctx, t, node, nodeName, worker.Spec.ProviderID)
+	s.eventually(2*time.Minute, "CAPI core to link the worker Machine to its Node", func(ctx context.Context) error {
+		var m clusterv1.Machine
+		if err := s.c.Get(ctx, client.ObjectKeyFromObject(&worker), &m); err != nil {
+			return err
+		}
+		if m.Status.NodeRef.Name != nodeName {
+			return fmt.Errorf("Machine %s: nodeRef %q", m.Name, m.Status.NodeRef.Name)
+		}
+		return nil
+	})
+
+	// Renewal: the node asks with its own certificate.
+	renewedCert, renewedKey := nodeClientCertificate(ctx, t, node, nodeName)
+	renewed := kubernetes.NewForConfigOrDie(&rest.Config{Host: endpoint, Timeout: 10 * time.Second,
+		TLSClientConfig: rest.TLSClientConfig{CAData: ca, CertData: renewedCert, KeyData: renewedKey}})
+	if _, err := renewed.CoordinationV1().Leases(corev1.NamespaceNodeLease).Get(ctx, nodeName, metav1.GetOptions{}); err != nil {
+		t.Errorf("the renewed node certificate cannot read the node's own Lease: %v", err)
+	}
+
+	s.checkControlPlaneTaints(ctx)
+	s.finish()
+}
+
+// workerClient is a management client that also knows CABPK's types and
+// CRDs.
+func workerClient(t *testing.T, mgmt *management) client.Client {
+	sch := scheme.New()
+	if err := bootstrapv1.AddToScheme(sch); err != nil {
+		t.Fatal(err)
+	}
+	if err := apiextensionsv1.AddToScheme(sch); err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.New(mgmt.env.Config, client.Options{Scheme: sch})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// installWorkerInfrastructure creates the CRDs of WorkerMachine and
+// WorkerMachineTemplate, labelled with the contract they follow, once for
+// the management cluster.
+func installWorkerInfrastructure(ctx context.Context, t *testing.T, c client.Client) {
+	for _, kind := range []string{"WorkerMachine", "WorkerMachineTemplate"} {
+		plural := strings.ToLower(kind) + "s"
+		crd := &apiextensionsv1.CustomResourceDefinition{
+			ObjectMeta: metav1.ObjectMeta{Name: plural + "." + workerGroup, Labels: map[string]string{"cluster.x-k8s.io/v1beta2": "v1alpha1"}},
+			Spec: apiextensionsv1.CustomResourceDefinitionSpec{
+				Group: workerGroup, Scope: apiextensionsv1.NamespaceScoped,
+				Names: apiextensionsv1.CustomResourceDefinitionNames{Kind: kind, ListKind: kind + "List", Plural: plural, Singular: strings.ToLower(kind)},
+				Versions: []apiextensionsv1.CustomResourceDefinitionVersion{{
+					Name: "v1alpha1", Served: true, Storage: true,
+					Schema: &apiextensionsv1.CustomResourceValidation{OpenAPIV3Schema: &apiextensionsv1.JSONSchemaProps{
+						Type: "object", XPreserveUnknownFields: ptr.To(true)}},
+					Subresources: &apiextensionsv1.CustomResourceSubresources{Status: &apiextensionsv1.CustomResourceSubresourceStatus{}},
+				}},
+			},
+		}
+		if err := c.Create(ctx, crd); err != nil && !apierrors.IsAlreadyExists(err) {
+			t.Fatal(err)
+		}
+		err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+			list := &unstructured.UnstructuredList{}
+			list.SetAPIVersion(workerGroup + "/v1alpha1")
+			list.SetKind(kind + "List")
+			return c.List(ctx, list, client.InNamespace(ns)) == nil, nil
+		})
+		if err != nil {
+			t.Fatalf("the %s CRD is not served: %v", kind, err)
+		}
+	}
+}
+
+// workerMachineTemplate is a WorkerMachineTemplate named name.
+func workerMachineTemplate(name string) *unstructured.Unstructured {
+	u := &unstructured.Unstructured{Object: map[string]any{
+		"apiVersion": workerGroup + "/v1alpha1", "kind": "WorkerMachineTemplate",
+		"metadata": map[string]any{"name": name, "namespace": ns},
+		"spec":     map[string]any{"template": map[string]any{"spec": map[string]any{}}},
+	}}
+	return u
+}
+
+// provisionWorkers is the worker infrastructure's controller: it gives
+// every WorkerMachine a providerID and reports it provisioned, until ctx
+// ends.
+func provisionWorkers(ctx context.Context, c client.Client) {
+	_ = wait.PollUntilContextCancel(ctx, 250*time.Millisecond, true, func(ctx context.Context) (bool, error) {
+		list := &unstructured.UnstructuredList{}
+		list.SetAPIVersion(workerGroup + "/v1alpha1")
+		list.SetKind("WorkerMachineList")
+		if err := c.List(ctx, list, client.InNamespace(ns)); err != nil {
+			return false, nil
+		}
+		for i := range list.Items {
+			m := &list.Items[i]
+			if id, _, _ := unstructured.NestedString(m.Object, "spec", "providerID"); id == "" {
+				patch := []byte(fmt.Sprintf(`{"spec":{"providerID":"worker://%s/%s"}}`, m.GetNamespace(), m.GetName()))
+				_ = c.Patch(ctx, m, client.RawPatch("application/merge-patch+json", patch))
+				continue
+			}
+			if done, _, _ := unstructured.NestedBool(m.Object, "status", "initialization", "provisioned"); !done {
+				patch := []byte(`{"status":{"initialization":{"provisioned":true}}}`)
+				_ = c.Status().Patch(ctx, m, client.RawPatch("application/merge-patch+json", patch))
+			}
+		}
+		return false, nil
+	})
+}
+
+// kubeadmJoinConfiguration is the JoinConfiguration file of CABPK's
+// cloud-config, with the host name cloud-init would fill in.
+func kubeadmJoinConfiguration(value []byte, hostname string) ([]byte, error) {
+	var cloudConfig struct {
+		WriteFiles []struct {
+			Path     string `json:"path"`
+			Content  string `json:"content"`
+			Encoding string `json:"encoding"`
+		} `json:"write_files"`
+	}
+	if err := yaml.Unmarshal(value, &cloudConfig); err != nil {
+		return nil, fmt.Errorf("CABPK's bootstrap data is not cloud-config: %w", err)
+	}
+	for _, f := range cloudConfig.WriteFiles {
+		if f.Path == "/run/kubeadm/kubeadm-join-config.yaml" {
+			if f.Encoding != "" {
+				return nil, fmt.Errorf("the join configuration is encoded %q", f.Encoding)
+			}
+			return []byte(strings.ReplaceAll(f.Content, "{{ ds.meta_data.local_hostname }}", hostname)), nil
+		}
+	}
+	return nil, fmt.Errorf("CABPK's bootstrap data has no /run/kubeadm/kubeadm-join-config.yaml")
+}
+
+// kubeadmPreflight runs `kubeadm join phase preflight` with config, every
+// host check a warning (this host runs no kubelet or container runtime):
+// what is left is discovery and reading the cluster's configuration.
+func kubeadmPreflight(ctx context.Context, dir string, config []byte) (string, error) {
+	path := filepath.Join(dir, "join.yaml")
+	if err := os.WriteFile(path, config, 0o600); err != nil {
+		return "", err
+	}
+	kube, err := binaries.Path("kube", binaries.KubeVersion)
+	if err != nil {
+		return "", err
+	}
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, kube, "kubeadm", "join", "phase", "preflight", "--config", path,
+		"--ignore-preflight-errors=all").CombinedOutput()
+	return string(out), err
+}
+
+// clusterCA is the cluster CA from <cluster>-ca.
+func clusterCA(ctx context.Context, t *testing.T, s *scenario) []byte {
+	var sec corev1.Secret
+	if err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: secret.Name(s.name, secret.ClusterCA)}, &sec); err != nil {
+		t.Fatal(err)
+	}
+	return sec.Data[secret.TLSCrtDataName]
+}
+
+// nodeClientCertificate asks through cs, as a kubelet does, for a client
+// certificate of node name, and returns it once approved and signed.
+func nodeClientCertificate(ctx context.Context, t *testing.T, cs kubernetes.Interface, name string) (certPEM, keyPEM []byte) {
+	t.Helper()
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	request, err := certutil.MakeCSR(key, &pkix.Name{CommonName: "system:node:" + name, Organization: []string{"system:nodes"}}, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	usages := []certificatesv1.KeyUsage{certificatesv1.UsageDigitalSignature, certificatesv1.UsageClientAuth}
+	reqName, reqUID, err := csr.RequestCertificateWithContext(ctx, cs, request, "", certificatesv1.KubeAPIServerClientKubeletSignerName, nil, usages, key)
+	if err != nil {
+		t.Fatalf("requesting a node client certificate: %v", err)
+	}
+	waitCtx, cancel := context.WithTimeout(ctx, time.Minute)
+	defer cancel()
+	certPEM, err = csr.WaitForCertificate(waitCtx, cs, reqName, reqUID)
+	if err != nil {
+		t.Fatalf("waiting for CSR %s to be approved and signed: %v", reqName, err)
+	}
+	c, err := certs.ParseCert(certPEM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Subject.CommonName != "system:node:"+name {
+		t.Fatalf("CSR %s signed for %q", reqName, c.Subject.CommonName)
+	}
+	keyPEM, err = keyutil.MarshalPrivateKeyToPEM(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return certPEM, keyPEM
+}
+
+// registerWorkerNode does what a kubelet does at start, as the node: its
+// Node with providerID, its Lease, and a Ready status; and checks it sees
+// its own Node back.
+func registerWorkerNode(ctx context.Context, t *testing.T, cs kubernetes.Interface, name, providerID string) {
+	t.Helper()
+	_, err := cs.CoreV1().Nodes().Create(ctx, &corev1.Node{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"kubernetes.io/hostname": name}},
+		Spec:       corev1.NodeSpec{ProviderID: providerID},
+	}, metav1.CreateOptions{})
+	if err != nil {
+		t.Fatalf("registering Node %s with its own certificate: %v", name, err)
+	}
+	now := metav1.NewMicroTime(time.Now())
+	lease := &coordinationv1.Lease{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: corev1.NamespaceNodeLease},
+		Spec:       coordinationv1.LeaseSpec{HolderIdentity: ptr.To(name), LeaseDurationSeconds: ptr.To[int32](40), RenewTime: &now},
+	}
+	if lease, err = cs.CoordinationV1().Leases(corev1.NamespaceNodeLease).Create(ctx, lease, metav1.CreateOptions{}); err != nil {
+		t.Fatalf("creating Node %s's Lease: %v", name, err)
+	}
+	lease.Spec.RenewTime = ptr.To(metav1.NewMicroTime(time.Now()))
+	if _, err := cs.CoordinationV1().Leases(corev1.NamespaceNodeLease).Update(ctx, lease, metav1.UpdateOptions{}); err != nil {
+		t.Fatalf("renewing Node %s's Lease: %v", name, err)
+	}
+	n, err := cs.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	heartbeat := metav1.Now()
+	n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady",
+		Message: "the scenario's stand-in for a kubelet", LastHeartbeatTime: heartbeat, LastTransitionTime: heartbeat}}
+	if _, err := cs.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{}); err != nil {
+		t.Fatalf("reporting Node %s Ready: %v", name, err)
+	}
+}
+
+// checkControlPlaneTaints: every Node of the control plane's machines
+// carries kubeadm's control-plane taint.
+func (s *scenario) checkControlPlaneTaints(ctx context.Context) {
+	s.t.Helper()
+	s.eventually(time.Minute, "the control-plane taint on QCP's Nodes", func(ctx context.Context) error {
+		machines, err := s.machines(ctx)
+		if err != nil {
+			return err
+		}
+		cs, err := s.workload(ctx)
+		if err != nil {
+			return err
+		}
+		for _, m := range machines {
+			n, err := cs.CoreV1().Nodes().Get(ctx, m.Name, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			tainted := false
+			for _, taint := range n.Spec.Taints {
+				tainted = tainted || taint.Key == "node-role.kubernetes.io/control-plane" && taint.Effect == corev1.TaintEffectNoSchedule
+			}
+			if !tainted {
+				return fmt.Errorf("Node %s has taints %v", n.Name, n.Spec.Taints)
+			}
+		}
+		return nil
+	})
+}
