@@ -147,7 +147,7 @@ func (a *machineCtx) apiserverProcess() Process {
 		"--requestheader-extra-headers-prefix=X-Remote-Extra-",
 		"--requestheader-group-headers=X-Remote-Group",
 		"--requestheader-username-headers=X-Remote-User",
-		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+		"--service-account-issuer=https://kubernetes.default.svc." + a.doc.DNSDomain(),
 		"--service-account-key-file=" + f("sa.pub"),
 		"--service-account-signing-key-file=" + f("sa.key"),
 		"--service-cluster-ip-range=" + a.doc.ServiceClusterIPRange(),
@@ -183,7 +183,7 @@ func (a *machineCtx) apiserverEtcdServers() []string {
 func (a *machineCtx) controllerManagerProcess() Process {
 	f := a.pki.File
 	kc := f("controller-manager.conf")
-	return a.process(bootstrap.KubeControllerManager, a.bins["kube"], []string{
+	return a.process(bootstrap.KubeControllerManager, a.bins["kube"], append([]string{
 		"kube-controller-manager",
 		"--kubeconfig=" + kc,
 		"--authentication-kubeconfig=" + kc,
@@ -202,11 +202,30 @@ func (a *machineCtx) controllerManagerProcess() Process {
 		"--use-service-account-credentials=true",
 		"--leader-elect=true",
 		"--node-monitor-grace-period=" + a.doc.NodeMonitorGracePeriod(),
-		// The default set minus what needs kubelets, a cloud or node CIDRs
-		// to do anything; bootstrap-token controllers as kubeadm enables.
-		"--controllers=*,bootstrapsigner,tokencleaner,-nodeipam,-cloud-node-lifecycle,-service-lb-controller,-node-route-controller,-persistentvolume-attach-detach-controller",
+		"--service-cluster-ip-range=" + a.doc.ServiceClusterIPRange(),
+		"--controllers=" + kcmControllers(a.doc.Tunables.PodCIDR != ""),
 		"--profiling=false",
-	})
+	}, kcmNodeIPAM(a.doc.Tunables.PodCIDR)...))
+}
+
+// kcmControllers is kube-controller-manager's default set minus what needs
+// kubelets or a cloud to do anything, plus the bootstrap-token controllers
+// kubeadm enables; node IPAM only with a pod range to allocate from.
+func kcmControllers(nodeIPAM bool) string {
+	controllers := "*,bootstrapsigner,tokencleaner,-cloud-node-lifecycle,-service-lb-controller,-node-route-controller,-persistentvolume-attach-detach-controller"
+	if !nodeIPAM {
+		controllers += ",-nodeipam"
+	}
+	return controllers
+}
+
+// kcmNodeIPAM are the flags that give each Node a slice of podCIDR, as
+// kubeadm sets them when networking.podSubnet is set.
+func kcmNodeIPAM(podCIDR string) []string {
+	if podCIDR == "" {
+		return nil
+	}
+	return []string{"--allocate-node-cidrs=true", "--cluster-cidr=" + podCIDR}
 }
 
 func (a *machineCtx) schedulerProcess() Process {

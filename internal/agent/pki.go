@@ -307,7 +307,9 @@ func (p *PKI) issueKubernetes(w *pkiWriter, m Machine, doc *bootstrap.Document, 
 		if err != nil {
 			return fmt.Errorf("tunables.serviceClusterIPRange: %w", err)
 		}
-		serving, err := certs.IssueAPIServerServing(ca, ip, endpointHost, svcIP, doc.CertSANs, now)
+		// The in-cluster name in the cluster's own domain, as kubeadm adds it.
+		sans := append(slices.Clone(doc.CertSANs), "kubernetes.default.svc."+doc.DNSDomain())
+		serving, err := certs.IssueAPIServerServing(ca, ip, endpointHost, svcIP, sans, now)
 		if err != nil {
 			return err
 		}

@@ -105,6 +105,9 @@ func TestParseRejects(t *testing.T) {
 		{"bad grace period", edit(func(d *Document) { d.Tunables.NodeMonitorGracePeriod = "soon" }), []string{"tunables.nodeMonitorGracePeriod", "duration"}},
 		{"bad certificate validity", edit(func(d *Document) { d.Tunables.CertificateValidity = "30s" }), []string{"tunables.certificateValidity", "at least a minute", "720h"}},
 		{"bad service range", edit(func(d *Document) { d.Tunables.ServiceClusterIPRange = "10.96.0.0" }), []string{"tunables.serviceClusterIPRange", "CIDR"}},
+		{"IPv6 service range", edit(func(d *Document) { d.Tunables.ServiceClusterIPRange = "fd00::/108" }), []string{"tunables.serviceClusterIPRange", "IPv4 CIDR"}},
+		{"bad pod range", edit(func(d *Document) { d.Tunables.PodCIDR = "192.168.0.0/33" }), []string{"tunables.podCIDR", "CIDR"}},
+		{"bad DNS domain", edit(func(d *Document) { d.Tunables.DNSDomain = "Cluster_Local" }), []string{"tunables.dnsDomain", "not a DNS domain", "cluster.local"}},
 		{"external without certs", edit(func(d *Document) {
 			d.Components = d.Components[1:]
 			d.Etcd.Local = nil

@@ -44,7 +44,7 @@ var ownedFlags = map[Component][]ownedFlag{
 		{name: "proxy-client-cert-file"}, {name: "proxy-client-key-file"}, {name: "requestheader-client-ca-file"},
 		{name: "service-account-key-file"}, {name: "service-account-signing-key-file"},
 		// The first address of the range is in the serving certificate.
-		{name: "service-cluster-ip-range", instead: "tunables.serviceClusterIPRange"},
+		{name: "service-cluster-ip-range", instead: "the Cluster's spec.clusterNetwork.services.cidrBlocks"},
 	},
 	KubeControllerManager: {
 		{name: "kubeconfig"}, {name: "authentication-kubeconfig"}, {name: "authorization-kubeconfig"},
@@ -53,6 +53,9 @@ var ownedFlags = map[Component][]ownedFlag{
 		{name: "cluster-signing-cert-file"}, {name: "cluster-signing-key-file"}, {name: "root-ca-file"}, {name: "service-account-private-key-file"},
 		{name: "cluster-name", instead: "clusterName"},
 		{name: "node-monitor-grace-period", instead: "tunables.nodeMonitorGracePeriod"},
+		{name: "service-cluster-ip-range", instead: "the Cluster's spec.clusterNetwork.services.cidrBlocks"},
+		{name: "cluster-cidr", instead: "the Cluster's spec.clusterNetwork.pods.cidrBlocks"},
+		{name: "allocate-node-cidrs", instead: "the Cluster's spec.clusterNetwork.pods.cidrBlocks"},
 	},
 	KubeScheduler: {
 		// A configuration file would replace the kubeconfig below.

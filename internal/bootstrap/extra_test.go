@@ -103,7 +103,7 @@ func TestParseRejectsExtraArgsAndCertSANs(t *testing.T) {
 		{"apiserver port", edit(args(KubeAPIServer, Arg{Name: "secure-port", Value: "7443"})), []string{"--secure-port of kube-apiserver"}},
 		{"apiserver underscore spelling", edit(args(KubeAPIServer, Arg{Name: "bind_address", Value: "0.0.0.0"})), []string{"--bind_address of kube-apiserver is owned"}},
 		{"apiserver serving cert", edit(args(KubeAPIServer, Arg{Name: "tls-cert-file", Value: "/x.crt"})), []string{"--tls-cert-file of kube-apiserver"}},
-		{"apiserver service range", edit(args(KubeAPIServer, Arg{Name: "service-cluster-ip-range", Value: "10.0.0.0/16"})), []string{"set tunables.serviceClusterIPRange instead"}},
+		{"apiserver service range", edit(args(KubeAPIServer, Arg{Name: "service-cluster-ip-range", Value: "10.0.0.0/16"})), []string{"set the Cluster's spec.clusterNetwork.services.cidrBlocks instead"}},
 		{"kcm grace period", edit(args(KubeControllerManager, Arg{Name: "node-monitor-grace-period", Value: "1m"})), []string{"extraArgs.kube-controller-manager[0].name", "set tunables.nodeMonitorGracePeriod instead"}},
 		{"kcm signing key", edit(args(KubeControllerManager, Arg{Name: "cluster-signing-key-file", Value: "/k"})), []string{"--cluster-signing-key-file of kube-controller-manager"}},
 		{"scheduler config", edit(args(KubeScheduler, Arg{Name: "config", Value: "/s.yaml"})), []string{"extraArgs.kube-scheduler[0].name", "--config of kube-scheduler"}},

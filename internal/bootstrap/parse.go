@@ -13,6 +13,7 @@ import (
 	"strings"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/validation"
 	"sigs.k8s.io/yaml"
 
 	"github.com/qcp-dev/qcp/internal/certs"
@@ -131,8 +132,18 @@ func (d *Document) Validate() error {
 		}
 	}
 	if d.Tunables.ServiceClusterIPRange != "" {
-		if _, _, err := net.ParseCIDR(d.Tunables.ServiceClusterIPRange); err != nil {
-			add("tunables.serviceClusterIPRange", fmt.Sprintf("%q is not a CIDR", d.Tunables.ServiceClusterIPRange), "use a CIDR such as 10.96.0.0/12 or remove the field")
+		if _, n, err := net.ParseCIDR(d.Tunables.ServiceClusterIPRange); err != nil || n.IP.To4() == nil {
+			add("tunables.serviceClusterIPRange", fmt.Sprintf("%q is not an IPv4 CIDR", d.Tunables.ServiceClusterIPRange), "use a CIDR such as 10.96.0.0/12 or remove the field")
+		}
+	}
+	if d.Tunables.PodCIDR != "" {
+		if _, _, err := net.ParseCIDR(d.Tunables.PodCIDR); err != nil {
+			add("tunables.podCIDR", fmt.Sprintf("%q is not a CIDR", d.Tunables.PodCIDR), "use a CIDR such as 192.168.0.0/16 or remove the field")
+		}
+	}
+	if d.Tunables.DNSDomain != "" {
+		if msgs := validation.IsDNS1123Subdomain(d.Tunables.DNSDomain); len(msgs) > 0 {
+			add("tunables.dnsDomain", fmt.Sprintf("%q is not a DNS domain: %s", d.Tunables.DNSDomain, strings.Join(msgs, "; ")), "use a domain such as cluster.local or remove the field")
 		}
 	}
 	if len(errs) > 0 {

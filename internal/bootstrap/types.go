@@ -166,8 +166,17 @@ type Tunables struct {
 	// NodeMonitorGracePeriod is kube-controller-manager's
 	// --node-monitor-grace-period, a Go duration.
 	NodeMonitorGracePeriod string `json:"nodeMonitorGracePeriod,omitempty"`
-	// ServiceClusterIPRange is the API server's --service-cluster-ip-range.
+	// ServiceClusterIPRange is the API server's and the controller
+	// manager's --service-cluster-ip-range: the Cluster's
+	// spec.clusterNetwork.services.cidrBlocks.
 	ServiceClusterIPRange string `json:"serviceClusterIPRange,omitempty"`
+	// PodCIDR, when set, is the controller manager's --cluster-cidr, with
+	// node IPAM on: the Cluster's spec.clusterNetwork.pods.cidrBlocks.
+	PodCIDR string `json:"podCIDR,omitempty"`
+	// DNSDomain is the cluster's DNS domain (the Cluster's
+	// spec.clusterNetwork.serviceDomain): in the API server's serving
+	// certificate and service-account issuer, as kubeadm puts it.
+	DNSDomain string `json:"dnsDomain,omitempty"`
 	// CertificateValidityDays is how long the certificates the agent issues
 	// for its machine are valid, in days.
 	CertificateValidityDays int32 `json:"certificateValidityDays,omitempty"`
@@ -182,6 +191,7 @@ type Tunables struct {
 const (
 	DefaultNodeMonitorGracePeriod = "20s"
 	DefaultServiceClusterIPRange  = "10.96.0.0/12"
+	DefaultDNSDomain              = "cluster.local"
 )
 
 // Runs reports whether the document asks for component c.
@@ -234,4 +244,12 @@ func (d *Document) ServiceClusterIPRange() string {
 		return d.Tunables.ServiceClusterIPRange
 	}
 	return DefaultServiceClusterIPRange
+}
+
+// DNSDomain returns the tunable or its default.
+func (d *Document) DNSDomain() string {
+	if d.Tunables.DNSDomain != "" {
+		return d.Tunables.DNSDomain
+	}
+	return DefaultDNSDomain
 }

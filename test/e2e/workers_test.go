@@ -7,6 +7,7 @@ import (
 	"crypto/rand"
 	"crypto/x509/pkix"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -30,10 +31,12 @@ import (
 	"k8s.io/utils/ptr"
 	bootstrapv1 "sigs.k8s.io/cluster-api/api/bootstrap/kubeadm/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/conditions"
 	"sigs.k8s.io/cluster-api/util/secret"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
+	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
 	"github.com/qcp-dev/qcp/internal/binaries"
 	"github.com/qcp-dev/qcp/internal/certs"
 	"github.com/qcp-dev/qcp/internal/scheme"
@@ -64,11 +67,14 @@ func TestWorkerJoin(t *testing.T) {
 	mgmt := requireShared(t)
 	testkit.RequireBinaries(t, "cabpk-manager")
 	parallel(t, 3*time.Minute)
-	s := newScenario(t, mgmt, "workers", 1)
+	s, cp := newScenarioWithoutControlPlane(t, mgmt, "workers", 1, failureDomains)
 	c := workerClient(t, mgmt)
 	s.c = c
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
+	// A network of its own, before the control plane exists.
+	setClusterNetwork(ctx, t, s, workerNetwork.services, workerNetwork.pods, workerNetwork.domain)
+	s.create(ctx, cp)
 	installWorkerInfrastructure(ctx, t, c)
 	provisioning, stop := context.WithCancel(ctx)
 	defer stop()
@@ -184,7 +190,108 @@ func TestWorkerJoin(t *testing.T) {
 	}
 
 	s.checkControlPlaneTaints(ctx)
+	s.checkClusterNetwork(ctx, nodeName)
 	s.finish()
+}
+
+// workerNetwork is the scenario's Cluster's spec.clusterNetwork, none of
+// it the default.
+var workerNetwork = struct{ services, pods, domain, kubernetesIP, dnsIP string }{
+	"10.128.0.0/16", "192.168.0.0/16", "qcp.test", "10.128.0.1", "10.128.0.10",
+}
+
+// setClusterNetwork sets the scenario's Cluster's spec.clusterNetwork.
+func setClusterNetwork(ctx context.Context, t testing.TB, s *scenario, services, pods, domain string) {
+	t.Helper()
+	var cluster clusterv1.Cluster
+	if err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: s.name}, &cluster); err != nil {
+		t.Fatal(err)
+	}
+	before := cluster.DeepCopy()
+	cluster.Spec.ClusterNetwork.Services.CIDRBlocks = []string{services}
+	cluster.Spec.ClusterNetwork.Pods.CIDRBlocks = []string{pods}
+	cluster.Spec.ClusterNetwork.ServiceDomain = domain
+	if err := s.c.Patch(ctx, &cluster, client.MergeFrom(before)); err != nil {
+		t.Fatalf("setting Cluster %s's clusterNetwork: %v", s.name, err)
+	}
+}
+
+// checkClusterNetwork: the cluster runs the Cluster's network (the
+// kubernetes Service from its range, kubelet-config's DNS address and
+// domain, node IPAM giving the worker Node a pod range), and a change of
+// the range afterwards is reported, not applied: no machine rolls.
+func (s *scenario) checkClusterNetwork(ctx context.Context, worker string) {
+	s.t.Helper()
+	cs, err := s.workload(ctx)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	svc, err := cs.CoreV1().Services(metav1.NamespaceDefault).Get(ctx, "kubernetes", metav1.GetOptions{})
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	if svc.Spec.ClusterIP != workerNetwork.kubernetesIP {
+		s.t.Errorf("the kubernetes Service has %s; want %s, the first address of %s", svc.Spec.ClusterIP, workerNetwork.kubernetesIP, workerNetwork.services)
+	}
+	kubelet, err := cs.CoreV1().ConfigMaps(metav1.NamespaceSystem).Get(ctx, "kubelet-config", metav1.GetOptions{})
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	if cfg := kubelet.Data["kubelet"]; !strings.Contains(cfg, "- "+workerNetwork.dnsIP) || !strings.Contains(cfg, "clusterDomain: "+workerNetwork.domain) {
+		s.t.Errorf("kubelet-config does not name DNS at %s in %s:\n%s", workerNetwork.dnsIP, workerNetwork.domain, cfg)
+	}
+	s.eventually(time.Minute, "node IPAM to give the worker Node a pod range", func(ctx context.Context) error {
+		n, err := cs.CoreV1().Nodes().Get(ctx, worker, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		_, pods, _ := net.ParseCIDR(workerNetwork.pods)
+		ip, _, err := net.ParseCIDR(n.Spec.PodCIDR)
+		if err != nil || !pods.Contains(ip) {
+			return fmt.Errorf("Node %s has pod range %q; want one from %s", worker, n.Spec.PodCIDR, workerNetwork.pods)
+		}
+		return nil
+	})
+
+	machines, err := s.machines(ctx)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	setClusterNetwork(ctx, s.t, s, "10.129.0.0/16", workerNetwork.pods, workerNetwork.domain)
+	s.eventually(time.Minute, "ClusterNetworkApplied False, naming the changed field", func(ctx context.Context) error {
+		cp, err := s.controlPlane(ctx)
+		if err != nil {
+			return err
+		}
+		c := conditions.Get(cp, controlplanev1.ClusterNetworkAppliedCondition)
+		if c == nil || c.Status != metav1.ConditionFalse || c.Reason != controlplanev1.ClusterNetworkChangeNotSupportedReason ||
+			!strings.Contains(c.Message, `spec.clusterNetwork.services.cidrBlocks changed from "10.128.0.0/16" to "10.129.0.0/16"`) {
+			return fmt.Errorf("condition %+v", c)
+		}
+		return nil
+	})
+	s.holds(10*time.Second, "the same machines after the refused change", func(ctx context.Context) error {
+		now, err := s.machines(ctx)
+		if err != nil {
+			return err
+		}
+		if len(now) != len(machines) || now[0].UID != machines[0].UID || now[0].Spec.Bootstrap.DataSecretName == nil ||
+			*now[0].Spec.Bootstrap.DataSecretName != *machines[0].Spec.Bootstrap.DataSecretName {
+			return fmt.Errorf("%d machines, the first %s; were %d, the first %s", len(now), now[0].Name, len(machines), machines[0].Name)
+		}
+		return nil
+	})
+	setClusterNetwork(ctx, s.t, s, workerNetwork.services, workerNetwork.pods, workerNetwork.domain)
+	s.eventually(time.Minute, "ClusterNetworkApplied True once the Cluster asks for its network again", func(ctx context.Context) error {
+		cp, err := s.controlPlane(ctx)
+		if err != nil {
+			return err
+		}
+		if !conditions.IsTrue(cp, controlplanev1.ClusterNetworkAppliedCondition) {
+			return fmt.Errorf("condition %+v", conditions.Get(cp, controlplanev1.ClusterNetworkAppliedCondition))
+		}
+		return nil
+	})
 }
 
 // workerClient is a management client that also knows CABPK's types and

@@ -48,6 +48,22 @@ const (
 	CertificateAuthorityRotatingReason = "CertificateAuthorityRotating"
 )
 
+// ClusterNetworkApplied: the control plane's machines run the network the
+// Cluster's spec.clusterNetwork asks for. QCP records that network before the
+// first machine and keeps it: a change after creation is reported here (which
+// field, and why it is not applied), and nothing rolls.
+const (
+	ClusterNetworkAppliedCondition = "ClusterNetworkApplied"
+	ClusterNetworkAppliedReason    = "Applied"
+	// ClusterNetworkChangeNotSupportedReason: the Cluster's network changed
+	// after the control plane was built.
+	ClusterNetworkChangeNotSupportedReason = "ChangeNotSupported"
+	// ClusterNetworkInvalidReason: the Cluster's network cannot be used
+	// (for example dual-stack services); no machine is built until it is
+	// fixed.
+	ClusterNetworkInvalidReason = "Invalid"
+)
+
 // EtcdClusterHealthy: every member is healthy, every member reports the same
 // member list, and there are no alarms.
 const (

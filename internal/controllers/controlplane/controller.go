@@ -243,6 +243,10 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Clu
 	if err != nil {
 		return ctrl.Result{}, err
 	}
+	if ok, err := r.ensureClusterNetwork(ctx, cluster, cp, len(obs.Machines) > 0); err != nil || !ok {
+		// A fixed Cluster wakes the control plane.
+		return ctrl.Result{}, err
+	}
 	// With nothing in flight, the next wake-up no watch brings is the
 	// kubeconfig's renewal, a machine going out of date with time, or the
 	// next look at etcd's alarms and databases.

@@ -28,7 +28,6 @@ import (
 	"sigs.k8s.io/yaml"
 
 	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
-	"github.com/qcp-dev/qcp/internal/bootstrap"
 )
 
 // What `kubeadm init` leaves in a new cluster for `kubeadm join`, which
@@ -52,23 +51,21 @@ const (
 	// kubeadmCertificatesDir is kubeadm's default certificatesDir: where
 	// a joined worker keeps ca.crt, which kubelet-config names.
 	kubeadmCertificatesDir = "/etc/kubernetes/pki"
-	// defaultDNSDomain is kubeadm's default networking.dnsDomain.
-	defaultDNSDomain = "cluster.local"
 )
 
 // joinArtifacts is every object of the join contract, as apply
 // configurations, in the order they are applied.
-func joinArtifacts(cluster *clusterv1.Cluster, cp *controlplanev1.QuorumControlPlane, clusterTrust []byte, ext *externalEtcd) ([]runtime.ApplyConfiguration, error) {
+func joinArtifacts(cluster *clusterv1.Cluster, cp *controlplanev1.QuorumControlPlane, network clusterNetwork, clusterTrust []byte, ext *externalEtcd) ([]runtime.ApplyConfiguration, error) {
 	endpoint := net.JoinHostPort(cluster.Spec.ControlPlaneEndpoint.Host, strconv.Itoa(int(cluster.Spec.ControlPlaneEndpoint.Port)))
 	clusterInfo, err := clusterInfoKubeconfig("https://"+endpoint, clusterTrust)
 	if err != nil {
 		return nil, err
 	}
-	clusterConfiguration, err := kubeadmClusterConfiguration(cluster, cp, endpoint, ext)
+	clusterConfiguration, err := kubeadmClusterConfiguration(cluster, cp, network, endpoint, ext)
 	if err != nil {
 		return nil, err
 	}
-	kubeletConfiguration, err := kubeletBaseConfiguration()
+	kubeletConfiguration, err := kubeletBaseConfiguration(network)
 	if err != nil {
 		return nil, err
 	}
@@ -145,7 +142,7 @@ func clusterInfoKubeconfig(server string, clusterTrust []byte) (string, error) {
 // ClusterConfiguration (kubeadm.k8s.io/v1beta4): the cluster as kubeadm
 // would describe it. Workers read it during join; the file paths are
 // kubeadm's defaults, which QCP's own machines do not use.
-func kubeadmClusterConfiguration(cluster *clusterv1.Cluster, cp *controlplanev1.QuorumControlPlane, endpoint string, ext *externalEtcd) (string, error) {
+func kubeadmClusterConfiguration(cluster *clusterv1.Cluster, cp *controlplanev1.QuorumControlPlane, network clusterNetwork, endpoint string, ext *externalEtcd) (string, error) {
 	cfg := kubeadmv1beta4.ClusterConfiguration{
 		TypeMeta:             metav1.TypeMeta{APIVersion: kubeadmv1beta4.GroupVersion.String(), Kind: "ClusterConfiguration"},
 		ClusterName:          cluster.Name,
@@ -154,8 +151,9 @@ func kubeadmClusterConfiguration(cluster *clusterv1.Cluster, cp *controlplanev1.
 		CertificatesDir:      kubeadmCertificatesDir,
 		ImageRepository:      "registry.k8s.io",
 		Networking: kubeadmv1beta4.Networking{
-			ServiceSubnet: bootstrap.DefaultServiceClusterIPRange,
-			DNSDomain:     defaultDNSDomain,
+			ServiceSubnet: network.Services,
+			PodSubnet:     network.Pods,
+			DNSDomain:     network.DNSDomain,
 		},
 		APIServer: kubeadmv1beta4.APIServer{CertSANs: cp.Spec.APIServer.CertSANs},
 	}
@@ -179,8 +177,8 @@ func kubeadmClusterConfiguration(cluster *clusterv1.Cluster, cp *controlplanev1.
 // kubeletBaseConfiguration is kube-system/kubelet-config's
 // KubeletConfiguration: kubeadm's defaults (componentconfigs/kubelet.go,
 // kubeletConfig.Default) for the cluster's service range and domain.
-func kubeletBaseConfiguration() (string, error) {
-	dns, err := clusterDNSIP(bootstrap.DefaultServiceClusterIPRange)
+func kubeletBaseConfiguration(network clusterNetwork) (string, error) {
+	dns, err := network.DNSIP()
 	if err != nil {
 		return "", err
 	}
@@ -188,7 +186,7 @@ func kubeletBaseConfiguration() (string, error) {
 		TypeMeta:      metav1.TypeMeta{APIVersion: kubeletv1beta1.SchemeGroupVersion.String(), Kind: "KubeletConfiguration"},
 		StaticPodPath: "/etc/kubernetes/manifests",
 		ClusterDNS:    []string{dns},
-		ClusterDomain: defaultDNSDomain,
+		ClusterDomain: network.DNSDomain,
 		Authentication: kubeletv1beta1.KubeletAuthentication{
 			X509:      kubeletv1beta1.KubeletX509Authentication{ClientCAFile: kubeadmCertificatesDir + "/ca.crt"},
 			Anonymous: kubeletv1beta1.KubeletAnonymousAuthentication{Enabled: ptr.To(false)},
@@ -246,7 +244,12 @@ func (r *Reconciler) ensureJoinArtifacts(ctx context.Context, cluster *clusterv1
 	if trust == nil {
 		trust = secrets.cas.Cluster.CertPEM
 	}
-	objs, err := joinArtifacts(cluster, cp, trust, secrets.external)
+	network, err := recordedNetwork(cp)
+	if err != nil {
+		log.FromContext(ctx).Error(err, "Rendering the join artifacts")
+		return
+	}
+	objs, err := joinArtifacts(cluster, cp, network, trust, secrets.external)
 	if err != nil {
 		log.FromContext(ctx).Error(err, "Rendering the join artifacts")
 		return

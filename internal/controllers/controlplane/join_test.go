@@ -44,11 +44,12 @@ func TestJoinArtifacts(t *testing.T) {
 		Spec: clusterv1.ClusterSpec{ControlPlaneEndpoint: clusterv1.APIEndpoint{Host: "127.0.0.9", Port: 6443}}}
 	cp := &controlplanev1.QuorumControlPlane{Spec: controlplanev1.QuorumControlPlaneSpec{Version: "v1.36.3"}}
 	bundle := []byte("-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n")
-	stacked, err := joinArtifacts(cluster, cp, bundle, nil)
+	stacked, err := joinArtifacts(cluster, cp, defaultClusterNetwork, bundle, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	external, err := joinArtifacts(cluster, cp, bundle, &externalEtcd{endpoints: []string{"https://127.0.0.5:2379"}})
+	network := clusterNetwork{Services: "10.128.0.0/16", Pods: "192.168.0.0/16", DNSDomain: "qcp.test"}
+	external, err := joinArtifacts(cluster, cp, network, bundle, &externalEtcd{endpoints: []string{"https://127.0.0.5:2379"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,6 +112,16 @@ func TestJoinArtifacts(t *testing.T) {
 	if cc.Etcd.External == nil || len(cc.Etcd.External.Endpoints) != 1 || cc.Etcd.External.CAFile == "" {
 		t.Errorf("kubeadm-config's etcd on external etcd: %+v", cc.Etcd)
 	}
+	if n := cc.Networking; n.ServiceSubnet != "10.128.0.0/16" || n.PodSubnet != "192.168.0.0/16" || n.DNSDomain != "qcp.test" {
+		t.Errorf("kubeadm-config's networking for %+v: %+v", network, n)
+	}
+	var kcNet kubeletv1beta1.KubeletConfiguration
+	if err := yaml.UnmarshalStrict([]byte(data(ext["ConfigMap/kube-system/kubelet-config"], "kubelet")), &kcNet); err != nil {
+		t.Fatal(err)
+	}
+	if len(kcNet.ClusterDNS) != 1 || kcNet.ClusterDNS[0] != "10.128.0.10" || kcNet.ClusterDomain != "qcp.test" {
+		t.Errorf("kubelet-config for %+v: clusterDNS %v, clusterDomain %q", network, kcNet.ClusterDNS, kcNet.ClusterDomain)
+	}
 
 	var kc kubeletv1beta1.KubeletConfiguration
 	if err := yaml.UnmarshalStrict([]byte(data(got["ConfigMap/kube-system/kubelet-config"], "kubelet")), &kc); err != nil {
@@ -119,5 +130,49 @@ func TestJoinArtifacts(t *testing.T) {
 	if kc.Kind != "KubeletConfiguration" || len(kc.ClusterDNS) != 1 || kc.ClusterDNS[0] != "10.96.0.10" || kc.ClusterDomain != "cluster.local" ||
 		kc.Authentication.X509.ClientCAFile != "/etc/kubernetes/pki/ca.crt" || *kc.Authentication.Anonymous.Enabled || kc.Authorization.Mode != "Webhook" || !kc.RotateCertificates {
 		t.Errorf("kubelet-config's KubeletConfiguration: %+v", kc)
+	}
+}
+
+func TestNetworkOf(t *testing.T) {
+	cluster := func(services, pods []string, domain string) *clusterv1.Cluster {
+		return &clusterv1.Cluster{Spec: clusterv1.ClusterSpec{ClusterNetwork: clusterv1.ClusterNetwork{
+			Services: clusterv1.NetworkRanges{CIDRBlocks: services}, Pods: clusterv1.NetworkRanges{CIDRBlocks: pods}, ServiceDomain: domain}}}
+	}
+	for _, tc := range []struct {
+		name    string
+		cluster *clusterv1.Cluster
+		want    clusterNetwork
+		err     []string
+	}{
+		{"defaults", cluster(nil, nil, ""), defaultClusterNetwork, nil},
+		{"all set", cluster([]string{"10.128.0.0/16"}, []string{"192.168.0.0/16"}, "qcp.test"),
+			clusterNetwork{Services: "10.128.0.0/16", Pods: "192.168.0.0/16", DNSDomain: "qcp.test"}, nil},
+		{"dual-stack services", cluster([]string{"10.96.0.0/12", "fd00::/108"}, nil, ""), clusterNetwork{},
+			[]string{"spec.clusterNetwork.services.cidrBlocks", "dual-stack", "one IPv4 range"}},
+		{"IPv6 services", cluster([]string{"fd00::/108"}, nil, ""), clusterNetwork{}, []string{"services.cidrBlocks", "not an IPv4 CIDR"}},
+		{"tiny services", cluster([]string{"10.0.0.0/30"}, nil, ""), clusterNetwork{}, []string{"services.cidrBlocks", "tenth address", "at least 16"}},
+		{"bad pods", cluster(nil, []string{"192.168.0.0"}, ""), clusterNetwork{}, []string{"spec.clusterNetwork.pods.cidrBlocks", "not a CIDR"}},
+		{"bad domain", cluster(nil, nil, "Not_A_Domain"), clusterNetwork{}, []string{"spec.clusterNetwork.serviceDomain", "cluster.local"}},
+	} {
+		got, err := networkOf(tc.cluster)
+		if len(tc.err) > 0 {
+			for _, want := range tc.err {
+				if err == nil || !strings.Contains(err.Error(), want) {
+					t.Errorf("%s: error %v; want it to contain %q", tc.name, err, want)
+				}
+			}
+			continue
+		}
+		if err != nil || got != tc.want {
+			t.Errorf("%s: %+v, %v; want %+v", tc.name, got, err, tc.want)
+		}
+	}
+	have := clusterNetwork{Services: "10.128.0.0/16", DNSDomain: "qcp.test"}
+	if d := networkChange(have, have, nil); d != "" {
+		t.Errorf("no change reported as %q", d)
+	}
+	d := networkChange(have, clusterNetwork{Services: "10.129.0.0/16", DNSDomain: "qcp.test"}, nil)
+	if !strings.Contains(d, `spec.clusterNetwork.services.cidrBlocks changed from "10.128.0.0/16" to "10.129.0.0/16"`) || strings.Contains(d, "serviceDomain") {
+		t.Errorf("a changed service range reported as %q", d)
 	}
 }

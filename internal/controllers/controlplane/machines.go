@@ -67,6 +67,11 @@ func (r *Reconciler) bootstrapDocument(cluster *clusterv1.Cluster, cp *controlpl
 	if v := cp.Spec.Etcd.Stacked.Version; v != "" {
 		doc.Versions.Etcd = v
 	}
+	// ensureClusterNetwork recorded it; a reconcile stops before this on
+	// a record it cannot read.
+	if network, err := recordedNetwork(cp); err == nil {
+		network.apply(doc)
+	}
 	doc.CertSANs = cp.Spec.APIServer.CertSANs
 	doc.ExtraArgs = extraArgs(cp)
 	doc.Tunables.CertificateValidityDays = ptr.Deref(cp.Spec.CertificateValidityPeriodDays, controlplanev1.DefaultCertificateValidityPeriodDays)
