@@ -16,6 +16,7 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 
+	"github.com/qcp-dev/qcp/internal/bootstrap"
 	"github.com/qcp-dev/qcp/internal/certs"
 )
 
@@ -207,9 +208,10 @@ func componentsKey(conds []corev1.NodeCondition) string {
 func (n *nodeAgent) register(ctx context.Context) error {
 	m := n.a.machine
 	labels := map[string]string{
-		"kubernetes.io/hostname": m.Name,
-		"kubernetes.io/os":       runtime.GOOS,
-		"kubernetes.io/arch":     runtime.GOARCH,
+		"kubernetes.io/hostname":     m.Name,
+		"kubernetes.io/os":           runtime.GOOS,
+		"kubernetes.io/arch":         runtime.GOARCH,
+		bootstrap.NoKubeletNodeLabel: "",
 	}
 	if m.FailureDomain != "" {
 		labels[zoneLabel] = m.FailureDomain
@@ -236,11 +238,12 @@ func (n *nodeAgent) register(ctx context.Context) error {
 }
 
 // label marks the Node as a control plane's, with the role label (which
-// NodeRestriction forbids a node to set itself) and the taint (on a Node an
-// older agent registered without it). Taints merge by key.
+// NodeRestriction forbids a node to set itself), and the no-kubelet label
+// and the taint on a Node an older agent registered without them. Taints
+// merge by key.
 func (n *nodeAgent) label(ctx context.Context) error {
-	patch := []byte(fmt.Sprintf(`{"metadata":{"labels":{%q:""}},"spec":{"taints":[{"key":%q,"effect":%q}]}}`,
-		controlPlaneLb, controlPlaneTaint.Key, controlPlaneTaint.Effect))
+	patch := []byte(fmt.Sprintf(`{"metadata":{"labels":{%q:"",%q:""}},"spec":{"taints":[{"key":%q,"effect":%q}]}}`,
+		controlPlaneLb, bootstrap.NoKubeletNodeLabel, controlPlaneTaint.Key, controlPlaneTaint.Effect))
 	_, admin := n.current()
 	err := each(ctx, admin, func(ctx context.Context, c kubernetes.Interface) error {
 		_, err := c.CoreV1().Nodes().Patch(ctx, n.a.machine.Name, types.StrategicMergePatchType, patch, metav1.PatchOptions{})

@@ -253,3 +253,9 @@ func (d *Document) DNSDomain() string {
 	}
 	return DefaultDNSDomain
 }
+
+// NoKubeletNodeLabel is on the Node of every machine qcp-agent runs: it runs
+// no kubelet, so nothing scheduled there ever starts. QCP's addons keep off
+// such Nodes with a node affinity on it, and so should any workload meant
+// for every Node, such as a network plugin's DaemonSet.
+const NoKubeletNodeLabel = "node.qcp.dev/no-kubelet"

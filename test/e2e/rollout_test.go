@@ -31,7 +31,8 @@ import (
 // Kubernetes minor to the pinned one with maxSurge 1: never more than 4
 // machines, leadership moved off each leader's machine before it goes,
 // status.version the lowest version while the rollout runs, and every API
-// server on the new version at the end. The same control plane then rolls
+// server on the new version at the end, with kubeadm-config and the addons
+// following (the addons once the last machine is upgraded). The same control plane then rolls
 // out for rollout.after and for certificate expiry (one cluster, not three:
 // creating each costs minutes of the suite's time).
 func TestVersionUpgradeAndRollouts(t *testing.T) {
@@ -46,6 +47,7 @@ func TestVersionUpgradeAndRollouts(t *testing.T) {
 	s.startTraffic(3)
 	s.waitAvailable(convergeTimeout, 3)
 	s.checkAPIServerVersions(from)
+	s.checkWorkloadVersions(from)
 
 	start := time.Now()
 	sawLowest := false
@@ -65,6 +67,7 @@ func TestVersionUpgradeAndRollouts(t *testing.T) {
 		t.Error("status.version never showed the lowest version while old and new machines ran side by side")
 	}
 	s.checkAPIServerVersions(version)
+	s.checkWorkloadVersions(version)
 	s.checkLeaderMovedBeforeRemoval()
 	s.checkRolloutAfterAndCertificateExpiry()
 	s.finish()

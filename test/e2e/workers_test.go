@@ -19,6 +19,7 @@ import (
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -191,7 +192,108 @@ func TestWorkerJoin(t *testing.T) {
 
 	s.checkControlPlaneTaints(ctx)
 	s.checkClusterNetwork(ctx, nodeName)
+	s.checkWorkloadVersions(binaries.KubeVersion)
+	s.checkAddons(ctx, nodeName)
 	s.finish()
+}
+
+// kubeadmCoreDNS is the CoreDNS kubeadm installs for each Kubernetes
+// version the scenarios run (constants.CoreDNSVersion of its release).
+var kubeadmCoreDNS = map[string]string{binaries.PreviousKubeVersion: "v1.13.1", binaries.KubeVersion: "v1.14.2"}
+
+// checkWorkloadVersions: kubeadm-config names version, kubelet-config
+// exists, and the addons run kubeadm's images for version, down to the
+// tags.
+func (s *scenario) checkWorkloadVersions(version string) {
+	s.t.Helper()
+	s.eventually(2*time.Minute, "kubeadm-config, kubelet-config and the addons at "+version, func(ctx context.Context) error {
+		cs, err := s.workload(ctx)
+		if err != nil {
+			return err
+		}
+		cfg, err := cs.CoreV1().ConfigMaps(metav1.NamespaceSystem).Get(ctx, "kubeadm-config", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if !strings.Contains(cfg.Data["ClusterConfiguration"], "kubernetesVersion: "+version+"\n") {
+			return fmt.Errorf("kubeadm-config:\n%s", cfg.Data["ClusterConfiguration"])
+		}
+		if _, err := cs.CoreV1().ConfigMaps(metav1.NamespaceSystem).Get(ctx, "kubelet-config", metav1.GetOptions{}); err != nil {
+			return err
+		}
+		dns, err := cs.AppsV1().Deployments(metav1.NamespaceSystem).Get(ctx, "coredns", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if want := "registry.k8s.io/coredns/coredns:" + kubeadmCoreDNS[version]; dns.Spec.Template.Spec.Containers[0].Image != want {
+			return fmt.Errorf("coredns runs %s; want %s", dns.Spec.Template.Spec.Containers[0].Image, want)
+		}
+		proxy, err := cs.AppsV1().DaemonSets(metav1.NamespaceSystem).Get(ctx, "kube-proxy", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		if want := "registry.k8s.io/kube-proxy:" + version; proxy.Spec.Template.Spec.Containers[0].Image != want {
+			return fmt.Errorf("kube-proxy runs %s; want %s", proxy.Spec.Template.Spec.Containers[0].Image, want)
+		}
+		return nil
+	})
+}
+
+// checkAddons: the DNS Service is on the tenth address of the range;
+// kube-proxy's DaemonSet places its one pod on the worker, none on QCP's
+// Nodes (which are Linux Nodes too, and tolerated); and with kube-proxy
+// disabled its objects are gone while CoreDNS's stay.
+func (s *scenario) checkAddons(ctx context.Context, worker string) {
+	s.t.Helper()
+	cs, err := s.workload(ctx)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	svc, err := cs.CoreV1().Services(metav1.NamespaceSystem).Get(ctx, "kube-dns", metav1.GetOptions{})
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	if svc.Spec.ClusterIP != workerNetwork.dnsIP {
+		s.t.Errorf("kube-dns has %s; want %s, the tenth address of %s", svc.Spec.ClusterIP, workerNetwork.dnsIP, workerNetwork.services)
+	}
+	s.eventually(time.Minute, "one kube-proxy pod, on the worker", func(ctx context.Context) error {
+		pods, err := cs.CoreV1().Pods(metav1.NamespaceSystem).List(ctx, metav1.ListOptions{LabelSelector: "k8s-app=kube-proxy"})
+		if err != nil {
+			return err
+		}
+		var nodes []string
+		for _, p := range pods.Items {
+			nodes = append(nodes, p.Spec.NodeName)
+		}
+		if len(nodes) != 1 || nodes[0] != worker {
+			return fmt.Errorf("kube-proxy pods on Nodes %q; want one, on %s", nodes, worker)
+		}
+		return nil
+	})
+	cp, err := s.controlPlane(ctx)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	before := cp.DeepCopy()
+	cp.Spec.Addons.KubeProxy.Disabled = true
+	if err := s.c.Patch(ctx, cp, client.MergeFrom(before)); err != nil {
+		s.t.Fatal(err)
+	}
+	s.eventually(time.Minute, "kube-proxy's objects gone once it is disabled", func(ctx context.Context) error {
+		if _, err := cs.AppsV1().DaemonSets(metav1.NamespaceSystem).Get(ctx, "kube-proxy", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("the kube-proxy DaemonSet: %v", err)
+		}
+		if _, err := cs.CoreV1().ConfigMaps(metav1.NamespaceSystem).Get(ctx, "kube-proxy", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("the kube-proxy ConfigMap: %v", err)
+		}
+		if _, err := cs.RbacV1().ClusterRoleBindings().Get(ctx, "kubeadm:node-proxier", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("the kubeadm:node-proxier binding: %v", err)
+		}
+		return nil
+	})
+	if _, err := cs.AppsV1().Deployments(metav1.NamespaceSystem).Get(ctx, "coredns", metav1.GetOptions{}); err != nil {
+		s.t.Errorf("CoreDNS, still enabled, lost its Deployment: %v", err)
+	}
 }
 
 // workerNetwork is the scenario's Cluster's spec.clusterNetwork, none of
@@ -477,7 +579,7 @@ func nodeClientCertificate(ctx context.Context, t *testing.T, cs kubernetes.Inte
 func registerWorkerNode(ctx context.Context, t *testing.T, cs kubernetes.Interface, name, providerID string) {
 	t.Helper()
 	_, err := cs.CoreV1().Nodes().Create(ctx, &corev1.Node{
-		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"kubernetes.io/hostname": name}},
+		ObjectMeta: metav1.ObjectMeta{Name: name, Labels: map[string]string{"kubernetes.io/hostname": name, "kubernetes.io/os": "linux"}},
 		Spec:       corev1.NodeSpec{ProviderID: providerID},
 	}, metav1.CreateOptions{})
 	if err != nil {
@@ -500,6 +602,10 @@ func registerWorkerNode(ctx context.Context, t *testing.T, cs kubernetes.Interfa
 		t.Fatal(err)
 	}
 	heartbeat := metav1.Now()
+	// What a kubelet reports of its machine: without room for pods the
+	// scheduler binds nothing here.
+	n.Status.Capacity = corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("2"), corev1.ResourceMemory: resource.MustParse("4Gi"), corev1.ResourcePods: resource.MustParse("110")}
+	n.Status.Allocatable = n.Status.Capacity
 	n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady",
 		Message: "the scenario's stand-in for a kubelet", LastHeartbeatTime: heartbeat, LastTransitionTime: heartbeat}}
 	if _, err := cs.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{}); err != nil {

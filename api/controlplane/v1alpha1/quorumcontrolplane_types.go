@@ -136,6 +136,12 @@ type QuorumControlPlaneConfig struct {
 	// +optional
 	Remediation RemediationSpec `json:"remediation,omitempty,omitzero"`
 
+	// addons are the addons QCP installs in the workload cluster, as
+	// `kubeadm init` does: CoreDNS and kube-proxy, at the versions kubeadm
+	// installs for the control plane's Kubernetes version, upgraded with it.
+	// +optional
+	Addons AddonsSpec `json:"addons,omitempty,omitzero"`
+
 	// certificateValidityPeriodDays is how long the certificates each
 	// machine issues itself (serving, client and etcd peer certificates) stay
 	// valid, in days. Defaults to 365, as kubeadm. A change applies to
@@ -146,6 +152,26 @@ type QuorumControlPlaneConfig struct {
 	// +kubebuilder:validation:Minimum=1
 	// +kubebuilder:validation:Maximum=3650
 	CertificateValidityPeriodDays *int32 `json:"certificateValidityPeriodDays,omitempty"`
+}
+
+// AddonsSpec chooses the addons QCP installs.
+type AddonsSpec struct {
+	// coreDNS is the cluster DNS: the kube-dns Service on the tenth address
+	// of the service range, and the coredns Deployment.
+	// +optional
+	CoreDNS AddonSpec `json:"coreDNS,omitempty,omitzero"`
+	// kubeProxy is the kube-proxy DaemonSet on the workers. Disable it for
+	// a network plugin that replaces it, such as Cilium without kube-proxy.
+	// +optional
+	KubeProxy AddonSpec `json:"kubeProxy,omitempty,omitzero"`
+}
+
+// AddonSpec configures one addon.
+type AddonSpec struct {
+	// disabled: QCP does not install the addon, and deletes what it
+	// installed of it, for clusters that bring their own.
+	// +optional
+	Disabled bool `json:"disabled,omitempty"`
 }
 
 // QuorumControlPlaneMachineTemplate is how control plane machines are shaped.

@@ -98,12 +98,12 @@ type Reconciler struct {
 	// externalPairs is, by externalPoolKey, the client certificate the
 	// pooled client of an external etcd was made with.
 	externalPairs sync.Map
-	// joinApplied is, by Cluster, the joinRecord of the join artifacts
-	// last applied to its workload cluster.
-	joinApplied sync.Map
-	wakeups     *engine.Wakeups
-	catchUp     *engine.CatchUp
-	controller  controller.Controller
+	// workloadApplied is, by Cluster, the workloadRecord of the join
+	// artifacts and addons last applied to its workload cluster.
+	workloadApplied sync.Map
+	wakeups         *engine.Wakeups
+	catchUp         *engine.CatchUp
+	controller      controller.Controller
 }
 
 // +kubebuilder:rbac:groups=controlplane.cluster.x-k8s.io,resources=quorumcontrolplanes;quorumcontrolplanes/status;quorumcontrolplanes/finalizers,verbs=get;list;watch;update;patch
@@ -273,7 +273,7 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Clu
 	}
 	r.initialize(ctx, cluster, cp, obs)
 	r.watchNodes(ctx, cluster, cp, obs)
-	r.ensureJoinArtifacts(ctx, cluster, cp, secrets, obs)
+	r.ensureWorkloadObjects(ctx, cluster, cp, secrets, obs)
 	if rt := secrets.rotation; rt != nil {
 		advanced, err := r.advanceRotation(ctx, cluster, cp, rt, obs.Machines)
 		if err != nil {

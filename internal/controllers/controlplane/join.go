@@ -1,6 +1,7 @@
 package controlplane
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -226,64 +227,112 @@ func clusterDNSIP(serviceRange string) (string, error) {
 	return out.String(), nil
 }
 
-// joinRecord is what was last applied to a workload cluster, and when.
-type joinRecord struct {
+// workloadRecord is what was last applied to a workload cluster, and when.
+type workloadRecord struct {
 	hash string
 	at   time.Time
 }
 
-// ensureJoinArtifacts applies the join artifacts once the first API server
-// answers, and again when they change (a new CA, version or endpoint) or
-// joinResync has passed. A failure is logged and reported in an event and
-// retried on the next round; it never holds the control plane's own steps.
-func (r *Reconciler) ensureJoinArtifacts(ctx context.Context, cluster *clusterv1.Cluster, cp *controlplanev1.QuorumControlPlane, secrets *clusterSecrets, obs *observation) {
+// ensureWorkloadObjects applies the join artifacts and the addons once the
+// first API server answers, deletes what QCP installed of a disabled addon,
+// and does it again when any of it changes (a new CA, version, endpoint or
+// addon choice) or joinResync has passed. A failure is logged and reported
+// in an event and retried on the next round; it never holds the control
+// plane's own steps.
+func (r *Reconciler) ensureWorkloadObjects(ctx context.Context, cluster *clusterv1.Cluster, cp *controlplanev1.QuorumControlPlane, secrets *clusterSecrets, obs *observation) {
 	if !obs.initialized {
 		return
 	}
-	trust := secrets.cas.ClusterTrust
-	if trust == nil {
-		trust = secrets.cas.Cluster.CertPEM
-	}
-	network, err := recordedNetwork(cp)
+	logger := log.FromContext(ctx)
+	apply, remove, err := r.workloadObjects(cluster, cp, secrets)
 	if err != nil {
-		log.FromContext(ctx).Error(err, "Rendering the join artifacts")
-		return
-	}
-	objs, err := joinArtifacts(cluster, cp, network, trust, secrets.external)
-	if err != nil {
-		log.FromContext(ctx).Error(err, "Rendering the join artifacts")
+		logger.Error(err, "Rendering the join artifacts and addons")
+		r.Recorder.Eventf(cp, corev1.EventTypeWarning, "WorkloadObjectsFailed", "Rendering the join artifacts and addons: %v", err)
 		return
 	}
 	sum := sha256.New()
-	for _, o := range objs {
+	for _, o := range apply {
 		data, err := json.Marshal(o)
 		if err != nil {
-			log.FromContext(ctx).Error(err, "Rendering the join artifacts")
+			logger.Error(err, "Rendering the join artifacts and addons")
 			return
 		}
 		sum.Write(data)
 	}
+	for _, o := range remove {
+		fmt.Fprintf(sum, "-%T/%s/%s", o, o.GetNamespace(), o.GetName())
+	}
 	hash, key := hex.EncodeToString(sum.Sum(nil)), client.ObjectKeyFromObject(cluster)
-	if v, ok := r.joinApplied.Load(key); ok {
-		if last := v.(joinRecord); last.hash == hash && r.Now().Sub(last.at) < joinResync {
+	if v, ok := r.workloadApplied.Load(key); ok {
+		if last := v.(workloadRecord); last.hash == hash && r.Now().Sub(last.at) < joinResync {
 			return
 		}
 	}
 	c, err := r.ClusterCache.GetClient(ctx, key)
 	if err != nil {
 		if !errors.Is(err, clustercache.ErrClusterNotConnected) {
-			log.FromContext(ctx).Error(err, "Reaching the workload cluster for the join artifacts")
+			logger.Error(err, "Reaching the workload cluster for the join artifacts and addons")
 		}
 		return
 	}
-	for _, o := range objs {
+	fail := func(err error) {
+		r.Recorder.Eventf(cp, corev1.EventTypeWarning, "WorkloadObjectsFailed", "Applying the join artifacts and addons to the workload cluster: %v", err)
+		logger.Error(err, "Applying the join artifacts and addons")
+	}
+	for _, o := range apply {
 		if err := c.Apply(ctx, o, client.FieldOwner(joinFieldManager), client.ForceOwnership); err != nil {
-			r.Recorder.Eventf(cp, corev1.EventTypeWarning, "JoinArtifactsFailed", "Applying what kubeadm join needs to the workload cluster: %v", err)
-			log.FromContext(ctx).Error(err, "Applying the join artifacts")
+			fail(err)
 			return
 		}
 	}
-	if _, seen := r.joinApplied.Swap(key, joinRecord{hash: hash, at: r.Now()}); !seen {
-		r.Recorder.Event(cp, corev1.EventTypeNormal, "JoinArtifactsApplied", "The workload cluster has cluster-info, kubeadm-config, kubelet-config and the bootstrap-token RBAC that kubeadm join needs")
+	for _, o := range remove {
+		if err := deleteAddonObject(ctx, c, o); err != nil {
+			fail(err)
+			return
+		}
 	}
+	if _, seen := r.workloadApplied.Swap(key, workloadRecord{hash: hash, at: r.Now()}); !seen {
+		r.Recorder.Event(cp, corev1.EventTypeNormal, "WorkloadObjectsApplied",
+			"The workload cluster has what kubeadm join needs (cluster-info, kubeadm-config, kubelet-config, the bootstrap-token RBAC) and the enabled addons")
+	}
+}
+
+// workloadObjects renders what ensureWorkloadObjects applies and removes.
+func (r *Reconciler) workloadObjects(cluster *clusterv1.Cluster, cp *controlplanev1.QuorumControlPlane, secrets *clusterSecrets) (apply []runtime.ApplyConfiguration, remove []client.Object, err error) {
+	trust := secrets.cas.ClusterTrust
+	if trust == nil {
+		trust = secrets.cas.Cluster.CertPEM
+	}
+	network, err := recordedNetwork(cp)
+	if err != nil {
+		return nil, nil, err
+	}
+	if apply, err = joinArtifacts(cluster, cp, network, trust, secrets.external); err != nil {
+		return nil, nil, err
+	}
+	// The lowest version a machine runs, so that kube-proxy is never newer
+	// than an API server; upgraded once the last machine is.
+	version := cmp.Or(cp.Status.Version, cp.Spec.Version)
+	endpoint := cluster.Spec.ControlPlaneEndpoint
+	server := "https://" + net.JoinHostPort(endpoint.Host, strconv.Itoa(int(endpoint.Port)))
+	addons, remove, err := addonObjects(cp, network, server, version)
+	if err != nil {
+		return nil, nil, err
+	}
+	return append(apply, addons...), remove, nil
+}
+
+// deleteAddonObject deletes o from the workload cluster if it exists and
+// QCP installed it (addonsManagedBy); another of the same name is left.
+func deleteAddonObject(ctx context.Context, c client.Client, o client.Object) error {
+	live := o.DeepCopyObject().(client.Object)
+	if err := c.Get(ctx, client.ObjectKeyFromObject(o), live); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	for k, v := range addonsManagedBy {
+		if live.GetLabels()[k] != v {
+			return nil
+		}
+	}
+	return client.IgnoreNotFound(c.Delete(ctx, live, client.Preconditions{UID: ptr.To(live.GetUID())}))
 }
