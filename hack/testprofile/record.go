@@ -317,6 +317,8 @@ func component(comm string, args []string) string {
 		return comm
 	case strings.HasPrefix(comm, "capi-manager"):
 		return "capi-manager"
+	case strings.HasPrefix(comm, "cabpk-manager"):
+		return "cabpk-manager"
 	case comm == "compile", comm == "link", comm == "asm", comm == "cgo", comm == "vet", comm == "go", comm == "cc1", comm == "gcc", comm == "ld", comm == "as", comm == "collect2":
 		return "go toolchain"
 	}

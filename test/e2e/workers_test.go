@@ -29,6 +29,7 @@ import (
 	certutil "k8s.io/client-go/util/cert"
 	"k8s.io/client-go/util/certificate/csr"
 	"k8s.io/client-go/util/keyutil"
+	clientretry "k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	bootstrapv1 "sigs.k8s.io/cluster-api/api/bootstrap/kubeadm/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
@@ -597,18 +598,24 @@ func registerWorkerNode(ctx context.Context, t *testing.T, cs kubernetes.Interfa
 	if _, err := cs.CoordinationV1().Leases(corev1.NamespaceNodeLease).Update(ctx, lease, metav1.UpdateOptions{}); err != nil {
 		t.Fatalf("renewing Node %s's Lease: %v", name, err)
 	}
-	n, err := cs.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+	// Node IPAM and CAPI core write the Node too: read, change, write
+	// again on a conflict, as a kubelet does.
+	err = clientretry.RetryOnConflict(clientretry.DefaultRetry, func() error {
+		n, err := cs.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		heartbeat := metav1.Now()
+		// What a kubelet reports of its machine: without room for pods
+		// the scheduler binds nothing here.
+		n.Status.Capacity = corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("2"), corev1.ResourceMemory: resource.MustParse("4Gi"), corev1.ResourcePods: resource.MustParse("110")}
+		n.Status.Allocatable = n.Status.Capacity
+		n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady",
+			Message: "the scenario's stand-in for a kubelet", LastHeartbeatTime: heartbeat, LastTransitionTime: heartbeat}}
+		_, err = cs.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{})
+		return err
+	})
 	if err != nil {
-		t.Fatal(err)
-	}
-	heartbeat := metav1.Now()
-	// What a kubelet reports of its machine: without room for pods the
-	// scheduler binds nothing here.
-	n.Status.Capacity = corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("2"), corev1.ResourceMemory: resource.MustParse("4Gi"), corev1.ResourcePods: resource.MustParse("110")}
-	n.Status.Allocatable = n.Status.Capacity
-	n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady",
-		Message: "the scenario's stand-in for a kubelet", LastHeartbeatTime: heartbeat, LastTransitionTime: heartbeat}}
-	if _, err := cs.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{}); err != nil {
 		t.Fatalf("reporting Node %s Ready: %v", name, err)
 	}
 }
