@@ -42,7 +42,7 @@ func newUpCommand(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "up",
 		Short: "Start a local management cluster with a sample 3-machine control plane, in the background",
-		Long: "up starts the management cluster (etcd, kube-apiserver, CAPI core, qcp-manager) as background " +
+		Long: "up starts the management cluster (etcd, kube-apiserver, CAPI core, CAPI's kubeadm bootstrap provider, qcp-manager) as background " +
 			"processes that outlive the command, creates the sample cluster demo (config/samples/demo.yaml: " +
 			"3 control plane machines over 3 failure domains), shows its machines joining, and returns once " +
 			"its control plane is Available. Running it again while the cluster is up changes nothing. " +
@@ -74,7 +74,7 @@ func up(ctx context.Context, out io.Writer, g *globals, sample bool, addressRang
 		return err
 	}
 	phase := newPhases(out, start)
-	phase.begin("starting the management cluster: etcd, kube-apiserver, CAPI core, qcp-manager")
+	phase.begin("starting the management cluster: etcd, kube-apiserver, CAPI core, CABPK, qcp-manager")
 	if err := startServer(ctx, dir, addressRange); err != nil {
 		return err
 	}

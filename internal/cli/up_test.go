@@ -400,7 +400,7 @@ func binDir(t *testing.T) string {
 	if err := testkit.BuildQCP(bin, "qcpctl", "qcp-manager", "qcp-agent"); err != nil {
 		t.Fatal(err)
 	}
-	for _, b := range [][2]string{{"etcd", binaries.EtcdVersion}, {"kube", binaries.KubeVersion}, {"capi-manager", binaries.CAPIVersion}} {
+	for _, b := range [][2]string{{"etcd", binaries.EtcdVersion}, {"kube", binaries.KubeVersion}, {"capi-manager", binaries.CAPIVersion}, {"cabpk-manager", binaries.CAPIVersion}} {
 		path, err := binaries.Path(b[0], b[1])
 		if err != nil {
 			t.Fatal(err)

@@ -172,6 +172,9 @@ func TestWorkerJoin(t *testing.T) {
 	node := kubernetes.NewForConfigOrDie(&rest.Config{Host: endpoint, Timeout: 10 * time.Second,
 		TLSClientConfig: rest.TLSClientConfig{CAData: ca, CertData: nodeCert, KeyData: nodeKey}})
 	registerWorkerNode(ctx, t, node, nodeName, worker.Spec.ProviderID)
+	heartbeats, stopHeartbeats := context.WithCancel(ctx)
+	defer stopHeartbeats()
+	go keepNodeLease(heartbeats, node, nodeName)
 	s.eventually(2*time.Minute, "CAPI core to link the worker Machine to its Node", func(ctx context.Context) error {
 		var m clusterv1.Machine
 		if err := s.c.Get(ctx, client.ObjectKeyFromObject(&worker), &m); err != nil {
@@ -195,7 +198,38 @@ func TestWorkerJoin(t *testing.T) {
 	s.checkClusterNetwork(ctx, nodeName)
 	s.checkWorkloadVersions(binaries.KubeVersion)
 	s.checkAddons(ctx, nodeName)
+	// Well past the node monitor's grace period: the lease the node keeps
+	// with its own certificate keeps it Ready.
+	s.eventually(time.Minute, "the worker Node Ready", func(ctx context.Context) error {
+		cs, err := s.workload(ctx)
+		if err != nil {
+			return err
+		}
+		n, err := cs.CoreV1().Nodes().Get(ctx, nodeName, metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		for _, c := range n.Status.Conditions {
+			if c.Type == corev1.NodeReady && c.Status == corev1.ConditionTrue {
+				return nil
+			}
+		}
+		return fmt.Errorf("Node %s conditions %v", nodeName, n.Status.Conditions)
+	})
 	s.finish()
+}
+
+// keepNodeLease renews node name's Lease every 5 seconds as the node,
+// as a kubelet does, until ctx ends.
+func keepNodeLease(ctx context.Context, cs kubernetes.Interface, name string) {
+	_ = wait.PollUntilContextCancel(ctx, 5*time.Second, false, func(ctx context.Context) (bool, error) {
+		leases := cs.CoordinationV1().Leases(corev1.NamespaceNodeLease)
+		if lease, err := leases.Get(ctx, name, metav1.GetOptions{}); err == nil {
+			lease.Spec.RenewTime = ptr.To(metav1.NewMicroTime(time.Now()))
+			_, _ = leases.Update(ctx, lease, metav1.UpdateOptions{})
+		}
+		return false, nil
+	})
 }
 
 // kubeadmCoreDNS is the CoreDNS kubeadm installs for each Kubernetes
@@ -242,8 +276,9 @@ func (s *scenario) checkWorkloadVersions(version string) {
 
 // checkAddons: the DNS Service is on the tenth address of the range;
 // kube-proxy's DaemonSet places its one pod on the worker, none on QCP's
-// Nodes (which are Linux Nodes too, and tolerated); and with kube-proxy
-// disabled its objects are gone while CoreDNS's stay.
+// Nodes (which are Linux Nodes too, and tolerated); with kube-proxy
+// disabled its objects are gone while CoreDNS's stay, and then CoreDNS's go
+// too when it is disabled.
 func (s *scenario) checkAddons(ctx context.Context, worker string) {
 	s.t.Helper()
 	cs, err := s.workload(ctx)
@@ -295,6 +330,23 @@ func (s *scenario) checkAddons(ctx context.Context, worker string) {
 	if _, err := cs.AppsV1().Deployments(metav1.NamespaceSystem).Get(ctx, "coredns", metav1.GetOptions{}); err != nil {
 		s.t.Errorf("CoreDNS, still enabled, lost its Deployment: %v", err)
 	}
+	if cp, err = s.controlPlane(ctx); err != nil {
+		s.t.Fatal(err)
+	}
+	before = cp.DeepCopy()
+	cp.Spec.Addons.CoreDNS.Disabled = true
+	if err := s.c.Patch(ctx, cp, client.MergeFrom(before)); err != nil {
+		s.t.Fatal(err)
+	}
+	s.eventually(time.Minute, "CoreDNS's objects gone once it is disabled", func(ctx context.Context) error {
+		if _, err := cs.AppsV1().Deployments(metav1.NamespaceSystem).Get(ctx, "coredns", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("the coredns Deployment: %v", err)
+		}
+		if _, err := cs.CoreV1().Services(metav1.NamespaceSystem).Get(ctx, "kube-dns", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("the kube-dns Service: %v", err)
+		}
+		return nil
+	})
 }
 
 // workerNetwork is the scenario's Cluster's spec.clusterNetwork, none of
