@@ -198,14 +198,14 @@ func TestWorkerJoin(t *testing.T) {
 	s.checkClusterNetwork(ctx, nodeName)
 	s.checkWorkloadVersions(binaries.KubeVersion)
 	s.checkAddons(ctx, nodeName)
-	// Well past the node monitor's grace period: the lease the node keeps
-	// with its own certificate keeps it Ready.
-	s.eventually(time.Minute, "the worker Node Ready", func(ctx context.Context) error {
-		cs, err := s.workload(ctx)
-		if err != nil {
-			return err
-		}
-		n, err := cs.CoreV1().Nodes().Get(ctx, nodeName, metav1.GetOptions{})
+	// Longer than the node monitor's grace period (20 s): the lease the
+	// node keeps with its own certificate keeps it Ready.
+	admin, err := s.workload(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.holds(25*time.Second, "the worker Node Ready", func(ctx context.Context) error {
+		n, err := admin.CoreV1().Nodes().Get(ctx, nodeName, metav1.GetOptions{})
 		if err != nil {
 			return err
 		}
