@@ -22,20 +22,8 @@ func (e *Env) startCAPI(ctx context.Context, opts Options) error {
 		return err
 	}
 	start := func(addrs []string) (*Process, error) {
-		health, diagnostics := addrs[0], addrs[1]
-		args := []string{
-			"--kubeconfig=" + e.Kubeconfig,
-			"--leader-elect=false",
-			"--webhook-port=" + strconv.Itoa(e.WebhookPort),
-			"--webhook-cert-dir=" + e.WebhookCertDir,
-			"--health-addr=" + health,
-			"--diagnostics-address=" + diagnostics,
-			"--insecure-diagnostics=true",
-			"--feature-gates=" + capiFeatureGates,
-		}
-		// The watch-list client costs seconds at start-up against a fresh
-		// apiserver and buys nothing at this size.
-		return StartProcess("capi-manager", path, args, []string{"KUBE_FEATURE_WatchListClient=false"}, e.Dir)
+		args := e.capiManagerArgs(e.WebhookPort, addrs, capiFeatureGates)
+		return StartProcess("capi-manager", path, args, capiManagerEnv, e.Dir)
 	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
@@ -74,18 +62,8 @@ func (e *Env) startCABPK(ctx context.Context, opts Options) error {
 		}
 	}
 	start := func(addrs []string) (*Process, error) {
-		health, diagnostics := addrs[0], addrs[1]
-		args := []string{
-			"--kubeconfig=" + e.Kubeconfig,
-			"--leader-elect=false",
-			"--webhook-port=" + strconv.Itoa(e.cabpkWebhookPort),
-			"--webhook-cert-dir=" + e.WebhookCertDir,
-			"--health-addr=" + health,
-			"--diagnostics-address=" + diagnostics,
-			"--insecure-diagnostics=true",
-			"--feature-gates=MachinePool=false",
-		}
-		return StartProcess("cabpk-manager", path, args, []string{"KUBE_FEATURE_WatchListClient=false"}, e.Dir)
+		args := e.capiManagerArgs(e.cabpkWebhookPort, addrs, "MachinePool=false")
+		return StartProcess("cabpk-manager", path, args, capiManagerEnv, e.Dir)
 	}
 	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 	defer cancel()
@@ -94,3 +72,23 @@ func (e *Env) startCABPK(ctx context.Context, opts Options) error {
 	}
 	return e.installWebhooks("capi/cabpk-webhook-manifests.yaml", cabpkWebhookNamePrefix, e.cabpkWebhookPort)
 }
+
+// capiManagerArgs are the flags of a CAPI manager (core or CABPK) serving
+// its webhooks on webhookPort, its health and diagnostics on addrs[0] and
+// addrs[1], with featureGates.
+func (e *Env) capiManagerArgs(webhookPort int, addrs []string, featureGates string) []string {
+	return []string{
+		"--kubeconfig=" + e.Kubeconfig,
+		"--leader-elect=false",
+		"--webhook-port=" + strconv.Itoa(webhookPort),
+		"--webhook-cert-dir=" + e.WebhookCertDir,
+		"--health-addr=" + addrs[0],
+		"--diagnostics-address=" + addrs[1],
+		"--insecure-diagnostics=true",
+		"--feature-gates=" + featureGates,
+	}
+}
+
+// capiManagerEnv turns the watch-list client off: it costs seconds at
+// start-up against a fresh apiserver and buys nothing at this size.
+var capiManagerEnv = []string{"KUBE_FEATURE_WatchListClient=false"}

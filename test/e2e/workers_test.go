@@ -75,7 +75,7 @@ func TestWorkerJoin(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	// A network of its own, before the control plane exists.
-	setClusterNetwork(ctx, t, s, workerNetwork.services, workerNetwork.pods, workerNetwork.domain)
+	s.setClusterNetwork(ctx, workerNetwork.services, workerNetwork.pods, workerNetwork.domain)
 	s.create(ctx, cp)
 	installWorkerInfrastructure(ctx, t, c)
 	provisioning, stop := context.WithCancel(ctx)
@@ -306,15 +306,7 @@ func (s *scenario) checkAddons(ctx context.Context, worker string) {
 		}
 		return nil
 	})
-	cp, err := s.controlPlane(ctx)
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	before := cp.DeepCopy()
-	cp.Spec.Addons.KubeProxy.Disabled = true
-	if err := s.c.Patch(ctx, cp, client.MergeFrom(before)); err != nil {
-		s.t.Fatal(err)
-	}
+	s.patchControlPlane(ctx, func(cp *controlplanev1.QuorumControlPlane) { cp.Spec.Addons.KubeProxy.Disabled = true })
 	s.eventually(time.Minute, "kube-proxy's objects gone once it is disabled", func(ctx context.Context) error {
 		if _, err := cs.AppsV1().DaemonSets(metav1.NamespaceSystem).Get(ctx, "kube-proxy", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 			return fmt.Errorf("the kube-proxy DaemonSet: %v", err)
@@ -330,14 +322,7 @@ func (s *scenario) checkAddons(ctx context.Context, worker string) {
 	if _, err := cs.AppsV1().Deployments(metav1.NamespaceSystem).Get(ctx, "coredns", metav1.GetOptions{}); err != nil {
 		s.t.Errorf("CoreDNS, still enabled, lost its Deployment: %v", err)
 	}
-	if cp, err = s.controlPlane(ctx); err != nil {
-		s.t.Fatal(err)
-	}
-	before = cp.DeepCopy()
-	cp.Spec.Addons.CoreDNS.Disabled = true
-	if err := s.c.Patch(ctx, cp, client.MergeFrom(before)); err != nil {
-		s.t.Fatal(err)
-	}
+	s.patchControlPlane(ctx, func(cp *controlplanev1.QuorumControlPlane) { cp.Spec.Addons.CoreDNS.Disabled = true })
 	s.eventually(time.Minute, "CoreDNS's objects gone once it is disabled", func(ctx context.Context) error {
 		if _, err := cs.AppsV1().Deployments(metav1.NamespaceSystem).Get(ctx, "coredns", metav1.GetOptions{}); !apierrors.IsNotFound(err) {
 			return fmt.Errorf("the coredns Deployment: %v", err)
@@ -356,19 +341,13 @@ var workerNetwork = struct{ services, pods, domain, kubernetesIP, dnsIP string }
 }
 
 // setClusterNetwork sets the scenario's Cluster's spec.clusterNetwork.
-func setClusterNetwork(ctx context.Context, t testing.TB, s *scenario, services, pods, domain string) {
-	t.Helper()
-	var cluster clusterv1.Cluster
-	if err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: s.name}, &cluster); err != nil {
-		t.Fatal(err)
-	}
-	before := cluster.DeepCopy()
-	cluster.Spec.ClusterNetwork.Services.CIDRBlocks = []string{services}
-	cluster.Spec.ClusterNetwork.Pods.CIDRBlocks = []string{pods}
-	cluster.Spec.ClusterNetwork.ServiceDomain = domain
-	if err := s.c.Patch(ctx, &cluster, client.MergeFrom(before)); err != nil {
-		t.Fatalf("setting Cluster %s's clusterNetwork: %v", s.name, err)
-	}
+func (s *scenario) setClusterNetwork(ctx context.Context, services, pods, domain string) {
+	s.t.Helper()
+	s.patchCluster(ctx, func(c *clusterv1.Cluster) {
+		c.Spec.ClusterNetwork.Services.CIDRBlocks = []string{services}
+		c.Spec.ClusterNetwork.Pods.CIDRBlocks = []string{pods}
+		c.Spec.ClusterNetwork.ServiceDomain = domain
+	})
 }
 
 // checkClusterNetwork: the cluster runs the Cluster's network (the
@@ -412,7 +391,7 @@ func (s *scenario) checkClusterNetwork(ctx context.Context, worker string) {
 	if err != nil {
 		s.t.Fatal(err)
 	}
-	setClusterNetwork(ctx, s.t, s, "10.129.0.0/16", workerNetwork.pods, workerNetwork.domain)
+	s.setClusterNetwork(ctx, "10.129.0.0/16", workerNetwork.pods, workerNetwork.domain)
 	s.eventually(time.Minute, "ClusterNetworkApplied False, naming the changed field", func(ctx context.Context) error {
 		cp, err := s.controlPlane(ctx)
 		if err != nil {
@@ -436,7 +415,7 @@ func (s *scenario) checkClusterNetwork(ctx context.Context, worker string) {
 		}
 		return nil
 	})
-	setClusterNetwork(ctx, s.t, s, workerNetwork.services, workerNetwork.pods, workerNetwork.domain)
+	s.setClusterNetwork(ctx, workerNetwork.services, workerNetwork.pods, workerNetwork.domain)
 	s.eventually(time.Minute, "ClusterNetworkApplied True once the Cluster asks for its network again", func(ctx context.Context) error {
 		cp, err := s.controlPlane(ctx)
 		if err != nil {

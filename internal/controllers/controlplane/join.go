@@ -268,7 +268,9 @@ func (r *Reconciler) ensureWorkloadObjects(ctx context.Context, cluster *cluster
 			return
 		}
 	}
-	c, err := r.ClusterCache.GetClient(ctx, key)
+	// Uncached: a cached client would start a cluster-wide informer per
+	// kind in every workload cluster for a few writes every ten minutes.
+	c, err := r.ClusterCache.GetUncachedClient(ctx, key)
 	if err != nil {
 		if !errors.Is(err, clustercache.ErrClusterNotConnected) {
 			logger.Error(err, "Reaching the workload cluster for the join artifacts and addons")
