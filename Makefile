@@ -46,7 +46,7 @@ TEST_FLAGS ?=
 
 export QCP_BIN_DIR := $(BIN)
 
-.PHONY: all binaries qcp-binaries generate verify-generate test test-steps test-profile unit bench chaos lint up down clean check-strays
+.PHONY: all binaries qcp-binaries generate verify-generate test test-steps test-profile unit bench chaos lint up down clean check-strays image
 
 all: binaries
 
@@ -169,13 +169,25 @@ lint:
 check-strays:
 	hack/check-strays.sh $(BIN)
 
-## up: a local management cluster (etcd, kube-apiserver, CAPI core, qcp-manager) in the background, and the sample 3-machine cluster demo.
+## up: a local management cluster (etcd, kube-apiserver, CAPI core, CABPK, qcp-manager) in the background, and the sample 3-machine cluster demo.
 up: binaries
 	@hack/inotify-limit.sh
 	$(BIN)/qcpctl up
 
 down:
 	$(BIN)/qcpctl down
+
+# The version release artifacts carry.
+VERSION ?= v0.1.0
+OUT := $(CURDIR)/out
+
+## image: qcp-manager's OCI image, qcp-manager:$(VERSION), as an OCI image layout in out/image, built
+## from a static binary without a container engine (hack/image; the test is hack/image's TestImage).
+image:
+	@mkdir -p $(OUT)
+	CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X github.com/qcp-dev/qcp/internal/version.Version=$(VERSION)" \
+		-o $(OUT)/qcp-manager-static ./cmd/qcp-manager
+	go run ./hack/image -binary $(OUT)/qcp-manager-static -out $(OUT)/image -version $(VERSION)
 
 clean:
 	rm -rf $(BIN)
