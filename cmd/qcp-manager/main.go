@@ -62,7 +62,7 @@ func main() {
 	flag.StringVar(&webhookOpts.Host, "webhook-host", "", "address the admission webhooks are served on (default: every interface)")
 	flag.StringVar(&webhookOpts.CertDir, "webhook-cert-dir", "", "directory holding the webhooks' serving certificate tls.crt and key tls.key (default: controller-runtime's, under the temporary directory)")
 	flag.BoolVar(&showVer, "version", false, "print the version and exit")
-	flag.StringVar(&processOpts.MachineRoot, "machine-root", "", "directory holding the process machines' directories (required)")
+	flag.StringVar(&processOpts.MachineRoot, "machine-root", "", "directory holding the process machines' directories (required with the process controllers)")
 	flag.StringVar(&processOpts.BinDir, "bin-dir", "", "directory of the pinned binaries (default: $QCP_BIN_DIR or the repository's bin/)")
 	flag.StringVar(&processOpts.AgentPath, "agent", "", "path of qcp-agent (default: qcp-agent next to this binary)")
 	flag.Func("address-range", "loopback prefix machine and load balancer addresses come from (default "+process.DefaultAddressRange.String()+")", func(v string) error {
@@ -134,23 +134,38 @@ func (o controlPlaneOptions) runs(name string) bool {
 	return o.controllers == nil || o.controllers[name]
 }
 
-func run(metricsAddr, healthAddr string, leaderElect bool, processOpts process.Options, webhookOpts webhook.Options, cpOpts controlPlaneOptions) error {
-	if processOpts.MachineRoot == "" {
-		return fmt.Errorf("--machine-root is required: name the directory that holds the process machines")
+// completeProcessOptions checks and defaults the process provider's flags,
+// which only its controllers need: a manager that runs the control plane
+// and EtcdCluster controllers alone (in a Pod, beside another
+// infrastructure provider) is given none of them.
+func completeProcessOptions(o process.Options, cpOpts controlPlaneOptions) (process.Options, error) {
+	if !cpOpts.runs("process") {
+		return o, nil
 	}
-	if processOpts.BinDir == "" {
+	if o.MachineRoot == "" {
+		return o, fmt.Errorf("--machine-root is required with the process controllers: name the directory that holds the process machines, or leave the controllers out with --controllers")
+	}
+	if o.BinDir == "" {
 		dir, err := binaries.Dir()
 		if err != nil {
-			return err
+			return o, err
 		}
-		processOpts.BinDir = dir
+		o.BinDir = dir
 	}
-	if processOpts.AgentPath == "" {
+	if o.AgentPath == "" {
 		self, err := os.Executable()
 		if err != nil {
-			return err
+			return o, err
 		}
-		processOpts.AgentPath = filepath.Join(filepath.Dir(self), "qcp-agent")
+		o.AgentPath = filepath.Join(filepath.Dir(self), "qcp-agent")
+	}
+	return o, nil
+}
+
+func run(metricsAddr, healthAddr string, leaderElect bool, processOpts process.Options, webhookOpts webhook.Options, cpOpts controlPlaneOptions) error {
+	processOpts, err := completeProcessOptions(processOpts, cpOpts)
+	if err != nil {
+		return err
 	}
 	cfg, err := ctrl.GetConfig()
 	if err != nil {
