@@ -11,6 +11,7 @@ import (
 	"strings"
 	"testing"
 
+	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/layout"
 	"github.com/google/go-containerregistry/pkg/v1/mutate"
 )
@@ -47,14 +48,7 @@ func TestImage(t *testing.T) {
 	if err := build(binary, out, version); err != nil {
 		t.Fatal(err)
 	}
-	index, err := layout.ImageIndexFromPath(out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	manifest, err := index.IndexManifest()
-	if err != nil {
-		t.Fatal(err)
-	}
+	index, manifest := readLayout(t, out)
 	if len(manifest.Manifests) != 1 || manifest.Manifests[0].Annotations["org.opencontainers.image.ref.name"] != "qcp-manager:"+version {
 		t.Fatalf("the layout's index: %+v", manifest.Manifests)
 	}
@@ -88,13 +82,23 @@ func TestImage(t *testing.T) {
 	if err := build(binary, again, version); err != nil {
 		t.Fatal(err)
 	}
-	second, err := layout.ImageIndexFromPath(again)
+	if _, m := readLayout(t, again); len(m.Manifests) != 1 || m.Manifests[0].Digest != manifest.Manifests[0].Digest {
+		t.Errorf("the same binary gave another image: %v, then %v", manifest.Manifests, m.Manifests)
+	}
+}
+
+// readLayout opens the OCI image layout in dir and reads its index.
+func readLayout(t *testing.T, dir string) (v1.ImageIndex, *v1.IndexManifest) {
+	t.Helper()
+	index, err := layout.ImageIndexFromPath(dir)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if m, err := second.IndexManifest(); err != nil || m.Manifests[0].Digest != manifest.Manifests[0].Digest {
-		t.Errorf("the same binary gave another image: %v, %v", manifest.Manifests[0].Digest, err)
+	manifest, err := index.IndexManifest()
+	if err != nil {
+		t.Fatal(err)
 	}
+	return index, manifest
 }
 
 // unpack writes the files of the tar stream r under dir.

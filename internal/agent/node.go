@@ -30,7 +30,7 @@ const (
 	statusRefresh  = 10 * time.Second
 	leaseDuration  = 40
 	nodeLeaseNS    = "kube-node-lease"
-	controlPlaneLb = "node-role.kubernetes.io/control-plane"
+	controlPlaneLb = bootstrap.ControlPlaneNodeRole
 	zoneLabel      = "topology.kubernetes.io/zone"
 )
 

@@ -254,6 +254,11 @@ func (d *Document) DNSDomain() string {
 	return DefaultDNSDomain
 }
 
+// ControlPlaneNodeRole is kubeadm's control plane Node label and taint key
+// (constants.LabelNodeRoleControlPlane): qcp-agent puts both on its Node,
+// and QCP's addons tolerate the taint as kubeadm's do.
+const ControlPlaneNodeRole = "node-role.kubernetes.io/control-plane"
+
 // NoKubeletNodeLabel is on the Node of every machine qcp-agent runs: it runs
 // no kubelet, so nothing scheduled there ever starts. QCP's addons keep off
 // such Nodes with a node affinity on it, and so should any workload meant

@@ -16,6 +16,7 @@ import (
 	"github.com/qcp-dev/qcp/internal/agent"
 	"github.com/qcp-dev/qcp/internal/bootstrap"
 	"github.com/qcp-dev/qcp/internal/etcd"
+	"github.com/qcp-dev/qcp/internal/testkit"
 )
 
 // These are TestProcessMachines' checks of what the agent does on a real
@@ -110,7 +111,7 @@ func nodeRegisteredAgain(t *testing.T, c *testCluster, spec MachineSpec) {
 			return fmt.Errorf("Node %s is still the deleted one (uid %s)", n.Name, n.UID)
 		}
 		_, cp := n.Labels["node-role.kubernetes.io/control-plane"]
-		if n.Spec.ProviderID != spec.ProviderID || n.Labels["topology.kubernetes.io/zone"] != spec.FailureDomain || !cp || !hasControlPlaneTaint(n) {
+		if n.Spec.ProviderID != spec.ProviderID || n.Labels["topology.kubernetes.io/zone"] != spec.FailureDomain || !cp || !testkit.HasControlPlaneTaint(n) {
 			return fmt.Errorf("Node %s registered with providerID %q, labels %v and taints %v", n.Name, n.Spec.ProviderID, n.Labels, n.Spec.Taints)
 		}
 		return nil

@@ -57,7 +57,7 @@ func TestProcessMachines(t *testing.T) {
 		if _, ok := n.Labels["node-role.kubernetes.io/control-plane"]; !ok {
 			return fmt.Errorf("labels %v", n.Labels)
 		}
-		if !hasControlPlaneTaint(n) {
+		if !testkit.HasControlPlaneTaint(n) {
 			return fmt.Errorf("taints %v; want node-role.kubernetes.io/control-plane:NoSchedule", n.Spec.Taints)
 		}
 		return nil
@@ -330,15 +330,4 @@ func threadNiceness(pid int) (map[string]int, error) {
 		out[task.Name()] = n
 	}
 	return out, nil
-}
-
-// hasControlPlaneTaint reports whether n carries kubeadm's control-plane
-// taint, which keeps workloads off a Node that runs no kubelet.
-func hasControlPlaneTaint(n *corev1.Node) bool {
-	for _, t := range n.Spec.Taints {
-		if t.Key == "node-role.kubernetes.io/control-plane" && t.Effect == corev1.TaintEffectNoSchedule {
-			return true
-		}
-	}
-	return false
 }

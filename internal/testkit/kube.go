@@ -4,9 +4,11 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/qcp-dev/qcp/internal/bootstrap"
 	"github.com/qcp-dev/qcp/internal/certs"
 )
 
@@ -29,4 +31,15 @@ func AdminClient(t testing.TB, cluster, server string, ca *certs.KeyPair, trust 
 		t.Fatal(err)
 	}
 	return cs
+}
+
+// HasControlPlaneTaint reports whether n carries kubeadm's control-plane
+// NoSchedule taint, which keeps workloads off the Nodes of QCP's machines.
+func HasControlPlaneTaint(n *corev1.Node) bool {
+	for _, t := range n.Spec.Taints {
+		if t.Key == bootstrap.ControlPlaneNodeRole && t.Effect == corev1.TaintEffectNoSchedule {
+			return true
+		}
+	}
+	return false
 }

@@ -285,13 +285,7 @@ func (s *scenario) checkAddons(ctx context.Context, worker string) {
 	if err != nil {
 		s.t.Fatal(err)
 	}
-	svc, err := cs.CoreV1().Services(metav1.NamespaceSystem).Get(ctx, "kube-dns", metav1.GetOptions{})
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	if svc.Spec.ClusterIP != workerNetwork.dnsIP {
-		s.t.Errorf("kube-dns has %s; want %s, the tenth address of %s", svc.Spec.ClusterIP, workerNetwork.dnsIP, workerNetwork.services)
-	}
+	s.checkServiceIP(ctx, cs, metav1.NamespaceSystem, "kube-dns", workerNetwork.dnsIP, "the tenth address of "+workerNetwork.services)
 	s.eventually(time.Minute, "one kube-proxy pod, on the worker", func(ctx context.Context) error {
 		pods, err := cs.CoreV1().Pods(metav1.NamespaceSystem).List(ctx, metav1.ListOptions{LabelSelector: "k8s-app=kube-proxy"})
 		if err != nil {
@@ -340,6 +334,19 @@ var workerNetwork = struct{ services, pods, domain, kubernetesIP, dnsIP string }
 	"10.128.0.0/16", "192.168.0.0/16", "qcp.test", "10.128.0.1", "10.128.0.10",
 }
 
+// checkServiceIP: the Service ns/name has the cluster IP want (which is
+// what, for the message).
+func (s *scenario) checkServiceIP(ctx context.Context, cs kubernetes.Interface, ns, name, want, what string) {
+	s.t.Helper()
+	svc, err := cs.CoreV1().Services(ns).Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	if svc.Spec.ClusterIP != want {
+		s.t.Errorf("Service %s/%s has %s; want %s, %s", ns, name, svc.Spec.ClusterIP, want, what)
+	}
+}
+
 // setClusterNetwork sets the scenario's Cluster's spec.clusterNetwork.
 func (s *scenario) setClusterNetwork(ctx context.Context, services, pods, domain string) {
 	s.t.Helper()
@@ -360,13 +367,7 @@ func (s *scenario) checkClusterNetwork(ctx context.Context, worker string) {
 	if err != nil {
 		s.t.Fatal(err)
 	}
-	svc, err := cs.CoreV1().Services(metav1.NamespaceDefault).Get(ctx, "kubernetes", metav1.GetOptions{})
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	if svc.Spec.ClusterIP != workerNetwork.kubernetesIP {
-		s.t.Errorf("the kubernetes Service has %s; want %s, the first address of %s", svc.Spec.ClusterIP, workerNetwork.kubernetesIP, workerNetwork.services)
-	}
+	s.checkServiceIP(ctx, cs, metav1.NamespaceDefault, "kubernetes", workerNetwork.kubernetesIP, "the first address of "+workerNetwork.services)
 	kubelet, err := cs.CoreV1().ConfigMaps(metav1.NamespaceSystem).Get(ctx, "kubelet-config", metav1.GetOptions{})
 	if err != nil {
 		s.t.Fatal(err)
@@ -669,11 +670,7 @@ func (s *scenario) checkControlPlaneTaints(ctx context.Context) {
 			if err != nil {
 				return err
 			}
-			tainted := false
-			for _, taint := range n.Spec.Taints {
-				tainted = tainted || taint.Key == "node-role.kubernetes.io/control-plane" && taint.Effect == corev1.TaintEffectNoSchedule
-			}
-			if !tainted {
+			if !testkit.HasControlPlaneTaint(n) {
 				return fmt.Errorf("Node %s has taints %v", n.Name, n.Spec.Taints)
 			}
 		}

@@ -9,8 +9,6 @@ import (
 	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	utilversion "k8s.io/apimachinery/pkg/util/version"
 	componentbaseconfigv1alpha1 "k8s.io/component-base/config/v1alpha1"
@@ -59,38 +57,29 @@ func coreDNSVersion(version string) (string, error) {
 
 // addonObjects are the addon objects to apply for cp's cluster at version
 // (the lowest version its machines run, so that kube-proxy is never newer
-// than an API server), and those of disabled addons to delete.
-func addonObjects(cp *controlplanev1.QuorumControlPlane, network clusterNetwork, server, version string) (apply []runtime.ApplyConfiguration, remove []client.Object, err error) {
-	var dns, proxy []client.Object
-	if dns, err = coreDNSObjects(network, version); err != nil {
+// than an API server), labelled as QCP's, and those of disabled addons to
+// delete.
+func addonObjects(cp *controlplanev1.QuorumControlPlane, network clusterNetwork, server, version string) (apply, remove []client.Object, err error) {
+	dns, err := coreDNSObjects(network, version)
+	if err != nil {
 		return nil, nil, err
 	}
-	if proxy, err = kubeProxyObjects(network, server, version); err != nil {
+	proxy, err := kubeProxyObjects(network, server, version)
+	if err != nil {
 		return nil, nil, err
 	}
-	add := func(objs []client.Object, disabled bool) error {
-		if disabled {
-			remove = append(remove, objs...)
-			return nil
+	for _, addon := range []struct {
+		objs     []client.Object
+		disabled bool
+	}{{dns, cp.Spec.Addons.CoreDNS.Disabled}, {proxy, cp.Spec.Addons.KubeProxy.Disabled}} {
+		if addon.disabled {
+			remove = append(remove, addon.objs...)
+			continue
 		}
-		for _, o := range objs {
+		for _, o := range addon.objs {
 			o.SetLabels(mergeInto(o.GetLabels(), addonsManagedBy))
-			u, err := runtime.DefaultUnstructuredConverter.ToUnstructured(o)
-			if err != nil {
-				return err
-			}
-			delete(u, "status")
-			unstructured.RemoveNestedField(u, "metadata", "creationTimestamp")
-			unstructured.RemoveNestedField(u, "spec", "template", "metadata", "creationTimestamp")
-			apply = append(apply, client.ApplyConfigurationFromUnstructured(&unstructured.Unstructured{Object: u}))
 		}
-		return nil
-	}
-	if err := add(dns, cp.Spec.Addons.CoreDNS.Disabled); err != nil {
-		return nil, nil, err
-	}
-	if err := add(proxy, cp.Spec.Addons.KubeProxy.Disabled); err != nil {
-		return nil, nil, err
+		apply = append(apply, addon.objs...)
 	}
 	return apply, remove, nil
 }
@@ -145,17 +134,12 @@ func coreDNSObjects(network clusterNetwork, version string) ([]client.Object, er
 		return corev1.ContainerPort{Name: name, ContainerPort: n, Protocol: proto}
 	}
 	return []client.Object{
-		&corev1.ServiceAccount{TypeMeta: typeMeta("v1", "ServiceAccount"), ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}},
-		&rbacv1.ClusterRole{TypeMeta: typeMeta("rbac.authorization.k8s.io/v1", "ClusterRole"), ObjectMeta: metav1.ObjectMeta{Name: "system:coredns"},
-			Rules: []rbacv1.PolicyRule{
-				{APIGroups: []string{""}, Resources: []string{"endpoints", "services", "pods", "namespaces"}, Verbs: []string{"list", "watch"}},
-				{APIGroups: []string{"discovery.k8s.io"}, Resources: []string{"endpointslices"}, Verbs: []string{"list", "watch"}},
-			}},
-		&rbacv1.ClusterRoleBinding{TypeMeta: typeMeta("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"), ObjectMeta: metav1.ObjectMeta{Name: "system:coredns"},
-			RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "system:coredns"},
-			Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: name, Namespace: ns}}},
-		&corev1.ConfigMap{TypeMeta: typeMeta("v1", "ConfigMap"), ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
-			Data: map[string]string{"Corefile": corefile}},
+		serviceAccount(ns, name),
+		clusterRole("system:coredns",
+			rbacv1.PolicyRule{APIGroups: []string{""}, Resources: []string{"endpoints", "services", "pods", "namespaces"}, Verbs: []string{"list", "watch"}},
+			rbacv1.PolicyRule{APIGroups: []string{"discovery.k8s.io"}, Resources: []string{"endpointslices"}, Verbs: []string{"list", "watch"}}),
+		clusterRoleBinding("system:coredns", "system:coredns", serviceAccountSubject(ns, name)),
+		configMap(ns, name, map[string]string{"Corefile": corefile}),
 		&appsv1.Deployment{TypeMeta: typeMeta("apps/v1", "Deployment"), ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: labels},
 			Spec: appsv1.DeploymentSpec{
 				Replicas: ptr.To[int32](2),
@@ -173,7 +157,7 @@ func coreDNSObjects(network clusterNetwork, version string) ([]client.Object, er
 					}},
 					Tolerations: []corev1.Toleration{
 						{Key: "CriticalAddonsOnly", Operator: corev1.TolerationOpExists},
-						{Key: controlPlaneTaintKey, Effect: corev1.TaintEffectNoSchedule},
+						{Key: bootstrap.ControlPlaneNodeRole, Effect: corev1.TaintEffectNoSchedule},
 					},
 					NodeSelector: map[string]string{"kubernetes.io/os": "linux"},
 					Containers: []corev1.Container{{
@@ -228,7 +212,7 @@ func kubeProxyObjects(network clusterNetwork, server, version string) ([]client.
 		ClusterCIDR:      network.Pods,
 		ClientConnection: componentbaseconfigv1alpha1.ClientConnectionConfiguration{Kubeconfig: "/var/lib/kube-proxy/kubeconfig.conf"},
 	}
-	config, err := yaml.Marshal(cfg)
+	proxyConfig, err := yaml.Marshal(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("writing kube-proxy's KubeProxyConfiguration: %w", err)
 	}
@@ -253,21 +237,17 @@ func kubeProxyObjects(network clusterNetwork, server, version string) ([]client.
 		"    tokenFile: /var/run/secrets/kubernetes.io/serviceaccount/token",
 	}, "\n")
 	labels := map[string]string{"k8s-app": name}
+	config := configMap(ns, name, map[string]string{"kubeconfig.conf": kubeconfig, "config.conf": string(proxyConfig)})
+	config.Labels = map[string]string{"app": name}
 	hostPath := func(vol, path string, t *corev1.HostPathType) corev1.Volume {
 		return corev1.Volume{Name: vol, VolumeSource: corev1.VolumeSource{HostPath: &corev1.HostPathVolumeSource{Path: path, Type: t}}}
 	}
 	return []client.Object{
-		&corev1.ServiceAccount{TypeMeta: typeMeta("v1", "ServiceAccount"), ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}},
-		&rbacv1.ClusterRoleBinding{TypeMeta: typeMeta("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"), ObjectMeta: metav1.ObjectMeta{Name: "kubeadm:node-proxier"},
-			RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: "system:node-proxier"},
-			Subjects: []rbacv1.Subject{{Kind: rbacv1.ServiceAccountKind, Name: name, Namespace: ns}}},
-		&rbacv1.Role{TypeMeta: typeMeta("rbac.authorization.k8s.io/v1", "Role"), ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
-			Rules: []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"configmaps"}, ResourceNames: []string{name}, Verbs: []string{"get"}}}},
-		&rbacv1.RoleBinding{TypeMeta: typeMeta("rbac.authorization.k8s.io/v1", "RoleBinding"), ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
-			RoleRef:  rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: name},
-			Subjects: []rbacv1.Subject{{Kind: rbacv1.GroupKind, APIGroup: rbacv1.GroupName, Name: bootstrapTokenGroup}}},
-		&corev1.ConfigMap{TypeMeta: typeMeta("v1", "ConfigMap"), ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: map[string]string{"app": name}},
-			Data: map[string]string{"kubeconfig.conf": kubeconfig, "config.conf": string(config)}},
+		serviceAccount(ns, name),
+		clusterRoleBinding("kubeadm:node-proxier", "system:node-proxier", serviceAccountSubject(ns, name)),
+		role(ns, name, getConfigMap(name)),
+		roleBinding(ns, name, group(bootstrapTokenGroup)),
+		config,
 		&appsv1.DaemonSet{TypeMeta: typeMeta("apps/v1", "DaemonSet"), ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: labels},
 			Spec: appsv1.DaemonSetSpec{
 				Selector:       &metav1.LabelSelector{MatchLabels: labels},
@@ -299,11 +279,4 @@ func kubeProxyObjects(network clusterNetwork, server, version string) ([]client.
 				}},
 			}},
 	}, nil
-}
-
-// controlPlaneTaintKey is kubeadm's constants.LabelNodeRoleControlPlane.
-const controlPlaneTaintKey = "node-role.kubernetes.io/control-plane"
-
-func typeMeta(apiVersion, kind string) metav1.TypeMeta {
-	return metav1.TypeMeta{APIVersion: apiVersion, Kind: kind}
 }

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"testing"
 
-	"k8s.io/apimachinery/pkg/runtime"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
 	"github.com/qcp-dev/qcp/internal/bootstrap"
@@ -24,7 +24,11 @@ func TestCoreDNSVersion(t *testing.T) {
 // Nodes, labelled as QCP's; a disabled addon's objects are removed instead.
 func TestAddonObjects(t *testing.T) {
 	network := clusterNetwork{Services: "10.128.0.0/16", Pods: "192.168.0.0/16", DNSDomain: "qcp.test"}
-	rendered := func(objs []runtime.ApplyConfiguration) string {
+	rendered := func(typed []client.Object) string {
+		objs, err := applyConfigurations(typed)
+		if err != nil {
+			t.Fatal(err)
+		}
 		var b strings.Builder
 		for _, o := range objs {
 			data, err := json.Marshal(o)

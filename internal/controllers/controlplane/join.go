@@ -13,13 +13,14 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/apimachinery/pkg/runtime"
-	corev1ac "k8s.io/client-go/applyconfigurations/core/v1"
-	rbacv1ac "k8s.io/client-go/applyconfigurations/rbac/v1"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	kubeletv1beta1 "k8s.io/kubelet/config/v1beta1"
+	netutils "k8s.io/utils/net"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	kubeadmv1beta4 "sigs.k8s.io/cluster-api/bootstrap/kubeadm/pkg/types/upstreamv1beta4"
@@ -54,9 +55,9 @@ const (
 	kubeadmCertificatesDir = "/etc/kubernetes/pki"
 )
 
-// joinArtifacts is every object of the join contract, as apply
-// configurations, in the order they are applied.
-func joinArtifacts(cluster *clusterv1.Cluster, cp *controlplanev1.QuorumControlPlane, network clusterNetwork, clusterTrust []byte, ext *externalEtcd) ([]runtime.ApplyConfiguration, error) {
+// joinArtifacts is every object of the join contract, in the order they
+// are applied.
+func joinArtifacts(cluster *clusterv1.Cluster, cp *controlplanev1.QuorumControlPlane, network clusterNetwork, clusterTrust []byte, ext *externalEtcd) ([]client.Object, error) {
 	endpoint := net.JoinHostPort(cluster.Spec.ControlPlaneEndpoint.Host, strconv.Itoa(int(cluster.Spec.ControlPlaneEndpoint.Port)))
 	clusterInfo, err := clusterInfoKubeconfig("https://"+endpoint, clusterTrust)
 	if err != nil {
@@ -70,38 +71,25 @@ func joinArtifacts(cluster *clusterv1.Cluster, cp *controlplanev1.QuorumControlP
 	if err != nil {
 		return nil, err
 	}
-	getConfigMap := func(name string) *rbacv1ac.PolicyRuleApplyConfiguration {
-		return rbacv1ac.PolicyRule().WithVerbs("get").WithAPIGroups("").WithResources("configmaps").WithResourceNames(name)
-	}
-	group := func(name string) *rbacv1ac.SubjectApplyConfiguration {
-		return rbacv1ac.Subject().WithKind("Group").WithAPIGroup("rbac.authorization.k8s.io").WithName(name)
-	}
-	roleBinding := func(ns, name string, subjects ...*rbacv1ac.SubjectApplyConfiguration) *rbacv1ac.RoleBindingApplyConfiguration {
-		return rbacv1ac.RoleBinding(name, ns).WithRoleRef(rbacv1ac.RoleRef().WithAPIGroup("rbac.authorization.k8s.io").WithKind("Role").WithName(name)).WithSubjects(subjects...)
-	}
-	clusterRoleBinding := func(name, role string, subjects ...*rbacv1ac.SubjectApplyConfiguration) *rbacv1ac.ClusterRoleBindingApplyConfiguration {
-		return rbacv1ac.ClusterRoleBinding(name).WithRoleRef(rbacv1ac.RoleRef().WithAPIGroup("rbac.authorization.k8s.io").WithKind("ClusterRole").WithName(role)).WithSubjects(subjects...)
-	}
-	return []runtime.ApplyConfiguration{
+	return []client.Object{
 		// phases/bootstraptoken/clusterinfo: CreateBootstrapConfigMapIfNotExists
 		// (bootstrapapi.ConfigMapClusterInfo, key bootstrapapi.KubeConfigKey)
 		// and CreateClusterInfoRBACRules (BootstrapSignerClusterRoleName, for
 		// user.Anonymous): discovery reads it before it trusts anything.
-		corev1ac.ConfigMap("cluster-info", metav1.NamespacePublic).WithData(map[string]string{"kubeconfig": clusterInfo}),
-		rbacv1ac.Role("kubeadm:bootstrap-signer-clusterinfo", metav1.NamespacePublic).WithRules(getConfigMap("cluster-info")),
-		roleBinding(metav1.NamespacePublic, "kubeadm:bootstrap-signer-clusterinfo",
-			rbacv1ac.Subject().WithKind("User").WithAPIGroup("rbac.authorization.k8s.io").WithName("system:anonymous")),
+		configMap(metav1.NamespacePublic, "cluster-info", map[string]string{"kubeconfig": clusterInfo}),
+		role(metav1.NamespacePublic, "kubeadm:bootstrap-signer-clusterinfo", getConfigMap("cluster-info")),
+		roleBinding(metav1.NamespacePublic, "kubeadm:bootstrap-signer-clusterinfo", user("system:anonymous")),
 		// phases/uploadconfig: UploadConfiguration (constants.KubeadmConfigConfigMap,
 		// key constants.ClusterConfigurationConfigMapKey, and the Role
 		// NodesKubeadmConfigClusterRoleName for bootstrap tokens and nodes).
-		corev1ac.ConfigMap("kubeadm-config", metav1.NamespaceSystem).WithData(map[string]string{"ClusterConfiguration": clusterConfiguration}),
-		rbacv1ac.Role("kubeadm:nodes-kubeadm-config", metav1.NamespaceSystem).WithRules(getConfigMap("kubeadm-config")),
+		configMap(metav1.NamespaceSystem, "kubeadm-config", map[string]string{"ClusterConfiguration": clusterConfiguration}),
+		role(metav1.NamespaceSystem, "kubeadm:nodes-kubeadm-config", getConfigMap("kubeadm-config")),
 		roleBinding(metav1.NamespaceSystem, "kubeadm:nodes-kubeadm-config", group(bootstrapTokenGroup), group(nodesGroup)),
 		// phases/kubelet: CreateConfigMap (constants.KubeletBaseConfigurationConfigMap,
 		// key constants.KubeletBaseConfigurationConfigMapKey, and the Role
 		// constants.KubeletBaseConfigMapRole).
-		corev1ac.ConfigMap("kubelet-config", metav1.NamespaceSystem).WithData(map[string]string{"kubelet": kubeletConfiguration}),
-		rbacv1ac.Role("kubeadm:kubelet-config", metav1.NamespaceSystem).WithRules(getConfigMap("kubelet-config")),
+		configMap(metav1.NamespaceSystem, "kubelet-config", map[string]string{"kubelet": kubeletConfiguration}),
+		role(metav1.NamespaceSystem, "kubeadm:kubelet-config", getConfigMap("kubelet-config")),
 		roleBinding(metav1.NamespaceSystem, "kubeadm:kubelet-config", group(nodesGroup), group(bootstrapTokenGroup)),
 		// phases/bootstraptoken/node: AllowBootstrapTokensToPostCSRs
 		// (constants.NodeKubeletBootstrap), AllowBootstrapTokensToGetNodes
@@ -113,7 +101,7 @@ func joinArtifacts(cluster *clusterv1.Cluster, cp *controlplanev1.QuorumControlP
 		// kube-controller-manager's csrapproving then approves, as it does
 		// a node's own renewal.
 		clusterRoleBinding("kubeadm:kubelet-bootstrap", "system:node-bootstrapper", group(bootstrapTokenGroup)),
-		rbacv1ac.ClusterRole("kubeadm:get-nodes").WithRules(rbacv1ac.PolicyRule().WithVerbs("get").WithAPIGroups("").WithResources("nodes")),
+		clusterRole("kubeadm:get-nodes", rbacv1.PolicyRule{Verbs: []string{"get"}, APIGroups: []string{""}, Resources: []string{"nodes"}}),
 		clusterRoleBinding("kubeadm:get-nodes", "kubeadm:get-nodes", group(bootstrapTokenGroup)),
 		clusterRoleBinding("kubeadm:node-autoapprove-bootstrap", "system:certificates.k8s.io:certificatesigningrequests:nodeclient", group(bootstrapTokenGroup)),
 		clusterRoleBinding("kubeadm:node-autoapprove-certificate-rotation", "system:certificates.k8s.io:certificatesigningrequests:selfnodeclient", group(nodesGroup)),
@@ -121,9 +109,76 @@ func joinArtifacts(cluster *clusterv1.Cluster, cp *controlplanev1.QuorumControlP
 		// (constants.KubeletAPIAdminClusterRoleBindingName for
 		// constants.APIServerKubeletClientCertCommonName, the CN of
 		// certs.IssueKubeletClient): logs, exec and port-forward on workers.
-		clusterRoleBinding("kubeadm:apiserver-kubelet-client", "system:kubelet-api-admin",
-			rbacv1ac.Subject().WithKind("User").WithAPIGroup("rbac.authorization.k8s.io").WithName("kube-apiserver-kubelet-client")),
+		clusterRoleBinding("kubeadm:apiserver-kubelet-client", "system:kubelet-api-admin", user("kube-apiserver-kubelet-client")),
 	}, nil
+}
+
+// The workload objects QCP writes are typed objects, each with its
+// TypeMeta, which applyConfigurations turns into server-side applies.
+
+func typeMeta(apiVersion, kind string) metav1.TypeMeta {
+	return metav1.TypeMeta{APIVersion: apiVersion, Kind: kind}
+}
+
+func configMap(ns, name string, data map[string]string) *corev1.ConfigMap {
+	return &corev1.ConfigMap{TypeMeta: typeMeta("v1", "ConfigMap"), ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}, Data: data}
+}
+
+func serviceAccount(ns, name string) *corev1.ServiceAccount {
+	return &corev1.ServiceAccount{TypeMeta: typeMeta("v1", "ServiceAccount"), ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}}
+}
+
+func role(ns, name string, rules ...rbacv1.PolicyRule) *rbacv1.Role {
+	return &rbacv1.Role{TypeMeta: typeMeta("rbac.authorization.k8s.io/v1", "Role"), ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}, Rules: rules}
+}
+
+func clusterRole(name string, rules ...rbacv1.PolicyRule) *rbacv1.ClusterRole {
+	return &rbacv1.ClusterRole{TypeMeta: typeMeta("rbac.authorization.k8s.io/v1", "ClusterRole"), ObjectMeta: metav1.ObjectMeta{Name: name}, Rules: rules}
+}
+
+// roleBinding binds the Role of the same name.
+func roleBinding(ns, name string, subjects ...rbacv1.Subject) *rbacv1.RoleBinding {
+	return &rbacv1.RoleBinding{TypeMeta: typeMeta("rbac.authorization.k8s.io/v1", "RoleBinding"), ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		RoleRef: rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: name}, Subjects: subjects}
+}
+
+func clusterRoleBinding(name, clusterRole string, subjects ...rbacv1.Subject) *rbacv1.ClusterRoleBinding {
+	return &rbacv1.ClusterRoleBinding{TypeMeta: typeMeta("rbac.authorization.k8s.io/v1", "ClusterRoleBinding"), ObjectMeta: metav1.ObjectMeta{Name: name},
+		RoleRef: rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "ClusterRole", Name: clusterRole}, Subjects: subjects}
+}
+
+func getConfigMap(name string) rbacv1.PolicyRule {
+	return rbacv1.PolicyRule{Verbs: []string{"get"}, APIGroups: []string{""}, Resources: []string{"configmaps"}, ResourceNames: []string{name}}
+}
+
+func group(name string) rbacv1.Subject {
+	return rbacv1.Subject{Kind: rbacv1.GroupKind, APIGroup: rbacv1.GroupName, Name: name}
+}
+
+func user(name string) rbacv1.Subject {
+	return rbacv1.Subject{Kind: rbacv1.UserKind, APIGroup: rbacv1.GroupName, Name: name}
+}
+
+func serviceAccountSubject(ns, name string) rbacv1.Subject {
+	return rbacv1.Subject{Kind: rbacv1.ServiceAccountKind, Name: name, Namespace: ns}
+}
+
+// applyConfigurations are objs as server-side apply configurations, without
+// the fields a typed object always carries and QCP does not set (status,
+// creation timestamps).
+func applyConfigurations(objs []client.Object) ([]runtime.ApplyConfiguration, error) {
+	out := make([]runtime.ApplyConfiguration, 0, len(objs))
+	for _, o := range objs {
+		u, err := runtime.DefaultUnstructuredConverter.ToUnstructured(o)
+		if err != nil {
+			return nil, fmt.Errorf("%T %s: %w", o, o.GetName(), err)
+		}
+		delete(u, "status")
+		unstructured.RemoveNestedField(u, "metadata", "creationTimestamp")
+		unstructured.RemoveNestedField(u, "spec", "template", "metadata", "creationTimestamp")
+		out = append(out, client.ApplyConfigurationFromUnstructured(&unstructured.Unstructured{Object: u}))
+	}
+	return out, nil
 }
 
 // clusterInfoKubeconfig is cluster-info's kubeconfig: one cluster named ""
@@ -213,18 +268,11 @@ func clusterDNSIP(serviceRange string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("the service range %q: %w", serviceRange, err)
 	}
-	ip := n.IP.To16()
-	out := make(net.IP, len(ip))
-	copy(out, ip)
-	carry := 10
-	for i := len(out) - 1; i >= 0 && carry > 0; i-- {
-		sum := int(out[i]) + carry
-		out[i], carry = byte(sum), sum>>8
-	}
-	if !n.Contains(out) {
+	ip, err := netutils.GetIndexedIP(n, 10)
+	if err != nil {
 		return "", fmt.Errorf("the service range %q has no tenth address for the cluster DNS", serviceRange)
 	}
-	return out.String(), nil
+	return ip.String(), nil
 }
 
 // workloadRecord is what was last applied to a workload cluster, and when.
@@ -309,7 +357,8 @@ func (r *Reconciler) workloadObjects(cluster *clusterv1.Cluster, cp *controlplan
 	if err != nil {
 		return nil, nil, err
 	}
-	if apply, err = joinArtifacts(cluster, cp, network, trust, secrets.external); err != nil {
+	join, err := joinArtifacts(cluster, cp, network, trust, secrets.external)
+	if err != nil {
 		return nil, nil, err
 	}
 	// The lowest version a machine runs, so that kube-proxy is never newer
@@ -321,7 +370,10 @@ func (r *Reconciler) workloadObjects(cluster *clusterv1.Cluster, cp *controlplan
 	if err != nil {
 		return nil, nil, err
 	}
-	return append(apply, addons...), remove, nil
+	if apply, err = applyConfigurations(append(join, addons...)); err != nil {
+		return nil, nil, err
+	}
+	return apply, remove, nil
 }
 
 // deleteAddonObject deletes o from the workload cluster if it exists and

@@ -6,11 +6,11 @@ import (
 	"testing"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/client-go/tools/clientcmd"
 	kubeletv1beta1 "k8s.io/kubelet/config/v1beta1"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	kubeadmv1beta4 "sigs.k8s.io/cluster-api/bootstrap/kubeadm/pkg/types/upstreamv1beta4"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/yaml"
 
 	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
@@ -53,7 +53,11 @@ func TestJoinArtifacts(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	objects := func(objs []runtime.ApplyConfiguration) map[string]map[string]any {
+	objects := func(typed []client.Object) map[string]map[string]any {
+		objs, err := applyConfigurations(typed)
+		if err != nil {
+			t.Fatal(err)
+		}
 		out := map[string]map[string]any{}
 		for _, o := range objs {
 			data, err := json.Marshal(o)
