@@ -13,6 +13,7 @@ import (
 	"github.com/drone/envsubst/v2"
 	corev1 "k8s.io/api/core/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	"k8s.io/apimachinery/pkg/api/equality"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/runtime"
@@ -327,7 +328,8 @@ func classHealthCheck() clusterv1.ControlPlaneClassHealthCheck {
 
 // TestTopologyHealthCheck: a class that defines the control plane's health
 // check yields exactly one MachineHealthCheck, the topology controller's,
-// which neither controller rewrites while the cluster is idle. A voter
+// whose spec and metadata neither controller rewrites while the cluster is
+// idle. A voter
 // killed under it is remediated by QCP with the quorum rules. Removing the
 // check from the class brings back QCP's own, and adding it again removes
 // QCP's: one object after each change settles.
@@ -352,9 +354,15 @@ func TestTopologyHealthCheck(t *testing.T) {
 		if err != nil {
 			return err
 		}
-		if now.Name != mhc.Name || now.ResourceVersion != mhc.ResourceVersion {
-			return fmt.Errorf("MachineHealthCheck %s at resourceVersion %s (generation %d); was %s at %s (generation %d)",
-				now.Name, now.ResourceVersion, now.Generation, mhc.Name, mhc.ResourceVersion, mhc.Generation)
+		// CAPI's MachineHealthCheck controller writes the status; what
+		// the topology controller or QCP would rewrite is the spec and the
+		// metadata they set.
+		if now.UID != mhc.UID || now.Generation != mhc.Generation || !equality.Semantic.DeepEqual(now.Spec, mhc.Spec) ||
+			!maps.Equal(now.Labels, mhc.Labels) || !maps.Equal(now.Annotations, mhc.Annotations) ||
+			!equality.Semantic.DeepEqual(now.OwnerReferences, mhc.OwnerReferences) {
+			return fmt.Errorf("MachineHealthCheck %s (uid %s) at generation %d, labels %v, annotations %v, owners %v; was %s (uid %s) at generation %d, labels %v, annotations %v, owners %v",
+				now.Name, now.UID, now.Generation, now.Labels, now.Annotations, now.OwnerReferences,
+				mhc.Name, mhc.UID, mhc.Generation, mhc.Labels, mhc.Annotations, mhc.OwnerReferences)
 		}
 		return nil
 	})
@@ -419,11 +427,19 @@ func (s *scenario) settledHealthCheck(topology bool) *clusterv1.MachineHealthChe
 			return nil, err
 		}
 		_, byTopology := mhc.Labels[clusterv1.ClusterTopologyOwnedLabel]
-		byQCP := slices.ContainsFunc(mhc.OwnerReferences, func(o metav1.OwnerReference) bool {
+		i := slices.IndexFunc(mhc.OwnerReferences, func(o metav1.OwnerReference) bool {
 			return o.Kind == "QuorumControlPlane" && ptr.Deref(o.Controller, false)
 		})
+		byQCP := i >= 0
 		if byTopology != topology || byQCP == topology {
 			return nil, fmt.Errorf("MachineHealthCheck %s: labels %v, owners %v; want %s", mhc.Name, mhc.Labels, mhc.OwnerReferences, owner)
+		}
+		// QCP's has a name of its own: the topology controller's is named
+		// after the control plane, and deletes by name.
+		if byQCP {
+			if want := controlplane.HealthCheckName(mhc.OwnerReferences[i].Name); mhc.Name != want {
+				return nil, fmt.Errorf("QCP's MachineHealthCheck is named %s; want %s", mhc.Name, want)
+			}
 		}
 		return mhc, nil
 	}

@@ -22,6 +22,7 @@ func TestAgainstRealParts(t *testing.T) {
 	env := localenv.StartForTest(t, localenv.Options{})
 	t.Run("remediation", func(t *testing.T) { testRemediationAgainstRealParts(t, env) })
 	t.Run("adopting a machine whose etcd cannot be read", func(t *testing.T) { testAdoptedMachineWithUnreadableEtcdIsKept(t, env) })
+	t.Run("the health check's name", func(t *testing.T) { testHealthCheckNames(t, env) })
 }
 
 // createPausedControlPlane creates Cluster name in namespace default,

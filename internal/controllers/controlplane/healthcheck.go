@@ -31,22 +31,34 @@ const DefaultHealthCheckTimeout = 40 * time.Second
 // Node; a process machine's takes seconds.
 const healthCheckNodeStartup = 5 * time.Minute
 
-// ensureHealthCheck keeps the control plane's own MachineHealthCheck, named
-// after it and owned by it, while spec.remediation.autorepair is on, and
-// deletes it when it is off. It checks Node Ready and the agent's
+// HealthCheckName is the name of the MachineHealthCheck QCP keeps for a
+// control plane. It is not the control plane's own name, which is the one
+// CAPI's topology controller gives the health check a ClusterClass defines:
+// that controller deletes its object by name, without a UID precondition, so
+// a reconcile of its on a stale cache could delete QCP's health check if the
+// two shared a name.
+func HealthCheckName(controlPlane string) string { return controlPlane + "-qcp" }
+
+// ensureHealthCheck keeps the control plane's own MachineHealthCheck
+// (HealthCheckName), owned by it, while spec.remediation.autorepair is on,
+// and deletes it when it is off. It checks Node Ready and the agent's
 // component conditions, and its trigger never asks for more unhealthy
 // machines than etcd tolerates: the control plane remediates itself (no
 // remediation template), one machine at a time.
 //
 // When CAPI's topology controller keeps a health check for the control plane
-// (the Cluster's ClusterClass defines one), QCP keeps none: both would be
-// named after the control plane and select its machines, and CAPI forbids
-// overlapping health checks. Remediation then consumes the topology's marks
-// as it consumes its own. It returns what it waits for, if anything: the
-// ClusterClass to be readable, or the topology controller to delete a
-// health check the class no longer defines.
+// (the Cluster's ClusterClass defines one), QCP keeps none: both would
+// select its machines, and CAPI forbids overlapping health checks.
+// Remediation then consumes the topology's marks as it consumes its own. It
+// returns what it waits for, if anything: the ClusterClass to be readable,
+// or the topology controller to delete a health check the class no longer
+// defines.
 func (r *Reconciler) ensureHealthCheck(ctx context.Context, cluster *clusterv1.Cluster, cp *controlplanev1.QuorumControlPlane) (string, error) {
-	mhc := &clusterv1.MachineHealthCheck{ObjectMeta: metav1.ObjectMeta{Name: cp.Name, Namespace: cp.Namespace}}
+	mhc := &clusterv1.MachineHealthCheck{ObjectMeta: metav1.ObjectMeta{Name: HealthCheckName(cp.Name), Namespace: cp.Namespace}}
+	// Before this name, QCP named its health check after the control plane.
+	if err := r.deleteOwnHealthCheck(ctx, cp, cp.Name, "QCP's health check is now named "+mhc.Name); err != nil {
+		return "", err
+	}
 	topology, err := r.topologyKeepsHealthCheck(ctx, cluster)
 	if err != nil {
 		// Only the health check waits for the class (its watch wakes the
@@ -54,30 +66,24 @@ func (r *Reconciler) ensureHealthCheck(ctx context.Context, cluster *clusterv1.C
 		return fmt.Sprintf("Leaving MachineHealthCheck %s as it is: %v", mhc.Name, err), nil
 	}
 	if !ptr.Deref(cp.Spec.Remediation.Autorepair, true) || topology {
-		if err := r.Client.Get(ctx, client.ObjectKeyFromObject(mhc), mhc); err != nil {
-			return "", client.IgnoreNotFound(err)
-		}
-		if !metav1.IsControlledBy(mhc, cp) {
-			return "", nil
-		}
-		if err := r.Client.Delete(ctx, mhc); err != nil {
-			return "", client.IgnoreNotFound(err)
-		}
 		why := "spec.remediation.autorepair is false"
 		if topology {
 			why = "the Cluster's ClusterClass defines the control plane's health check"
 		}
-		r.Recorder.Eventf(cp, corev1.EventTypeNormal, "HealthCheck", "MachineHealthCheck %s deleted: %s", mhc.Name, why)
-		return "", nil
+		return "", r.deleteOwnHealthCheck(ctx, cp, mhc.Name, why)
 	}
-	if err := r.Client.Get(ctx, client.ObjectKeyFromObject(mhc), mhc); err == nil {
-		if _, ok := mhc.Labels[clusterv1.ClusterTopologyOwnedLabel]; ok && !metav1.IsControlledBy(mhc, cp) {
-			return fmt.Sprintf("Waiting for the topology controller to delete MachineHealthCheck %s, which the ClusterClass no longer defines, before QCP creates its own", mhc.Name), nil
+	byTopology := &clusterv1.MachineHealthCheck{}
+	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: cp.Namespace, Name: cp.Name}, byTopology); err == nil {
+		if _, ok := byTopology.Labels[clusterv1.ClusterTopologyOwnedLabel]; ok {
+			return fmt.Sprintf("Waiting for the topology controller to delete MachineHealthCheck %s, which the ClusterClass no longer defines, before QCP creates its own", cp.Name), nil
 		}
 	} else if !apierrors.IsNotFound(err) {
 		return "", err
 	}
 	op, err := controllerutil.CreateOrPatch(ctx, r.Client, mhc, func() error {
+		if mhc.ResourceVersion != "" && !metav1.IsControlledBy(mhc, cp) {
+			return fmt.Errorf("a MachineHealthCheck named %s exists and QCP does not own it: rename it, or set spec.remediation.autorepair to false", mhc.Name)
+		}
 		if err := controllerutil.SetControllerReference(cp, mhc, r.Client.Scheme()); err != nil {
 			return err
 		}
@@ -85,15 +91,29 @@ func (r *Reconciler) ensureHealthCheck(ctx context.Context, cluster *clusterv1.C
 		return nil
 	})
 	if err != nil {
-		if apierrors.IsAlreadyExists(err) {
-			return "", fmt.Errorf("a MachineHealthCheck named %s exists and QCP does not own it: rename it, or set spec.remediation.autorepair to false", cp.Name)
-		}
 		return "", fmt.Errorf("keeping the control plane's MachineHealthCheck: %w", err)
 	}
 	if op != controllerutil.OperationResultNone {
 		r.Recorder.Eventf(cp, corev1.EventTypeNormal, "HealthCheck", "MachineHealthCheck %s %s", mhc.Name, op)
 	}
 	return "", nil
+}
+
+// deleteOwnHealthCheck deletes the MachineHealthCheck called name if the
+// control plane controls it, with an event that says why.
+func (r *Reconciler) deleteOwnHealthCheck(ctx context.Context, cp *controlplanev1.QuorumControlPlane, name, why string) error {
+	mhc := &clusterv1.MachineHealthCheck{}
+	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: cp.Namespace, Name: name}, mhc); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	if !metav1.IsControlledBy(mhc, cp) {
+		return nil
+	}
+	if err := r.Client.Delete(ctx, mhc, client.Preconditions{UID: &mhc.UID}); err != nil {
+		return client.IgnoreNotFound(err)
+	}
+	r.Recorder.Eventf(cp, corev1.EventTypeNormal, "HealthCheck", "MachineHealthCheck %s deleted: %s", name, why)
+	return nil
 }
 
 // topologyKeepsHealthCheck reports whether CAPI's topology controller keeps a
