@@ -15,8 +15,10 @@ import (
 	"go.uber.org/zap/zapcore"
 	"k8s.io/client-go/tools/record"
 	"k8s.io/klog/v2"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/controllers/clustercache"
 	ctrl "sigs.k8s.io/controller-runtime"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
@@ -58,6 +60,8 @@ func main() {
 	flag.StringVar(&metricsAddr, "metrics-bind-address", "127.0.0.1:8080", "where Prometheus metrics are served; 0 turns them off")
 	flag.StringVar(&healthAddr, "health-probe-bind-address", "127.0.0.1:8081", "where /healthz and /readyz are served")
 	flag.BoolVar(&leaderElect, "leader-elect", false, "use leader election, for running more than one replica")
+	flag.StringVar(&cpOpts.namespace, "namespace", "", "namespace whose objects the manager watches and reconciles (default: every namespace)")
+	flag.StringVar((*string)(&cpOpts.watchFilter), "watch-filter", "", "reconcile only objects whose "+clusterv1.WatchLabel+" label has this value (default: every object)")
 	flag.IntVar(&webhookOpts.Port, "webhook-port", webhook.DefaultPort, "port the admission webhooks are served on; 0 turns them off")
 	flag.StringVar(&webhookOpts.Host, "webhook-host", "", "address the admission webhooks are served on (default: every interface)")
 	flag.StringVar(&webhookOpts.CertDir, "webhook-cert-dir", "", "directory holding the webhooks' serving certificate tls.crt and key tls.key (default: controller-runtime's, under the temporary directory)")
@@ -116,7 +120,10 @@ func main() {
 
 // controlPlaneOptions configure the QuorumControlPlane controller.
 type controlPlaneOptions struct {
-	controllers        map[string]bool
+	controllers map[string]bool
+	// namespace and watchFilter limit what every controller reconciles.
+	namespace          string
+	watchFilter        engine.WatchFilter
 	kubeconfigLifetime time.Duration
 	etcdClientLifetime time.Duration
 	// machineCertificateLifetime overrides the machines' leaf validity.
@@ -167,12 +174,18 @@ func run(metricsAddr, healthAddr string, leaderElect bool, processOpts process.O
 	if err != nil {
 		return err
 	}
+	processOpts.WatchFilter = cpOpts.watchFilter
+	var cacheOpts cache.Options
+	if cpOpts.namespace != "" {
+		cacheOpts.DefaultNamespaces = map[string]cache.Config{cpOpts.namespace: {}}
+	}
 	cfg, err := ctrl.GetConfig()
 	if err != nil {
 		return fmt.Errorf("loading the management cluster's kubeconfig (set --kubeconfig): %w", err)
 	}
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                 scheme.New(),
+		Cache:                  cacheOpts,
 		WebhookServer:          webhook.NewServer(webhookOpts),
 		Metrics:                metricsserver.Options{BindAddress: metricsAddr},
 		HealthProbeBindAddress: healthAddr,
@@ -224,8 +237,9 @@ func run(metricsAddr, healthAddr string, leaderElect bool, processOpts process.O
 // ClusterCache it reaches workload clusters through and the etcd client pool.
 func setupControlPlane(ctx context.Context, mgr ctrl.Manager, o controlPlaneOptions) error {
 	cache, err := clustercache.SetupWithManager(ctx, mgr, clustercache.Options{
-		SecretClient: mgr.GetClient(),
-		Client:       clustercache.ClientOptions{UserAgent: "qcp-manager", Cache: clustercache.ClientCacheOptions{}},
+		SecretClient:     mgr.GetClient(),
+		WatchFilterValue: string(o.watchFilter),
+		Client:           clustercache.ClientOptions{UserAgent: "qcp-manager", Cache: clustercache.ClientCacheOptions{}},
 	}, controller.Options{MaxConcurrentReconciles: 2})
 	if err != nil {
 		return fmt.Errorf("setting up the cluster cache: %w", err)
@@ -241,6 +255,7 @@ func setupControlPlane(ctx context.Context, mgr ctrl.Manager, o controlPlaneOpti
 		KubeconfigLifetime: o.kubeconfigLifetime, Tunables: o.tunables, Failpoints: failpoints,
 		HealthCheckTimeout: o.healthCheckTimeout, Concurrency: o.concurrency, PlanOptions: o.plan,
 		EtcdClientLifetime: o.etcdClientLifetime, MachineCertificateLifetime: o.machineCertificateLifetime,
+		WatchFilter: o.watchFilter,
 	}
 	if o.plan.SkipLeaderTransfer {
 		ctrl.Log.Info("Measurement mode: QuorumControlPlanes remove etcd leaders without moving leadership first (--measure-without-leader-transfer); never run this in production")
@@ -253,6 +268,7 @@ func setupControlPlane(ctx context.Context, mgr ctrl.Manager, o controlPlaneOpti
 		Recorder: mgr.GetEventRecorderFor("etcdcluster-controller"),
 		Tunables: o.tunables, Failpoints: failpoints, Concurrency: o.etcdConcurrency,
 		EtcdClientLifetime: o.etcdClientLifetime, MachineCertificateLifetime: o.machineCertificateLifetime,
+		WatchFilter: o.watchFilter,
 	}
 	return ec.SetupWithManager(ctx, mgr)
 }

@@ -12,6 +12,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"syscall"
 	"time"
 
@@ -20,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
+	infrav1 "github.com/qcp-dev/qcp/api/infrastructure/v1alpha1"
 	"github.com/qcp-dev/qcp/config"
 	"github.com/qcp-dev/qcp/internal/binaries"
 	"github.com/qcp-dev/qcp/internal/machinehost"
@@ -40,6 +42,9 @@ type Options struct {
 	// WithKubeadmBootstrap also runs CAPI's kubeadm bootstrap provider
 	// (CABPK, from CAPIVersion), for worker Machines that join with kubeadm.
 	WithKubeadmBootstrap bool
+	// WithoutProcessProvider leaves the process provider's CRDs out, as in a
+	// management cluster that runs QCP on another infrastructure provider.
+	WithoutProcessProvider bool
 }
 
 // Env is a running local management cluster.
@@ -136,7 +141,7 @@ func (e *Env) startAPIServer(opts Options) error {
 	if err != nil {
 		return err
 	}
-	manifests, err := e.writeManifests()
+	manifests, err := e.writeManifests(opts.WithoutProcessProvider)
 	if err != nil {
 		return err
 	}
@@ -198,11 +203,13 @@ func (e *Env) startAPIServer(opts Options) error {
 }
 
 // writeManifests copies the embedded CRDs and webhook manifests to disk,
-// where envtest reads them.
-func (e *Env) writeManifests() (string, error) {
+// where envtest reads them, all but the process provider's CRDs if
+// withoutProcess.
+func (e *Env) writeManifests(withoutProcess bool) (string, error) {
 	dir := filepath.Join(e.Dir, "manifests")
+	processCRDs := "crd/bases/" + infrav1.GroupVersion.Group + "_"
 	err := fs.WalkDir(config.Manifests, ".", func(path string, d fs.DirEntry, err error) error {
-		if err != nil || d.IsDir() {
+		if err != nil || d.IsDir() || withoutProcess && strings.HasPrefix(path, processCRDs) {
 			return err
 		}
 		data, err := config.Manifests.ReadFile(path)

@@ -77,7 +77,7 @@ func TestWorkerJoin(t *testing.T) {
 	// A network of its own, before the control plane exists.
 	s.setClusterNetwork(ctx, workerNetwork.services, workerNetwork.pods, workerNetwork.domain)
 	s.create(ctx, cp)
-	installWorkerInfrastructure(ctx, t, c)
+	installInfrastructureKinds(ctx, t, c, workerGroup, "WorkerMachine", "WorkerMachineTemplate")
 	provisioning, stop := context.WithCancel(ctx)
 	defer stop()
 	go provisionWorkers(provisioning, c)
@@ -446,16 +446,16 @@ func workerClient(t *testing.T, mgmt *management) client.Client {
 	return c
 }
 
-// installWorkerInfrastructure creates the CRDs of WorkerMachine and
-// WorkerMachineTemplate, labelled with the contract they follow, once for
-// the management cluster.
-func installWorkerInfrastructure(ctx context.Context, t *testing.T, c client.Client) {
-	for _, kind := range []string{"WorkerMachine", "WorkerMachineTemplate"} {
+// installInfrastructureKinds creates the CRDs of kinds in group, version
+// v1alpha1, labelled with the contract they follow, once for the
+// management cluster, and waits until they are served.
+func installInfrastructureKinds(ctx context.Context, t *testing.T, c client.Client, group string, kinds ...string) {
+	for _, kind := range kinds {
 		plural := strings.ToLower(kind) + "s"
 		crd := &apiextensionsv1.CustomResourceDefinition{
-			ObjectMeta: metav1.ObjectMeta{Name: plural + "." + workerGroup, Labels: map[string]string{"cluster.x-k8s.io/v1beta2": "v1alpha1"}},
+			ObjectMeta: metav1.ObjectMeta{Name: plural + "." + group, Labels: map[string]string{"cluster.x-k8s.io/v1beta2": "v1alpha1"}},
 			Spec: apiextensionsv1.CustomResourceDefinitionSpec{
-				Group: workerGroup, Scope: apiextensionsv1.NamespaceScoped,
+				Group: group, Scope: apiextensionsv1.NamespaceScoped,
 				Names: apiextensionsv1.CustomResourceDefinitionNames{Kind: kind, ListKind: kind + "List", Plural: plural, Singular: strings.ToLower(kind)},
 				Versions: []apiextensionsv1.CustomResourceDefinitionVersion{{
 					Name: "v1alpha1", Served: true, Storage: true,
@@ -470,7 +470,7 @@ func installWorkerInfrastructure(ctx context.Context, t *testing.T, c client.Cli
 		}
 		err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
 			list := &unstructured.UnstructuredList{}
-			list.SetAPIVersion(workerGroup + "/v1alpha1")
+			list.SetAPIVersion(group + "/v1alpha1")
 			list.SetKind(kind + "List")
 			return c.List(ctx, list, client.InNamespace(ns)) == nil, nil
 		})

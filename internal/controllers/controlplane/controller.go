@@ -29,7 +29,6 @@ import (
 
 	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
 	etcdv1 "github.com/qcp-dev/qcp/api/etcd/v1alpha1"
-	infrav1 "github.com/qcp-dev/qcp/api/infrastructure/v1alpha1"
 	"github.com/qcp-dev/qcp/internal/controllers/engine"
 	"github.com/qcp-dev/qcp/internal/etcd"
 	"github.com/qcp-dev/qcp/internal/quorum"
@@ -88,6 +87,8 @@ type Reconciler struct {
 	// Concurrency is how many control planes are reconciled at once; 1 if
 	// zero. One whose etcd is slow to answer then holds no other.
 	Concurrency int
+	// WatchFilter limits the reconciler to the control planes it admits.
+	WatchFilter engine.WatchFilter
 	// PlanOptions change the planner for a measurement (the write gap that
 	// leader transfer saves); zero in production.
 	PlanOptions quorum.Options
@@ -110,24 +111,24 @@ type Reconciler struct {
 // +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=clusters;clusters/status,verbs=get;list;watch
 // +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=machines,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=machines/status,verbs=get;update;patch
-// +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=processmachines,verbs=get;list;watch;create;delete
-// +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=processmachinetemplates,verbs=get;list;watch
+// +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=*,verbs=get;list;watch;create;delete
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
 // +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=machinehealthchecks,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=clusterclasses,verbs=get;list;watch
 
-// SetupWithManager registers the controller. Machines and process machines
-// wake the control plane that owns them, the Cluster, its health checks,
+// SetupWithManager registers the controller. Machines wake the control plane
+// that owns them (CAPI core mirrors what the control plane reads of their
+// infrastructure machines, of whatever kind, into them: nothing here names
+// an infrastructure provider's types), the Cluster, its health checks,
 // its ClusterClass and its API servers' etcd client Secret its control
 // plane, and the ClusterCache reports the workload cluster connecting.
 func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) error {
 	r.init()
 	c, err := ctrl.NewControllerManagedBy(mgr).
-		For(&controlplanev1.QuorumControlPlane{}).
+		For(&controlplanev1.QuorumControlPlane{}, r.WatchFilter.For(mgr.GetScheme(), mgr.GetLogger())).
 		WithOptions(controller.Options{MaxConcurrentReconciles: max(r.Concurrency, 1)}).
 		Watches(&clusterv1.Machine{}, handler.EnqueueRequestsFromMapFunc(r.wakeups.Mapped(r.machineToControlPlane))).
-		Watches(&infrav1.ProcessMachine{}, handler.EnqueueRequestsFromMapFunc(r.wakeups.Mapped(r.processMachineToControlPlane))).
 		Watches(&clusterv1.Cluster{}, handler.EnqueueRequestsFromMapFunc(r.wakeups.Mapped(r.clusterToControlPlane))).
 		Watches(&etcdv1.EtcdCluster{}, handler.EnqueueRequestsFromMapFunc(r.wakeups.Mapped(r.etcdClusterToControlPlanes))).
 		Watches(&clusterv1.MachineHealthCheck{}, handler.EnqueueRequestsFromMapFunc(r.wakeups.Mapped(r.healthCheckToControlPlane))).
@@ -170,6 +171,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 			r.wakeups.Forget(req.NamespacedName)
 		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	if !r.WatchFilter.Admits(cp) {
+		return ctrl.Result{}, nil
 	}
 	cluster, err := util.GetOwnerCluster(ctx, r.Client, cp.ObjectMeta)
 	if err != nil {
@@ -422,24 +426,6 @@ func (r *Reconciler) machineToControlPlane(ctx context.Context, o client.Object)
 		return nil
 	}
 	return r.clusterToControlPlane(ctx, cluster)
-}
-
-// processMachineToControlPlane maps a ProcessMachine to the control plane
-// that owns its Machine, through the Machine's owner reference.
-func (r *Reconciler) processMachineToControlPlane(ctx context.Context, o client.Object) []ctrl.Request {
-	owner := metav1.GetControllerOf(o)
-	if owner == nil || owner.Kind != "Machine" {
-		return nil
-	}
-	m := &clusterv1.Machine{}
-	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: o.GetNamespace(), Name: owner.Name}, m); err != nil {
-		return nil
-	}
-	cpOwner := metav1.GetControllerOf(m)
-	if cpOwner == nil || cpOwner.Kind != "QuorumControlPlane" {
-		return nil
-	}
-	return []ctrl.Request{{NamespacedName: client.ObjectKey{Namespace: o.GetNamespace(), Name: cpOwner.Name}}}
 }
 
 func klogRef(o client.Object) string { return o.GetNamespace() + "/" + o.GetName() }

@@ -29,7 +29,6 @@ import (
 
 	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
 	etcdv1 "github.com/qcp-dev/qcp/api/etcd/v1alpha1"
-	infrav1 "github.com/qcp-dev/qcp/api/infrastructure/v1alpha1"
 	"github.com/qcp-dev/qcp/internal/controllers/engine"
 	"github.com/qcp-dev/qcp/internal/etcd"
 	"github.com/qcp-dev/qcp/internal/quorum"
@@ -58,6 +57,8 @@ type Reconciler struct {
 	// Concurrency is how many EtcdClusters are reconciled at once; 1 if
 	// zero.
 	Concurrency int
+	// WatchFilter limits the reconciler to the EtcdClusters it admits.
+	WatchFilter engine.WatchFilter
 	// EtcdClientLifetime bounds the client certificate qcp-manager issues
 	// itself for etcd, which renews itself after two thirds of it;
 	// certs.LeafValidity if zero.
@@ -78,13 +79,13 @@ type Reconciler struct {
 // +kubebuilder:rbac:groups=controlplane.cluster.x-k8s.io,resources=quorumcontrolplanes,verbs=get;list;watch
 // +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=clusters;clusters/status,verbs=get;list;watch
 // +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=machines,verbs=get;list;watch;create;update;patch;delete
-// +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=processmachines,verbs=get;list;watch;create;delete
-// +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=processmachinetemplates,verbs=get;list;watch
+// +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=*,verbs=get;list;watch;create;delete
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
 
-// SetupWithManager registers the controller: its Machines, their process
-// machines and its Cluster wake an EtcdCluster.
+// SetupWithManager registers the controller: its Machines (which CAPI core
+// keeps in step with their infrastructure machines, of whatever kind) and
+// its Cluster wake an EtcdCluster.
 func (r *Reconciler) SetupWithManager(_ context.Context, mgr ctrl.Manager) error {
 	if r.Now == nil {
 		r.Now = time.Now
@@ -94,10 +95,9 @@ func (r *Reconciler) SetupWithManager(_ context.Context, mgr ctrl.Manager) error
 	r.wakeups = engine.NewWakeups(r.Now)
 	r.catchUp = engine.NewCatchUp()
 	err := ctrl.NewControllerManagedBy(mgr).
-		For(&etcdv1.EtcdCluster{}).
+		For(&etcdv1.EtcdCluster{}, r.WatchFilter.For(mgr.GetScheme(), mgr.GetLogger())).
 		WithOptions(controller.Options{MaxConcurrentReconciles: max(r.Concurrency, 1)}).
 		Watches(&clusterv1.Machine{}, handler.EnqueueRequestsFromMapFunc(r.wakeups.Mapped(machineToEtcdCluster))).
-		Watches(&infrav1.ProcessMachine{}, handler.EnqueueRequestsFromMapFunc(r.wakeups.Mapped(r.processMachineToEtcdCluster))).
 		Watches(&clusterv1.Cluster{}, handler.EnqueueRequestsFromMapFunc(r.wakeups.Mapped(r.clusterToEtcdClusters))).
 		Complete(r)
 	if err != nil {
@@ -117,6 +117,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 			r.wakeups.Forget(req.NamespacedName)
 		}
 		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	if !r.WatchFilter.Admits(ec) {
+		return ctrl.Result{}, nil
 	}
 	helper, err := patch.NewHelper(ec, r.Client)
 	if err != nil {
@@ -289,20 +292,6 @@ func machineToEtcdCluster(_ context.Context, o client.Object) []ctrl.Request {
 		return []ctrl.Request{{NamespacedName: client.ObjectKey{Namespace: o.GetNamespace(), Name: owner.Name}}}
 	}
 	return nil
-}
-
-// processMachineToEtcdCluster maps a ProcessMachine to the EtcdCluster of
-// its Machine.
-func (r *Reconciler) processMachineToEtcdCluster(ctx context.Context, o client.Object) []ctrl.Request {
-	owner := metav1.GetControllerOf(o)
-	if owner == nil || owner.Kind != "Machine" {
-		return machineToEtcdCluster(ctx, o) // still owned by the EtcdCluster, before CAPI core moves it
-	}
-	m := &clusterv1.Machine{}
-	if err := r.Client.Get(ctx, client.ObjectKey{Namespace: o.GetNamespace(), Name: owner.Name}, m); err != nil {
-		return nil
-	}
-	return machineToEtcdCluster(ctx, m)
 }
 
 // clusterToEtcdClusters maps a Cluster to the EtcdClusters labelled with

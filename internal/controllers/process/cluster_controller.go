@@ -31,6 +31,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	infrav1 "github.com/qcp-dev/qcp/api/infrastructure/v1alpha1"
+	"github.com/qcp-dev/qcp/internal/controllers/engine"
 	"github.com/qcp-dev/qcp/internal/machinehost"
 )
 
@@ -53,6 +54,8 @@ type ClusterReconciler struct {
 	Host      *machinehost.Host
 	Addresses *Addresses
 	Recorder  record.EventRecorder
+	// WatchFilter limits the reconciler to the objects it admits.
+	WatchFilter engine.WatchFilter
 
 	metrics *providerMetrics
 }
@@ -69,7 +72,7 @@ type ClusterReconciler struct {
 // resumed wakes it (nothing else changes then).
 func (r *ClusterReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	return ctrl.NewControllerManagedBy(mgr).
-		For(&infrav1.ProcessCluster{}).
+		For(&infrav1.ProcessCluster{}, r.WatchFilter.For(mgr.GetScheme(), mgr.GetLogger())).
 		Watches(&clusterv1.Cluster{}, handler.EnqueueRequestsFromMapFunc(
 			util.ClusterToInfrastructureMapFunc(context.Background(), infrav1.GroupVersion.WithKind("ProcessCluster"), mgr.GetClient(), &infrav1.ProcessCluster{})),
 			builder.WithPredicates(predicates.ClusterPausedTransitions(mgr.GetScheme(), mgr.GetLogger()))).
@@ -93,6 +96,9 @@ func (r *ClusterReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ 
 	pc := &infrav1.ProcessCluster{}
 	if err := r.Client.Get(ctx, req.NamespacedName, pc); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	if !r.WatchFilter.Admits(pc) {
+		return ctrl.Result{}, nil
 	}
 	helper, err := patch.NewHelper(pc, r.Client)
 	if err != nil {

@@ -28,6 +28,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/reconcile"
 
 	infrav1 "github.com/qcp-dev/qcp/api/infrastructure/v1alpha1"
+	"github.com/qcp-dev/qcp/internal/controllers/engine"
 	"github.com/qcp-dev/qcp/internal/machinehost"
 )
 
@@ -57,6 +58,8 @@ type MachineReconciler struct {
 	Host      *machinehost.Host
 	Addresses *Addresses
 	Recorder  record.EventRecorder
+	// WatchFilter limits the reconciler to the objects it admits.
+	WatchFilter engine.WatchFilter
 
 	metrics *providerMetrics
 	// exits remembers the agents whose exit was counted, by machine UID
@@ -80,7 +83,7 @@ func (r *MachineReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		return err
 	}
 	return ctrl.NewControllerManagedBy(mgr).
-		For(&infrav1.ProcessMachine{}).
+		For(&infrav1.ProcessMachine{}, r.WatchFilter.For(mgr.GetScheme(), mgr.GetLogger())).
 		Watches(&clusterv1.Machine{}, handler.EnqueueRequestsFromMapFunc(infraMachineOf)).
 		Watches(&clusterv1.Cluster{}, handler.EnqueueRequestsFromMapFunc(clusterToMachines),
 			builder.WithPredicates(predicates.ClusterPausedTransitions(mgr.GetScheme(), mgr.GetLogger()))).
@@ -92,6 +95,9 @@ func (r *MachineReconciler) Reconcile(ctx context.Context, req ctrl.Request) (_ 
 	pm := &infrav1.ProcessMachine{}
 	if err := r.Client.Get(ctx, req.NamespacedName, pm); err != nil {
 		return ctrl.Result{}, client.IgnoreNotFound(err)
+	}
+	if !r.WatchFilter.Admits(pm) {
+		return ctrl.Result{}, nil
 	}
 	helper, err := patch.NewHelper(pm, r.Client)
 	if err != nil {

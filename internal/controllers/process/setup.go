@@ -10,6 +10,7 @@ import (
 
 	ctrl "sigs.k8s.io/controller-runtime"
 
+	"github.com/qcp-dev/qcp/internal/controllers/engine"
 	"github.com/qcp-dev/qcp/internal/machinehost"
 )
 
@@ -23,6 +24,8 @@ type Options struct {
 	AgentPath string
 	// AddressRange is where machine and load balancer addresses come from.
 	AddressRange netip.Prefix
+	// WatchFilter limits the controllers to the objects it admits.
+	WatchFilter engine.WatchFilter
 }
 
 // DefaultAddressRange keeps process machines clear of 127.0.0.1 and of the
@@ -37,11 +40,11 @@ func Setup(mgr ctrl.Manager, opts Options) error {
 	host := &machinehost.Host{Root: opts.MachineRoot, BinDir: opts.BinDir, AgentPath: opts.AgentPath}
 	addrs := &Addresses{Dir: filepath.Join(opts.MachineRoot, ".addresses"), Prefix: opts.AddressRange}
 	m := newProviderMetrics().register()
-	if err := (&ClusterReconciler{Client: mgr.GetClient(), Host: host, Addresses: addrs, metrics: m,
+	if err := (&ClusterReconciler{Client: mgr.GetClient(), Host: host, Addresses: addrs, metrics: m, WatchFilter: opts.WatchFilter,
 		Recorder: mgr.GetEventRecorderFor("processcluster-controller")}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the ProcessCluster controller: %w", err)
 	}
-	if err := (&MachineReconciler{Client: mgr.GetClient(), Host: host, Addresses: addrs, metrics: m,
+	if err := (&MachineReconciler{Client: mgr.GetClient(), Host: host, Addresses: addrs, metrics: m, WatchFilter: opts.WatchFilter,
 		Recorder: mgr.GetEventRecorderFor("processmachine-controller")}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the ProcessMachine controller: %w", err)
 	}
