@@ -17,6 +17,7 @@ KUBE_PREVIOUS := $(BIN)/kube-$(KUBE_PREVIOUS_VERSION)
 ETCD_PREVIOUS := $(BIN)/etcd-$(ETCD_PREVIOUS_VERSION)
 CAPI := $(BIN)/capi-manager-$(CAPI_VERSION)
 CABPK := $(BIN)/cabpk-manager-$(CAPI_VERSION)
+CLUSTERCTL := $(BIN)/clusterctl-$(CAPI_VERSION)
 CONTROLLER_GEN := $(BIN)/controller-gen-$(CONTROLLER_TOOLS_VERSION)
 
 # -count=1: CI must run every test, never report a cached result.
@@ -46,12 +47,12 @@ TEST_FLAGS ?=
 
 export QCP_BIN_DIR := $(BIN)
 
-.PHONY: all binaries qcp-binaries generate verify-generate test test-steps test-profile unit bench chaos lint up down clean check-strays image
+.PHONY: all binaries qcp-binaries generate verify-generate test test-steps test-profile unit bench chaos lint up down clean check-strays image release
 
 all: binaries
 
 ## binaries: the pinned etcd, kube, CAPI core and CABPK binaries (built once), plus QCP's own.
-binaries: $(ETCD) $(KUBE) $(CAPI) $(CABPK) $(CONTROLLER_GEN) qcp-binaries
+binaries: $(ETCD) $(KUBE) $(CAPI) $(CABPK) $(CLUSTERCTL) $(CONTROLLER_GEN) qcp-binaries
 
 $(ETCD):
 	hack/build-pinned.sh etcd $(ETCD_VERSION) $@
@@ -68,6 +69,8 @@ $(CAPI): $(CAPI_WRAPPER)
 	hack/build-pinned.sh capi $(CAPI_VERSION) $@
 $(CABPK): $(CAPI_WRAPPER)
 	hack/build-pinned.sh cabpk $(CAPI_VERSION) $@
+$(CLUSTERCTL): $(CAPI_WRAPPER)
+	hack/build-pinned.sh clusterctl $(CAPI_VERSION) $@
 $(CONTROLLER_GEN):
 	@echo ">> building controller-gen $(CONTROLLER_TOOLS_VERSION)"
 	GOBIN=$(BIN)/.controller-gen go install sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_TOOLS_VERSION)
@@ -80,9 +83,13 @@ qcp-binaries:
 ## generate: deepcopy, CRDs, RBAC and webhook manifests from the API types and markers.
 generate: $(CONTROLLER_GEN)
 	$(CONTROLLER_GEN) object:headerFile=hack/boilerplate.go.txt paths=./api/...
-	$(CONTROLLER_GEN) crd rbac:roleName=qcp-manager webhook paths=./api/... paths=./internal/controllers/... paths=./internal/webhooks/... \
-		output:crd:artifacts:config=config/crd/bases output:rbac:artifacts:config=config/rbac \
-		output:webhook:artifacts:config=config/webhook
+	$(CONTROLLER_GEN) crd webhook paths=./api/... paths=./internal/webhooks/... \
+		output:crd:artifacts:config=config/crd/bases output:webhook:artifacts:config=config/webhook
+	@# One role per provider, from its own controllers' markers: the release
+	@# installs the control plane provider and the process provider apart.
+	$(CONTROLLER_GEN) rbac:roleName=manager-role paths=./internal/controllers/controlplane/... \
+		paths=./internal/controllers/etcdcluster/... paths=./internal/webhooks/... output:rbac:artifacts:config=config/rbac/controlplane
+	$(CONTROLLER_GEN) rbac:roleName=manager-role paths=./internal/controllers/process/... output:rbac:artifacts:config=config/rbac/process
 	@# CAPI core's CRDs and webhook manifests, copied from the pinned module so
 	@# that qcpctl and the tests carry them without a Go toolchain.
 	rm -rf config/capi && mkdir -p config/capi/crd
@@ -188,6 +195,12 @@ image:
 	CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X github.com/qcp-dev/qcp/internal/version.Version=$(VERSION)" \
 		-o $(OUT)/qcp-manager-static ./cmd/qcp-manager
 	go run ./hack/image -binary $(OUT)/qcp-manager-static -out $(OUT)/image -version $(VERSION)
+
+## release: the clusterctl provider repository in $(OUT): control-plane-qcp, infrastructure-process and
+## CAPI core's cluster-api, each <label>/<version>/ with its components and metadata, and clusterctl.yaml
+## naming them (hack/release; its test is internal/release's TestRelease).
+release:
+	go run ./hack/release -out $(OUT) -version $(VERSION)
 
 clean:
 	rm -rf $(BIN)
