@@ -8,6 +8,9 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/drone/envsubst/v2"
+	"github.com/google/go-cmp/cmp"
+	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	capiyaml "sigs.k8s.io/cluster-api/util/yaml"
@@ -251,4 +254,36 @@ func hasLabels(o *unstructured.Unstructured, want map[string]string) bool {
 		}
 	}
 	return len(want) > 0
+}
+
+// TestSampleIsTheDefaultTemplate: config/samples/demo.yaml, the cluster
+// `qcpctl up` creates, is the default cluster template rendered with
+// CLUSTER_NAME=demo and NAMESPACE=default (and every other variable at its
+// default), through the substitution clusterctl uses.
+func TestSampleIsTheDefaultTemplate(t *testing.T) {
+	tmpl, err := os.ReadFile("../../config/templates/cluster-template.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rendered, err := envsubst.Eval(string(tmpl), func(v string) string {
+		return map[string]string{"CLUSTER_NAME": "demo", "NAMESPACE": "default"}[v]
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := capiyaml.ToUnstructured([]byte(rendered))
+	if err != nil {
+		t.Fatal(err)
+	}
+	sample, err := os.ReadFile("../../config/samples/demo.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := capiyaml.ToUnstructured(sample)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !equality.Semantic.DeepEqual(got, want) {
+		t.Errorf("config/samples/demo.yaml is not config/templates/cluster-template.yaml rendered for demo:\n%s", cmp.Diff(want, got))
+	}
 }
