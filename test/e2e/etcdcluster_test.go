@@ -195,6 +195,7 @@ func TestEtcdClusterCreateAndScale(t *testing.T) {
 	s.waitExternalAvailable(convergeTimeout, etcdScenarioControlPlane)
 	s.runNoEtcd(ctx)
 	s.storesInEtcdCluster(ctx)
+	s.checkOwnedByCluster(ctx, ec)
 	if !ec.Status.Initialized || !conditions.IsTrue(ec, etcdv1.EtcdInitializedCondition) || !conditions.IsTrue(ec, etcdv1.EtcdCACertificatesAvailableCondition) {
 		t.Errorf("initialized %v, EtcdInitialized %v, EtcdCACertificatesAvailable %v", ec.Status.Initialized,
 			conditions.IsTrue(ec, etcdv1.EtcdInitializedCondition), conditions.IsTrue(ec, etcdv1.EtcdCACertificatesAvailableCondition))
@@ -724,5 +725,20 @@ func (s *scenario) storesIn(ctx context.Context, cfg etcd.Config) {
 	}
 	if len(resp.Kvs) != 1 || !bytes.Contains(resp.Kvs[0].Value, []byte(marker)) {
 		s.t.Fatalf("the ConfigMap written through the workload API is not in the etcd at %v (%d keys)", cfg.Endpoints, len(resp.Kvs))
+	}
+}
+
+// checkOwnedByCluster checks that ec has an owner reference to the
+// scenario's Cluster, by which clusterctl move takes it along.
+func (s *scenario) checkOwnedByCluster(ctx context.Context, ec *etcdv1.EtcdCluster) {
+	s.t.Helper()
+	cluster := &clusterv1.Cluster{}
+	if err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: s.name}, cluster); err != nil {
+		s.t.Fatal(err)
+	}
+	if !slices.ContainsFunc(ec.OwnerReferences, func(o metav1.OwnerReference) bool {
+		return o.Kind == "Cluster" && o.Name == cluster.Name && o.UID == cluster.UID
+	}) {
+		s.t.Errorf("EtcdCluster %s has owners %v; want Cluster %s (uid %s) among them", ec.Name, ec.OwnerReferences, cluster.Name, cluster.UID)
 	}
 }

@@ -76,13 +76,14 @@ func TestGenerateExternalEtcd(t *testing.T) {
 	t.Cleanup(s.dumpOnFailure)
 	s.startTraffic(3)
 
+	ec := &etcdv1.EtcdCluster{}
 	s.eventually(convergeTimeout, "EtcdCluster "+etcdName+" ready with 3 healthy voters", func(ctx context.Context) error {
-		ec := &etcdv1.EtcdCluster{}
 		if err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: etcdName}, ec); err != nil {
 			return err
 		}
 		return etcdReadyWith(ec, 3)
 	})
+	s.checkOwnedByCluster(ctx, ec)
 	s.eventually(convergeTimeout, "control plane "+cpName+" Available with 3 machines on the EtcdCluster", func(ctx context.Context) error {
 		cp := &controlplanev1.QuorumControlPlane{}
 		if err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: cpName}, cp); err != nil {

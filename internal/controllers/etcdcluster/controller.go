@@ -17,6 +17,7 @@ import (
 	"k8s.io/client-go/tools/record"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util"
 	"sigs.k8s.io/cluster-api/util/conditions"
 	"sigs.k8s.io/cluster-api/util/patch"
 	"sigs.k8s.io/cluster-api/util/paused"
@@ -160,6 +161,11 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 		r.Recorder.Eventf(ec, corev1.EventTypeNormal, "Deleting", "Cluster %s is being deleted: deleting EtcdCluster %s with it", cluster.Name, ec.Name)
 		return ctrl.Result{}, nil
 	}
+	// Owned by its Cluster, as an infrastructure cluster is: clusterctl
+	// move finds an object through its owners, and would leave an
+	// unowned EtcdCluster, its Machines and its Secrets behind.
+	ec.OwnerReferences = util.EnsureOwnerRef(ec.OwnerReferences, metav1.OwnerReference{
+		APIVersion: clusterv1.GroupVersion.String(), Kind: "Cluster", Name: cluster.Name, UID: cluster.UID})
 	if controllerutil.AddFinalizer(ec, etcdv1.EtcdClusterFinalizer) {
 		return ctrl.Result{}, nil // written by the deferred patch, which wakes the next round
 	}
