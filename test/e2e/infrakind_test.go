@@ -161,18 +161,6 @@ func ignoredControlPlane(ctx context.Context, t *testing.T, c client.Client, nam
 	return cp
 }
 
-// ownManagementWith is ownManagement with options for the management
-// cluster.
-func ownManagementWith(t *testing.T, addrs string, args []string, opts localenv.Options) *management {
-	t.Helper()
-	mgmt, err := startManagement(shared.binDir, addrs, args, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(mgmt.stop)
-	return mgmt
-}
-
 // handover is the HandoverMachine controller: it starts a process machine
 // for every HandoverMachine whose Machine has bootstrap data, and reports
 // its provider ID, addresses and provisioning as the infrastructure

@@ -179,10 +179,17 @@ func (m *management) stop() {
 // QCP, so it gets a second attempt.
 func ownManagement(t *testing.T, addrs string, args []string) *management {
 	t.Helper()
-	mgmt, err := startManagement(shared.binDir, addrs, args, localenv.Options{})
+	return ownManagementWith(t, addrs, args, localenv.Options{})
+}
+
+// ownManagementWith is ownManagement with options for the management
+// cluster.
+func ownManagementWith(t *testing.T, addrs string, args []string, opts localenv.Options) *management {
+	t.Helper()
+	mgmt, err := startManagement(shared.binDir, addrs, args, opts)
 	if err != nil {
 		t.Logf("starting this scenario's management cluster, attempt 1: %v", err)
-		mgmt, err = startManagement(shared.binDir, addrs, args, localenv.Options{})
+		mgmt, err = startManagement(shared.binDir, addrs, args, opts)
 	}
 	if err != nil {
 		t.Fatal(err)
