@@ -2,7 +2,6 @@ package release
 
 import (
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -31,10 +30,6 @@ import (
 // the release for the Service the webhooks call.
 func TestRelease(t *testing.T) {
 	testkit.RequireBinaries(t, "clusterctl")
-	clusterctl, err := binaries.Path("clusterctl", binaries.CAPIVersion)
-	if err != nil {
-		t.Fatal(err)
-	}
 	out := t.TempDir()
 	config, err := Write("../..", out, "v0.1.0")
 	if err != nil {
@@ -42,16 +37,7 @@ func TestRelease(t *testing.T) {
 	}
 	render := func(t *testing.T, env []string, args ...string) []unstructured.Unstructured {
 		t.Helper()
-		cmd := exec.Command(clusterctl, append(append([]string{"generate", "provider"}, args...), "--config", config)...)
-		// A home of its own (clusterctl keeps state there), and no
-		// reaching for GitHub to compare versions.
-		cmd.Env = append(os.Environ(), append([]string{"HOME=" + t.TempDir(), "CLUSTERCTL_DISABLE_VERSIONCHECK=true"}, env...)...)
-		var stderr strings.Builder
-		cmd.Stderr = &stderr
-		data, err := cmd.Output()
-		if err != nil {
-			t.Fatalf("clusterctl %v: %v\n%s", args, err, stderr.String())
-		}
+		data := testkit.Clusterctl(t, env, append(append([]string{"generate", "provider"}, args...), "--config", config)...)
 		if i := strings.Index(string(data), "${"); i >= 0 {
 			t.Errorf("clusterctl %v left a variable unsubstituted: %q", args, string(data[i:min(len(data), i+60)]))
 		}

@@ -2,9 +2,6 @@ package e2e
 
 import (
 	"context"
-	"os"
-	"os/exec"
-	"strings"
 	"testing"
 	"time"
 
@@ -15,7 +12,6 @@ import (
 
 	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
 	etcdv1 "github.com/qcp-dev/qcp/api/etcd/v1alpha1"
-	"github.com/qcp-dev/qcp/internal/binaries"
 	"github.com/qcp-dev/qcp/internal/release"
 	"github.com/qcp-dev/qcp/internal/testkit"
 )
@@ -38,19 +34,8 @@ func TestGenerateExternalEtcd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	clusterctl, err := binaries.Path("clusterctl", binaries.CAPIVersion)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(clusterctl, "generate", "cluster", name, "--infrastructure", "process:v0.1.0", "--flavor", "external-etcd",
+	rendered := testkit.Clusterctl(t, nil, "generate", "cluster", name, "--infrastructure", "process:v0.1.0", "--flavor", "external-etcd",
 		"--kubernetes-version", version, "--control-plane-machine-count", "3", "--target-namespace", ns, "--config", config)
-	cmd.Env = append(os.Environ(), "HOME="+t.TempDir(), "CLUSTERCTL_DISABLE_VERSIONCHECK=true")
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	rendered, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("%v: %v\n%s", cmd.Args, err, stderr.String())
-	}
 	objs, err := capiyaml.ToUnstructured(rendered)
 	if err != nil {
 		t.Fatal(err)
