@@ -13,6 +13,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/qcp-dev/qcp/internal/hostcpu"
 )
 
 // sample is one line of the profile: what the CPUs did since the sample
@@ -66,7 +68,7 @@ func record(out string, interval time.Duration, args []string) int {
 			return 2
 		}
 		r := &recorder{procs: map[int]*proc{}, root: pid}
-		r.busy, r.idle = hostCPU()
+		r.busy, r.idle = hostcpu.Ticks()
 		r.scan()
 		for syscall.Kill(pid, 0) == nil {
 			time.Sleep(interval)
@@ -93,7 +95,7 @@ func record(out string, interval time.Duration, args []string) int {
 	go func() { done <- cmd.Wait() }()
 
 	r := &recorder{procs: map[int]*proc{}, root: cmd.Process.Pid}
-	r.busy, r.idle = hostCPU()
+	r.busy, r.idle = hostcpu.Ticks()
 	r.scan() // the baseline: nothing is attributed for what ran before
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
@@ -123,7 +125,7 @@ type recorder struct {
 
 // sample reads the host and every process, and returns what changed.
 func (r *recorder) sample() sample {
-	busy, idle := hostCPU()
+	busy, idle := hostcpu.Ticks()
 	s := sample{T: time.Now().UnixMilli(), Busy: float64(busy-r.busy) / ticks, Idle: float64(idle-r.idle) / ticks}
 	r.busy, r.idle = busy, idle
 	s.CPU = r.scan()
@@ -360,23 +362,4 @@ func readStat(pid int) (*proc, error) {
 	// cstime 17, starttime 22; f[0] is field 3.
 	ppid, _ := strconv.Atoi(f[1])
 	return &proc{ppid: ppid, comm: string(b[i+1 : j]), cpu: n(11) + n(12), child: n(13) + n(14), start: n(19)}, nil
-}
-
-// hostCPU returns busy and idle ticks from /proc/stat's cpu line.
-func hostCPU() (busy, idle uint64) {
-	b, err := os.ReadFile("/proc/stat")
-	if err != nil {
-		return 0, 0
-	}
-	line, _, _ := strings.Cut(string(b), "\n")
-	f := strings.Fields(line)
-	for k := 1; k < len(f) && k <= 8; k++ {
-		v, _ := strconv.ParseUint(f[k], 10, 64)
-		if k == 4 || k == 5 { // idle, iowait
-			idle += v
-		} else {
-			busy += v
-		}
-	}
-	return busy, idle
 }

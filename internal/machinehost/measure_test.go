@@ -99,6 +99,11 @@ func BenchmarkMachineCPU(b *testing.B) {
 			name, value, _ := strings.Cut(strings.TrimLeft(f, "-"), "=")
 			doc.ExtraArgs[bootstrap.KubeAPIServer] = append(doc.ExtraArgs[bootstrap.KubeAPIServer], bootstrap.Arg{Name: name, Value: value})
 		}
+		for _, f := range strings.Fields(os.Getenv("QCP_BENCH_ARGS")) {
+			component, flag, _ := strings.Cut(f, ":")
+			name, value, _ := strings.Cut(strings.TrimLeft(flag, "-"), "=")
+			doc.ExtraArgs[bootstrap.Component(component)] = append(doc.ExtraArgs[bootstrap.Component(component)], bootstrap.Arg{Name: name, Value: value})
+		}
 		started := time.Now()
 		c.startDoc(spec, doc)
 		if err := h.SetBackends(c.ns, c.cl, []string{spec.Address + ":6443"}); err != nil {

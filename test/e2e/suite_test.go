@@ -24,6 +24,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 
 	"github.com/qcp-dev/qcp/internal/controllers/engine"
+	"github.com/qcp-dev/qcp/internal/hostcpu"
 	"github.com/qcp-dev/qcp/internal/localenv"
 	"github.com/qcp-dev/qcp/internal/testkit"
 )
@@ -115,6 +116,13 @@ func scenariosAtOnce() error {
 		}
 	}
 	scenarios.slots = max(n, 1)
+	if !given && !testing.Short() {
+		// Beyond the first, a scenario starts only while the host has CPU
+		// to spare (scenarioQueue); -parallel, as `make chaos` gives it,
+		// asks for that many at once whatever the load.
+		load := hostcpu.NewLoad(2*time.Second, 20*time.Second)
+		scenarios.busy, scenarios.maxBusy, scenarios.spacing = load.Busy, 0.75, 30*time.Second
+	}
 	return p.Value.Set("1000")
 }
 
