@@ -6,9 +6,9 @@ package config
 
 import "embed"
 
-// Manifests holds crd/bases and webhook/manifests.yaml (QCP), capi/crd (CAPI
-// core CRDs), capi/webhook-manifests.yaml, and samples/ (the demo cluster
-// `qcpctl up` creates).
+// Manifests holds crd/bases, webhook/manifests.yaml and the generated roles
+// in rbac/ (QCP), capi/crd (CAPI core CRDs), capi/webhook-manifests.yaml,
+// and samples/ (the demo cluster `qcpctl up` creates).
 //
-//go:embed crd/bases/*.yaml webhook/manifests.yaml capi/crd/*.yaml capi/webhook-manifests.yaml capi/cabpk-webhook-manifests.yaml samples/*.yaml
+//go:embed crd/bases/*.yaml webhook/manifests.yaml rbac/controlplane/role.yaml rbac/process/role.yaml rbac/common/leader_election_role.yaml capi/crd/*.yaml capi/webhook-manifests.yaml capi/cabpk-webhook-manifests.yaml samples/*.yaml
 var Manifests embed.FS

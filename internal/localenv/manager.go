@@ -6,6 +6,8 @@ import (
 	"path/filepath"
 	"time"
 
+	rbacv1 "k8s.io/api/rbac/v1"
+
 	"github.com/qcp-dev/qcp/internal/binaries"
 )
 
@@ -27,6 +29,10 @@ type ManagerOptions struct {
 	// ready or its webhooks called. StartManager then returns the killed
 	// process without error. Any other exit is still an error.
 	MayKillItself bool
+	// EditRoles, if set, edits a copy of the release's roles before the
+	// manager's ServiceAccount is bound to them: a test takes away a
+	// permission the manager needs. The next start without it restores them.
+	EditRoles func([]rbacv1.ClusterRole)
 }
 
 // StartManager starts qcp-manager against this management cluster, waits
@@ -35,7 +41,8 @@ type ManagerOptions struct {
 // a QuorumControlPlane needs a running qcp-manager, as in a real deployment.
 // The caller stops it with Stop; a test can stop and start it again to check
 // that machines outlive the manager. One qcp-manager runs at a time: each
-// serves the webhooks on the same port.
+// serves the webhooks on the same port. It runs as its ServiceAccount, with
+// the release's roles (managerKubeconfig), not as an administrator.
 func (e *Env) StartManager(ctx context.Context, opts ManagerOptions) (*Process, error) {
 	binDir, err := binaries.Dir()
 	if err != nil {
@@ -47,6 +54,17 @@ func (e *Env) StartManager(ctx context.Context, opts ManagerOptions) (*Process, 
 	if opts.MachineRoot == "" {
 		opts.MachineRoot = e.MachineRoot()
 	}
+	roles, err := ManagerRoles()
+	if err != nil {
+		return nil, err
+	}
+	if opts.EditRoles != nil {
+		opts.EditRoles(roles)
+	}
+	kubeconfig, err := e.managerKubeconfig(ctx, roles)
+	if err != nil {
+		return nil, err
+	}
 	// The metrics address is the caller's if given, else the first port.
 	metricsAddr := opts.MetricsAddr
 	start := func(addrs []string) (*Process, error) {
@@ -54,7 +72,7 @@ func (e *Env) StartManager(ctx context.Context, opts ManagerOptions) (*Process, 
 			metricsAddr = addrs[0]
 		}
 		args := append([]string{
-			"--kubeconfig=" + e.Kubeconfig,
+			"--kubeconfig=" + kubeconfig,
 			"--machine-root=" + opts.MachineRoot,
 			"--bin-dir=" + binDir,
 			"--metrics-bind-address=" + metricsAddr,

@@ -94,7 +94,14 @@ func TestMain(m *testing.M) {
 		}
 		defer mgmt.stop()
 		shared = mgmt
-		return m.Run()
+		code := m.Run()
+		// Least privilege: across the whole run, the shared qcp-manager
+		// needed no permission the release does not grant.
+		if err := mgmt.refused(); err != nil {
+			fmt.Fprintln(os.Stderr, "FAIL:", err)
+			code = 1
+		}
+		return code
 	}()
 	os.Exit(code)
 }
@@ -179,6 +186,20 @@ func (m *management) stop() {
 	}
 }
 
+// refused reports every request of its qcp-managers that RBAC refused, in
+// their logs so far: they run as their ServiceAccount with the release's
+// roles, so each is a permission the release lacks.
+func (m *management) refused() error {
+	found, err := m.env.ManagerForbidden()
+	if err != nil {
+		return fmt.Errorf("reading qcp-manager's logs in %s: %w", m.env.Dir, err)
+	}
+	if len(found) > 0 {
+		return fmt.Errorf("qcp-manager was refused %d requests, so the release's roles lack a permission it uses; the first: %s", len(found), found[0])
+	}
+	return nil
+}
+
 // ownManagement starts a management cluster of the calling scenario's
 // own, on addrs, with extra qcp-manager flags, and stops it when the
 // scenario ends. A second management cluster starting beside the shared
@@ -202,7 +223,12 @@ func ownManagementWith(t *testing.T, addrs string, args []string, opts localenv.
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(mgmt.stop)
+	t.Cleanup(func() {
+		if err := mgmt.refused(); err != nil {
+			t.Error(err)
+		}
+		mgmt.stop()
+	})
 	return mgmt
 }
 

@@ -116,6 +116,9 @@ type Reconciler struct {
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
 // +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=machinehealthchecks,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=clusterclasses,verbs=get;list;watch
+// CAPI's contract helpers read a CRD's metadata for the contract version of
+// the infrastructure kinds it clones and reads, as KCP's role grants.
+// +kubebuilder:rbac:groups=apiextensions.k8s.io,resources=customresourcedefinitions,verbs=get;list;watch
 
 // SetupWithManager registers the controller. Machines wake the control plane
 // that owns them (CAPI core mirrors what the control plane reads of their
