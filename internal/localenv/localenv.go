@@ -16,6 +16,7 @@ import (
 	"syscall"
 	"time"
 
+	rbacv1 "k8s.io/api/rbac/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -74,7 +75,10 @@ type Env struct {
 	cabpkWebhookPort int
 	gc               *Process
 	managers         []*Process
-	ownsDir          bool
+	// managerRoles are the roles qcp-manager's ServiceAccount was last
+	// bound to (managerKubeconfig).
+	managerRoles []rbacv1.ClusterRole
+	ownsDir      bool
 	// opts are the options Start was given, for starting CAPI core again.
 	opts Options
 }
