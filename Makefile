@@ -28,7 +28,7 @@ TEST_PARALLEL ?= 2
 # most of a scenario's time is spent waiting on timers and health checks, and
 # four scenarios' machines (about 600 MB each) fit in 24 GiB beside the other
 # packages. Beyond the first, a scenario starts only while the host's CPUs
-# are less than 85 % busy: on a host 1.7 to 2.5 times slower, four at once
+# are less than 75 % busy: on a host 1.7 to 2.5 times slower, four at once
 # starved every scenario past its deadlines. The other packages keep go test's default (2 on 2 cores): run
 # four at a time beside test/e2e, test/engine's five-member clusters starved
 # their own members. See docs/testing.md for the budget.
