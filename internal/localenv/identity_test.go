@@ -17,7 +17,6 @@ import (
 
 	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
 	infrav1 "github.com/qcp-dev/qcp/api/infrastructure/v1alpha1"
-	"github.com/qcp-dev/qcp/internal/binaries"
 	"github.com/qcp-dev/qcp/internal/localenv"
 	"github.com/qcp-dev/qcp/internal/testkit"
 )
@@ -71,35 +70,8 @@ func TestManagerWithoutAPermission(t *testing.T) {
 
 	const name, ns = "norbac", "default"
 	c := env.Client
-	objs := []client.Object{
-		&infrav1.ProcessCluster{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}},
-		&infrav1.ProcessMachineTemplate{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}},
-		&controlplanev1.QuorumControlPlane{
-			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
-			Spec: controlplanev1.QuorumControlPlaneSpec{
-				Replicas: ptr(int32(1)),
-				Version:  binaries.KubeVersion,
-				MachineTemplate: controlplanev1.QuorumControlPlaneMachineTemplate{
-					Spec: controlplanev1.QuorumControlPlaneMachineTemplateSpec{
-						InfrastructureRef: clusterv1.ContractVersionedObjectReference{
-							APIGroup: infrav1.GroupVersion.Group, Kind: "ProcessMachineTemplate", Name: name,
-						},
-					},
-				},
-			},
-		},
-		&clusterv1.Cluster{
-			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
-			Spec: clusterv1.ClusterSpec{
-				InfrastructureRef: clusterv1.ContractVersionedObjectReference{
-					APIGroup: infrav1.GroupVersion.Group, Kind: "ProcessCluster", Name: name,
-				},
-				ControlPlaneRef: clusterv1.ContractVersionedObjectReference{
-					APIGroup: controlplanev1.GroupVersion.Group, Kind: "QuorumControlPlane", Name: name,
-				},
-			},
-		},
-	}
+	pc, qcp, cluster := processCluster(name, ns, name, 1)
+	objs := []client.Object{pc, &infrav1.ProcessMachineTemplate{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}}, qcp, cluster}
 	for _, obj := range objs {
 		if err := c.Create(ctx, obj); err != nil {
 			t.Fatalf("creating %T: %v", obj, err)

@@ -31,35 +31,8 @@ func TestCAPICoreReconcilesClusterOfQCPObjects(t *testing.T) {
 	c := env.Client
 	ns := "default"
 
-	pc := &infrav1.ProcessCluster{
-		ObjectMeta: metav1.ObjectMeta{Name: "c1", Namespace: ns},
-		Spec:       infrav1.ProcessClusterSpec{FailureDomains: []string{"fd-a", "fd-b", "fd-c"}},
-	}
-	qcp := &controlplanev1.QuorumControlPlane{
-		ObjectMeta: metav1.ObjectMeta{Name: "c1", Namespace: ns},
-		Spec: controlplanev1.QuorumControlPlaneSpec{
-			Replicas: ptr(int32(3)),
-			Version:  "v1.36.3",
-			MachineTemplate: controlplanev1.QuorumControlPlaneMachineTemplate{
-				Spec: controlplanev1.QuorumControlPlaneMachineTemplateSpec{
-					InfrastructureRef: clusterv1.ContractVersionedObjectReference{
-						APIGroup: infrav1.GroupVersion.Group, Kind: "ProcessMachineTemplate", Name: "c1-cp",
-					},
-				},
-			},
-		},
-	}
-	cluster := &clusterv1.Cluster{
-		ObjectMeta: metav1.ObjectMeta{Name: "c1", Namespace: ns},
-		Spec: clusterv1.ClusterSpec{
-			InfrastructureRef: clusterv1.ContractVersionedObjectReference{
-				APIGroup: infrav1.GroupVersion.Group, Kind: "ProcessCluster", Name: "c1",
-			},
-			ControlPlaneRef: clusterv1.ContractVersionedObjectReference{
-				APIGroup: controlplanev1.GroupVersion.Group, Kind: "QuorumControlPlane", Name: "c1",
-			},
-		},
-	}
+	pc, qcp, cluster := processCluster("c1", ns, "c1-cp", 3)
+	pc.Spec.FailureDomains = []string{"fd-a", "fd-b", "fd-c"}
 	for _, obj := range []client.Object{pc, qcp, cluster} {
 		if err := c.Create(ctx, obj); err != nil {
 			t.Fatalf("creating %T: %v", obj, err)
@@ -219,6 +192,39 @@ func buildManager(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return filepath.Join(dir, "qcp-manager")
+}
+
+// processCluster is a Cluster named name on a ProcessCluster of the same
+// name, with a QuorumControlPlane of replicas machines cloned from the
+// ProcessMachineTemplate template; nothing is created.
+func processCluster(name, ns, template string, replicas int32) (*infrav1.ProcessCluster, *controlplanev1.QuorumControlPlane, *clusterv1.Cluster) {
+	pc := &infrav1.ProcessCluster{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}}
+	qcp := &controlplanev1.QuorumControlPlane{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec: controlplanev1.QuorumControlPlaneSpec{
+			Replicas: ptr(replicas),
+			Version:  binaries.KubeVersion,
+			MachineTemplate: controlplanev1.QuorumControlPlaneMachineTemplate{
+				Spec: controlplanev1.QuorumControlPlaneMachineTemplateSpec{
+					InfrastructureRef: clusterv1.ContractVersionedObjectReference{
+						APIGroup: infrav1.GroupVersion.Group, Kind: "ProcessMachineTemplate", Name: template,
+					},
+				},
+			},
+		},
+	}
+	cluster := &clusterv1.Cluster{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
+		Spec: clusterv1.ClusterSpec{
+			InfrastructureRef: clusterv1.ContractVersionedObjectReference{
+				APIGroup: infrav1.GroupVersion.Group, Kind: "ProcessCluster", Name: name,
+			},
+			ControlPlaneRef: clusterv1.ContractVersionedObjectReference{
+				APIGroup: controlplanev1.GroupVersion.Group, Kind: "QuorumControlPlane", Name: name,
+			},
+		},
+	}
+	return pc, qcp, cluster
 }
 
 func ownedByCluster(obj client.Object, cluster *clusterv1.Cluster) bool {

@@ -84,9 +84,11 @@ func componentBreakdown(tb testing.TB, h *Host, ns, name string) string {
 //	go test ./internal/machinehost -run '^$' -bench MachineCPU -benchtime 1x
 //
 // QCP_BENCH_APISERVER_ARGS (flags separated by spaces, each --name=value)
-// adds kube-apiserver flags, so that a flag's cost is measured before a
-// test profile adopts it; the variables of the Go runtime (GOGC) reach the
-// machine's processes through the environment.
+// adds kube-apiserver flags, and QCP_BENCH_ARGS any component's
+// (component:--name=value, say kube-scheduler:--leader-elect=false), so
+// that a flag's cost is measured before a test profile adopts it; the
+// variables of the Go runtime (GOGC) reach the machine's processes through
+// the environment.
 func BenchmarkMachineCPU(b *testing.B) {
 	testkit.RequireBinaries(b, "etcd", "kube")
 	for range b.N {
@@ -95,11 +97,11 @@ func BenchmarkMachineCPU(b *testing.B) {
 		spec := c.spec("m1", "fd-a")
 		doc := bootstrap.NewStacked(c.cl, c.cas, c.lbAddr, bootstrap.NewMember())
 		doc.ExtraArgs = map[bootstrap.Component][]bootstrap.Arg{}
+		args := strings.Fields(os.Getenv("QCP_BENCH_ARGS"))
 		for _, f := range strings.Fields(os.Getenv("QCP_BENCH_APISERVER_ARGS")) {
-			name, value, _ := strings.Cut(strings.TrimLeft(f, "-"), "=")
-			doc.ExtraArgs[bootstrap.KubeAPIServer] = append(doc.ExtraArgs[bootstrap.KubeAPIServer], bootstrap.Arg{Name: name, Value: value})
+			args = append(args, string(bootstrap.KubeAPIServer)+":"+f)
 		}
-		for _, f := range strings.Fields(os.Getenv("QCP_BENCH_ARGS")) {
+		for _, f := range args {
 			component, flag, _ := strings.Cut(f, ":")
 			name, value, _ := strings.Cut(strings.TrimLeft(flag, "-"), "=")
 			doc.ExtraArgs[bootstrap.Component(component)] = append(doc.ExtraArgs[bootstrap.Component(component)], bootstrap.Arg{Name: name, Value: value})
