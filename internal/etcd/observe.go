@@ -55,13 +55,37 @@ func (c *Client) Observe(ctx context.Context) (members []quorum.Member, departed
 	if err != nil {
 		return nil, nil, err
 	}
+	members, departed = c.observed(ctx, list, alarms)
+	return members, departed, nil
+}
+
+// ObserveMembership is Observe without the alarm list: the members, their
+// health, statuses and the leader, none with alarms. etcd serves the alarm
+// list through raft, a proposal written and synced to every member's log
+// each time it is read, which is what an observer that samples membership
+// five times a second and judges nothing else (the tests' invariant
+// monitor) should not cost the cluster.
+func (c *Client) ObserveMembership(ctx context.Context) ([]quorum.Member, error) {
+	lctx, cancel := context.WithTimeout(ctx, ObserveTimeout)
+	defer cancel()
+	list, err := c.Members(lctx)
+	if err != nil {
+		return nil, fmt.Errorf("observing etcd members: %w", err)
+	}
+	members, _ := c.observed(ctx, list, nil)
+	return members, nil
+}
+
+// observed is the members of list with their statuses and the alarms they
+// raised, and the alarms of members list lacks (departed).
+func (c *Client) observed(ctx context.Context, list []Member, alarms []Alarm) (out []quorum.Member, departed []quorum.Alarm) {
 	raised := map[uint64][]string{}
 	for _, a := range alarms {
 		raised[a.MemberID] = append(raised[a.MemberID], a.Type)
 	}
 	statuses, _ := c.Statuses(ctx, list)
 	leader := ElectedLeader(statuses)
-	out := make([]quorum.Member, 0, len(list))
+	out = make([]quorum.Member, 0, len(list))
 	for _, mb := range list {
 		qm := quorum.Member{ID: mb.ID, Name: mb.Name, Learner: mb.IsLearner, Alarms: raised[mb.ID]}
 		delete(raised, mb.ID)
@@ -85,7 +109,7 @@ func (c *Client) Observe(ctx context.Context) (members []quorum.Member, departed
 			departed = append(departed, quorum.Alarm{MemberID: a.MemberID, Type: a.Type})
 		}
 	}
-	return out, departed, nil
+	return out, departed
 }
 
 // ElectedLeader is the member the answering members follow, taken from the

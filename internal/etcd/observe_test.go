@@ -97,3 +97,68 @@ func TestAlarmIsObservedApartFromHealth(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestObserveMembershipProposesNothing shows why the tests' monitor samples
+// with ObserveMembership: Observe reads the alarm list, which etcd serves
+// as a raft proposal (the log grows by one each time), while
+// ObserveMembership sees the same members, their health and the leader
+// and leaves the log as it was.
+func TestObserveMembershipProposesNothing(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	_, ps, cli := testkit.StartEtcdCluster(ctx, t, "membership", 3)
+	endpoint := ps[0].ClientURL()
+	index := func() uint64 {
+		t.Helper()
+		s, err := cli.Status(ctx, endpoint)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return s.RaftIndex
+	}
+	// A cluster just bootstrapped still publishes its members and version.
+	last := index()
+	if err := testkit.Eventually(ctx, time.Second, "a raft log that stopped growing", func(context.Context) error {
+		now := index()
+		defer func() { last = now }()
+		if now != last {
+			return fmt.Errorf("raft index %d, %d a second before", now, last)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+
+	before := index()
+	observed, _, err := cli.Observe(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after := index(); after <= before {
+		t.Fatalf("raft index %d after Observe, %d before: the alarm list read should be a proposal", after, before)
+	}
+
+	before = index()
+	for range 5 {
+		members, err := cli.ObserveMembership(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		leaders := 0
+		for _, m := range members {
+			if !m.Healthy {
+				t.Errorf("member %x observed unhealthy", m.ID)
+			}
+			if m.Leader {
+				leaders++
+			}
+		}
+		if len(members) != len(observed) || leaders != 1 {
+			t.Errorf("ObserveMembership: %d members with %d leaders; Observe saw %d members, want one leader", len(members), leaders, len(observed))
+		}
+	}
+	if after := index(); after != before {
+		t.Errorf("raft index %d after 5 ObserveMembership calls, %d before: they proposed something", after, before)
+	}
+}
