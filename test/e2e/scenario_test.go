@@ -183,12 +183,19 @@ func (s *scenario) create(ctx context.Context, objs ...client.Object) {
 	}
 }
 
+// eventuallyInterval is how often eventually checks its condition. The
+// conditions read the management API server directly, uncached: checked
+// every 250 ms, the reads of control planes and machines were 45 % of its
+// requests in a run of TestCreateAndScale, and a scenario waits for
+// changes that take seconds.
+const eventuallyInterval = 500 * time.Millisecond
+
 // eventually waits for cond, failing the scenario after timeout.
 func (s *scenario) eventually(timeout time.Duration, what string, cond func(context.Context) error) {
 	s.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	if err := testkit.Eventually(ctx, 250*time.Millisecond, what, cond); err != nil {
+	if err := testkit.Eventually(ctx, eventuallyInterval, what, cond); err != nil {
 		s.t.Fatal(err)
 	}
 }
@@ -503,12 +510,14 @@ type traffic struct {
 // 3 machines.
 const convergeTimeout = 10 * time.Minute
 
-// scenarioWriterPause paces a scenario's writer: with 4 workers, about 30
-// writes and 30 reads a second, enough to find a lost write or a stale read
-// in every membership change. A 20 ms pause made about 80 of each; etcd
-// was then the largest user of CPU, and two scenarios side by side starved
-// a 2-core machine.
-const scenarioWriterPause = 100 * time.Millisecond
+// scenarioWriterPause paces a scenario's writer: with 4 workers, about 14
+// writes and 14 reads a second, several within every membership change,
+// enough to find a lost write or a stale read there. A 20 ms pause made
+// about 80 of each; etcd was then the largest user of CPU, and two
+// scenarios side by side starved a 2-core machine. At 100 ms a 3-member
+// cluster still spent 113 ms/s of etcd CPU on the writer, 65 at 250 ms
+// (docs/measurements.md).
+const scenarioWriterPause = 250 * time.Millisecond
 
 func startTraffic(cfg etcd.Config, desired int, pause time.Duration) (*traffic, error) {
 	w, err := testkit.StartWriter(cfg, testkit.WriterOptions{Pause: pause})
