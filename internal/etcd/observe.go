@@ -62,9 +62,9 @@ func (c *Client) Observe(ctx context.Context) (members []quorum.Member, departed
 // ObserveMembership is Observe without the alarm list: the members, their
 // health, statuses and the leader, none with alarms. etcd serves the alarm
 // list through raft, a proposal written and synced to every member's log
-// each time it is read, which is what an observer that samples membership
-// five times a second and judges nothing else (the tests' invariant
-// monitor) should not cost the cluster.
+// each time it is read, which an observer that samples membership several
+// times a second and judges nothing else (the tests' invariant monitor)
+// should not cost the cluster.
 func (c *Client) ObserveMembership(ctx context.Context) ([]quorum.Member, error) {
 	lctx, cancel := context.WithTimeout(ctx, ObserveTimeout)
 	defer cancel()

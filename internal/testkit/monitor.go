@@ -116,9 +116,10 @@ func (r MonitorReport) Err() error {
 
 // StartMonitor starts sampling through client every interval (400 ms if 0).
 // Consecutive samples then span well under maxSampleGap, and the monitor's
-// requests cost a 3-member cluster about a third of what sampling and
-// probing every 200 ms did (docs/measurements.md): on a 2-core host each
-// scenario's observers competed with the machines they observe.
+// requests cost a 3-member cluster less than half of what sampling (with
+// the alarm list) and probing every 200 ms did (docs/measurements.md): on
+// a 2-core host each scenario's observers competed with the machines they
+// observe.
 func StartMonitor(client *etcd.Client, desired int, interval time.Duration) *Monitor {
 	if interval == 0 {
 		interval = defaultSampleInterval

@@ -510,8 +510,8 @@ type traffic struct {
 // 3 machines.
 const convergeTimeout = 10 * time.Minute
 
-// scenarioWriterPause paces a scenario's writer: with 4 workers, about 14
-// writes and 14 reads a second, several within every membership change,
+// scenarioWriterPause paces a scenario's writer: with 4 workers, about 15
+// writes and 15 reads a second, several within every membership change,
 // enough to find a lost write or a stale read there. A 20 ms pause made
 // about 80 of each; etcd was then the largest user of CPU, and two
 // scenarios side by side starved a 2-core machine. At 100 ms a 3-member
