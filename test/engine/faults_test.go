@@ -128,6 +128,8 @@ func TestRecoversFromDegraded(t *testing.T) {
 	}
 	from := len(d.steps)
 	d.converge(ctx, 3, phaseTimeout)
+	// Whole again: it takes writes.
+	tr.waitWrites(t, 4)
 	tr.stop(t, ctx)
 	logSteps(t, d)
 	for _, kind := range []string{"RemoveMember(", "DeleteMachine(", "CreateMachine("} {

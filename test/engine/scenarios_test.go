@@ -41,7 +41,26 @@ func startTraffic(t testing.TB, d *driver) *traffic {
 	}
 	tr := &traffic{w: w, mon: testkit.StartMonitor(cli, d.desired, 0), cli: cli}
 	d.afterStep = tr.mon.SampleNow
+	// Traffic flows before any fault: a scenario that kills members at
+	// once must not end with no write acknowledged at all.
+	tr.waitWrites(t, 4)
 	return tr
+}
+
+// waitWrites waits until n more writes than now are acknowledged.
+func (tr *traffic) waitWrites(t testing.TB, n int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), phaseTimeout)
+	defer cancel()
+	want := tr.w.Acknowledged() + n
+	if err := testkit.Eventually(ctx, 20*time.Millisecond, fmt.Sprintf("%d acknowledged writes", want), func(context.Context) error {
+		if got := tr.w.Acknowledged(); got < want {
+			return fmt.Errorf("%d acknowledged", got)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // stop ends the traffic and asserts what every scenario must show: a
