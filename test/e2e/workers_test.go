@@ -6,6 +6,7 @@ import (
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/x509/pkix"
+	"encoding/json"
 	"fmt"
 	"net"
 	"os"
@@ -29,7 +30,6 @@ import (
 	certutil "k8s.io/client-go/util/cert"
 	"k8s.io/client-go/util/certificate/csr"
 	"k8s.io/client-go/util/keyutil"
-	clientretry "k8s.io/client-go/util/retry"
 	"k8s.io/utils/ptr"
 	bootstrapv1 "sigs.k8s.io/cluster-api/api/bootstrap/kubeadm/v1beta2"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
@@ -630,24 +630,24 @@ func registerWorkerNode(ctx context.Context, t *testing.T, cs kubernetes.Interfa
 	if _, err := cs.CoordinationV1().Leases(corev1.NamespaceNodeLease).Update(ctx, lease, metav1.UpdateOptions{}); err != nil {
 		t.Fatalf("renewing Node %s's Lease: %v", name, err)
 	}
-	// Node IPAM and CAPI core write the Node too: read, change, write
-	// again on a conflict, as a kubelet does.
-	err = clientretry.RetryOnConflict(clientretry.DefaultRetry, func() error {
-		n, err := cs.CoreV1().Nodes().Get(ctx, name, metav1.GetOptions{})
-		if err != nil {
-			return err
-		}
-		heartbeat := metav1.Now()
-		// What a kubelet reports of its machine: without room for pods
-		// the scheduler binds nothing here.
-		n.Status.Capacity = corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("2"), corev1.ResourceMemory: resource.MustParse("4Gi"), corev1.ResourcePods: resource.MustParse("110")}
-		n.Status.Allocatable = n.Status.Capacity
-		n.Status.Conditions = []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady",
-			Message: "the scenario's stand-in for a kubelet", LastHeartbeatTime: heartbeat, LastTransitionTime: heartbeat}}
-		_, err = cs.CoreV1().Nodes().UpdateStatus(ctx, n, metav1.UpdateOptions{})
-		return err
-	})
+	// Node IPAM, the node lifecycle controller and CAPI core write the
+	// Node too. A patch of its status, as a kubelet sends: an update of a
+	// copy read before the lifecycle controller tainted the Node is refused
+	// by NodeRestriction (a node may not modify its taints), not as a
+	// conflict, and so was never retried.
+	heartbeat := metav1.Now()
+	// What a kubelet reports of its machine: without room for pods the
+	// scheduler binds nothing here.
+	capacity := corev1.ResourceList{corev1.ResourceCPU: resource.MustParse("2"), corev1.ResourceMemory: resource.MustParse("4Gi"), corev1.ResourcePods: resource.MustParse("110")}
+	patch, err := json.Marshal(map[string]any{"status": map[string]any{
+		"capacity": capacity, "allocatable": capacity,
+		"conditions": []corev1.NodeCondition{{Type: corev1.NodeReady, Status: corev1.ConditionTrue, Reason: "KubeletReady",
+			Message: "the scenario's stand-in for a kubelet", LastHeartbeatTime: heartbeat, LastTransitionTime: heartbeat}},
+	}})
 	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err = cs.CoreV1().Nodes().PatchStatus(ctx, name, patch); err != nil {
 		t.Fatalf("reporting Node %s Ready: %v", name, err)
 	}
 }
