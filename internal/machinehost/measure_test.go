@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"os"
 	"sort"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -142,14 +141,11 @@ func machineCPU(tb testing.TB, h *Host, ns, name string) map[string]float64 {
 	}
 	out := map[string]float64{}
 	for _, p := range procs {
-		f, err := testkit.ProcStat(fmt.Sprintf("/proc/%d/stat", p.PID))
-		if err != nil || len(f) < 13 {
+		cpu, err := testkit.CPUSeconds(p.PID)
+		if err != nil {
 			continue // exited meanwhile
 		}
-		utime, _ := strconv.ParseFloat(f[11], 64)
-		stime, _ := strconv.ParseFloat(f[12], 64)
-		label := componentName(p)
-		out[label] += (utime + stime) / 100 // USER_HZ
+		out[componentName(p)] += cpu
 	}
 	return out
 }

@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -239,6 +240,21 @@ func ProcStat(path string) ([]string, error) {
 		return nil, err
 	}
 	return strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:])), nil
+}
+
+// CPUSeconds is the CPU time (user and system) process pid has used, from
+// /proc/<pid>/stat.
+func CPUSeconds(pid int) (float64, error) {
+	f, err := ProcStat(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	if len(f) < 13 {
+		return 0, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(f))
+	}
+	utime, _ := strconv.ParseFloat(f[11], 64)
+	stime, _ := strconv.ParseFloat(f[12], 64)
+	return (utime + stime) / 100, nil // USER_HZ
 }
 
 // stopped returns nil once every thread of process pid is stopped.

@@ -2,9 +2,7 @@ package testkit
 
 import (
 	"context"
-	"fmt"
 	"os"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -74,21 +72,19 @@ func etcdCPU(tb testing.TB, ps []*EtcdProcess) float64 {
 		p.mu.Lock()
 		pid := p.cmd.Process.Pid
 		p.mu.Unlock()
-		sum += procCPU(tb, fmt.Sprintf("/proc/%d/stat", pid))
+		sum += cpuSeconds(tb, pid)
 	}
 	return sum
 }
 
 // selfCPU is the CPU-seconds this process has used.
-func selfCPU(tb testing.TB) float64 { return procCPU(tb, "/proc/self/stat") }
+func selfCPU(tb testing.TB) float64 { return cpuSeconds(tb, os.Getpid()) }
 
-func procCPU(tb testing.TB, path string) float64 {
+func cpuSeconds(tb testing.TB, pid int) float64 {
 	tb.Helper()
-	f, err := ProcStat(path)
-	if err != nil || len(f) < 13 {
-		tb.Fatalf("reading %s: %v", path, err)
+	cpu, err := CPUSeconds(pid)
+	if err != nil {
+		tb.Fatal(err)
 	}
-	utime, _ := strconv.ParseFloat(f[11], 64)
-	stime, _ := strconv.ParseFloat(f[12], 64)
-	return (utime + stime) / 100 // USER_HZ
+	return cpu
 }
