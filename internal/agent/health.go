@@ -26,11 +26,42 @@ const (
 	startupProbeEvery = 250 * time.Millisecond
 )
 
+// A component that has answered since it last started is reported failing
+// only once failureThreshold probes in a row have failed, each given
+// probeTimeout, as a kubelet treats a control plane pod's probe (kubeadm's
+// static pods: a 15-s timeout, 3 to 8 failures): one slow answer on a busy
+// host is not a failed component, and a MachineHealthCheck that counts its
+// timeout from the condition's last transition would otherwise replace
+// healthy machines of a host short of CPU. A component that has not
+// answered since it started, or whose process is not running, is reported
+// at once.
+const (
+	probeTimeout     = 5 * time.Second
+	failureThreshold = 3
+)
+
 // Probe is the result of one health check.
 type Probe struct {
+	// OK is false once the component has failed failureThreshold probes
+	// in a row, or any probe since it last started.
 	OK    bool      `json:"ok"`
 	Error string    `json:"error,omitempty"`
 	Time  time.Time `json:"time"`
+	// Failures counts the failed probes since the last one that passed.
+	Failures int `json:"failures,omitempty"`
+	// Passed is when a probe last passed.
+	Passed time.Time `json:"passed,omitzero"`
+}
+
+// next is the probe that follows prev: err is the check's outcome at now,
+// and startedAt when the component's process last started.
+func (prev Probe) next(err error, now, startedAt time.Time) Probe {
+	if err == nil {
+		return Probe{OK: true, Time: now, Passed: now}
+	}
+	pr := Probe{Error: err.Error(), Time: now, Failures: prev.Failures + 1, Passed: prev.Passed}
+	pr.OK = pr.Failures < failureThreshold && !pr.Passed.IsZero() && pr.Passed.After(startedAt)
+	return pr
 }
 
 // Health is the JSON the agent serves at http://<machine IP>:10248/healthz.
@@ -63,7 +94,7 @@ func (a *machineCtx) newProber() (*prober, error) {
 	tlsCfg := certs.DynamicRootsConfig(a.pki.ClusterTrust)
 	return &prober{
 		a:      a,
-		client: &http.Client{Timeout: time.Second, Transport: &http.Transport{TLSClientConfig: tlsCfg, DisableKeepAlives: true}},
+		client: &http.Client{Timeout: probeTimeout, Transport: &http.Transport{TLSClientConfig: tlsCfg, DisableKeepAlives: true}},
 		rounds: make(chan struct{}, 1),
 		probes: map[bootstrap.Component]Probe{},
 	}, nil
@@ -89,14 +120,7 @@ func (p *prober) urls() map[bootstrap.Component]string {
 
 func (p *prober) Run(ctx context.Context) {
 	for {
-		for c, u := range p.urls() {
-			err := p.get(ctx, u)
-			pr := Probe{OK: err == nil, Time: time.Now()}
-			if err != nil {
-				pr.Error = err.Error()
-			}
-			p.set(c, pr)
-		}
+		p.round(ctx)
 		every := p.noteHealth()
 		p.roundDone()
 		select {
@@ -105,6 +129,22 @@ func (p *prober) Run(ctx context.Context) {
 		case <-time.After(every):
 		}
 	}
+}
+
+// round probes every component at once, so that one slow to answer does
+// not hold the others' probes back.
+func (p *prober) round(ctx context.Context) {
+	states := p.a.sup.Snapshot()
+	var wg sync.WaitGroup
+	for c, u := range p.urls() {
+		wg.Go(func() {
+			err := p.get(ctx, u)
+			p.mu.Lock()
+			defer p.mu.Unlock()
+			p.probes[c] = p.probes[c].next(err, time.Now(), states[c].StartedAt)
+		})
+	}
+	wg.Wait()
 }
 
 // noteHealth records when the machine is first healthy, after a round of

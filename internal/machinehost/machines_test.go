@@ -229,9 +229,26 @@ func TestProcessMachines(t *testing.T) {
 	})
 
 	t.Run("freezing only etcd fails its probe, the Node stays Ready; thaw heals it", func(t *testing.T) {
+		c.waitHealthy(m3, time.Minute)
 		if err := h.FreezeProcess("ns1", "m3", "etcd"); err != nil {
 			t.Fatal(err)
 		}
+		// One failed probe of a component that answered is not yet a
+		// failure (agent's failureThreshold): a busy host's slow answer.
+		c.eventually("m3's agent to see etcd's probe fail while it still counts etcd healthy", time.Minute, func() error {
+			hl, err := health(m3)
+			if err != nil {
+				return err
+			}
+			pr := hl.Probes[bootstrap.Etcd]
+			if pr.Failures == 0 {
+				return fmt.Errorf("etcd's probe has not failed yet: %+v", pr)
+			}
+			if !pr.OK || !hl.Healthy {
+				t.Fatalf("etcd reported failing after %d failed probe(s): %+v (machine healthy %v)", pr.Failures, pr, hl.Healthy)
+			}
+			return nil
+		})
 		c.eventually("m3's EtcdHealthy False while its Node stays Ready", time.Minute, func() error {
 			ready, n, err := c.nodeCondition("m3")
 			if err != nil {
