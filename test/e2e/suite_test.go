@@ -128,7 +128,7 @@ func scenariosAtOnce() error {
 		// to spare (scenarioQueue); -parallel, as `make chaos` gives it,
 		// asks for that many at once whatever the load.
 		load := hostcpu.NewLoad(2*time.Second, 20*time.Second)
-		scenarios.busy, scenarios.maxBusy, scenarios.spacing = load.Busy, 0.75, 30*time.Second
+		scenarios.busy, scenarios.maxBusy, scenarios.spacing, scenarios.aloneAfter = load.Busy, 0.75, 30*time.Second, 2*time.Minute
 	}
 	return p.Value.Set("1000")
 }
