@@ -303,9 +303,15 @@ func (r *ClusterReconciler) requestsForCluster(ctx context.Context, namespace, c
 	return []reconcile.Request{{NamespacedName: client.ObjectKey{Namespace: namespace, Name: ref.Name}}}
 }
 
+// isClusterCASecret matches the Secrets clusterCA reads: <cluster>-ca, and
+// <cluster>-ca-next, which a cluster CA rotation creates at its start. Its
+// API servers serve certificates of the new authority from the rotation's
+// second stage on, and a balancer that did not trust it would take them
+// for unready and cut their connections.
 func isClusterCASecret(obj client.Object) bool {
 	name := obj.GetLabels()[clusterv1.ClusterNameLabel]
-	return name != "" && obj.GetName() == secret.Name(name, secret.ClusterCA)
+	ca := secret.Name(name, secret.ClusterCA)
+	return name != "" && (obj.GetName() == ca || obj.GetName() == ca+"-next")
 }
 
 func lbKey(pc *infrav1.ProcessCluster) string { return "lb/" + pc.Namespace + "/" + pc.Name }

@@ -119,6 +119,37 @@ func (w *world) testClusterWaits(ctx context.Context) {
 		}
 		return nil
 	})
+
+	// A cluster CA rotation's new authority, <cluster>-ca-next: the
+	// balancer trusts both at once (nothing else changes to wake it), and
+	// the old one alone again once the Secret is gone.
+	next, err := certs.NewCA("kubernetes-next", time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	nextSecret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: caSecret + "-next", Namespace: ns,
+		Labels: map[string]string{clusterv1.ClusterNameLabel: w.cluster}},
+		Data: map[string][]byte{corev1.TLSCertKey: next.CertPEM, corev1.TLSPrivateKeyKey: next.KeyPEM}}
+	w.create(ctx, nextSecret)
+	holds := func(what string, want []byte) {
+		wctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+		defer cancel()
+		w.eventually(wctx, "the load balancer trusting "+what, func(context.Context) error {
+			data, err := os.ReadFile(caFile)
+			if err != nil {
+				return err
+			}
+			if string(data) != string(want) {
+				return fmt.Errorf("%s holds %d bytes, want %d", caFile, len(data), len(want))
+			}
+			return nil
+		})
+	}
+	holds("the cluster CA and <cluster>-ca-next's", append(append([]byte{}, w.cas.Cluster.CertPEM...), next.CertPEM...))
+	if err := w.c.Delete(ctx, nextSecret); err != nil {
+		t.Fatal(err)
+	}
+	holds("the cluster CA alone once <cluster>-ca-next is gone", w.cas.Cluster.CertPEM)
 }
 
 // testClusterDeletion: deleting the Cluster deletes its ProcessCluster,
