@@ -306,17 +306,21 @@ func (rt *rotation) setStatus(cp *controlplanev1.QuorumControlPlane) {
 }
 
 // lagging names the first machine not yet at the stage, and what it
-// lacks; "" when every machine that stays is.
+// lacks; "" when every machine is. A machine being deleted (a remediation's,
+// whose components may not answer) is waited for until it is gone: until
+// then its member or API server may still serve, and trust what the stage
+// no longer does; a stage that moved on without it could record Completed
+// while a member still took clients of the old authority.
 func (rt *rotation) lagging(machines []*clusterv1.Machine) string {
 	want, key := rt.want(), engine.AuthorityAnnotation(authorityOf[rt.state.Kind].agent)
 	for _, m := range machines {
-		if !m.DeletionTimestamp.IsZero() {
-			continue
-		}
 		switch rec := m.Annotations[key]; {
+		case rec == want:
+		case !m.DeletionTimestamp.IsZero():
+			return fmt.Sprintf("waiting for machine %s, being deleted, to be gone: it reports authorities %q, the stage wants %s", m.Name, rec, want)
 		case rec == "":
 			return fmt.Sprintf("waiting for QCP to read machine %s's certificates", m.Name)
-		case rec != want:
+		default:
 			return fmt.Sprintf("waiting for machine %s to take the stage's authorities (it reports %s, the stage wants %s)", m.Name, rec, want)
 		}
 	}
@@ -324,7 +328,7 @@ func (rt *rotation) lagging(machines []*clusterv1.Machine) string {
 }
 
 // advanceRotation moves the rotation to its next stage once every machine
-// is at its stage, after the stage's own work: SwitchSigner writes the new
+// is at its stage (lagging), after the stage's own work: SwitchSigner writes the new
 // authority into <cluster>-etcd, and the end of Distrust deletes the
 // rotation's two Secrets. It reports whether the stage changed.
 func (r *Reconciler) advanceRotation(ctx context.Context, cluster *clusterv1.Cluster, cp *controlplanev1.QuorumControlPlane, rt *rotation, machines []*clusterv1.Machine) (bool, error) {
