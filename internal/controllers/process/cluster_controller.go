@@ -218,10 +218,7 @@ func (r *ClusterReconciler) reconcileDelete(ctx context.Context, pc *infrav1.Pro
 // API servers with, or nil while the control plane has not created it.
 func (r *ClusterReconciler) clusterCA(ctx context.Context, cluster *clusterv1.Cluster) ([]byte, error) {
 	var bundle []byte
-	// <cluster>-ca-next holds the new cluster CA while a control plane
-	// rotates it (QCP's cluster CA rotation): its API servers then serve
-	// certificates of either, and the probes must take both.
-	for _, name := range []string{secret.Name(cluster.Name, secret.ClusterCA), secret.Name(cluster.Name, secret.ClusterCA) + "-next"} {
+	for _, name := range clusterCASecretNames(cluster.Name) {
 		s := &corev1.Secret{}
 		err := r.Client.Get(ctx, client.ObjectKey{Namespace: cluster.Namespace, Name: name}, s)
 		if apierrors.IsNotFound(err) {
@@ -303,15 +300,21 @@ func (r *ClusterReconciler) requestsForCluster(ctx context.Context, namespace, c
 	return []reconcile.Request{{NamespacedName: client.ObjectKey{Namespace: namespace, Name: ref.Name}}}
 }
 
-// isClusterCASecret matches the Secrets clusterCA reads: <cluster>-ca, and
-// <cluster>-ca-next, which a cluster CA rotation creates at its start. Its
-// API servers serve certificates of the new authority from the rotation's
-// second stage on, and a balancer that did not trust it would take them
-// for unready and cut their connections.
+// clusterCASecretNames are the Secrets the load balancer trusts API servers
+// by: <cluster>-ca, and <cluster>-ca-next, which a control plane's cluster
+// CA rotation (QCP's) creates at its start. Its API servers serve
+// certificates of the new authority from the rotation's second stage on,
+// and a balancer that did not trust it would take them for unready and cut
+// their connections.
+func clusterCASecretNames(cluster string) []string {
+	ca := secret.Name(cluster, secret.ClusterCA)
+	return []string{ca, ca + "-next"}
+}
+
+// isClusterCASecret matches the Secrets clusterCA reads.
 func isClusterCASecret(obj client.Object) bool {
 	name := obj.GetLabels()[clusterv1.ClusterNameLabel]
-	ca := secret.Name(name, secret.ClusterCA)
-	return name != "" && (obj.GetName() == ca || obj.GetName() == ca+"-next")
+	return name != "" && slices.Contains(clusterCASecretNames(name), obj.GetName())
 }
 
 func lbKey(pc *infrav1.ProcessCluster) string { return "lb/" + pc.Namespace + "/" + pc.Name }
