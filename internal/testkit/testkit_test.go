@@ -94,7 +94,9 @@ func TestWriterSurvivesLeaderKill(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitAcks(ctx, t, w, 50)
+	if err := w.WaitAcknowledged(ctx, 50); err != nil {
+		t.Fatal(err)
+	}
 	leader, err := cli.Leader(ctx)
 	if err != nil {
 		t.Fatal(err)
@@ -108,8 +110,9 @@ func TestWriterSurvivesLeaderKill(t *testing.T) {
 	if err := victim.Kill(); err != nil {
 		t.Fatal(err)
 	}
-	before := w.Acknowledged()
-	waitAcks(ctx, t, w, before+50)
+	if err := w.WaitAcknowledged(ctx, 50); err != nil {
+		t.Fatal(err)
+	}
 	if err := victim.Restart(); err != nil {
 		t.Fatal(err)
 	}
@@ -135,18 +138,6 @@ func TestWriterSurvivesLeaderKill(t *testing.T) {
 	}
 	if mr.Samples-mr.Unobserved < 3 {
 		t.Errorf("monitor observed only %d of %d samples", mr.Samples-mr.Unobserved, mr.Samples)
-	}
-}
-
-func waitAcks(ctx context.Context, t *testing.T, w *Writer, n int) {
-	t.Helper()
-	if err := Eventually(ctx, 20*time.Millisecond, "acknowledged writes", func(context.Context) error {
-		if w.Acknowledged() < n {
-			return context.DeadlineExceeded
-		}
-		return nil
-	}); err != nil {
-		t.Fatal(err)
 	}
 }
 

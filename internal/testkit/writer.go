@@ -128,6 +128,18 @@ func (w *Writer) Acknowledged() int {
 	return len(w.acks)
 }
 
+// WaitAcknowledged waits until n more writes than now are acknowledged,
+// or ctx ends; its error says how many were.
+func (w *Writer) WaitAcknowledged(ctx context.Context, n int) error {
+	want := w.Acknowledged() + n
+	return Eventually(ctx, 20*time.Millisecond, fmt.Sprintf("%d more acknowledged writes", n), func(context.Context) error {
+		if got := w.Acknowledged(); got < want {
+			return fmt.Errorf("%d of %d acknowledged", got, want)
+		}
+		return nil
+	})
+}
+
 func (w *Writer) work(ctx context.Context, worker int) {
 	defer w.wg.Done()
 	key := fmt.Sprintf("%sk%d", w.opts.Prefix, worker)

@@ -137,13 +137,11 @@ func TestDefragmentation(t *testing.T) {
 // waitWrites waits for the writer to have n more writes acknowledged.
 func (s *scenario) waitWrites(n int) {
 	s.t.Helper()
-	want := s.traffic.writer.Acknowledged() + n
-	s.eventually(time.Minute, fmt.Sprintf("%d more acknowledged writes", n), func(context.Context) error {
-		if got := s.traffic.writer.Acknowledged(); got < want {
-			return fmt.Errorf("%d of %d", got, want)
-		}
-		return nil
-	})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	if err := s.traffic.writer.WaitAcknowledged(ctx, n); err != nil {
+		s.t.Fatal(err)
+	}
 }
 
 // fragment grows the database of every member with churn, then deletes

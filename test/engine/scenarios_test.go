@@ -52,13 +52,7 @@ func (tr *traffic) waitWrites(t testing.TB, n int) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), phaseTimeout)
 	defer cancel()
-	want := tr.w.Acknowledged() + n
-	if err := testkit.Eventually(ctx, 20*time.Millisecond, fmt.Sprintf("%d acknowledged writes", want), func(context.Context) error {
-		if got := tr.w.Acknowledged(); got < want {
-			return fmt.Errorf("%d acknowledged", got)
-		}
-		return nil
-	}); err != nil {
+	if err := tr.w.WaitAcknowledged(ctx, n); err != nil {
 		t.Fatal(err)
 	}
 }
