@@ -17,15 +17,18 @@ import (
 	"github.com/spf13/cobra"
 	"golang.org/x/term"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/duration"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/cmd/clusterctl/client/tree"
 	"sigs.k8s.io/cluster-api/util/conditions"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
-	infrav1 "github.com/qcp-dev/qcp/api/infrastructure/v1alpha1"
 )
 
 // ClusterTree is what `qcpctl describe cluster` shows; -o json prints it as is
@@ -213,42 +216,60 @@ func isTerminal(w io.Writer) bool {
 	return ok && term.IsTerminal(int(f.Fd()))
 }
 
-// collect reads the cluster, its ProcessCluster, its QuorumControlPlane and
-// its control plane Machines.
+// collect gathers the cluster's objects with clusterctl's discovery, so that
+// describe shows the same tree as `clusterctl describe cluster`, and adds
+// QCP's columns on top: what the control plane is doing, and the etcd member
+// and delete hooks of each Machine that discovery put under it.
 func collect(ctx context.Context, c client.Client, namespace, name string, now time.Time) (*ClusterTree, error) {
-	cluster := &clusterv1.Cluster{}
-	if err := c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, cluster); apierrors.IsNotFound(err) {
+	objs, err := tree.Discovery(ctx, c, namespace, name, tree.DiscoverOptions{})
+	if apierrors.IsNotFound(err) {
 		return nil, &hintError{err: err, msg: fmt.Sprintf(
 			"cluster %s/%s not found: list clusters with 'kubectl get clusters -A'", namespace, name)}
 	} else if err != nil {
-		return nil, fmt.Errorf("reading cluster %s/%s: %w", namespace, name, err)
+		return nil, fmt.Errorf("discovering the objects of cluster %s/%s: %w", namespace, name, err)
 	}
+	// Discovery always roots the tree at the Cluster it read.
+	cluster := objs.GetRoot().(*clusterv1.Cluster)
 	t := &ClusterTree{Namespace: namespace, Cluster: Row{
 		Kind: "Cluster", Name: name, ConditionSummary: summarize(cluster, clusterv1.AvailableCondition, now)}}
+	children := map[string]client.Object{}
+	for _, o := range objs.GetObjectsByParent(cluster.GetUID()) {
+		children[tree.GetMetaName(o)] = o
+	}
 
-	if ref := cluster.Spec.InfrastructureRef; ref.Name != "" {
-		row := &Row{Kind: "ProcessCluster", Name: ref.Name}
-		pc := &infrav1.ProcessCluster{}
-		if err := getOrMissing(ctx, c, namespace, ref.Name, pc, row); err != nil {
-			return nil, err
-		} else if row.Message == "" {
-			row.ConditionSummary = summarize(pc, clusterv1.ReadyCondition, now)
+	// Discovery leaves out a referenced object it cannot read; it may just
+	// not be created yet, so its row says so rather than failing.
+	if ref := cluster.Spec.InfrastructureRef; ref.IsDefined() {
+		row := &Row{Kind: ref.Kind, Name: ref.Name}
+		if infra := children["ClusterInfrastructure"]; infra != nil {
+			row.ConditionSummary = summarize(infra, clusterv1.ReadyCondition, now)
+		} else {
+			row.Message = "not found"
 		}
 		t.Infrastructure = row
 	}
 
 	ref := cluster.Spec.ControlPlaneRef
-	if ref.Name == "" {
+	if !ref.IsDefined() {
 		return t, nil
 	}
-	cp := &ControlPlaneRow{Row: Row{Kind: "QuorumControlPlane", Name: ref.Name}}
+	cp := &ControlPlaneRow{Row: Row{Kind: ref.Kind, Name: ref.Name}}
 	t.ControlPlane = cp
-	qcp := &controlplanev1.QuorumControlPlane{}
-	if err := getOrMissing(ctx, c, namespace, ref.Name, qcp, &cp.Row); err != nil {
-		return nil, err
-	}
-	if cp.Message != "" {
+	found, ok := children["ControlPlane"].(*unstructured.Unstructured)
+	if !ok {
+		cp.Message = "not found"
 		return t, nil
+	}
+	// QCP's columns come from the QuorumControlPlane's status; another
+	// provider's control plane, or another version of QCP's, has none that
+	// this qcpctl can read.
+	if found.GroupVersionKind() != controlplanev1.GroupVersion.WithKind("QuorumControlPlane") {
+		cp.Message = "not a v1alpha1 QuorumControlPlane: use clusterctl describe"
+		return t, nil
+	}
+	qcp := &controlplanev1.QuorumControlPlane{}
+	if err := runtime.DefaultUnstructuredConverter.FromUnstructured(found.Object, qcp); err != nil {
+		return nil, fmt.Errorf("reading QuorumControlPlane %s/%s: %w", namespace, ref.Name, err)
 	}
 	cp.Replicas = fmt.Sprintf("%d/%d", ptr.Deref(qcp.Status.Replicas, 0), ptr.Deref(qcp.Spec.Replicas, 1))
 	cp.Ready, cp.UpToDate = qcp.Status.ReadyReplicas, qcp.Status.UpToDateReplicas
@@ -258,15 +279,16 @@ func collect(ctx context.Context, c client.Client, namespace, name string, now t
 		cp.Operation = &Operation{LastOperation: op, Since: age(op.StartTime, now)}
 	}
 
-	machines := &clusterv1.MachineList{}
-	if err := c.List(ctx, machines, client.InNamespace(namespace),
-		client.MatchingLabels{clusterv1.ClusterNameLabel: name}, client.HasLabels{clusterv1.MachineControlPlaneLabel}); err != nil {
-		return nil, fmt.Errorf("listing the control plane machines of cluster %s/%s: %w", namespace, name, err)
+	// The tree keeps children in no order; rows go by name.
+	var machines []*clusterv1.Machine
+	for _, o := range objs.GetObjectsByParent(found.GetUID()) {
+		if m, ok := o.(*clusterv1.Machine); ok {
+			machines = append(machines, m)
+		}
 	}
-	slices.SortFunc(machines.Items, func(a, b clusterv1.Machine) int { return strings.Compare(a.Name, b.Name) })
+	slices.SortFunc(machines, func(a, b *clusterv1.Machine) int { return strings.Compare(a.Name, b.Name) })
 	cp.Machines = []MachineRow{}
-	for i := range machines.Items {
-		m := &machines.Items[i]
+	for _, m := range machines {
 		row := MachineRow{
 			Name: m.Name, ConditionSummary: summarize(m, clusterv1.MachineReadyCondition, now),
 			Version: m.Spec.Version, FailureDomain: m.Spec.FailureDomain, EtcdRole: "none",
@@ -288,23 +310,11 @@ func collect(ctx context.Context, c client.Client, namespace, name string, now t
 	return t, nil
 }
 
-// getOrMissing reads obj; a missing object becomes a row message rather than
-// an error, since it may just not be created yet.
-func getOrMissing(ctx context.Context, c client.Client, namespace, name string, obj client.Object, row *Row) error {
-	err := c.Get(ctx, client.ObjectKey{Namespace: namespace, Name: name}, obj)
-	if apierrors.IsNotFound(err) {
-		row.Message = "not found"
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("reading %s %s/%s: %w", row.Kind, namespace, name, err)
-	}
-	return nil
-}
-
-func summarize(obj conditions.Getter, conditionType string, now time.Time) ConditionSummary {
+// summarize reads obj's conditionType condition. obj may be another
+// provider's object, which discovery reads as unstructured.
+func summarize(obj client.Object, conditionType string, now time.Time) ConditionSummary {
 	s := ConditionSummary{Condition: conditionType}
-	if c := conditions.Get(obj, conditionType); c != nil {
+	if c := meta.FindStatusCondition(tree.GetConditions(obj), conditionType); c != nil {
 		s.Status, s.Reason, s.Message = c.Status, c.Reason, c.Message
 		s.LastTransitionTime = &c.LastTransitionTime
 		s.Since = age(c.LastTransitionTime, now)

@@ -12,11 +12,17 @@ import (
 	"time"
 	"unicode/utf8"
 
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
+	utilruntime "k8s.io/apimachinery/pkg/util/runtime"
+	"k8s.io/apimachinery/pkg/util/uuid"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/contract"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
@@ -41,8 +47,10 @@ func scaleUp(now time.Time) []client.Object {
 		return []metav1.Condition{{Type: typ, Status: status, Reason: reason, LastTransitionTime: at(3 * time.Hour)}}
 	}
 	cluster := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "demo"}}
-	cluster.Spec.InfrastructureRef = clusterv1.ContractVersionedObjectReference{Kind: "ProcessCluster", Name: "demo"}
-	cluster.Spec.ControlPlaneRef = clusterv1.ContractVersionedObjectReference{Kind: "QuorumControlPlane", Name: "demo-control-plane"}
+	cluster.Spec.InfrastructureRef = clusterv1.ContractVersionedObjectReference{
+		APIGroup: infrav1.GroupVersion.Group, Kind: "ProcessCluster", Name: "demo"}
+	cluster.Spec.ControlPlaneRef = clusterv1.ContractVersionedObjectReference{
+		APIGroup: controlplanev1.GroupVersion.Group, Kind: "QuorumControlPlane", Name: "demo-control-plane"}
 	cluster.Status.Conditions = cond(clusterv1.AvailableCondition, metav1.ConditionTrue, "Available")
 
 	pc := &infrav1.ProcessCluster{ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: "demo"}}
@@ -86,8 +94,30 @@ func scaleUp(now time.Time) []client.Object {
 	return objs
 }
 
+// fakeClient is a management cluster with QCP's CRDs and objs. It gives each
+// object a UID, as the API server does, because clusterctl's object tree
+// tells objects apart by UID.
 func fakeClient(objs ...client.Object) client.Client {
-	return fake.NewClientBuilder().WithScheme(scheme.New()).WithObjects(objs...).Build()
+	s := scheme.New()
+	utilruntime.Must(apiextensionsv1.AddToScheme(s))
+	for _, o := range objs {
+		if o.GetUID() == "" {
+			o.SetUID(uuid.NewUUID())
+		}
+	}
+	return fake.NewClientBuilder().WithScheme(s).WithObjects(objs...).WithObjects(
+		contractCRD(infrav1.GroupVersion.WithKind("ProcessCluster")),
+		contractCRD(controlplanev1.GroupVersion.WithKind("QuorumControlPlane")),
+	).Build()
+}
+
+// contractCRD is what clusterctl's discovery reads of a provider's CRD: the
+// label that names the API version serving the Cluster API contract.
+func contractCRD(gvk schema.GroupVersionKind) *apiextensionsv1.CustomResourceDefinition {
+	return &apiextensionsv1.CustomResourceDefinition{ObjectMeta: metav1.ObjectMeta{
+		Name:   contract.CalculateCRDName(gvk.Group, gvk.Kind),
+		Labels: map[string]string{clusterv1.GroupVersion.String(): gvk.Version},
+	}}
 }
 
 func runDescribe(t *testing.T, c client.Client, args ...string) (string, error) {
@@ -368,5 +398,74 @@ func eventually(t *testing.T, ok func() bool) {
 		if time.Now().After(deadline) {
 			t.Fatal("timed out")
 		}
+	}
+}
+
+// providerObject is another provider's object, which qcpctl has no Go type
+// for, with a Ready condition.
+func providerObject(t *testing.T, gvk schema.GroupVersionKind, name, readyReason string, since time.Time) *unstructured.Unstructured {
+	t.Helper()
+	u := &unstructured.Unstructured{}
+	u.SetGroupVersionKind(gvk)
+	u.SetNamespace("default")
+	u.SetName(name)
+	if err := unstructured.SetNestedSlice(u.Object, []any{map[string]any{
+		"type": clusterv1.ReadyCondition, "status": "False", "reason": readyReason,
+		"lastTransitionTime": since.UTC().Format(time.RFC3339),
+	}}, "status", "conditions"); err != nil {
+		t.Fatal(err)
+	}
+	return u
+}
+
+// The infrastructure row is whatever object clusterctl's discovery resolves
+// the Cluster's reference to, through its CRD's contract label, here another
+// provider's; a walk that assumed QCP's ProcessCluster would call it missing.
+func TestDescribeShowsTheInfrastructureDiscoveryFinds(t *testing.T) {
+	now := time.Now()
+	docker := schema.GroupVersionKind{Group: "infrastructure.cluster.x-k8s.io", Version: "v1beta2", Kind: "DockerCluster"}
+	objs := scaleUp(now)
+	objs[0].(*clusterv1.Cluster).Spec.InfrastructureRef = clusterv1.ContractVersionedObjectReference{
+		APIGroup: docker.Group, Kind: docker.Kind, Name: "demo-lb"}
+	infra := providerObject(t, docker, "demo-lb", "LoadBalancerNotReady", now.Add(-time.Hour))
+	c := fakeClient(append(objs, infra, contractCRD(docker))...)
+
+	tree, err := collect(context.Background(), c, "default", "demo", now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := tree.Infrastructure; got == nil || got.Kind != docker.Kind || got.Reason != "LoadBalancerNotReady" || got.Since != "1h" {
+		t.Fatalf("infrastructure = %+v, want the DockerCluster's Ready reason LoadBalancerNotReady since 1h", got)
+	}
+	var b bytes.Buffer
+	if err := renderTree(&b, tree, false); err != nil {
+		t.Fatal(err)
+	}
+	out := b.String()
+	if _, row := line(t, out, "DockerCluster/demo-lb"); !strings.Contains(row, "LoadBalancerNotReady") || strings.Contains(row, "not found") {
+		t.Errorf("the infrastructure row lacks the DockerCluster's condition: %q", row)
+	}
+	// QCP's columns still sit on the machines discovery puts under the control plane.
+	if _, cp1 := line(t, out, "Machine/demo-cp-1 "); !strings.Contains(cp1, " leader ") {
+		t.Errorf("demo-cp-1 lost its etcd role: %q", cp1)
+	}
+}
+
+// Another provider's control plane has no etcd status for QCP's columns;
+// its row says which tool describes it instead of showing wrong columns.
+func TestDescribeOtherControlPlaneSaysWhatToUse(t *testing.T) {
+	now := time.Now()
+	kubeadm := schema.GroupVersionKind{Group: controlplanev1.GroupVersion.Group, Version: "v1beta2", Kind: "KubeadmControlPlane"}
+	objs := scaleUp(now)
+	objs[0].(*clusterv1.Cluster).Spec.ControlPlaneRef = clusterv1.ContractVersionedObjectReference{
+		APIGroup: kubeadm.Group, Kind: kubeadm.Kind, Name: "demo-kcp"}
+	kcp := providerObject(t, kubeadm, "demo-kcp", "ScalingUp", now.Add(-time.Hour))
+	tree, err := collect(context.Background(), fakeClient(append(objs, kcp, contractCRD(kubeadm))...), "default", "demo", now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cp := tree.ControlPlane
+	if cp == nil || cp.Kind != kubeadm.Kind || !strings.Contains(cp.Message, "clusterctl describe") || len(cp.Machines) != 0 {
+		t.Errorf("control plane = %+v, want a KubeadmControlPlane row pointing to clusterctl describe and no machines", cp)
 	}
 }
