@@ -187,6 +187,9 @@ func (a *machineCtx) serveAgentEndpoint(ctx context.Context) error {
 	if a.doc.RunsKubernetes() {
 		mux.HandleFunc("PUT "+ClusterAuthorityKind.Path(), func(w http.ResponseWriter, r *http.Request) { a.putAuthority(ctx, ClusterAuthorityKind, w, r) })
 	}
+	if a.doc.Runs(bootstrap.KubeAPIServer) {
+		mux.HandleFunc("PUT "+FrontProxyAuthorityKind.Path(), func(w http.ResponseWriter, r *http.Request) { a.putAuthority(ctx, FrontProxyAuthorityKind, w, r) })
+	}
 	mux.HandleFunc("POST "+PKIRenewPath, func(w http.ResponseWriter, r *http.Request) { a.postRenewPKI(ctx, w, r) })
 	tlsCfg := &tls.Config{
 		GetCertificate: a.adminPair.getCertificate,

@@ -25,6 +25,11 @@ type PKI struct {
 	// without Kubernetes components); a cluster CA rotation replaces it.
 	clusterCA *certs.KeyPair
 
+	// frontProxyCA issues the API server's front-proxy client certificate
+	// (nil on a machine without an API server); a front-proxy CA rotation
+	// replaces it.
+	frontProxyCA *certs.KeyPair
+
 	// etcdCA issues the etcd leaves (nil on an external etcd's machine);
 	// an etcd CA rotation replaces it (MoveEtcdLeaves).
 	etcdCA *certs.KeyPair
@@ -45,6 +50,9 @@ type PKI struct {
 	// trusts: ca-bundle.crt, the components' client CA, and the CA of
 	// every kubeconfig and client of the agent.
 	clusterTrust []byte
+	// frontProxyTrust is the PEM bundle of the front-proxy authorities it
+	// trusts: front-proxy-ca.crt, the components' request header client CA.
+	frontProxyTrust []byte
 	// node is the machine's own kubelet identity (system:node:<name>).
 	node *certs.KeyPair
 	// admin is used once, to label the Node as a control plane node the
@@ -79,6 +87,11 @@ type leaf struct {
 // controller manager's --root-ca-file); ca.crt is the one that signs.
 const ClusterTrustFile = "ca-bundle.crt"
 
+// FrontProxyTrustFile, under the PKI directory, is the bundle of
+// front-proxy authorities the components take request header clients of
+// (their --requestheader-client-ca-file).
+const FrontProxyTrustFile = "front-proxy-ca.crt"
+
 // Node is the machine's kubelet identity now.
 func (p *PKI) Node() *certs.KeyPair { return p.identity(&p.node) }
 
@@ -99,6 +112,14 @@ func (p *PKI) ClusterTrust() []byte {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.clusterTrust
+}
+
+// FrontProxyTrust is the PEM bundle of the front-proxy authorities the
+// machine trusts now; nil on a machine without an API server.
+func (p *PKI) FrontProxyTrust() []byte {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.frontProxyTrust
 }
 
 // EtcdClient is the agent's etcd client identity now.
@@ -323,7 +344,11 @@ func (p *PKI) issueKubernetes(w *pkiWriter, m Machine, doc *bootstrap.Document, 
 		if err != nil {
 			return fmt.Errorf("certificates.frontProxyCA: %w", err)
 		}
-		w.cert("front-proxy-ca.crt", fp.CertPEM)
+		p.frontProxyCA, p.frontProxyTrust = fp, fp.CertPEM
+		if c.FrontProxyTrust != "" {
+			p.frontProxyTrust = []byte(c.FrontProxyTrust)
+		}
+		w.cert(FrontProxyTrustFile, p.frontProxyTrust)
 		fpc, err := certs.IssueFrontProxyClient(fp, now)
 		if err != nil {
 			return err

@@ -28,7 +28,13 @@ const (
 	// ClusterAuthorityKind is the cluster CA, on a machine that runs
 	// Kubernetes components.
 	ClusterAuthorityKind AuthorityKind = "cluster"
+	// FrontProxyAuthorityKind is the front-proxy CA, on a machine that
+	// runs an API server.
+	FrontProxyAuthorityKind AuthorityKind = "front-proxy"
 )
+
+// AuthorityKinds are every kind a rotation sets.
+var AuthorityKinds = []AuthorityKind{EtcdAuthorityKind, ClusterAuthorityKind, FrontProxyAuthorityKind}
 
 // Path is where the agent endpoint takes the authority of kind k: a step
 // of a CA rotation.
@@ -98,7 +104,7 @@ func decodeAuthority(r io.Reader) (Authority, *certs.KeyPair, error) {
 // instead could leave the machine trusting an authority the rest of the
 // cluster no longer uses.
 func (a *machineCtx) loadAuthorities() error {
-	for _, k := range []AuthorityKind{EtcdAuthorityKind, ClusterAuthorityKind} {
+	for _, k := range AuthorityKinds {
 		path := filepath.Join(a.dir, k.File())
 		data, err := os.ReadFile(path)
 		if errors.Is(err, fs.ErrNotExist) {
@@ -112,10 +118,13 @@ func (a *machineCtx) loadAuthorities() error {
 			return fmt.Errorf("%s, which a CA rotation wrote, is invalid (%w): restore it, or replace the machine", path, err)
 		}
 		c := &a.doc.Certificates
-		if k == EtcdAuthorityKind {
+		switch k {
+		case EtcdAuthorityKind:
 			c.EtcdCA, c.EtcdTrust = &e.CA, e.Trust
-		} else {
+		case ClusterAuthorityKind:
 			c.ClusterCA, c.ClusterTrust = &e.CA, e.Trust
+		case FrontProxyAuthorityKind:
+			c.FrontProxyCA, c.FrontProxyTrust = &e.CA, e.Trust
 		}
 		a.log.Info("the authority of a CA rotation overrides the bootstrap data's", "file", path)
 	}
@@ -158,6 +167,12 @@ func (a *machineCtx) putAuthority(ctx context.Context, k AuthorityKind, w http.R
 // serving while its own member restarts. A restart of etcd is a member
 // disruption, which the manager plans as one.
 //
+// front-proxy: kube-apiserver restarts (it would reload its request
+// header client CA bundle and its front-proxy client certificate, but at a
+// moment nothing reports); when the trust changed, kube-controller-manager
+// and kube-scheduler, which take request header clients of the same
+// bundle, restart too. etcd is not touched.
+//
 // cluster: kube-apiserver restarts when the trust changed (it would
 // reload its client CA bundle, but at a moment nothing reports) and
 // reloads its serving certificate; kube-controller-manager and
@@ -172,10 +187,7 @@ func (a *machineCtx) setAuthority(ctx context.Context, k AuthorityKind, want Aut
 		return res, fmt.Errorf("machine %s/%s: setting the %s authority: %s: %w", a.machine.Namespace, a.machine.Name, k, what, err)
 	}
 	p := a.pki
-	from, trust, trustFile := p.etcdCA, p.EtcdTrust, "etcd/ca.crt"
-	if k == ClusterAuthorityKind {
-		from, trust, trustFile = p.clusterCA, p.ClusterTrust, ClusterTrustFile
-	}
+	from, trust, trustFile := p.authority(k)
 	if from == nil || k == EtcdAuthorityKind && !a.doc.Runs(bootstrap.Etcd) {
 		return fail("checking the machine", fmt.Errorf("it issues no certificate of the %s authority", k))
 	}
@@ -223,6 +235,11 @@ func (a *machineCtx) setAuthority(ctx context.Context, k AuthorityKind, want Aut
 	restart := []bootstrap.Component{bootstrap.KubeAPIServer, bootstrap.Etcd}
 	why := "the etcd authorities it trusts changed"
 	switch {
+	case k == FrontProxyAuthorityKind:
+		restart, why = []bootstrap.Component{bootstrap.KubeAPIServer}, "its front-proxy client certificate or the front-proxy authorities it trusts changed"
+		if trustChanged {
+			restart = append(restart, kubeconfigReaders...)
+		}
 	case k == ClusterAuthorityKind:
 		if a.node != nil {
 			if err := a.node.newClients(); err != nil {
@@ -278,12 +295,28 @@ func (p *PKI) setTrust(k AuthorityKind, file string, bundle []byte) error {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	if k == EtcdAuthorityKind {
+	switch k {
+	case EtcdAuthorityKind:
 		p.etcdTrust = bundle
-	} else {
+	case ClusterAuthorityKind:
 		p.clusterTrust = bundle
+	case FrontProxyAuthorityKind:
+		p.frontProxyTrust = bundle
 	}
 	return nil
+}
+
+// authority is, for kind k, the authority the machine issues its leaves
+// from (nil if it issues none), its trust bundle now, and the file that
+// holds the bundle.
+func (p *PKI) authority(k AuthorityKind) (*certs.KeyPair, func() []byte, string) {
+	switch k {
+	case ClusterAuthorityKind:
+		return p.clusterCA, p.ClusterTrust, ClusterTrustFile
+	case FrontProxyAuthorityKind:
+		return p.frontProxyCA, p.FrontProxyTrust, FrontProxyTrustFile
+	}
+	return p.etcdCA, p.EtcdTrust, "etcd/ca.crt"
 }
 
 // moveLeaves issues every leaf of the authority of kind k again from ca,
@@ -293,10 +326,7 @@ func (p *PKI) setTrust(k AuthorityKind, file string, bundle []byte) error {
 // CA's own pair (ca.crt and ca.key, which kube-controller-manager signs
 // with) is replaced last.
 func (p *PKI) moveLeaves(k AuthorityKind, ca *certs.KeyPair, now time.Time) ([]string, error) {
-	from := p.etcdCA
-	if k == ClusterAuthorityKind {
-		from = p.clusterCA
-	}
+	from, _, _ := p.authority(k)
 	moved := []string{}
 	for _, l := range p.leaves {
 		if l.ca != from {
@@ -314,8 +344,14 @@ func (p *PKI) moveLeaves(k AuthorityKind, ca *certs.KeyPair, now time.Time) ([]s
 		l.ca, l.kp = ca, kp
 		moved = append(moved, l.name)
 	}
-	if k == EtcdAuthorityKind {
+	switch k {
+	case EtcdAuthorityKind:
 		p.etcdCA = ca
+		return moved, nil
+	case FrontProxyAuthorityKind:
+		// The machine holds no front-proxy CA key file, as on kubeadm's
+		// nodes: only kube-apiserver's client certificate comes from it.
+		p.frontProxyCA = ca
 		return moved, nil
 	}
 	w := &pkiWriter{dir: p.Dir}

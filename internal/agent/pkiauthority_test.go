@@ -64,3 +64,88 @@ func TestSavedEtcdAuthorityOverridesBootstrap(t *testing.T) {
 		t.Fatalf("a corrupt saved authority: %v; want an error naming the file and the fix", err)
 	}
 }
+
+// TestFrontProxyAuthorityMovesItsLeafAlone: a machine that restarts in
+// the middle of a front-proxy CA rotation issues kube-apiserver's
+// front-proxy client certificate from the saved authority and trusts the
+// saved bundle; moving the leaves of the front-proxy authority moves that
+// certificate and no other, and distrusting the old authority leaves the
+// new one alone in front-proxy-ca.crt.
+func TestFrontProxyAuthorityMovesItsLeafAlone(t *testing.T) {
+	now := time.Now()
+	cas, err := certs.NewClusterCAs(now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	next, err := certs.NewCA("front-proxy-ca-next", now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	doc := bootstrap.NewStacked("c1", cas, "", bootstrap.NewMember())
+	a := &machineCtx{dir: dir, doc: doc, machine: Machine{Name: "m1", Namespace: "ns", Address: "127.0.0.9"}, log: slog.Default()}
+	both := certs.Bundle(cas.FrontProxy, next)
+	saved, err := json.Marshal(Authority{CA: bootstrap.CertKey{Cert: string(cas.FrontProxy.CertPEM), Key: string(cas.FrontProxy.KeyPEM)}, Trust: string(both)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, FrontProxyAuthorityKind.File()), saved, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.loadAuthorities(); err != nil {
+		t.Fatal(err)
+	}
+	p, err := IssuePKI(dir, a.machine, doc, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	report := func() PKIReport {
+		t.Helper()
+		rep, err := p.Report()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return rep
+	}
+	if ids, _ := certs.BundleKeyIDs(p.FrontProxyTrust()); ids != mustBundleIDs(t, both) {
+		t.Errorf("front-proxy trust %s; want the saved bundle %s", ids, mustBundleIDs(t, both))
+	}
+	if all := report().All(FrontProxyTrustFile); len(all) != 2 {
+		t.Errorf("%s: %+v; want the saved bundle of two", FrontProxyTrustFile, all)
+	}
+	before := report()
+	moved, err := p.moveLeaves(FrontProxyAuthorityKind, next, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(moved) != 1 || moved[0] != "front-proxy-client.crt" {
+		t.Errorf("moved %v; want [front-proxy-client.crt]", moved)
+	}
+	after := report()
+	if c, ok := after.Find("front-proxy-client.crt"); !ok || c.IssuerKeyID != certs.KeyID(next.Cert) {
+		t.Errorf("front-proxy-client.crt: %+v; want it issued by the new authority", c)
+	}
+	for _, c := range before.Leaves() {
+		if c.Name == "front-proxy-client.crt" {
+			continue
+		}
+		if now, ok := after.Find(c.Name); !ok || now.SerialNumber != c.SerialNumber {
+			t.Errorf("%s changed when the front-proxy leaves moved", c.Name)
+		}
+	}
+	if err := p.setTrust(FrontProxyAuthorityKind, FrontProxyTrustFile, next.CertPEM); err != nil {
+		t.Fatal(err)
+	}
+	if all := report().All(FrontProxyTrustFile); len(all) != 1 || all[0].KeyID != certs.KeyID(next.Cert) {
+		t.Errorf("%s after the distrust: %+v; want the new authority alone", FrontProxyTrustFile, all)
+	}
+}
+
+func mustBundleIDs(t *testing.T, bundle []byte) string {
+	t.Helper()
+	ids, err := certs.BundleKeyIDs(bundle)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ids
+}

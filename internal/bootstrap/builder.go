@@ -54,11 +54,12 @@ func JoinMember(existingEndpoints ...string) LocalEtcd {
 // certificates section.
 func CAMaterialFrom(cas *certs.ClusterCAs) CAMaterial {
 	return CAMaterial{
-		ClusterCA:    certKey(cas.Cluster),
-		ClusterTrust: string(cas.ClusterTrust),
-		EtcdCA:       certKey(cas.Etcd),
-		EtcdTrust:    string(cas.EtcdTrust),
-		FrontProxyCA: certKey(cas.FrontProxy),
+		ClusterCA:       certKey(cas.Cluster),
+		ClusterTrust:    string(cas.ClusterTrust),
+		EtcdCA:          certKey(cas.Etcd),
+		EtcdTrust:       string(cas.EtcdTrust),
+		FrontProxyCA:    certKey(cas.FrontProxy),
+		FrontProxyTrust: string(cas.FrontProxyTrust),
 		ServiceAccount: &ServiceAccountKP{
 			PrivateKey: string(cas.ServiceAccountKey),
 			PublicKey:  string(cas.ServiceAccountPub),

@@ -264,6 +264,7 @@ func (d *Document) validateCAs() []FieldError {
 	}
 	bundle("certificates.etcdTrust", c.EtcdTrust, c.EtcdCA, "certificates.etcdCA")
 	bundle("certificates.clusterTrust", c.ClusterTrust, c.ClusterCA, "certificates.clusterCA")
+	bundle("certificates.frontProxyTrust", c.FrontProxyTrust, c.FrontProxyCA, "certificates.frontProxyCA")
 	need("certificates.frontProxyCA", c.FrontProxyCA, d.Runs(KubeAPIServer), "kube-apiserver needs the front-proxy CA")
 	needSA := d.Runs(KubeAPIServer) || d.Runs(KubeControllerManager)
 	switch {

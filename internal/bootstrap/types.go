@@ -144,9 +144,14 @@ type CAMaterial struct {
 	// EtcdCA's certificate. Empty: EtcdCA's alone. An etcd CA rotation
 	// trusts the old and the new authority beside each other while its
 	// leaves move from one to the other.
-	EtcdTrust      string            `json:"etcdTrust,omitempty"`
-	FrontProxyCA   *CertKey          `json:"frontProxyCA,omitempty"`
-	ServiceAccount *ServiceAccountKP `json:"serviceAccount,omitempty"`
+	EtcdTrust    string   `json:"etcdTrust,omitempty"`
+	FrontProxyCA *CertKey `json:"frontProxyCA,omitempty"`
+	// FrontProxyTrust is the PEM bundle of the front-proxy authorities the
+	// API server takes request header clients of; it holds FrontProxyCA's
+	// certificate. Empty: FrontProxyCA's alone. A front-proxy CA rotation
+	// trusts the old and the new authority beside each other.
+	FrontProxyTrust string            `json:"frontProxyTrust,omitempty"`
+	ServiceAccount  *ServiceAccountKP `json:"serviceAccount,omitempty"`
 }
 
 // CertKey is a PEM certificate with its PEM private key.

@@ -246,3 +246,38 @@ func TestSecretsFollowCAPINamingAndRoundTrip(t *testing.T) {
 		t.Errorf("a missing Secret gave %v, want an error naming c1-proxy", err)
 	}
 }
+
+func TestWithoutAuthorityRemovesOnlyThatKey(t *testing.T) {
+	now := time.Now()
+	var cas []*KeyPair
+	for _, name := range []string{"old", "new", "other"} {
+		ca, err := NewCA(name, now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cas = append(cas, ca)
+	}
+	old, other := cas[0], cas[2]
+	out, removed, err := WithoutAuthority(Bundle(cas...), old.Cert)
+	if err != nil || !removed {
+		t.Fatalf("WithoutAuthority: removed %v, err %v; want removed", removed, err)
+	}
+	if got, want := mustIDs(t, out), mustIDs(t, Bundle(cas[1], other)); got != want {
+		t.Errorf("left %s; want %s", got, want)
+	}
+	if _, removed, err := WithoutAuthority(out, old.Cert); err != nil || removed {
+		t.Errorf("a bundle without it: removed %v, err %v; want nothing removed", removed, err)
+	}
+	if _, _, err := WithoutAuthority([]byte("not PEM"), old.Cert); err == nil {
+		t.Error("a bundle that does not parse was accepted")
+	}
+}
+
+func mustIDs(t *testing.T, bundle []byte) string {
+	t.Helper()
+	ids, err := BundleKeyIDs(bundle)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ids
+}

@@ -29,6 +29,11 @@ type ClusterCAs struct {
 	// while an etcd CA rotation runs.
 	EtcdTrust  []byte
 	FrontProxy *KeyPair
+	// FrontProxyTrust is the PEM bundle of the front-proxy authorities
+	// API servers take request header clients of, which holds
+	// FrontProxy's certificate; nil: FrontProxy's alone. It holds two
+	// while a front-proxy CA rotation runs.
+	FrontProxyTrust []byte
 	// ServiceAccountKey and ServiceAccountPub are PEM; CAPI stores them in
 	// the <cluster>-sa Secret under tls.key and tls.crt.
 	ServiceAccountKey []byte

@@ -73,6 +73,27 @@ func BundleKeyIDs(bundle []byte) (string, error) {
 	return strings.Join(slices.Compact(ids), ","), nil
 }
 
+// WithoutAuthority is bundle without the certificates of the authority
+// ca (those with its key), in order, and whether any was removed. A
+// bundle that does not parse is an error: what it meant to trust cannot
+// be told.
+func WithoutAuthority(bundle []byte, ca *x509.Certificate) ([]byte, bool, error) {
+	cs, err := ParseCerts(bundle)
+	if err != nil {
+		return nil, false, err
+	}
+	var out []byte
+	removed := false
+	for _, c := range cs {
+		if KeyID(c) == KeyID(ca) {
+			removed = true
+			continue
+		}
+		out = append(out, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: c.Raw})...)
+	}
+	return out, removed, nil
+}
+
 // CheckBundle checks that bundle parses, holds only authorities, and
 // holds signer's certificate: a machine must trust the authority it
 // issues its certificates from.

@@ -144,6 +144,12 @@ func admissionCases() []admissionCase {
 		{name: "a cluster CA rotation on stacked etcd", old: qcp(), new: qcp(func(q *controlplanev1.QuorumControlPlane) {
 			q.Spec.Certificates.Rotation = &controlplanev1.CertificateRotation{Kind: controlplanev1.CertificateAuthorityClusterCA, Trigger: "1"}
 		})},
+		{name: "a front-proxy CA rotation on external etcd", new: qcp(external("https://10.0.0.1:2379"), func(q *controlplanev1.QuorumControlPlane) {
+			q.Spec.Certificates.Rotation = &controlplanev1.CertificateRotation{Kind: controlplanev1.CertificateAuthorityFrontProxyCA, Trigger: "1"}
+		}), field: "spec.certificates.rotation.kind", fix: "QCP rotates the FrontProxyCA of a control plane with stacked etcd only, so far"},
+		{name: "a front-proxy CA rotation on stacked etcd", old: qcp(), new: qcp(func(q *controlplanev1.QuorumControlPlane) {
+			q.Spec.Certificates.Rotation = &controlplanev1.CertificateRotation{Kind: controlplanev1.CertificateAuthorityFrontProxyCA, Trigger: "1"}
+		})},
 		{name: "stacked to external etcd", old: qcp(), new: qcp(external("https://10.0.0.1:2379")),
 			field: "spec.etcd", fix: "cannot switch from stacked etcd to external etcd endpoints after creation, because the cluster's data lives in the etcd it started with; remove spec.etcd.external and spec.etcd.clusterRef"},
 		{name: "stacked to EtcdCluster", old: qcp(), new: qcp(clusterRef("etcd-a")),

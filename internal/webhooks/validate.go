@@ -252,7 +252,7 @@ func validateSurge(spec *controlplanev1.QuorumControlPlaneSpec) field.ErrorList 
 }
 
 // validateRotation refuses an etcd CA rotation of an etcd QCP does not run,
-// a cluster CA rotation on external etcd (not built yet: the planner's
+// another rotation on external etcd (not built yet: the planner's
 // rule for machines without a member does not take the step), and any
 // change of the rotation asked for while one is in progress: an
 // interrupted rotation can always be finished, and a second one started
@@ -266,9 +266,9 @@ func validateRotation(old, qcp *controlplanev1.QuorumControlPlane) field.ErrorLi
 	case rot.Kind == controlplanev1.CertificateAuthorityEtcdCA:
 		errs = append(errs, field.Invalid(path.Child("kind"), rot.Kind,
 			"EtcdCA rotates the CA of the etcd QCP runs on the control plane machines; this control plane's etcd is external, and its CA belongs to whoever runs it (an EtcdCluster, or the endpoints' owner): remove spec.certificates.rotation"))
-	case rot.Kind == controlplanev1.CertificateAuthorityClusterCA:
+	default:
 		errs = append(errs, field.Invalid(path.Child("kind"), rot.Kind,
-			"QCP rotates the cluster CA of a control plane with stacked etcd only, so far; on external etcd, remove spec.certificates.rotation"))
+			fmt.Sprintf("QCP rotates the %s of a control plane with stacked etcd only, so far; on external etcd, remove spec.certificates.rotation", rot.Kind)))
 	}
 	if old == nil || equality.Semantic.DeepEqual(old.Spec.Certificates.Rotation, rot) {
 		return errs

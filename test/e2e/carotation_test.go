@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -13,11 +14,15 @@ import (
 	"testing"
 	"time"
 
+	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
+	"k8s.io/client-go/transport"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/conditions"
 	"sigs.k8s.io/cluster-api/util/secret"
@@ -375,13 +380,19 @@ func (s *scenario) sameMachines(before []clusterv1.Machine) func(context.Context
 // authority. Every stage is announced by an event, and each stage that
 // lasts is seen in status. At the end no certificate on any machine, by its
 // agent and by its files, is or chains to the old authority, nor does the
-// kubeconfig or kube-root-ca.crt hold it; <cluster>-ca holds the new one,
-// the rotation's Secrets are gone, an admin client of the old authority is
-// refused, no machine was replaced, no acknowledged write was lost, and the
+// kubeconfig, kube-root-ca.crt or extension-apiserver-authentication hold
+// it; <cluster>-ca holds the new one, the rotation's Secrets are gone, an
+// admin client of the old authority is refused. Then the front-proxy CA
+// is rotated on the same machines: a request header client (an
+// authenticating proxy's request, with a front-proxy-client certificate
+// and X-Remote-User) of the old authority is taken before and refused
+// after, one of the new is taken, and no machine file or
+// extension-apiserver-authentication holds the old authority. Through
+// both, no machine was replaced, no acknowledged write was lost, and the
 // probe never went more than 5 s without an answer.
 func TestClusterCARotation(t *testing.T) {
 	mgmt := requireShared(t)
-	parallel(t, 4*time.Minute)
+	parallel(t, 6*time.Minute)
 	s := newScenario(t, mgmt, "rotate-ca", 3)
 	s.startTraffic(3)
 	s.waitAvailable(convergeTimeout, 3)
@@ -393,43 +404,31 @@ func TestClusterCARotation(t *testing.T) {
 	}
 	oldCA := s.secretAuthority(ctx, secret.ClusterCA)
 	probe := s.startAPIProbe(true)
-	s.patchControlPlane(ctx, func(cp *controlplanev1.QuorumControlPlane) {
-		cp.Spec.Certificates.Rotation = &controlplanev1.CertificateRotation{Kind: controlplanev1.CertificateAuthorityClusterCA, Trigger: "1"}
-	})
-	seen := map[controlplanev1.CertificateRotationStage]bool{}
-	s.eventually(10*time.Minute, "the cluster CA rotation completed", func(ctx context.Context) error {
-		cp, err := s.controlPlane(ctx)
-		if err != nil {
-			return err
-		}
-		st := cp.Status.CertificateRotation
-		if st == nil {
-			return errors.New("no rotation in status yet")
-		}
-		if !seen[st.Stage] {
-			t.Logf("%s: stage %s since %s", time.Now().Format("15:04:05.000"), st.Stage, st.StageStartTime.Format(time.TimeOnly))
-		}
-		seen[st.Stage] = true
-		if st.Stage != controlplanev1.RotationCompleted || st.Kind != controlplanev1.CertificateAuthorityClusterCA {
-			return fmt.Errorf("stage %s: %s", st.Stage, st.Message)
-		}
-		return nil
-	})
-	for _, stage := range []controlplanev1.CertificateRotationStage{controlplanev1.RotationTrustBoth, controlplanev1.RotationReissue,
-		controlplanev1.RotationSwitchSigner, controlplanev1.RotationDistrust, controlplanev1.RotationCompleted} {
-		s.checkEvent(ctx, "CertificateRotationStage", "at stage "+string(stage))
-	}
-	for _, stage := range []controlplanev1.CertificateRotationStage{controlplanev1.RotationTrustBoth, controlplanev1.RotationReissue, controlplanev1.RotationDistrust} {
-		if !seen[stage] {
-			t.Errorf("stage %s was never seen in status (seen: %v)", stage, seen)
-		}
-	}
+	s.rotateAuthority(ctx, controlplanev1.CertificateAuthorityClusterCA, "1")
 	s.waitAvailable(5*time.Minute, 3)
 	newCA := s.secretAuthority(ctx, secret.ClusterCA)
 	if newCA.Cert.Equal(oldCA.Cert) {
 		t.Fatal("<cluster>-ca still holds the old authority")
 	}
 	s.checkClusterRotated(ctx, oldCA, newCA)
+
+	// Then the front-proxy CA, on the same machines, with the probe still
+	// running: a client of the request header authenticator (as an
+	// aggregated API server's caller is, behind the API server) of the old
+	// authority is taken before and refused after.
+	oldFP := s.secretAuthority(ctx, secret.FrontProxyCA)
+	s.checkRequestHeaderClient(ctx, oldFP, true)
+	s.rotateAuthority(ctx, controlplanev1.CertificateAuthorityFrontProxyCA, "2")
+	s.waitAvailable(5*time.Minute, 3)
+	newFP := s.secretAuthority(ctx, secret.FrontProxyCA)
+	if newFP.Cert.Equal(oldFP.Cert) {
+		t.Fatal("<cluster>-proxy still holds the old authority")
+	}
+	s.checkRotationSecretsGone(ctx, secret.FrontProxyCA)
+	s.checkPublishedTrust(ctx, "requestheader-client-ca-file", oldFP, newFP)
+	s.checkMachinesFreeOf(ctx, s.etcdAgentTLS(), oldFP, "front-proxy CA", nil)
+	s.checkRequestHeaderClient(ctx, newFP, true)
+	s.checkRequestHeaderClient(ctx, oldFP, false)
 	if err := s.sameMachines(before)(ctx); err != nil {
 		t.Error(err)
 		for _, reason := range []string{"RemoveMember", "CreateMachine", "DeleteMachine"} {
@@ -442,15 +441,126 @@ func TestClusterCARotation(t *testing.T) {
 	s.finish()
 }
 
-// checkClusterRotated checks the end of a cluster CA rotation.
-func (s *scenario) checkClusterRotated(ctx context.Context, oldCA, newCA *certs.KeyPair) {
+// rotateAuthority asks for a rotation of kind with trigger and waits for
+// it to complete; every stage must be announced by an event, and each
+// stage that lasts must be seen in status.
+func (s *scenario) rotateAuthority(ctx context.Context, kind controlplanev1.CertificateAuthorityKind, trigger string) {
 	s.t.Helper()
-	for _, p := range []secret.Purpose{"ca-next", "ca-previous"} {
+	s.patchControlPlane(ctx, func(cp *controlplanev1.QuorumControlPlane) {
+		cp.Spec.Certificates.Rotation = &controlplanev1.CertificateRotation{Kind: kind, Trigger: trigger}
+	})
+	seen := map[controlplanev1.CertificateRotationStage]bool{}
+	s.eventually(10*time.Minute, fmt.Sprintf("the %s rotation completed", kind), func(ctx context.Context) error {
+		cp, err := s.controlPlane(ctx)
+		if err != nil {
+			return err
+		}
+		st := cp.Status.CertificateRotation
+		if st == nil || st.Trigger != trigger {
+			return fmt.Errorf("status.certificateRotation is %+v", st)
+		}
+		if !seen[st.Stage] {
+			s.t.Logf("%s: %s stage %s since %s", time.Now().Format("15:04:05.000"), kind, st.Stage, st.StageStartTime.Format(time.TimeOnly))
+		}
+		seen[st.Stage] = true
+		if st.Stage != controlplanev1.RotationCompleted || st.Kind != kind {
+			return fmt.Errorf("stage %s: %s", st.Stage, st.Message)
+		}
+		return nil
+	})
+	for _, stage := range []controlplanev1.CertificateRotationStage{controlplanev1.RotationTrustBoth, controlplanev1.RotationReissue,
+		controlplanev1.RotationSwitchSigner, controlplanev1.RotationDistrust, controlplanev1.RotationCompleted} {
+		s.checkEvent(ctx, "CertificateRotationStage", fmt.Sprintf("%s rotation (trigger %q) at stage %s", kind, trigger, stage))
+	}
+	for _, stage := range []controlplanev1.CertificateRotationStage{controlplanev1.RotationTrustBoth, controlplanev1.RotationReissue, controlplanev1.RotationDistrust} {
+		if !seen[stage] {
+			s.t.Errorf("%s stage %s was never seen in status (seen: %v)", kind, stage, seen)
+		}
+	}
+}
+
+// checkRotationSecretsGone checks that a rotation of the authority of
+// purpose left neither of its Secrets.
+func (s *scenario) checkRotationSecretsGone(ctx context.Context, purpose secret.Purpose) {
+	s.t.Helper()
+	for _, p := range []secret.Purpose{purpose + "-next", purpose + "-previous"} {
 		var sec corev1.Secret
 		if err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: secret.Name(s.name, p)}, &sec); !apierrors.IsNotFound(err) {
 			s.t.Errorf("Secret %s after the rotation: %v", secret.Name(s.name, p), err)
 		}
 	}
+}
+
+// checkPublishedTrust checks what the API servers publish, in the
+// workload cluster's kube-system/extension-apiserver-authentication, for
+// aggregated API servers to take their callers by: key holds the new
+// authority and not the old. Each API server adds to it, so the old
+// authority stays unless QCP removes it.
+func (s *scenario) checkPublishedTrust(ctx context.Context, key string, oldCA, newCA *certs.KeyPair) {
+	s.t.Helper()
+	wl, err := s.workload(ctx)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	s.eventually(time.Minute, fmt.Sprintf("kube-system/extension-apiserver-authentication's %s holding the new authority, not the old", key), func(ctx context.Context) error {
+		cm, err := wl.CoreV1().ConfigMaps(metav1.NamespaceSystem).Get(ctx, "extension-apiserver-authentication", metav1.GetOptions{})
+		if err != nil {
+			return err
+		}
+		data := []byte(cm.Data[key])
+		if ids, err := certs.BundleKeyIDs(data); err != nil || holds(data, oldCA) || !holds(data, newCA) {
+			return fmt.Errorf("it holds %s (%v); want %s and not %s", ids, err, certs.KeyID(newCA.Cert), certs.KeyID(oldCA.Cert))
+		}
+		return nil
+	})
+}
+
+// requestHeaderUser is the user a request header client says it acts for.
+const requestHeaderUser = "qcp-e2e-proxied-user"
+
+// checkRequestHeaderClient sends, through the control plane endpoint, a
+// request as an authenticating proxy does: with a front-proxy-client
+// certificate signed by signer and the user in X-Remote-User. Taken, the
+// API server answers a SelfSubjectReview with that user; refused, it
+// fails.
+func (s *scenario) checkRequestHeaderClient(ctx context.Context, signer *certs.KeyPair, taken bool) {
+	s.t.Helper()
+	kp, err := signer.Issue(certs.Request{CommonName: certs.FrontProxyClientName, Usages: certs.ClientUsage}, time.Now())
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	var kc corev1.Secret
+	if err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: secret.Name(s.name, secret.Kubeconfig)}, &kc); err != nil {
+		s.t.Fatal(err)
+	}
+	cfg, err := clientcmd.Load(kc.Data[secret.KubeconfigDataName])
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	rc := &rest.Config{Host: cfg.Clusters[s.name].Server, Timeout: 10 * time.Second, TLSClientConfig: rest.TLSClientConfig{
+		CAData: cfg.Clusters[s.name].CertificateAuthorityData, CertData: kp.CertPEM, KeyData: kp.KeyPEM}}
+	rc.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
+		return transport.NewAuthProxyRoundTripper(requestHeaderUser, "", []string{"system:authenticated"}, nil, rt)
+	}
+	cs, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	review, err := cs.AuthenticationV1().SelfSubjectReviews().Create(ctx, &authenticationv1.SelfSubjectReview{}, metav1.CreateOptions{})
+	switch {
+	case taken && err != nil:
+		s.t.Errorf("a request header client of front-proxy authority %s: %v; want it taken", certs.KeyID(signer.Cert), err)
+	case taken && review.Status.UserInfo.Username != requestHeaderUser:
+		s.t.Errorf("a request header client of front-proxy authority %s was taken as %q; want %q", certs.KeyID(signer.Cert), review.Status.UserInfo.Username, requestHeaderUser)
+	case !taken && err == nil:
+		s.t.Errorf("a request header client of front-proxy authority %s was taken as %q; want it refused", certs.KeyID(signer.Cert), review.Status.UserInfo.Username)
+	}
+}
+
+// checkClusterRotated checks the end of a cluster CA rotation.
+func (s *scenario) checkClusterRotated(ctx context.Context, oldCA, newCA *certs.KeyPair) {
+	s.t.Helper()
+	s.checkRotationSecretsGone(ctx, secret.ClusterCA)
 	// The kubeconfig: its CA and its client certificate.
 	var kc corev1.Secret
 	if err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: secret.Name(s.name, secret.Kubeconfig)}, &kc); err != nil {
@@ -499,6 +609,7 @@ func (s *scenario) checkClusterRotated(ctx context.Context, oldCA, newCA *certs.
 		}
 		return nil
 	})
+	s.checkPublishedTrust(ctx, "client-ca-file", oldCA, newCA)
 	// Every machine, by its agent and by its files.
 	s.checkMachinesFreeOf(ctx, s.etcdAgentTLS(), oldCA, "cluster CA", nil)
 	// An admin client of the old authority is refused; one of the new is

@@ -75,7 +75,7 @@ type CertificatesSpec struct {
 }
 
 // CertificateAuthorityKind names an authority a rotation replaces.
-// +kubebuilder:validation:Enum=EtcdCA;ClusterCA
+// +kubebuilder:validation:Enum=EtcdCA;ClusterCA;FrontProxyCA
 type CertificateAuthorityKind string
 
 const (
@@ -88,12 +88,17 @@ const (
 	// component's and kubeconfig's client certificate, and the Nodes'
 	// (kube-controller-manager signs their CSRs with it).
 	CertificateAuthorityClusterCA CertificateAuthorityKind = "ClusterCA"
+	// CertificateAuthorityFrontProxyCA is the front-proxy CA, the
+	// <cluster>-proxy Secret: it signs the client certificate the API
+	// servers present to aggregated API servers, which take the requests'
+	// user from their headers only from a client it signed.
+	CertificateAuthorityFrontProxyCA CertificateAuthorityKind = "FrontProxyCA"
 )
 
 // CertificateRotation asks for a rotation of one authority.
 type CertificateRotation struct {
-	// kind is the authority to rotate: EtcdCA or ClusterCA, on a control
-	// plane with stacked etcd (on external etcd, neither yet).
+	// kind is the authority to rotate: EtcdCA, ClusterCA or FrontProxyCA,
+	// on a control plane with stacked etcd (on external etcd, none yet).
 	// +required
 	Kind CertificateAuthorityKind `json:"kind"`
 

@@ -40,8 +40,9 @@ var authorityOf = map[controlplanev1.CertificateAuthorityKind]struct {
 	agent      agent.AuthorityKind
 	commonName string
 }{
-	controlplanev1.CertificateAuthorityEtcdCA:    {secret.EtcdCA, agent.EtcdAuthorityKind, "etcd-ca"},
-	controlplanev1.CertificateAuthorityClusterCA: {secret.ClusterCA, agent.ClusterAuthorityKind, "kubernetes"},
+	controlplanev1.CertificateAuthorityEtcdCA:       {secret.EtcdCA, agent.EtcdAuthorityKind, "etcd-ca"},
+	controlplanev1.CertificateAuthorityClusterCA:    {secret.ClusterCA, agent.ClusterAuthorityKind, "kubernetes"},
+	controlplanev1.CertificateAuthorityFrontProxyCA: {secret.FrontProxyCA, agent.FrontProxyAuthorityKind, "front-proxy-ca"},
 }
 
 // nextPurpose and previousPurpose name a rotation's two Secrets.
@@ -50,8 +51,11 @@ func previousPurpose(p secret.Purpose) secret.Purpose { return p + "-previous" }
 
 // current is the authority of kind in cas.
 func current(cas *certs.ClusterCAs, kind controlplanev1.CertificateAuthorityKind) *certs.KeyPair {
-	if kind == controlplanev1.CertificateAuthorityClusterCA {
+	switch kind {
+	case controlplanev1.CertificateAuthorityClusterCA:
 		return cas.Cluster
+	case controlplanev1.CertificateAuthorityFrontProxyCA:
+		return cas.FrontProxy
 	}
 	return cas.Etcd
 }
@@ -83,8 +87,12 @@ var nextStage = map[controlplanev1.CertificateRotationStage]controlplanev1.Certi
 // rotation of kind does and which clients it affects.
 func stageDoes(kind controlplanev1.CertificateAuthorityKind, stage controlplanev1.CertificateRotationStage) string {
 	what, restarts, clients, secretName := "etcd CA", "kube-apiserver and etcd restart", "an etcd client", "<cluster>-etcd"
-	if kind == controlplanev1.CertificateAuthorityClusterCA {
+	switch kind {
+	case controlplanev1.CertificateAuthorityClusterCA:
 		what, restarts, clients, secretName = "cluster CA", "kube-controller-manager and kube-scheduler restart", "a client of the API servers (a kubeconfig)", "<cluster>-ca"
+	case controlplanev1.CertificateAuthorityFrontProxyCA:
+		what, restarts, clients, secretName = "front-proxy CA", "kube-apiserver, kube-controller-manager and kube-scheduler restart",
+			"an aggregated API server with a request header client CA file of its own", "<cluster>-proxy"
 	}
 	switch stage {
 	case controlplanev1.RotationTrustBoth:
@@ -347,6 +355,10 @@ func (r *Reconciler) advanceRotation(ctx context.Context, cluster *clusterv1.Clu
 		}
 	}
 	if stage == controlplanev1.RotationDistrust {
+		waiting, err := r.distrustPublished(ctx, cluster, cp, rt)
+		if rt.waiting = waiting; waiting != "" || err != nil {
+			return false, err
+		}
 		for _, p := range []secret.Purpose{previousPurpose(purpose), nextPurpose(purpose)} {
 			s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: cluster.Namespace, Name: secret.Name(cluster.Name, p)}}
 			if err := r.Client.Delete(ctx, s); client.IgnoreNotFound(err) != nil {
@@ -355,6 +367,70 @@ func (r *Reconciler) advanceRotation(ctx context.Context, cluster *clusterv1.Clu
 		}
 	}
 	return true, r.recordStage(ctx, cp, rt, nextStage[stage])
+}
+
+// authenticationConfigMap is where kube-apiserver publishes, in the
+// workload cluster, the authorities it takes clients of, for aggregated
+// API servers and webhooks to authenticate its callers with.
+var authenticationConfigMap = client.ObjectKey{Namespace: metav1.NamespaceSystem, Name: "extension-apiserver-authentication"}
+
+// publishedTrustKeys names, by kind, the keys of authenticationConfigMap
+// that hold the authority.
+var publishedTrustKeys = map[controlplanev1.CertificateAuthorityKind][]string{
+	controlplanev1.CertificateAuthorityClusterCA:    {"client-ca-file"},
+	controlplanev1.CertificateAuthorityFrontProxyCA: {"requestheader-client-ca-file"},
+}
+
+// distrustPublished removes the old authority from authenticationConfigMap
+// once every API server has stopped trusting it, and says what it waits
+// for ("" once done). Each API server adds the authorities it trusts to
+// those the ConfigMap holds and removes none but expired ones (so that API
+// servers of different trust can run side by side), so without it an
+// aggregated API server would go on taking client certificates of the
+// distrusted authority for as long as that authority is valid. Every API
+// server trusts the new authority alone by now (the stage's lagging
+// check), so none adds the old one back.
+func (r *Reconciler) distrustPublished(ctx context.Context, cluster *clusterv1.Cluster, cp *controlplanev1.QuorumControlPlane, rt *rotation) (string, error) {
+	keys := publishedTrustKeys[rt.state.Kind]
+	if len(keys) == 0 {
+		return "", nil
+	}
+	waiting := fmt.Sprintf("waiting to remove the old authority from the workload cluster's ConfigMap %s", authenticationConfigMap)
+	c, err := r.ClusterCache.GetUncachedClient(ctx, client.ObjectKeyFromObject(cluster))
+	if err != nil {
+		log.FromContext(ctx).Info("The workload cluster cannot be reached yet", "waitingFor", waiting, "err", err.Error())
+		return waiting + ": the workload cluster cannot be reached yet", nil
+	}
+	var cm corev1.ConfigMap
+	if err := c.Get(ctx, authenticationConfigMap, &cm); err != nil {
+		if apierrors.IsNotFound(err) {
+			return "", nil
+		}
+		return waiting, fmt.Errorf("reading ConfigMap %s: %w", authenticationConfigMap, err)
+	}
+	changed := false
+	for _, k := range keys {
+		if cm.Data[k] == "" {
+			continue
+		}
+		kept, removed, err := certs.WithoutAuthority([]byte(cm.Data[k]), rt.old.Cert)
+		if err != nil {
+			return waiting, fmt.Errorf("ConfigMap %s, key %s: %w", authenticationConfigMap, k, err)
+		}
+		if removed {
+			cm.Data[k], changed = string(kept), true
+		}
+	}
+	if !changed {
+		return "", nil
+	}
+	// An update, not a patch: it fails if an API server wrote the
+	// ConfigMap since it was read, and the next round reads it again.
+	if err := c.Update(ctx, &cm); err != nil {
+		return waiting, fmt.Errorf("removing the old authority from ConfigMap %s: %w", authenticationConfigMap, err)
+	}
+	r.Recorder.Eventf(cp, corev1.EventTypeNormal, "AuthorityUnpublished", "The %s rotation removed the old authority %s from the workload cluster's ConfigMap %s", rt.state.Kind, rt.state.Old, authenticationConfigMap)
+	return "", nil
 }
 
 // rotationCondition is CertificatesAvailable while a rotation runs.
@@ -394,9 +470,12 @@ func mirrorRotation(cp *controlplanev1.QuorumControlPlane) {
 // apply makes cas issue from, and trust, what the stage does, for new
 // machines, the kubeconfig and qcp-manager's own clients.
 func (rt *rotation) apply(cas *certs.ClusterCAs) {
-	if rt.state.Kind == controlplanev1.CertificateAuthorityClusterCA {
+	switch rt.state.Kind {
+	case controlplanev1.CertificateAuthorityClusterCA:
 		cas.Cluster, cas.ClusterTrust = rt.signer(), rt.trust()
-		return
+	case controlplanev1.CertificateAuthorityFrontProxyCA:
+		cas.FrontProxy, cas.FrontProxyTrust = rt.signer(), rt.trust()
+	default:
+		cas.Etcd, cas.EtcdTrust = rt.signer(), rt.trust()
 	}
-	cas.Etcd, cas.EtcdTrust = rt.signer(), rt.trust()
 }

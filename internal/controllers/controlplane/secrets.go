@@ -95,7 +95,7 @@ type replacedAuthorityError struct {
 func (e *replacedAuthorityError) Error() string {
 	return fmt.Sprintf("Secret %s holds another certificate authority than the one this control plane's machines were issued from (annotation %s); "+
 		"replacing an authority by hand is a rotation without its stages, which would cut the machines off from each other, so QCP does not use it "+
-		"and changes nothing while it is there: put the previous authority back in the Secret (CA rotation as a declarative operation comes with issue 34)",
+		"and changes nothing while it is there: put the previous authority back in the Secret, and rotate it with spec.certificates.rotation (EtcdCA, ClusterCA, FrontProxyCA)",
 		e.secret, AuthoritiesAnnotation)
 }
 

@@ -36,9 +36,8 @@ type PKIRecords struct {
 	// EtcdClientSerial is the serial number (hexadecimal) of the API
 	// server's etcd client certificate, "" if the machine has none.
 	EtcdClientSerial string
-	// EtcdAuthority and ClusterAuthority are AuthorityAnnotation's
-	// values.
-	EtcdAuthority, ClusterAuthority string
+	// Authorities are, by kind, AuthorityAnnotation's values.
+	Authorities map[agent.AuthorityKind]string
 }
 
 // authorityLeaves are, by kind, the leaves a machine issues from that
@@ -51,6 +50,7 @@ var authorityLeaves = map[agent.AuthorityKind]struct {
 	agent.EtcdAuthorityKind: {[]string{"etcd/server.crt", "etcd/peer.crt", etcdClientFile, "memory:etcd-client"}, "etcd/ca.crt"},
 	agent.ClusterAuthorityKind: {[]string{"memory:node", "memory:admin", "apiserver.crt", "apiserver-kubelet-client.crt",
 		"controller-manager.conf", "controller-manager-serving.crt", "scheduler.conf", "scheduler-serving.crt", "agent-serving.crt"}, agent.ClusterTrustFile},
+	agent.FrontProxyAuthorityKind: {[]string{"front-proxy-client.crt"}, agent.FrontProxyTrustFile},
 }
 
 // noAuthority is AuthorityAnnotation on a machine without leaves of the
@@ -130,7 +130,10 @@ func pkiRecords(rep agent.PKIReport) (PKIRecords, error) {
 	if c, ok := rep.Find(etcdClientFile); ok {
 		r.EtcdClientSerial = c.SerialNumber
 	}
-	r.EtcdAuthority, r.ClusterAuthority = AuthorityOf(rep, agent.EtcdAuthorityKind), AuthorityOf(rep, agent.ClusterAuthorityKind)
+	r.Authorities = map[agent.AuthorityKind]string{}
+	for _, k := range agent.AuthorityKinds {
+		r.Authorities[k] = AuthorityOf(rep, k)
+	}
 	return r, nil
 }
 
@@ -151,11 +154,10 @@ func (r PKIRecords) set(a map[string]string, delivered bool) {
 	if delivered && r.EtcdClientSerial != "" {
 		a[EtcdClientSerialAnnotation] = r.EtcdClientSerial
 	}
-	if r.EtcdAuthority != "" {
-		a[EtcdAuthorityAnnotation] = r.EtcdAuthority
-	}
-	if r.ClusterAuthority != "" {
-		a[ClusterAuthorityAnnotation] = r.ClusterAuthority
+	for k, rec := range r.Authorities {
+		if rec != "" {
+			a[AuthorityAnnotation(k)] = rec
+		}
 	}
 }
 
@@ -170,9 +172,12 @@ func EtcdClientStale(machine *clusterv1.Machine, want *certs.KeyPair) bool {
 // it has no renewal record, or one that does not parse, or no record of its
 // authorities.
 func NeedsPKIRead(machine *clusterv1.Machine) bool {
-	_, etcdAuthority := machine.Annotations[EtcdAuthorityAnnotation]
-	_, clusterAuthority := machine.Annotations[ClusterAuthorityAnnotation]
-	return ReadRecords(machine).CertificatesRenewAt.IsZero() || !etcdAuthority || !clusterAuthority
+	for _, k := range agent.AuthorityKinds {
+		if _, ok := machine.Annotations[AuthorityAnnotation(k)]; !ok {
+			return true
+		}
+	}
+	return ReadRecords(machine).CertificatesRenewAt.IsZero()
 }
 
 // MemberServes reports whether machine hosts a healthy, started etcd

@@ -81,15 +81,22 @@ const (
 	// ClusterAuthorityAnnotation is the same of the cluster authorities,
 	// on a machine that runs Kubernetes components ("none" elsewhere).
 	ClusterAuthorityAnnotation = "controlplane.cluster.x-k8s.io/qcp-cluster-authority"
+	// FrontProxyAuthorityAnnotation is the same of the front-proxy
+	// authorities, on a machine that runs an API server ("none"
+	// elsewhere).
+	FrontProxyAuthorityAnnotation = "controlplane.cluster.x-k8s.io/qcp-front-proxy-authority"
 )
 
-// AuthorityAnnotation is the record of the machine's authorities of kind k.
-func AuthorityAnnotation(k agent.AuthorityKind) string {
-	if k == agent.ClusterAuthorityKind {
-		return ClusterAuthorityAnnotation
-	}
-	return EtcdAuthorityAnnotation
+// authorityAnnotations are, by kind, the records of a machine's
+// authorities.
+var authorityAnnotations = map[agent.AuthorityKind]string{
+	agent.EtcdAuthorityKind:       EtcdAuthorityAnnotation,
+	agent.ClusterAuthorityKind:    ClusterAuthorityAnnotation,
+	agent.FrontProxyAuthorityKind: FrontProxyAuthorityAnnotation,
 }
+
+// AuthorityAnnotation is the record of the machine's authorities of kind k.
+func AuthorityAnnotation(k agent.AuthorityKind) string { return authorityAnnotations[k] }
 
 // CompactedAnnotation is, on the owner (a QuorumControlPlane or an
 // EtcdCluster), the revision QCP last compacted etcd to and when, as
