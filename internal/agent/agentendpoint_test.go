@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/tls"
+	"errors"
 	"net/http"
 	"slices"
 	"strings"
@@ -11,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/qcp-dev/qcp/internal/bootstrap"
 	"github.com/qcp-dev/qcp/internal/certs"
 	"github.com/qcp-dev/qcp/internal/testkit"
 )
@@ -18,9 +20,10 @@ import (
 // TestAgentEndpointWithoutEtcd serves the endpoint of a control plane
 // machine on an external etcd: it serves its own certificate of the
 // cluster CA, takes only a cluster-CA client named qcp-manager (not a
-// Node's, not the etcd CA's, not none), has no etcd settings, and renews
-// its own serving certificate with the other leaves. A refused handshake
-// is logged with the name it refused.
+// Node's, not the etcd CA's, not none), has no etcd settings nor etcd
+// authority (a 404, which SetAuthority explains), and renews its own
+// serving certificate with the other leaves. A refused handshake is logged
+// with the name it refused.
 func TestAgentEndpointWithoutEtcd(t *testing.T) {
 	now := time.Now()
 	cas, _, doc := externalDoc(t, now)
@@ -73,6 +76,12 @@ func TestAgentEndpointWithoutEtcd(t *testing.T) {
 	waitLogged(ctx, t, logs, "TLS handshake error", "system:node:worker-1", "refused")
 	if err := callAgent(ctx, manager, addr, http.MethodGet, EtcdSettingsPath, time.Second, nil, new(any)); err == nil || !strings.Contains(err.Error(), "404") {
 		t.Errorf("GET %s on a machine without etcd: %v; want 404", EtcdSettingsPath, err)
+	}
+	// A path the agent does not serve, as an agent older than a kind of
+	// rotation answers: the error says how to go on.
+	_, err = SetAuthority(ctx, manager, addr, EtcdAuthorityKind, Authority{CA: bootstrap.CertKey{Cert: string(cas.Etcd.CertPEM), Key: string(cas.Etcd.KeyPEM)}, Trust: string(cas.Etcd.CertPEM)})
+	if se := (*StatusError)(nil); !errors.As(err, &se) || se.Code != http.StatusNotFound || !strings.Contains(err.Error(), "roll the machine out") {
+		t.Errorf("PUT %s on a machine without etcd: %v; want a 404 that says to roll the machine out", EtcdAuthorityKind.Path(), err)
 	}
 	res, err := RenewPKI(ctx, manager, addr, PKIRenewRequest{})
 	if err != nil {

@@ -320,6 +320,18 @@ func sendAgent(ctx context.Context, tlsCfg *tls.Config, host, method, path strin
 	return callAgent(ctx, tlsCfg, host, method, path, timeout, body, out)
 }
 
+// StatusError is an answer of the agent endpoint other than 200 OK.
+type StatusError struct {
+	Method, URL string
+	Code        int
+	// Status is the status line's text, Body the answer's.
+	Status, Body string
+}
+
+func (e *StatusError) Error() string {
+	return fmt.Sprintf("%s %s: %s: %s", e.Method, e.URL, e.Status, e.Body)
+}
+
 // callAgent calls path on the agent endpoint of the machine at host and
 // decodes the answer into out.
 func callAgent(ctx context.Context, tlsCfg *tls.Config, host, method, path string, timeout time.Duration, body []byte, out any) error {
@@ -345,7 +357,7 @@ func callAgent(ctx context.Context, tlsCfg *tls.Config, host, method, path strin
 		return fmt.Errorf("%s %s: reading the answer: %w", method, u, err)
 	}
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("%s %s: %s: %s", method, u, resp.Status, strings.TrimSpace(string(data)))
+		return &StatusError{Method: method, URL: u, Code: resp.StatusCode, Status: resp.Status, Body: strings.TrimSpace(string(data))}
 	}
 	if err := json.Unmarshal(data, out); err != nil {
 		return fmt.Errorf("%s %s: decoding the answer: %w", method, u, err)

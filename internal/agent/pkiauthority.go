@@ -378,8 +378,15 @@ func (p *PKI) rewriteKubeconfigs() error {
 // SetAuthority sets the authority of kind k on the machine at host (its
 // IP address) and returns once its components use it. tlsCfg is as for
 // GetPKI, and trusts the authorities of the stage.
+//
+// A machine whose agent does not serve k's path (one started before QCP
+// rotated authorities of that kind) answers 404; the error then says how
+// to go on: its components cannot take the stage in place.
 func SetAuthority(ctx context.Context, tlsCfg *tls.Config, host string, k AuthorityKind, e Authority) (AuthorityResult, error) {
 	var res AuthorityResult
 	err := sendAgent(ctx, tlsCfg, host, http.MethodPut, k.Path(), pkiRenewTimeout, e, &res)
+	if se := (*StatusError)(nil); errors.As(err, &se) && se.Code == http.StatusNotFound {
+		return res, fmt.Errorf("%w: the machine's agent predates rotations of the %s authority; roll the machine out (spec.rollout.after) and the rotation goes on with its replacement", err, k)
+	}
 	return res, err
 }
