@@ -18,32 +18,10 @@ import (
 // authority and trusts the saved bundle, not the bootstrap data's; a saved
 // file that does not parse fails the start, naming it.
 func TestSavedEtcdAuthorityOverridesBootstrap(t *testing.T) {
-	now := time.Now()
-	cas, err := certs.NewClusterCAs(now)
-	if err != nil {
-		t.Fatal(err)
-	}
-	next, err := certs.NewCA("etcd-ca-next", now)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	doc := bootstrap.NewStacked("c1", cas, "", bootstrap.NewMember())
-	a := &machineCtx{dir: dir, doc: doc, machine: Machine{Name: "m1", Namespace: "ns", Address: "127.0.0.9"}, log: slog.Default()}
-	saved, err := json.Marshal(Authority{CA: bootstrap.CertKey{Cert: string(next.CertPEM), Key: string(next.KeyPEM)}, Trust: string(next.CertPEM)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, EtcdAuthorityKind.File()), saved, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := a.loadAuthorities(); err != nil {
-		t.Fatal(err)
-	}
-	p, err := IssuePKI(dir, a.machine, doc, now)
-	if err != nil {
-		t.Fatal(err)
-	}
+	_, next, a, p := restartedMidRotation(t, EtcdAuthorityKind, func(_ *certs.ClusterCAs, next *certs.KeyPair) (*certs.KeyPair, []byte) {
+		return next, next.CertPEM
+	})
+	dir := a.dir
 	rep, err := p.Report()
 	if err != nil {
 		t.Fatal(err)
@@ -72,33 +50,11 @@ func TestSavedEtcdAuthorityOverridesBootstrap(t *testing.T) {
 // certificate and no other, and distrusting the old authority leaves the
 // new one alone in front-proxy-ca.crt.
 func TestFrontProxyAuthorityMovesItsLeafAlone(t *testing.T) {
+	cas, next, _, p := restartedMidRotation(t, FrontProxyAuthorityKind, func(cas *certs.ClusterCAs, next *certs.KeyPair) (*certs.KeyPair, []byte) {
+		return cas.FrontProxy, certs.Bundle(cas.FrontProxy, next)
+	})
 	now := time.Now()
-	cas, err := certs.NewClusterCAs(now)
-	if err != nil {
-		t.Fatal(err)
-	}
-	next, err := certs.NewCA("front-proxy-ca-next", now)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	doc := bootstrap.NewStacked("c1", cas, "", bootstrap.NewMember())
-	a := &machineCtx{dir: dir, doc: doc, machine: Machine{Name: "m1", Namespace: "ns", Address: "127.0.0.9"}, log: slog.Default()}
 	both := certs.Bundle(cas.FrontProxy, next)
-	saved, err := json.Marshal(Authority{CA: bootstrap.CertKey{Cert: string(cas.FrontProxy.CertPEM), Key: string(cas.FrontProxy.KeyPEM)}, Trust: string(both)})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, FrontProxyAuthorityKind.File()), saved, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := a.loadAuthorities(); err != nil {
-		t.Fatal(err)
-	}
-	p, err := IssuePKI(dir, a.machine, doc, now)
-	if err != nil {
-		t.Fatal(err)
-	}
 	report := func() PKIReport {
 		t.Helper()
 		rep, err := p.Report()
@@ -139,6 +95,42 @@ func TestFrontProxyAuthorityMovesItsLeafAlone(t *testing.T) {
 	if all := report().All(FrontProxyTrustFile); len(all) != 1 || all[0].KeyID != certs.KeyID(next.Cert) {
 		t.Errorf("%s after the distrust: %+v; want the new authority alone", FrontProxyTrustFile, all)
 	}
+}
+
+// restartedMidRotation issues the certificates of a stacked machine that
+// starts with an authority of kind saved by a rotation (what saved picks
+// of its cluster's authorities and of a new one, next: the issuer and the
+// trust bundle), as a machine restarted in the middle of a rotation does.
+func restartedMidRotation(t *testing.T, kind AuthorityKind, saved func(cas *certs.ClusterCAs, next *certs.KeyPair) (*certs.KeyPair, []byte)) (*certs.ClusterCAs, *certs.KeyPair, *machineCtx, *PKI) {
+	t.Helper()
+	now := time.Now()
+	cas, err := certs.NewClusterCAs(now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	next, err := certs.NewCA(string(kind)+"-ca-next", now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	doc := bootstrap.NewStacked("c1", cas, "", bootstrap.NewMember())
+	a := &machineCtx{dir: dir, doc: doc, machine: Machine{Name: "m1", Namespace: "ns", Address: "127.0.0.9"}, log: slog.Default()}
+	issuer, trust := saved(cas, next)
+	data, err := json.Marshal(Authority{CA: bootstrap.CertKey{Cert: string(issuer.CertPEM), Key: string(issuer.KeyPEM)}, Trust: string(trust)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, kind.File()), data, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.loadAuthorities(); err != nil {
+		t.Fatal(err)
+	}
+	p, err := IssuePKI(dir, a.machine, doc, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cas, next, a, p
 }
 
 func mustBundleIDs(t *testing.T, bundle []byte) string {

@@ -529,14 +529,7 @@ func (s *scenario) checkRequestHeaderClient(ctx context.Context, signer *certs.K
 	if err != nil {
 		s.t.Fatal(err)
 	}
-	var kc corev1.Secret
-	if err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: secret.Name(s.name, secret.Kubeconfig)}, &kc); err != nil {
-		s.t.Fatal(err)
-	}
-	cfg, err := clientcmd.Load(kc.Data[secret.KubeconfigDataName])
-	if err != nil {
-		s.t.Fatal(err)
-	}
+	cfg := s.kubeconfig(ctx)
 	rc := &rest.Config{Host: cfg.Clusters[s.name].Server, Timeout: 10 * time.Second, TLSClientConfig: rest.TLSClientConfig{
 		CAData: cfg.Clusters[s.name].CertificateAuthorityData, CertData: kp.CertPEM, KeyData: kp.KeyPEM}}
 	rc.WrapTransport = func(rt http.RoundTripper) http.RoundTripper {
@@ -557,11 +550,9 @@ func (s *scenario) checkRequestHeaderClient(ctx context.Context, signer *certs.K
 	}
 }
 
-// checkClusterRotated checks the end of a cluster CA rotation.
-func (s *scenario) checkClusterRotated(ctx context.Context, oldCA, newCA *certs.KeyPair) {
+// kubeconfig is <cluster>-kubeconfig's.
+func (s *scenario) kubeconfig(ctx context.Context) *clientcmdapi.Config {
 	s.t.Helper()
-	s.checkRotationSecretsGone(ctx, secret.ClusterCA)
-	// The kubeconfig: its CA and its client certificate.
 	var kc corev1.Secret
 	if err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: secret.Name(s.name, secret.Kubeconfig)}, &kc); err != nil {
 		s.t.Fatal(err)
@@ -570,6 +561,15 @@ func (s *scenario) checkClusterRotated(ctx context.Context, oldCA, newCA *certs.
 	if err != nil {
 		s.t.Fatal(err)
 	}
+	return cfg
+}
+
+// checkClusterRotated checks the end of a cluster CA rotation.
+func (s *scenario) checkClusterRotated(ctx context.Context, oldCA, newCA *certs.KeyPair) {
+	s.t.Helper()
+	s.checkRotationSecretsGone(ctx, secret.ClusterCA)
+	// The kubeconfig: its CA and its client certificate.
+	cfg := s.kubeconfig(ctx)
 	for _, what := range kubeconfigHolding(cfg, oldCA) {
 		s.t.Errorf("<cluster>-kubeconfig: %s the old authority", what)
 	}
