@@ -187,11 +187,12 @@ func (a *machineCtx) setAuthority(ctx context.Context, k AuthorityKind, want Aut
 		return res, fmt.Errorf("machine %s/%s: setting the %s authority: %s: %w", a.machine.Namespace, a.machine.Name, k, what, err)
 	}
 	p := a.pki
-	from, trust, trustFile := p.authority(k)
+	slot, _, _ := p.slots(k)
+	from := *slot
 	if from == nil || k == EtcdAuthorityKind && !a.doc.Runs(bootstrap.Etcd) {
 		return fail("checking the machine", fmt.Errorf("it issues no certificate of the %s authority", k))
 	}
-	had, err := certs.BundleKeyIDs(trust())
+	had, err := certs.BundleKeyIDs(p.trustOf(k))
 	if err != nil {
 		return fail("reading the trust it has", err)
 	}
@@ -213,8 +214,8 @@ func (a *machineCtx) setAuthority(ctx context.Context, k AuthorityKind, want Aut
 	}
 	ca.LeafValidity = a.doc.LeafValidity()
 	if trustChanged {
-		if err := p.setTrust(k, trustFile, []byte(want.Trust)); err != nil {
-			return fail("writing "+trustFile, err)
+		if err := p.setTrust(k, []byte(want.Trust)); err != nil {
+			return fail("writing the trust bundle", err)
 		}
 	}
 	if signerChanged {
@@ -285,9 +286,10 @@ func (a *machineCtx) restartInTurn(ctx context.Context, comps []bootstrap.Compon
 	return restarted, nil
 }
 
-// setTrust writes the trust bundle of kind k to file and makes the agent
-// trust it from now on.
-func (p *PKI) setTrust(k AuthorityKind, file string, bundle []byte) error {
+// setTrust writes the trust bundle of kind k to its file and makes the
+// agent trust it from now on.
+func (p *PKI) setTrust(k AuthorityKind, bundle []byte) error {
+	_, trust, file := p.slots(k)
 	w := &pkiWriter{dir: p.Dir}
 	w.cert(file, bundle)
 	if w.err != nil {
@@ -295,28 +297,29 @@ func (p *PKI) setTrust(k AuthorityKind, file string, bundle []byte) error {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	switch k {
-	case EtcdAuthorityKind:
-		p.etcdTrust = bundle
-	case ClusterAuthorityKind:
-		p.clusterTrust = bundle
-	case FrontProxyAuthorityKind:
-		p.frontProxyTrust = bundle
-	}
+	*trust = bundle
 	return nil
 }
 
-// authority is, for kind k, the authority the machine issues its leaves
-// from (nil if it issues none), its trust bundle now, and the file that
-// holds the bundle.
-func (p *PKI) authority(k AuthorityKind) (*certs.KeyPair, func() []byte, string) {
+// slots are, for kind k, the fields that hold the authority the machine
+// issues its leaves from (nil if it issues none) and its trust bundle
+// (guarded by p.mu), and the file that holds the bundle.
+func (p *PKI) slots(k AuthorityKind) (**certs.KeyPair, *[]byte, string) {
 	switch k {
 	case ClusterAuthorityKind:
-		return p.clusterCA, p.ClusterTrust, ClusterTrustFile
+		return &p.clusterCA, &p.clusterTrust, ClusterTrustFile
 	case FrontProxyAuthorityKind:
-		return p.frontProxyCA, p.FrontProxyTrust, FrontProxyTrustFile
+		return &p.frontProxyCA, &p.frontProxyTrust, FrontProxyTrustFile
 	}
-	return p.etcdCA, p.EtcdTrust, "etcd/ca.crt"
+	return &p.etcdCA, &p.etcdTrust, "etcd/ca.crt"
+}
+
+// trustOf is the trust bundle of kind k now.
+func (p *PKI) trustOf(k AuthorityKind) []byte {
+	_, trust, _ := p.slots(k)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return *trust
 }
 
 // moveLeaves issues every leaf of the authority of kind k again from ca,
@@ -326,7 +329,8 @@ func (p *PKI) authority(k AuthorityKind) (*certs.KeyPair, func() []byte, string)
 // CA's own pair (ca.crt and ca.key, which kube-controller-manager signs
 // with) is replaced last.
 func (p *PKI) moveLeaves(k AuthorityKind, ca *certs.KeyPair, now time.Time) ([]string, error) {
-	from, _, _ := p.authority(k)
+	slot, _, _ := p.slots(k)
+	from := *slot
 	moved := []string{}
 	for _, l := range p.leaves {
 		if l.ca != from {
@@ -344,22 +348,18 @@ func (p *PKI) moveLeaves(k AuthorityKind, ca *certs.KeyPair, now time.Time) ([]s
 		l.ca, l.kp = ca, kp
 		moved = append(moved, l.name)
 	}
-	switch k {
-	case EtcdAuthorityKind:
-		p.etcdCA = ca
-		return moved, nil
-	case FrontProxyAuthorityKind:
-		// The machine holds no front-proxy CA key file, as on kubeadm's
-		// nodes: only kube-apiserver's client certificate comes from it.
-		p.frontProxyCA = ca
-		return moved, nil
+	// Only the cluster CA's own pair is written under pki (for
+	// kube-controller-manager's signing); the agent keeps the others in
+	// memory, and the machine holds no front-proxy CA key file, as on
+	// kubeadm's nodes.
+	if k == ClusterAuthorityKind {
+		w := &pkiWriter{dir: p.Dir}
+		w.pair("ca", ca)
+		if w.err != nil {
+			return moved, w.err
+		}
 	}
-	w := &pkiWriter{dir: p.Dir}
-	w.pair("ca", ca)
-	if w.err != nil {
-		return moved, w.err
-	}
-	p.clusterCA = ca
+	*slot = ca
 	return moved, nil
 }
 

@@ -89,7 +89,7 @@ func TestFrontProxyAuthorityMovesItsLeafAlone(t *testing.T) {
 			t.Errorf("%s changed when the front-proxy leaves moved", c.Name)
 		}
 	}
-	if err := p.setTrust(FrontProxyAuthorityKind, FrontProxyTrustFile, next.CertPEM); err != nil {
+	if err := p.setTrust(FrontProxyAuthorityKind, next.CertPEM); err != nil {
 		t.Fatal(err)
 	}
 	if all := report().All(FrontProxyTrustFile); len(all) != 1 || all[0].KeyID != certs.KeyID(next.Cert) {

@@ -29,35 +29,44 @@ import (
 const RotationAnnotation = "controlplane.cluster.x-k8s.io/qcp-certificate-rotation"
 
 // authorityOf is, by kind, the authority's Secret purpose (<cluster>-etcd,
-// <cluster>-ca), the agent's name for it, and the common name QCP gives an
-// authority it generates. While a rotation runs, two more Secrets, owned
-// by the control plane, hold its authorities: <purpose>-next the new one
-// (QCP generates it, or takes the one a user put there before the
+// <cluster>-ca), the agent's name for it, the common name QCP gives an
+// authority it generates, and the key of authenticationConfigMap that
+// publishes it ("" for none). While a rotation runs, two more Secrets,
+// owned by the control plane, hold its authorities: <purpose>-next the new
+// one (QCP generates it, or takes the one a user put there before the
 // rotation starts) and <purpose>-previous a copy of the old one. Both are
 // deleted when the rotation completes.
 var authorityOf = map[controlplanev1.CertificateAuthorityKind]struct {
 	purpose    secret.Purpose
 	agent      agent.AuthorityKind
 	commonName string
+	published  string
 }{
-	controlplanev1.CertificateAuthorityEtcdCA:       {secret.EtcdCA, agent.EtcdAuthorityKind, "etcd-ca"},
-	controlplanev1.CertificateAuthorityClusterCA:    {secret.ClusterCA, agent.ClusterAuthorityKind, "kubernetes"},
-	controlplanev1.CertificateAuthorityFrontProxyCA: {secret.FrontProxyCA, agent.FrontProxyAuthorityKind, "front-proxy-ca"},
+	controlplanev1.CertificateAuthorityEtcdCA:       {secret.EtcdCA, agent.EtcdAuthorityKind, "etcd-ca", ""},
+	controlplanev1.CertificateAuthorityClusterCA:    {secret.ClusterCA, agent.ClusterAuthorityKind, "kubernetes", "client-ca-file"},
+	controlplanev1.CertificateAuthorityFrontProxyCA: {secret.FrontProxyCA, agent.FrontProxyAuthorityKind, "front-proxy-ca", "requestheader-client-ca-file"},
 }
 
 // nextPurpose and previousPurpose name a rotation's two Secrets.
 func nextPurpose(p secret.Purpose) secret.Purpose     { return p + "-next" }
 func previousPurpose(p secret.Purpose) secret.Purpose { return p + "-previous" }
 
-// current is the authority of kind in cas.
-func current(cas *certs.ClusterCAs, kind controlplanev1.CertificateAuthorityKind) *certs.KeyPair {
+// fieldsOf are cas's fields of the authority of kind: the authority, and
+// the trust bundle machines hold (nil: the authority's alone).
+func fieldsOf(cas *certs.ClusterCAs, kind controlplanev1.CertificateAuthorityKind) (**certs.KeyPair, *[]byte) {
 	switch kind {
 	case controlplanev1.CertificateAuthorityClusterCA:
-		return cas.Cluster
+		return &cas.Cluster, &cas.ClusterTrust
 	case controlplanev1.CertificateAuthorityFrontProxyCA:
-		return cas.FrontProxy
+		return &cas.FrontProxy, &cas.FrontProxyTrust
 	}
-	return cas.Etcd
+	return &cas.Etcd, &cas.EtcdTrust
+}
+
+// current is the authority of kind in cas.
+func current(cas *certs.ClusterCAs, kind controlplanev1.CertificateAuthorityKind) *certs.KeyPair {
+	ca, _ := fieldsOf(cas, kind)
+	return *ca
 }
 
 // rotationState is RotationAnnotation's value.
@@ -374,13 +383,6 @@ func (r *Reconciler) advanceRotation(ctx context.Context, cluster *clusterv1.Clu
 // API servers and webhooks to authenticate its callers with.
 var authenticationConfigMap = client.ObjectKey{Namespace: metav1.NamespaceSystem, Name: "extension-apiserver-authentication"}
 
-// publishedTrustKeys names, by kind, the keys of authenticationConfigMap
-// that hold the authority.
-var publishedTrustKeys = map[controlplanev1.CertificateAuthorityKind][]string{
-	controlplanev1.CertificateAuthorityClusterCA:    {"client-ca-file"},
-	controlplanev1.CertificateAuthorityFrontProxyCA: {"requestheader-client-ca-file"},
-}
-
 // distrustPublished removes the old authority from authenticationConfigMap
 // once every API server has stopped trusting it, and says what it waits
 // for ("" once done). Each API server adds the authorities it trusts to
@@ -391,8 +393,8 @@ var publishedTrustKeys = map[controlplanev1.CertificateAuthorityKind][]string{
 // server trusts the new authority alone by now (the stage's lagging
 // check), so none adds the old one back.
 func (r *Reconciler) distrustPublished(ctx context.Context, cluster *clusterv1.Cluster, cp *controlplanev1.QuorumControlPlane, rt *rotation) (string, error) {
-	keys := publishedTrustKeys[rt.state.Kind]
-	if len(keys) == 0 {
+	key := authorityOf[rt.state.Kind].published
+	if key == "" {
 		return "", nil
 	}
 	waiting := fmt.Sprintf("waiting to remove the old authority from the workload cluster's ConfigMap %s", authenticationConfigMap)
@@ -408,22 +410,17 @@ func (r *Reconciler) distrustPublished(ctx context.Context, cluster *clusterv1.C
 		}
 		return waiting, fmt.Errorf("reading ConfigMap %s: %w", authenticationConfigMap, err)
 	}
-	changed := false
-	for _, k := range keys {
-		if cm.Data[k] == "" {
-			continue
-		}
-		kept, removed, err := certs.WithoutAuthority([]byte(cm.Data[k]), rt.old.Cert)
-		if err != nil {
-			return waiting, fmt.Errorf("ConfigMap %s, key %s: %w", authenticationConfigMap, k, err)
-		}
-		if removed {
-			cm.Data[k], changed = string(kept), true
-		}
-	}
-	if !changed {
+	if cm.Data[key] == "" {
 		return "", nil
 	}
+	kept, removed, err := certs.WithoutAuthority([]byte(cm.Data[key]), rt.old.Cert)
+	if err != nil {
+		return waiting, fmt.Errorf("ConfigMap %s, key %s: %w", authenticationConfigMap, key, err)
+	}
+	if !removed {
+		return "", nil
+	}
+	cm.Data[key] = string(kept)
 	// An update, not a patch: it fails if an API server wrote the
 	// ConfigMap since it was read, and the next round reads it again.
 	if err := c.Update(ctx, &cm); err != nil {
@@ -470,12 +467,6 @@ func mirrorRotation(cp *controlplanev1.QuorumControlPlane) {
 // apply makes cas issue from, and trust, what the stage does, for new
 // machines, the kubeconfig and qcp-manager's own clients.
 func (rt *rotation) apply(cas *certs.ClusterCAs) {
-	switch rt.state.Kind {
-	case controlplanev1.CertificateAuthorityClusterCA:
-		cas.Cluster, cas.ClusterTrust = rt.signer(), rt.trust()
-	case controlplanev1.CertificateAuthorityFrontProxyCA:
-		cas.FrontProxy, cas.FrontProxyTrust = rt.signer(), rt.trust()
-	default:
-		cas.Etcd, cas.EtcdTrust = rt.signer(), rt.trust()
-	}
+	ca, trust := fieldsOf(cas, rt.state.Kind)
+	*ca, *trust = rt.signer(), rt.trust()
 }

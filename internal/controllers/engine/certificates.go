@@ -41,16 +41,18 @@ type PKIRecords struct {
 }
 
 // authorityLeaves are, by kind, the leaves a machine issues from that
-// authority, as the agent's report names them, and the trust bundle it
-// keeps; a machine without the first leaf has none of that kind.
+// authority, as the agent's report names them, the trust bundle it keeps,
+// and the annotation that records them (AuthorityAnnotation); a machine
+// without the first leaf has none of that kind.
 var authorityLeaves = map[agent.AuthorityKind]struct {
-	leaves []string
-	trust  string
+	leaves     []string
+	trust      string
+	annotation string
 }{
-	agent.EtcdAuthorityKind: {[]string{"etcd/server.crt", "etcd/peer.crt", etcdClientFile, "memory:etcd-client"}, "etcd/ca.crt"},
+	agent.EtcdAuthorityKind: {[]string{"etcd/server.crt", "etcd/peer.crt", etcdClientFile, "memory:etcd-client"}, "etcd/ca.crt", EtcdAuthorityAnnotation},
 	agent.ClusterAuthorityKind: {[]string{"memory:node", "memory:admin", "apiserver.crt", "apiserver-kubelet-client.crt",
-		"controller-manager.conf", "controller-manager-serving.crt", "scheduler.conf", "scheduler-serving.crt", "agent-serving.crt"}, agent.ClusterTrustFile},
-	agent.FrontProxyAuthorityKind: {[]string{"front-proxy-client.crt"}, agent.FrontProxyTrustFile},
+		"controller-manager.conf", "controller-manager-serving.crt", "scheduler.conf", "scheduler-serving.crt", "agent-serving.crt"}, agent.ClusterTrustFile, ClusterAuthorityAnnotation},
+	agent.FrontProxyAuthorityKind: {[]string{"front-proxy-client.crt"}, agent.FrontProxyTrustFile, FrontProxyAuthorityAnnotation},
 }
 
 // noAuthority is AuthorityAnnotation on a machine without leaves of the

@@ -87,16 +87,8 @@ const (
 	FrontProxyAuthorityAnnotation = "controlplane.cluster.x-k8s.io/qcp-front-proxy-authority"
 )
 
-// authorityAnnotations are, by kind, the records of a machine's
-// authorities.
-var authorityAnnotations = map[agent.AuthorityKind]string{
-	agent.EtcdAuthorityKind:       EtcdAuthorityAnnotation,
-	agent.ClusterAuthorityKind:    ClusterAuthorityAnnotation,
-	agent.FrontProxyAuthorityKind: FrontProxyAuthorityAnnotation,
-}
-
 // AuthorityAnnotation is the record of the machine's authorities of kind k.
-func AuthorityAnnotation(k agent.AuthorityKind) string { return authorityAnnotations[k] }
+func AuthorityAnnotation(k agent.AuthorityKind) string { return authorityLeaves[k].annotation }
 
 // CompactedAnnotation is, on the owner (a QuorumControlPlane or an
 // EtcdCluster), the revision QCP last compacted etcd to and when, as
