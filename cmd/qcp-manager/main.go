@@ -25,6 +25,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
+	"github.com/qcp-dev/qcp/internal/agent"
 	"github.com/qcp-dev/qcp/internal/binaries"
 	"github.com/qcp-dev/qcp/internal/certs"
 	"github.com/qcp-dev/qcp/internal/controllers/controlplane"
@@ -93,6 +94,8 @@ func main() {
 		"validity of the client certificate qcp-manager issues itself for each etcd cluster it manages; it is issued again after two thirds of it, without a restart")
 	flag.DurationVar(&cpOpts.machineCertificateLifetime, "machine-certificate-lifetime", 0,
 		"validity of the leaf certificates each new control plane or etcd machine issues itself, overriding a QuorumControlPlane's spec.certificateValidityPeriodDays (default: that field, and 365 days for EtcdCluster machines); they are renewed in place after two thirds of it")
+	flag.DurationVar(&cpOpts.serviceAccountTokenLifetime, "service-account-token-lifetime", agent.ServiceAccountTokenMaxLifetime,
+		"how long a service-account key rotation waits, after the last API server stopped signing with the old key, before it distrusts it: the API servers' maximum token lifetime, which the agent sets; tests shorten it, which cuts off tokens of the old key that are still valid")
 	flag.DurationVar(&cpOpts.tunables.LearnerStartTimeout, "learner-start-timeout", 0, "how long an added etcd learner may stay unstarted before its machine is replaced (default 5m)")
 	flag.DurationVar(&cpOpts.tunables.UnhealthyTimeout, "unhealthy-member-timeout", 0, "how long an etcd voter may stay unhealthy before it is replaced (default 5m)")
 	flag.DurationVar(&cpOpts.healthCheckTimeout, "health-check-timeout", controlplane.DefaultHealthCheckTimeout,
@@ -122,10 +125,11 @@ func main() {
 type controlPlaneOptions struct {
 	controllers map[string]bool
 	// namespace and watchFilter limit what every controller reconciles.
-	namespace          string
-	watchFilter        engine.WatchFilter
-	kubeconfigLifetime time.Duration
-	etcdClientLifetime time.Duration
+	namespace                   string
+	watchFilter                 engine.WatchFilter
+	kubeconfigLifetime          time.Duration
+	serviceAccountTokenLifetime time.Duration
+	etcdClientLifetime          time.Duration
 	// machineCertificateLifetime overrides the machines' leaf validity.
 	machineCertificateLifetime time.Duration
 	healthCheckTimeout         time.Duration
@@ -255,7 +259,7 @@ func setupControlPlane(ctx context.Context, mgr ctrl.Manager, o controlPlaneOpti
 		KubeconfigLifetime: o.kubeconfigLifetime, Tunables: o.tunables, Failpoints: failpoints,
 		HealthCheckTimeout: o.healthCheckTimeout, Concurrency: o.concurrency, PlanOptions: o.plan,
 		EtcdClientLifetime: o.etcdClientLifetime, MachineCertificateLifetime: o.machineCertificateLifetime,
-		WatchFilter: o.watchFilter,
+		WatchFilter: o.watchFilter, ServiceAccountTokenLifetime: o.serviceAccountTokenLifetime,
 	}
 	if o.plan.SkipLeaderTransfer {
 		ctrl.Log.Info("Measurement mode: QuorumControlPlanes remove etcd leaders without moving leadership first (--measure-without-leader-transfer); never run this in production")

@@ -148,8 +148,12 @@ func (a *machineCtx) apiserverProcess() Process {
 		"--requestheader-group-headers=X-Remote-Group",
 		"--requestheader-username-headers=X-Remote-User",
 		"--service-account-issuer=https://kubernetes.default.svc." + a.doc.DNSDomain(),
-		"--service-account-key-file=" + f("sa.pub"),
-		"--service-account-signing-key-file=" + f("sa.key"),
+		"--service-account-key-file=" + f(ServiceAccountTrustFile),
+		"--service-account-signing-key-file=" + f(ServiceAccountKeyFile),
+		// Bounded tokens, so that a service-account key rotation can know
+		// when no token of the old key is left (ServiceAccountTokenMaxLifetime).
+		"--service-account-max-token-expiration=" + ServiceAccountTokenMaxLifetime.String(),
+		"--service-account-extend-token-expiration=false",
 		"--service-cluster-ip-range=" + a.doc.ServiceClusterIPRange(),
 		"--profiling=false",
 	}
@@ -198,7 +202,7 @@ func (a *machineCtx) controllerManagerProcess() Process {
 		"--cluster-signing-cert-file=" + f("ca.crt"),
 		"--cluster-signing-key-file=" + f("ca.key"),
 		"--root-ca-file=" + f(ClusterTrustFile),
-		"--service-account-private-key-file=" + f("sa.key"),
+		"--service-account-private-key-file=" + f(ServiceAccountKeyFile),
 		"--use-service-account-credentials=true",
 		"--leader-elect=true",
 		"--node-monitor-grace-period=" + a.doc.NodeMonitorGracePeriod(),

@@ -30,6 +30,12 @@ type PKI struct {
 	// replaces it.
 	frontProxyCA *certs.KeyPair
 
+	// serviceAccount is the key kube-apiserver signs service-account
+	// tokens with, and kube-controller-manager legacy token Secrets (nil on
+	// a machine without either); a service-account key rotation replaces
+	// it.
+	serviceAccount *certs.KeyPair
+
 	// etcdCA issues the etcd leaves (nil on an external etcd's machine);
 	// an etcd CA rotation replaces it (MoveEtcdLeaves).
 	etcdCA *certs.KeyPair
@@ -53,6 +59,9 @@ type PKI struct {
 	// frontProxyTrust is the PEM bundle of the front-proxy authorities it
 	// trusts: front-proxy-ca.crt, the components' request header client CA.
 	frontProxyTrust []byte
+	// serviceAccountTrust is the PEM bundle of the public keys
+	// kube-apiserver takes service-account tokens of: sa.pub.
+	serviceAccountTrust []byte
 	// node is the machine's own kubelet identity (system:node:<name>).
 	node *certs.KeyPair
 	// admin is used once, to label the Node as a control plane node the
@@ -91,6 +100,26 @@ const ClusterTrustFile = "ca-bundle.crt"
 // front-proxy authorities the components take request header clients of
 // (their --requestheader-client-ca-file).
 const FrontProxyTrustFile = "front-proxy-ca.crt"
+
+// ServiceAccountKeyFile and ServiceAccountTrustFile, under the PKI
+// directory, are the private key kube-apiserver signs service-account
+// tokens with (--service-account-signing-key-file) and
+// kube-controller-manager legacy token Secrets
+// (--service-account-private-key-file), and the bundle of public keys
+// kube-apiserver takes tokens of (--service-account-key-file).
+const (
+	ServiceAccountKeyFile   = "sa.key"
+	ServiceAccountTrustFile = "sa.pub"
+)
+
+// ServiceAccountTokenMaxLifetime is the longest a service-account token
+// lives: kube-apiserver's --service-account-max-token-expiration (a longer
+// request is cut to it), with --service-account-extend-token-expiration
+// off, which would otherwise extend every token admission injects into a
+// Pod to a year. A service-account key rotation waits this long after the
+// last API server stopped signing with the old key before it distrusts
+// it. kube-apiserver takes no maximum under an hour.
+const ServiceAccountTokenMaxLifetime = 24 * time.Hour
 
 // Node is the machine's kubelet identity now.
 func (p *PKI) Node() *certs.KeyPair { return p.identity(&p.node) }
@@ -305,8 +334,17 @@ func (p *PKI) issueKubernetes(w *pkiWriter, m Machine, doc *bootstrap.Document, 
 	w.pair("ca", ca)
 	w.cert(ClusterTrustFile, p.clusterTrust)
 	if c.ServiceAccount != nil {
-		w.key("sa.key", []byte(c.ServiceAccount.PrivateKey))
-		w.cert("sa.pub", []byte(c.ServiceAccount.PublicKey))
+		sa, err := certs.ServiceAccountKeyPair([]byte(c.ServiceAccount.PrivateKey))
+		if err != nil {
+			return fmt.Errorf("certificates.serviceAccount.privateKey: %w", err)
+		}
+		trust := []byte(c.ServiceAccount.PublicKey)
+		if err := certs.CheckBundle(trust, sa); err != nil {
+			return fmt.Errorf("certificates.serviceAccount.publicKey: %w", err)
+		}
+		p.serviceAccount, p.serviceAccountTrust = sa, trust
+		w.key(ServiceAccountKeyFile, sa.KeyPEM)
+		w.cert(ServiceAccountTrustFile, trust)
 	}
 	node, err := certs.IssueNodeClient(ca, m.Name, now)
 	if err != nil {

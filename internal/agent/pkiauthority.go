@@ -31,10 +31,15 @@ const (
 	// FrontProxyAuthorityKind is the front-proxy CA, on a machine that
 	// runs an API server.
 	FrontProxyAuthorityKind AuthorityKind = "front-proxy"
+	// ServiceAccountAuthorityKind is the service-account key, on a machine
+	// that runs kube-apiserver or kube-controller-manager: its Authority's
+	// CA is a PEM public key and its private key, its trust a bundle of
+	// public keys (certs.ServiceAccountKeyPair).
+	ServiceAccountAuthorityKind AuthorityKind = "service-account"
 )
 
 // AuthorityKinds are every kind a rotation sets.
-var AuthorityKinds = []AuthorityKind{EtcdAuthorityKind, ClusterAuthorityKind, FrontProxyAuthorityKind}
+var AuthorityKinds = []AuthorityKind{EtcdAuthorityKind, ClusterAuthorityKind, FrontProxyAuthorityKind, ServiceAccountAuthorityKind}
 
 // Path is where the agent endpoint takes the authority of kind k: a step
 // of a CA rotation.
@@ -70,11 +75,15 @@ type AuthorityResult struct {
 // maxAuthorityBody bounds the body of a PUT of an authority.
 const maxAuthorityBody = 64 << 10
 
-// parse checks the authority: the CA's certificate and key match and it is
-// an authority, and the trust bundle holds only authorities, among them
-// the CA.
-func (e Authority) parse() (*certs.KeyPair, error) {
-	ca, err := certs.ParseKeyPair([]byte(e.CA.Cert), []byte(e.CA.Key))
+// parse checks the authority of kind k: the CA's certificate and key
+// match and it is an authority, and the trust bundle holds only
+// authorities, among them the CA.
+func (e Authority) parse(k AuthorityKind) (*certs.KeyPair, error) {
+	parse := certs.ParseKeyPair
+	if k == ServiceAccountAuthorityKind {
+		parse = certs.ParseServiceAccountKeyPair
+	}
+	ca, err := parse([]byte(e.CA.Cert), []byte(e.CA.Key))
 	if err != nil {
 		return nil, fmt.Errorf("ca: %w", err)
 	}
@@ -87,14 +96,14 @@ func (e Authority) parse() (*certs.KeyPair, error) {
 	return ca, nil
 }
 
-func decodeAuthority(r io.Reader) (Authority, *certs.KeyPair, error) {
+func decodeAuthority(k AuthorityKind, r io.Reader) (Authority, *certs.KeyPair, error) {
 	var e Authority
 	dec := json.NewDecoder(r)
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&e); err != nil {
 		return e, nil, fmt.Errorf("the request body: %w", err)
 	}
-	ca, err := e.parse()
+	ca, err := e.parse(k)
 	return e, ca, err
 }
 
@@ -113,7 +122,7 @@ func (a *machineCtx) loadAuthorities() error {
 		if err != nil {
 			return fmt.Errorf("reading %s: %w", path, err)
 		}
-		e, _, err := decodeAuthority(bytes.NewReader(data))
+		e, _, err := decodeAuthority(k, bytes.NewReader(data))
 		if err != nil {
 			return fmt.Errorf("%s, which a CA rotation wrote, is invalid (%w): restore it, or replace the machine", path, err)
 		}
@@ -125,6 +134,8 @@ func (a *machineCtx) loadAuthorities() error {
 			c.ClusterCA, c.ClusterTrust = &e.CA, e.Trust
 		case FrontProxyAuthorityKind:
 			c.FrontProxyCA, c.FrontProxyTrust = &e.CA, e.Trust
+		case ServiceAccountAuthorityKind:
+			c.ServiceAccount = &bootstrap.ServiceAccountKP{PrivateKey: e.CA.Key, PublicKey: e.Trust}
 		}
 		a.log.Info("the authority of a CA rotation overrides the bootstrap data's", "file", path)
 	}
@@ -135,7 +146,7 @@ func (a *machineCtx) loadAuthorities() error {
 // is refused while another renewal or authority change runs, and runs
 // under the endpoint's ctx.
 func (a *machineCtx) putAuthority(ctx context.Context, k AuthorityKind, w http.ResponseWriter, r *http.Request) {
-	want, ca, err := decodeAuthority(http.MaxBytesReader(w, r.Body, maxAuthorityBody))
+	want, ca, err := decodeAuthority(k, http.MaxBytesReader(w, r.Body, maxAuthorityBody))
 	if err != nil {
 		http.Error(w, "invalid "+string(k)+" authority: "+err.Error(), http.StatusBadRequest)
 		return
@@ -172,6 +183,10 @@ func (a *machineCtx) putAuthority(ctx context.Context, k AuthorityKind, w http.R
 // moment nothing reports); when the trust changed, kube-controller-manager
 // and kube-scheduler, which take request header clients of the same
 // bundle, restart too. etcd is not touched.
+//
+// service-account: kube-apiserver restarts (it reads both key files once,
+// at start), and kube-controller-manager too when the signer changed (it
+// signs legacy token Secrets with the private key). etcd is not touched.
 //
 // cluster: kube-apiserver restarts when the trust changed (it would
 // reload its client CA bundle, but at a moment nothing reports) and
@@ -240,6 +255,11 @@ func (a *machineCtx) setAuthority(ctx context.Context, k AuthorityKind, want Aut
 		restart, why = []bootstrap.Component{bootstrap.KubeAPIServer}, "its front-proxy client certificate or the front-proxy authorities it trusts changed"
 		if trustChanged {
 			restart = append(restart, kubeconfigReaders...)
+		}
+	case k == ServiceAccountAuthorityKind:
+		restart, why = []bootstrap.Component{bootstrap.KubeAPIServer}, "the service-account keys it signs or verifies tokens with changed"
+		if signerChanged {
+			restart = append(restart, bootstrap.KubeControllerManager)
 		}
 	case k == ClusterAuthorityKind:
 		if a.node != nil {
@@ -310,6 +330,8 @@ func (p *PKI) slots(k AuthorityKind) (**certs.KeyPair, *[]byte, string) {
 		return &p.clusterCA, &p.clusterTrust, ClusterTrustFile
 	case FrontProxyAuthorityKind:
 		return &p.frontProxyCA, &p.frontProxyTrust, FrontProxyTrustFile
+	case ServiceAccountAuthorityKind:
+		return &p.serviceAccount, &p.serviceAccountTrust, ServiceAccountTrustFile
 	}
 	return &p.etcdCA, &p.etcdTrust, "etcd/ca.crt"
 }
@@ -349,15 +371,19 @@ func (p *PKI) moveLeaves(k AuthorityKind, ca *certs.KeyPair, now time.Time) ([]s
 		moved = append(moved, l.name)
 	}
 	// Only the cluster CA's own pair is written under pki (for
-	// kube-controller-manager's signing); the agent keeps the others in
-	// memory, and the machine holds no front-proxy CA key file, as on
-	// kubeadm's nodes.
-	if k == ClusterAuthorityKind {
-		w := &pkiWriter{dir: p.Dir}
+	// kube-controller-manager's signing), and the service-account key,
+	// which signs tokens: the agent keeps the others in memory, and the
+	// machine holds no front-proxy CA key file, as on kubeadm's nodes.
+	w := &pkiWriter{dir: p.Dir}
+	switch k {
+	case ClusterAuthorityKind:
 		w.pair("ca", ca)
-		if w.err != nil {
-			return moved, w.err
-		}
+	case ServiceAccountAuthorityKind:
+		w.key(ServiceAccountKeyFile, ca.KeyPEM)
+		moved = append(moved, ServiceAccountKeyFile)
+	}
+	if w.err != nil {
+		return moved, w.err
 	}
 	*slot = ca
 	return moved, nil

@@ -97,6 +97,80 @@ func TestFrontProxyAuthorityMovesItsLeafAlone(t *testing.T) {
 	}
 }
 
+// TestServiceAccountKeyRotationOnTheMachine: a machine that restarts in
+// the middle of a service-account key rotation signs with the saved key
+// and takes tokens of the saved public keys (sa.key, sa.pub), and its
+// report names them; moving to the new key rewrites sa.key alone (0600),
+// and distrusting the old key leaves the new one alone in sa.pub. A
+// bootstrap document whose public keys leave out its private key's is
+// refused, naming the field.
+func TestServiceAccountKeyRotationOnTheMachine(t *testing.T) {
+	cas, next, a, p := restartedMidRotation(t, ServiceAccountAuthorityKind, func(cas *certs.ClusterCAs, next *certs.KeyPair) (*certs.KeyPair, []byte) {
+		return cas.ServiceAccount, certs.Bundle(cas.ServiceAccount, next)
+	})
+	old := cas.ServiceAccount
+	keys := func() PKIKeys {
+		t.Helper()
+		rep, err := p.Report()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rep.ServiceAccountKeys == nil {
+			t.Fatal("the report names no service-account keys")
+		}
+		return *rep.ServiceAccountKeys
+	}
+	both := strings.Split(mustBundleIDs(t, certs.Bundle(old, next)), ",")
+	if k := keys(); k.Signer != certs.KeyID(old.Cert) || strings.Join(k.Trusted, ",") != strings.Join(both, ",") {
+		t.Errorf("keys %+v; want signer %s and both keys %v taken", k, certs.KeyID(old.Cert), both)
+	}
+	before, err := p.Report()
+	if err != nil {
+		t.Fatal(err)
+	}
+	moved, err := p.moveLeaves(ServiceAccountAuthorityKind, next, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(moved) != 1 || moved[0] != ServiceAccountKeyFile {
+		t.Errorf("moved %v; want [%s]", moved, ServiceAccountKeyFile)
+	}
+	path := filepath.Join(p.Dir, ServiceAccountKeyFile)
+	if data, err := os.ReadFile(path); err != nil || string(data) != string(next.KeyPEM) {
+		t.Errorf("%s does not hold the new key (%v)", path, err)
+	}
+	if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Errorf("%s: %v, %v; want mode 0600", path, fi.Mode(), err)
+	}
+	if k := keys(); k.Signer != certs.KeyID(next.Cert) || len(k.Trusted) != 2 {
+		t.Errorf("keys after the move %+v; want the new signer, both taken", k)
+	}
+	after, err := p.Report()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range before.Certificates {
+		if now, ok := after.Find(c.Name); !ok || now.SerialNumber != c.SerialNumber {
+			t.Errorf("%s changed when the service-account key moved", c.Name)
+		}
+	}
+	if err := p.setTrust(ServiceAccountAuthorityKind, next.CertPEM); err != nil {
+		t.Fatal(err)
+	}
+	if k := keys(); strings.Join(k.Trusted, ",") != certs.KeyID(next.Cert) {
+		t.Errorf("keys taken after the distrust %v; want the new key alone", k.Trusted)
+	}
+
+	other, err := certs.NewServiceAccountKeyPair()
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.doc.Certificates.ServiceAccount = &bootstrap.ServiceAccountKP{PrivateKey: string(old.KeyPEM), PublicKey: string(other.CertPEM)}
+	if _, err := IssuePKI(t.TempDir(), a.machine, a.doc, time.Now()); err == nil || !strings.Contains(err.Error(), "certificates.serviceAccount.publicKey") {
+		t.Errorf("public keys without the private key's: %v; want an error naming certificates.serviceAccount.publicKey", err)
+	}
+}
+
 // restartedMidRotation issues the certificates of a stacked machine that
 // starts with an authority of kind saved by a rotation (what saved picks
 // of its cluster's authorities and of a new one, next: the issuer and the
@@ -109,6 +183,9 @@ func restartedMidRotation(t *testing.T, kind AuthorityKind, saved func(cas *cert
 		t.Fatal(err)
 	}
 	next, err := certs.NewCA(string(kind)+"-ca-next", now)
+	if kind == ServiceAccountAuthorityKind {
+		next, err = certs.NewServiceAccountKeyPair()
+	}
 	if err != nil {
 		t.Fatal(err)
 	}

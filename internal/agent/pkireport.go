@@ -2,6 +2,7 @@ package agent
 
 import (
 	"crypto/x509"
+	"errors"
 	"fmt"
 	"io/fs"
 	"maps"
@@ -49,6 +50,17 @@ type PKICertificate struct {
 // components and agent use, by name.
 type PKIReport struct {
 	Certificates []PKICertificate `json:"certificates"`
+	// ServiceAccountKeys are the machine's service-account keys, which are
+	// no certificates; nil on a machine without them.
+	ServiceAccountKeys *PKIKeys `json:"serviceAccountKeys,omitempty"`
+}
+
+// PKIKeys names keys by their identifiers (certs.KeyID of
+// certs.ServiceAccountKeyPair's stand-in): the one that signs, and those
+// whose signatures are taken.
+type PKIKeys struct {
+	Signer  string   `json:"signer"`
+	Trusted []string `json:"trusted"`
 }
 
 // Leaves are the certificates that are not authorities.
@@ -134,6 +146,9 @@ func (p *PKI) Report() (PKIReport, error) {
 	if err != nil {
 		return r, fmt.Errorf("listing the certificates under %s: %w", p.Dir, err)
 	}
+	if r.ServiceAccountKeys, err = p.serviceAccountKeys(); err != nil {
+		return r, err
+	}
 	for _, id := range []struct {
 		name string
 		kp   *certs.KeyPair
@@ -172,4 +187,31 @@ func readKubeconfigCerts(path string) ([]*x509.Certificate, error) {
 		}
 	}
 	return out, nil
+}
+
+// serviceAccountKeys reads the service-account keys the components read:
+// sa.key and sa.pub. nil when the machine has none.
+func (p *PKI) serviceAccountKeys() (*PKIKeys, error) {
+	path := filepath.Join(p.Dir, ServiceAccountKeyFile)
+	keyPEM, err := os.ReadFile(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	signer, err := certs.ServiceAccountKeyPair(keyPEM)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	path = filepath.Join(p.Dir, ServiceAccountTrustFile)
+	pub, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	ids, err := certs.BundleKeyIDs(pub)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return &PKIKeys{Signer: certs.KeyID(signer.Cert), Trusted: strings.Split(ids, ",")}, nil
 }

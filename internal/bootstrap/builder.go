@@ -60,10 +60,7 @@ func CAMaterialFrom(cas *certs.ClusterCAs) CAMaterial {
 		EtcdTrust:       string(cas.EtcdTrust),
 		FrontProxyCA:    certKey(cas.FrontProxy),
 		FrontProxyTrust: string(cas.FrontProxyTrust),
-		ServiceAccount: &ServiceAccountKP{
-			PrivateKey: string(cas.ServiceAccountKey),
-			PublicKey:  string(cas.ServiceAccountPub),
-		},
+		ServiceAccount:  serviceAccount(cas),
 	}
 }
 
@@ -75,6 +72,20 @@ func base(clusterName, endpoint string) *Document {
 		ControlPlaneEndpoint: endpoint,
 		Versions:             Versions{Kubernetes: binaries.KubeVersion},
 	}
+}
+
+// serviceAccount is the service-account key pair a machine signs tokens
+// with, and the public keys it takes tokens of (two while a rotation
+// runs).
+func serviceAccount(cas *certs.ClusterCAs) *ServiceAccountKP {
+	if cas.ServiceAccount == nil {
+		return nil
+	}
+	pub := cas.ServiceAccountTrust
+	if pub == nil {
+		pub = cas.ServiceAccount.CertPEM
+	}
+	return &ServiceAccountKP{PrivateKey: string(cas.ServiceAccount.KeyPEM), PublicKey: string(pub)}
 }
 
 func certKey(kp *certs.KeyPair) *CertKey {

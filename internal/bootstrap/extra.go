@@ -43,6 +43,8 @@ var ownedFlags = map[Component][]ownedFlag{
 		{name: "kubelet-client-certificate"}, {name: "kubelet-client-key"},
 		{name: "proxy-client-cert-file"}, {name: "proxy-client-key-file"}, {name: "requestheader-client-ca-file"},
 		{name: "service-account-key-file"}, {name: "service-account-signing-key-file"},
+		// A service-account key rotation waits out the tokens' lifetime.
+		{name: "service-account-max-token-expiration"}, {name: "service-account-extend-token-expiration"},
 		// The first address of the range is in the serving certificate.
 		{name: "service-cluster-ip-range", instead: "the Cluster's spec.clusterNetwork.services.cidrBlocks"},
 	},

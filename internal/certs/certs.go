@@ -135,24 +135,6 @@ func ParseCert(data []byte) (*x509.Certificate, error) {
 	return cert, nil
 }
 
-// NewServiceAccountKey returns a PEM private key and its PEM public key, for
-// signing and verifying service-account tokens.
-func NewServiceAccountKey() (keyPEM, pubPEM []byte, err error) {
-	key, err := newKey()
-	if err != nil {
-		return nil, nil, err
-	}
-	keyPEM, err = encodeKey(key)
-	if err != nil {
-		return nil, nil, err
-	}
-	der, err := x509.MarshalPKIXPublicKey(key.Public())
-	if err != nil {
-		return nil, nil, fmt.Errorf("encoding service-account public key: %w", err)
-	}
-	return keyPEM, pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: der}), nil
-}
-
 // CertPool returns a pool holding the CA certificates in caPEM.
 func CertPool(caPEM []byte) (*x509.CertPool, error) {
 	pool := x509.NewCertPool()

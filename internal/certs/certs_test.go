@@ -2,8 +2,11 @@ package certs
 
 import (
 	"bytes"
+	"crypto/rand"
+	"crypto/rsa"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/pem"
 	"net"
 	"slices"
 	"strings"
@@ -238,7 +241,7 @@ func TestSecretsFollowCAPINamingAndRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	if !back.Etcd.Cert.Equal(cas.Etcd.Cert) || !back.Cluster.Cert.Equal(cas.Cluster.Cert) ||
-		string(back.ServiceAccountKey) != string(cas.ServiceAccountKey) {
+		!back.ServiceAccount.Cert.Equal(cas.ServiceAccount.Cert) || string(back.ServiceAccount.KeyPEM) != string(cas.ServiceAccount.KeyPEM) {
 		t.Error("authorities did not round-trip through their Secrets")
 	}
 	delete(byName, "c1-proxy")
@@ -280,4 +283,67 @@ func mustIDs(t *testing.T, bundle []byte) string {
 		t.Fatal(err)
 	}
 	return ids
+}
+
+// TestServiceAccountKeyPair: the service-account key stands in a rotation
+// for an authority: named by its public key, equal only to itself, parsed
+// from CAPI's Secret format (an RSA key too), refused when its halves do
+// not belong together, and its public keys make a trust bundle.
+func TestServiceAccountKeyPair(t *testing.T) {
+	a, err := NewServiceAccountKeyPair()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := NewServiceAccountKeyPair()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if KeyID(a.Cert) == KeyID(b.Cert) || a.Cert.Equal(b.Cert) {
+		t.Error("two keys share an identifier")
+	}
+	if block, _ := pem.Decode(a.CertPEM); block == nil || block.Type != "PUBLIC KEY" {
+		t.Errorf("CertPEM %q; want a PEM public key, as CAPI's <cluster>-sa Secret holds", a.CertPEM)
+	}
+	back, err := ParseServiceAccountKeyPair(a.CertPEM, a.KeyPEM)
+	if err != nil || KeyID(back.Cert) != KeyID(a.Cert) || !back.Cert.Equal(a.Cert) {
+		t.Fatalf("round trip: %v", err)
+	}
+	if _, err := ParseServiceAccountKeyPair(b.CertPEM, a.KeyPEM); err == nil {
+		t.Error("a public key of another key was taken")
+	}
+	if _, err := ParseServiceAccountKeyPair(a.CertPEM, []byte("junk")); err == nil {
+		t.Error("a private key that is not PEM was taken")
+	}
+	rsaKey, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		t.Fatal(err)
+	}
+	der, err := x509.MarshalPKIXPublicKey(rsaKey.Public())
+	if err != nil {
+		t.Fatal(err)
+	}
+	rsaPub := pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: der})
+	rsaPriv := pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(rsaKey)})
+	if _, err := ParseServiceAccountKeyPair(rsaPub, rsaPriv); err != nil {
+		t.Errorf("CAPI's RSA format: %v", err)
+	}
+	both := Bundle(a, b)
+	ids, err := BundleKeyIDs(both)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{KeyID(a.Cert), KeyID(b.Cert)}
+	slices.Sort(want)
+	if ids != strings.Join(want, ",") {
+		t.Errorf("bundle ids %s; want %v", ids, want)
+	}
+	if err := CheckBundle(both, b); err != nil {
+		t.Errorf("a bundle that holds the signer: %v", err)
+	}
+	if err := CheckBundle(a.CertPEM, b); err == nil {
+		t.Error("a bundle without the signer's key was taken")
+	}
+	if _, err := BundleKeyIDs(append(slices.Clone(both), []byte("-----BEGIN EC PRIVATE KEY-----\nAAAA\n-----END EC PRIVATE KEY-----\n")...)); err == nil {
+		t.Error("a bundle with a private key in it was taken")
+	}
 }

@@ -34,10 +34,14 @@ type ClusterCAs struct {
 	// FrontProxy's certificate; nil: FrontProxy's alone. It holds two
 	// while a front-proxy CA rotation runs.
 	FrontProxyTrust []byte
-	// ServiceAccountKey and ServiceAccountPub are PEM; CAPI stores them in
-	// the <cluster>-sa Secret under tls.key and tls.crt.
-	ServiceAccountKey []byte
-	ServiceAccountPub []byte
+	// ServiceAccount is the key that signs service-account tokens, as
+	// ServiceAccountKeyPair makes it; CAPI stores it in the <cluster>-sa
+	// Secret, the public key under tls.crt.
+	ServiceAccount *KeyPair
+	// ServiceAccountTrust is the PEM bundle of the public keys API servers
+	// take tokens of, which holds ServiceAccount's; nil: ServiceAccount's
+	// alone. It holds two while a service-account key rotation runs.
+	ServiceAccountTrust []byte
 }
 
 // NewClusterCAs generates every authority and key a new cluster needs.
@@ -54,11 +58,11 @@ func NewClusterCAs(now time.Time) (*ClusterCAs, error) {
 	if err != nil {
 		return nil, err
 	}
-	saKey, saPub, err := NewServiceAccountKey()
+	sa, err := NewServiceAccountKeyPair()
 	if err != nil {
 		return nil, err
 	}
-	return &ClusterCAs{Cluster: cluster, Etcd: etcd, FrontProxy: proxy, ServiceAccountKey: saKey, ServiceAccountPub: saPub}, nil
+	return &ClusterCAs{Cluster: cluster, Etcd: etcd, FrontProxy: proxy, ServiceAccount: sa}, nil
 }
 
 // EtcdMemberCerts are the certificates one etcd member serves with.

@@ -26,7 +26,7 @@ func Secrets(namespace, cluster string, cas *ClusterCAs) []*corev1.Secret {
 		capiSecret(namespace, cluster, secret.EtcdCA, cas.Etcd.CertPEM, cas.Etcd.KeyPEM),
 		capiSecret(namespace, cluster, secret.FrontProxyCA, cas.FrontProxy.CertPEM, cas.FrontProxy.KeyPEM),
 		// CAPI keeps the service-account public key under tls.crt.
-		capiSecret(namespace, cluster, secret.ServiceAccount, cas.ServiceAccountPub, cas.ServiceAccountKey),
+		capiSecret(namespace, cluster, secret.ServiceAccount, cas.ServiceAccount.CertPEM, cas.ServiceAccount.KeyPEM),
 	}
 }
 
@@ -57,7 +57,7 @@ func clusterCAsFromSecrets(cluster string, byName map[string]*corev1.Secret, wit
 		if !ok {
 			return nil, fmt.Errorf("secret %s is missing", name)
 		}
-		kp, err := ParseKeyPair(s.Data[secret.TLSCrtDataName], s.Data[secret.TLSKeyDataName])
+		kp, err := ParseAuthority(purpose, s.Data[secret.TLSCrtDataName], s.Data[secret.TLSKeyDataName])
 		if err != nil {
 			return nil, fmt.Errorf("secret %s: %w", name, err)
 		}
@@ -76,12 +76,20 @@ func clusterCAsFromSecrets(cluster string, byName map[string]*corev1.Secret, wit
 	if cas.FrontProxy, err = pair(secret.FrontProxyCA); err != nil {
 		return nil, err
 	}
-	sa, ok := byName[secret.Name(cluster, secret.ServiceAccount)]
-	if !ok || len(sa.Data[secret.TLSKeyDataName]) == 0 || len(sa.Data[secret.TLSCrtDataName]) == 0 {
-		return nil, fmt.Errorf("secret %s is missing or incomplete", secret.Name(cluster, secret.ServiceAccount))
+	if cas.ServiceAccount, err = pair(secret.ServiceAccount); err != nil {
+		return nil, err
 	}
-	cas.ServiceAccountKey, cas.ServiceAccountPub = sa.Data[secret.TLSKeyDataName], sa.Data[secret.TLSCrtDataName]
 	return &cas, nil
+}
+
+// ParseAuthority parses the PEM pair of an authority's Secret of purpose:
+// a certificate and its key, or for the service-account key (secret.ServiceAccount) a
+// public key and its private key (ParseServiceAccountKeyPair).
+func ParseAuthority(purpose secret.Purpose, crt, key []byte) (*KeyPair, error) {
+	if purpose == secret.ServiceAccount {
+		return ParseServiceAccountKeyPair(crt, key)
+	}
+	return ParseKeyPair(crt, key)
 }
 
 func capiSecret(namespace, cluster string, purpose secret.Purpose, crt, key []byte) *corev1.Secret {

@@ -59,9 +59,10 @@ func Bundle(cas ...*KeyPair) []byte {
 }
 
 // BundleKeyIDs lists the key identifiers of the authorities in a PEM
-// bundle, sorted, joined with commas: the form the records compare.
+// bundle (certificates, or service-account public keys), sorted, joined
+// with commas: the form the records compare.
 func BundleKeyIDs(bundle []byte) (string, error) {
-	cs, err := ParseCerts(bundle)
+	cs, err := parseAuthorities(bundle)
 	if err != nil {
 		return "", err
 	}
@@ -95,10 +96,11 @@ func WithoutAuthority(bundle []byte, ca *x509.Certificate) ([]byte, bool, error)
 }
 
 // CheckBundle checks that bundle parses, holds only authorities, and
-// holds signer's certificate: a machine must trust the authority it
-// issues its certificates from.
+// holds signer's certificate (a service-account bundle: public keys, and
+// signer's): a machine must trust the authority it issues its
+// certificates from.
 func CheckBundle(bundle []byte, signer *KeyPair) error {
-	cs, err := ParseCerts(bundle)
+	cs, err := parseAuthorities(bundle)
 	if err != nil {
 		return err
 	}

@@ -75,7 +75,7 @@ type CertificatesSpec struct {
 }
 
 // CertificateAuthorityKind names an authority a rotation replaces.
-// +kubebuilder:validation:Enum=EtcdCA;ClusterCA;FrontProxyCA
+// +kubebuilder:validation:Enum=EtcdCA;ClusterCA;FrontProxyCA;ServiceAccountKey
 type CertificateAuthorityKind string
 
 const (
@@ -93,12 +93,20 @@ const (
 	// servers present to aggregated API servers, which take the requests'
 	// user from their headers only from a client it signed.
 	CertificateAuthorityFrontProxyCA CertificateAuthorityKind = "FrontProxyCA"
+	// CertificateAuthorityServiceAccountKey is the key pair that signs
+	// service-account tokens, the <cluster>-sa Secret. Its stages are the
+	// authorities': the API servers take tokens of both keys, then sign
+	// with the new one, the Secret takes it, and after the API servers'
+	// maximum token lifetime (24h) the old key is no longer taken. Legacy
+	// token Secrets the old key signed stop working then.
+	CertificateAuthorityServiceAccountKey CertificateAuthorityKind = "ServiceAccountKey"
 )
 
 // CertificateRotation asks for a rotation of one authority.
 type CertificateRotation struct {
-	// kind is the authority to rotate: EtcdCA, ClusterCA or FrontProxyCA,
-	// on a control plane with stacked etcd (on external etcd, none yet).
+	// kind is the authority to rotate: EtcdCA, ClusterCA, FrontProxyCA or
+	// ServiceAccountKey, on a control plane with stacked etcd (on external
+	// etcd, none yet).
 	// +required
 	Kind CertificateAuthorityKind `json:"kind"`
 

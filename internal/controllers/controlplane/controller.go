@@ -29,6 +29,7 @@ import (
 
 	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
 	etcdv1 "github.com/qcp-dev/qcp/api/etcd/v1alpha1"
+	"github.com/qcp-dev/qcp/internal/agent"
 	"github.com/qcp-dev/qcp/internal/controllers/engine"
 	"github.com/qcp-dev/qcp/internal/etcd"
 	"github.com/qcp-dev/qcp/internal/quorum"
@@ -74,6 +75,11 @@ type Reconciler struct {
 	// certificates every new machine issues itself, in place of
 	// spec.certificateValidityPeriodDays: tests see renewal in minutes.
 	MachineCertificateLifetime time.Duration
+	// ServiceAccountTokenLifetime is how long a service-account key
+	// rotation waits between SwitchSigner and Distrust, for the tokens the
+	// old key signed to expire; agent.ServiceAccountTokenMaxLifetime, the
+	// API servers' maximum, if zero.
+	ServiceAccountTokenLifetime time.Duration
 	// Tunables are the planner's thresholds.
 	Tunables quorum.Tunables
 	// HealthCheckTimeout is how long the control plane's MachineHealthCheck
@@ -151,6 +157,9 @@ func (r *Reconciler) SetupWithManager(ctx context.Context, mgr ctrl.Manager) err
 func (r *Reconciler) init() {
 	if r.Now == nil {
 		r.Now = time.Now
+	}
+	if r.ServiceAccountTokenLifetime == 0 {
+		r.ServiceAccountTokenLifetime = agent.ServiceAccountTokenMaxLifetime
 	}
 	if r.KubeconfigLifetime == 0 {
 		r.KubeconfigLifetime = DefaultKubeconfigLifetime
@@ -292,6 +301,9 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Clu
 		}
 		conditions.Set(cp, rt.condition())
 		rt.setStatus(cp)
+		if !rt.until.IsZero() && rt.until.Before(r.Now().Add(idle.RequeueAfter)) {
+			idle.RequeueAfter = max(rt.until.Sub(r.Now()), time.Second)
+		}
 	} else {
 		mirrorRotation(cp)
 	}

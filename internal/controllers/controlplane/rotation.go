@@ -45,6 +45,8 @@ var authorityOf = map[controlplanev1.CertificateAuthorityKind]struct {
 	controlplanev1.CertificateAuthorityEtcdCA:       {secret.EtcdCA, agent.EtcdAuthorityKind, "etcd-ca", ""},
 	controlplanev1.CertificateAuthorityClusterCA:    {secret.ClusterCA, agent.ClusterAuthorityKind, "kubernetes", "client-ca-file"},
 	controlplanev1.CertificateAuthorityFrontProxyCA: {secret.FrontProxyCA, agent.FrontProxyAuthorityKind, "front-proxy-ca", "requestheader-client-ca-file"},
+	// A key, not a certificate (certs.ServiceAccountKeyPair): no name.
+	controlplanev1.CertificateAuthorityServiceAccountKey: {secret.ServiceAccount, agent.ServiceAccountAuthorityKind, "", ""},
 }
 
 // nextPurpose and previousPurpose name a rotation's two Secrets.
@@ -59,6 +61,8 @@ func fieldsOf(cas *certs.ClusterCAs, kind controlplanev1.CertificateAuthorityKin
 		return &cas.Cluster, &cas.ClusterTrust
 	case controlplanev1.CertificateAuthorityFrontProxyCA:
 		return &cas.FrontProxy, &cas.FrontProxyTrust
+	case controlplanev1.CertificateAuthorityServiceAccountKey:
+		return &cas.ServiceAccount, &cas.ServiceAccountTrust
 	}
 	return &cas.Etcd, &cas.EtcdTrust
 }
@@ -102,6 +106,8 @@ func stageDoes(kind controlplanev1.CertificateAuthorityKind, stage controlplanev
 	case controlplanev1.CertificateAuthorityFrontProxyCA:
 		what, restarts, clients, secretName = "front-proxy CA", "kube-apiserver, kube-controller-manager and kube-scheduler restart",
 			"an aggregated API server with a request header client CA file of its own", "<cluster>-proxy"
+	case controlplanev1.CertificateAuthorityServiceAccountKey:
+		return serviceAccountStageDoes(stage)
 	}
 	switch stage {
 	case controlplanev1.RotationTrustBoth:
@@ -117,12 +123,33 @@ func stageDoes(kind controlplanev1.CertificateAuthorityKind, stage controlplanev
 	return fmt.Sprintf("nothing trusts or holds the old %s", what)
 }
 
+// serviceAccountStageDoes is stageDoes of a service-account key rotation.
+// Tokens are no certificates: a token lives on after the key that signed
+// it stops signing, and no machine can tell which tokens are out there.
+func serviceAccountStageDoes(stage controlplanev1.CertificateRotationStage) string {
+	switch stage {
+	case controlplanev1.RotationTrustBoth:
+		return "every API server takes service-account tokens of the new key beside the old one (kube-apiserver restarts, one machine at a time)"
+	case controlplanev1.RotationReissue:
+		return "every API server signs new service-account tokens with the new key, and every controller manager new legacy token Secrets " +
+			"(kube-apiserver and kube-controller-manager restart, one machine at a time); tokens of the old key are still taken"
+	case controlplanev1.RotationSwitchSigner:
+		return "the <cluster>-sa Secret takes the new key; then QCP waits for the tokens the old key signed to expire (the API servers' maximum token lifetime). " +
+			"Legacy token Secrets the old key signed never expire: they stop working at Distrust; empty their token field and kube-controller-manager signs them again"
+	case controlplanev1.RotationDistrust:
+		return "every API server stops taking service-account tokens of the old key (kube-apiserver restarts, one machine at a time)"
+	}
+	return "nothing takes tokens of, or holds, the old service-account key"
+}
+
 // rotation is a CA rotation that runs: its state and both authorities.
 type rotation struct {
 	state    rotationState
 	old, new *certs.KeyPair
-	// waiting says what the stage waits for, for the condition.
+	// waiting says what the stage waits for, for the condition; until,
+	// when the wait ends at a time, when.
 	waiting string
+	until   time.Time
 }
 
 // signer is the authority the stage issues etcd certificates from.
@@ -233,13 +260,18 @@ func (r *Reconciler) authoritySecret(ctx context.Context, cluster client.ObjectK
 	err := r.Client.Get(ctx, client.ObjectKey{Namespace: cluster.Namespace, Name: name}, &s)
 	switch {
 	case err == nil:
-		return certs.ParseKeyPair(s.Data[secret.TLSCrtDataName], s.Data[secret.TLSKeyDataName])
+		return certs.ParseAuthority(purpose, s.Data[secret.TLSCrtDataName], s.Data[secret.TLSKeyDataName])
 	case !apierrors.IsNotFound(err):
 		return nil, fmt.Errorf("reading Secret %s: %w", name, err)
 	case !generate:
 		return nil, &engine.InvalidAuthorityError{Secret: name, Problem: "it is missing while the rotation recorded in " + RotationAnnotation + " runs"}
 	}
-	ca, err := certs.NewCA(commonName, r.Now())
+	var ca *certs.KeyPair
+	if purpose == nextPurpose(secret.ServiceAccount) {
+		ca, err = certs.NewServiceAccountKeyPair()
+	} else {
+		ca, err = certs.NewCA(commonName, r.Now())
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -337,6 +369,9 @@ func (rt *rotation) lagging(machines []*clusterv1.Machine) string {
 			return fmt.Sprintf("waiting for machine %s, being deleted, to be gone: it reports authorities %q, the stage wants %s", m.Name, rec, want)
 		case rec == "":
 			return fmt.Sprintf("waiting for QCP to read machine %s's certificates", m.Name)
+		case rec == engine.NoAuthority:
+			return fmt.Sprintf("waiting for machine %s, which reports no %s authority (an agent older than QCP's rotations of it reports none): "+
+				"roll the machine out (spec.rollout.after) and the rotation goes on with its replacement", m.Name, rt.state.Kind)
 		default:
 			return fmt.Sprintf("waiting for machine %s to take the stage's authorities (it reports %s, the stage wants %s)", m.Name, rec, want)
 		}
@@ -357,7 +392,10 @@ func (r *Reconciler) advanceRotation(ctx context.Context, cluster *clusterv1.Clu
 			return false, err
 		}
 		r.Failpoints.Hit(engine.FailpointAfterSignerSwitch)
-		recordAuthority(cp, purpose, rt.new.Cert.Raw)
+		recordAuthority(cp, purpose, rt.new)
+		if rt.waiting = r.tokensOfOldKey(rt); rt.waiting != "" {
+			return false, nil
+		}
 	default:
 		if rt.waiting = rt.lagging(machines); rt.waiting != "" {
 			return false, nil
@@ -376,6 +414,23 @@ func (r *Reconciler) advanceRotation(ctx context.Context, cluster *clusterv1.Clu
 		}
 	}
 	return true, r.recordStage(ctx, cp, rt, nextStage[stage])
+}
+
+// tokensOfOldKey says, at SwitchSigner of a service-account key rotation,
+// until when the tokens the old key signed may still be valid: the stage
+// started once no API server signed with the old key any more, and no
+// token lives longer than ServiceAccountTokenLifetime. "" once none can
+// be.
+func (r *Reconciler) tokensOfOldKey(rt *rotation) string {
+	if rt.state.Kind != controlplanev1.CertificateAuthorityServiceAccountKey {
+		return ""
+	}
+	rt.until = rt.state.Since.Add(r.ServiceAccountTokenLifetime)
+	if !r.Now().Before(rt.until) {
+		return ""
+	}
+	return fmt.Sprintf("waiting until %s for the service-account tokens the old key signed to expire (the API servers' maximum token lifetime, %s, after the last one stopped signing with it)",
+		rt.until.UTC().Format(time.RFC3339), r.ServiceAccountTokenLifetime)
 }
 
 // authenticationConfigMap is where kube-apiserver publishes, in the
@@ -451,7 +506,7 @@ func keepRotatedAuthority(cp *controlplanev1.QuorumControlPlane, cas *certs.Clus
 		return err
 	}
 	if in := current(cas, st.Kind); st.Stage == controlplanev1.RotationSwitchSigner && in != nil && certs.KeyID(in.Cert) == st.New {
-		recordAuthority(cp, authorityOf[st.Kind].purpose, in.Cert.Raw)
+		recordAuthority(cp, authorityOf[st.Kind].purpose, in)
 	}
 	return nil
 }

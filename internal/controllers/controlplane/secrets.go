@@ -95,7 +95,7 @@ type replacedAuthorityError struct {
 func (e *replacedAuthorityError) Error() string {
 	return fmt.Sprintf("Secret %s holds another certificate authority than the one this control plane's machines were issued from (annotation %s); "+
 		"replacing an authority by hand is a rotation without its stages, which would cut the machines off from each other, so QCP does not use it "+
-		"and changes nothing while it is there: put the previous authority back in the Secret, and rotate it with spec.certificates.rotation (EtcdCA, ClusterCA, FrontProxyCA)",
+		"and changes nothing while it is there: put the previous authority back in the Secret, and rotate it with spec.certificates.rotation (EtcdCA, ClusterCA, FrontProxyCA, ServiceAccountKey)",
 		e.secret, AuthoritiesAnnotation)
 }
 
@@ -103,13 +103,13 @@ func (e *replacedAuthorityError) Error() string {
 // on cp, and records them if none are: a replaced one is refused. ext's
 // etcd CA, when etcd is external, is the owner's: its certificate counts.
 func keepAuthorities(cp *controlplanev1.QuorumControlPlane, cluster string, cas *certs.ClusterCAs, ext *externalEtcd) error {
-	now := map[secret.Purpose]string{secret.ClusterCA: authoritySum(cas.Cluster.Cert.Raw), secret.FrontProxyCA: authoritySum(cas.FrontProxy.Cert.Raw),
-		secret.ServiceAccount: authoritySum(cas.ServiceAccountPub)}
+	now := map[secret.Purpose]string{secret.ClusterCA: authoritySum(secret.ClusterCA, cas.Cluster), secret.FrontProxyCA: authoritySum(secret.FrontProxyCA, cas.FrontProxy),
+		secret.ServiceAccount: authoritySum(secret.ServiceAccount, cas.ServiceAccount)}
 	switch {
 	case ext != nil:
-		now[secret.EtcdCA] = authoritySum(ext.caCert)
+		now[secret.EtcdCA] = sum(ext.caCert)
 	case cas.Etcd != nil:
-		now[secret.EtcdCA] = authoritySum(cas.Etcd.Cert.Raw)
+		now[secret.EtcdCA] = authoritySum(secret.EtcdCA, cas.Etcd)
 	}
 	recorded, ok := cp.Annotations[AuthoritiesAnnotation]
 	if !ok {
@@ -133,12 +133,21 @@ func keepAuthorities(cp *controlplanev1.QuorumControlPlane, cluster string, cas 
 	return nil
 }
 
-// authoritySum is how AuthoritiesAnnotation names an authority.
-func authoritySum(data []byte) string { h := sha256.Sum256(data); return hex.EncodeToString(h[:8]) }
+// authoritySum is how AuthoritiesAnnotation names the authority of
+// purpose: by its certificate's DER, or the service-account key by its PEM
+// public key, as the Secret holds it.
+func authoritySum(purpose secret.Purpose, ca *certs.KeyPair) string {
+	if purpose == secret.ServiceAccount {
+		return sum(ca.CertPEM)
+	}
+	return sum(ca.Cert.Raw)
+}
 
-// recordAuthority records certDER as the authority of purpose in
+func sum(data []byte) string { h := sha256.Sum256(data); return hex.EncodeToString(h[:8]) }
+
+// recordAuthority records ca as the authority of purpose in
 // AuthoritiesAnnotation: a rotation's switch of the signer.
-func recordAuthority(cp *controlplanev1.QuorumControlPlane, purpose secret.Purpose, certDER []byte) {
+func recordAuthority(cp *controlplanev1.QuorumControlPlane, purpose secret.Purpose, ca *certs.KeyPair) {
 	recorded, ok := cp.Annotations[AuthoritiesAnnotation]
 	if !ok {
 		return // keepAuthorities records them all
@@ -146,7 +155,7 @@ func recordAuthority(cp *controlplanev1.QuorumControlPlane, purpose secret.Purpo
 	parts := strings.Split(recorded, ",")
 	for i, part := range parts {
 		if p, _, _ := strings.Cut(part, "="); p == string(purpose) {
-			parts[i] = p + "=" + authoritySum(certDER)
+			parts[i] = p + "=" + authoritySum(purpose, ca)
 		}
 	}
 	cp.Annotations[AuthoritiesAnnotation] = strings.Join(parts, ",")

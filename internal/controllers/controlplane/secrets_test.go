@@ -151,7 +151,7 @@ func testInvalidAuthority(t *testing.T, w secretsWorld) {
 			}
 			c := conditions.Get(cp, controlplanev1.CertificatesAvailableCondition)
 			if c == nil || c.Status != metav1.ConditionFalse || c.Reason != controlplanev1.CertificateAuthorityInvalidReason ||
-				!strings.Contains(c.Message, "Secret "+bad.Name) || !strings.Contains(c.Message, tc.problem) || !strings.Contains(c.Message, "put the authority's PEM certificate in tls.crt") {
+				!strings.Contains(c.Message, "Secret "+bad.Name) || !strings.Contains(c.Message, tc.problem) || !strings.Contains(c.Message, "in tls.crt and its PEM private key in tls.key") {
 				t.Errorf("CertificatesAvailable %+v; want False, %s, naming Secret %s, the problem (%s) and the fix",
 					c, controlplanev1.CertificateAuthorityInvalidReason, bad.Name, tc.problem)
 			}
@@ -197,10 +197,10 @@ func testCertificateAuthorities(t *testing.T, w secretsWorld) {
 			t.Errorf("the %s authority's key is a %T, want ECDSA P-256 (an RSA key takes tens of ms to generate)", name, ca.Key)
 		}
 	}
-	if len(cas.ServiceAccountKey) == 0 || len(cas.ServiceAccountPub) == 0 {
-		t.Error("no service-account key pair")
+	if cas.ServiceAccount == nil {
+		t.Fatal("no service-account key pair")
 	}
-	if block, _ := pem.Decode(cas.ServiceAccountKey); block == nil || block.Type != "EC PRIVATE KEY" {
+	if block, _ := pem.Decode(cas.ServiceAccount.KeyPEM); block == nil || block.Type != "EC PRIVATE KEY" {
 		t.Error("the service-account key is not an ECDSA key")
 	}
 

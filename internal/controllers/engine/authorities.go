@@ -2,7 +2,6 @@ package engine
 
 import (
 	"context"
-	"encoding/pem"
 	"fmt"
 
 	corev1 "k8s.io/api/core/v1"
@@ -19,7 +18,7 @@ type InvalidAuthorityError struct {
 }
 
 func (e *InvalidAuthorityError) Error() string {
-	return fmt.Sprintf("Secret %s cannot be used: %s; put the authority's PEM certificate in %s and its PEM private key in %s (or delete the Secret before any machine exists, and QCP generates it)",
+	return fmt.Sprintf("Secret %s cannot be used: %s; put the authority's PEM certificate (the service-account key's: its PEM public key) in %s and its PEM private key in %s (or delete the Secret before any machine exists, and QCP generates it)",
 		e.Secret, e.Problem, secret.TLSCrtDataName, secret.TLSKeyDataName)
 }
 
@@ -40,13 +39,7 @@ func CheckAuthoritySecret(ctx context.Context, c client.Client, cluster client.O
 			return &InvalidAuthorityError{Secret: name, Problem: key + " is missing or empty"}
 		}
 	}
-	if purpose == secret.ServiceAccount {
-		if block, _ := pem.Decode(s.Data[secret.TLSKeyDataName]); block == nil {
-			return &InvalidAuthorityError{Secret: name, Problem: secret.TLSKeyDataName + " is not a PEM private key"}
-		}
-		return nil
-	}
-	if _, err := certs.ParseKeyPair(s.Data[secret.TLSCrtDataName], s.Data[secret.TLSKeyDataName]); err != nil {
+	if _, err := certs.ParseAuthority(purpose, s.Data[secret.TLSCrtDataName], s.Data[secret.TLSKeyDataName]); err != nil {
 		return &InvalidAuthorityError{Secret: name, Problem: err.Error()}
 	}
 	return nil

@@ -53,18 +53,28 @@ var authorityLeaves = map[agent.AuthorityKind]struct {
 	agent.ClusterAuthorityKind: {[]string{"memory:node", "memory:admin", "apiserver.crt", "apiserver-kubelet-client.crt",
 		"controller-manager.conf", "controller-manager-serving.crt", "scheduler.conf", "scheduler-serving.crt", "agent-serving.crt"}, agent.ClusterTrustFile, ClusterAuthorityAnnotation},
 	agent.FrontProxyAuthorityKind: {[]string{"front-proxy-client.crt"}, agent.FrontProxyTrustFile, FrontProxyAuthorityAnnotation},
+	// No certificates: the report names the keys apart.
+	agent.ServiceAccountAuthorityKind: {nil, "", ServiceAccountAuthorityAnnotation},
 }
 
-// noAuthority is AuthorityAnnotation on a machine without leaves of the
+// NoAuthority is AuthorityAnnotation on a machine without leaves of the
 // kind.
-const noAuthority = "none"
+const NoAuthority = "none"
 
 // AuthorityOf is what a machine's report says of its authorities of kind
 // k (AuthorityAnnotation): "<issuer>/<trusted>".
 func AuthorityOf(rep agent.PKIReport, k agent.AuthorityKind) string {
+	if k == agent.ServiceAccountAuthorityKind {
+		keys := rep.ServiceAccountKeys
+		if keys == nil {
+			return NoAuthority
+		}
+		trusted := slices.Sorted(slices.Values(keys.Trusted))
+		return keys.Signer + "/" + strings.Join(slices.Compact(trusted), ",")
+	}
 	kind := authorityLeaves[k]
 	if _, ok := rep.Find(kind.leaves[0]); !ok {
-		return noAuthority
+		return NoAuthority
 	}
 	issuer := ""
 	for _, name := range kind.leaves {
@@ -92,7 +102,7 @@ func AuthorityOf(rep agent.PKIReport, k agent.AuthorityKind) string {
 // move that restarts no member.
 func AuthorityUpdate(machine *clusterv1.Machine, k agent.AuthorityKind, want string) quorum.AuthorityUpdate {
 	rec := machine.Annotations[AuthorityAnnotation(k)]
-	if want == "" || rec == "" || rec == noAuthority || rec == want {
+	if want == "" || rec == "" || rec == NoAuthority || rec == want {
 		return quorum.AuthorityCurrent
 	}
 	_, trusted, _ := strings.Cut(rec, "/")

@@ -85,6 +85,10 @@ const (
 	// authorities, on a machine that runs an API server ("none"
 	// elsewhere).
 	FrontProxyAuthorityAnnotation = "controlplane.cluster.x-k8s.io/qcp-front-proxy-authority"
+	// ServiceAccountAuthorityAnnotation is the same of the service-account
+	// keys, on a machine that runs kube-apiserver or
+	// kube-controller-manager: "<signing key>/<keys taken>".
+	ServiceAccountAuthorityAnnotation = "controlplane.cluster.x-k8s.io/qcp-service-account-authority"
 )
 
 // AuthorityAnnotation is the record of the machine's authorities of kind k.
