@@ -25,6 +25,11 @@ type PKI struct {
 	// without Kubernetes components); a cluster CA rotation replaces it.
 	clusterCA *certs.KeyPair
 
+	// clusterSigner is what kube-controller-manager signs certificate
+	// requests with, pki/ca.crt and ca.key: clusterCA, or from the first
+	// stage of a cluster CA rotation on, the new authority.
+	clusterSigner *certs.KeyPair
+
 	// frontProxyCA issues the API server's front-proxy client certificate
 	// (nil on a machine without an API server); a front-proxy CA rotation
 	// replaces it.
@@ -331,7 +336,13 @@ func (p *PKI) issueKubernetes(w *pkiWriter, m Machine, doc *bootstrap.Document, 
 	}
 	// kube-controller-manager signs CSRs with the CA key, as on kubeadm
 	// nodes; every reader that verifies trusts the bundle.
-	w.pair("ca", ca)
+	p.clusterSigner = ca
+	if c.ClusterSigner != nil {
+		if p.clusterSigner, err = parseCA(c.ClusterSigner, doc); err != nil {
+			return fmt.Errorf("certificates.clusterSigner: %w", err)
+		}
+	}
+	w.pair("ca", p.clusterSigner)
 	w.cert(ClusterTrustFile, p.clusterTrust)
 	if c.ServiceAccount != nil {
 		sa, err := certs.ServiceAccountKeyPair([]byte(c.ServiceAccount.PrivateKey))

@@ -59,6 +59,10 @@ type Authority struct {
 	CA bootstrap.CertKey `json:"ca"`
 	// Trust is a PEM bundle of authorities.
 	Trust string `json:"trust"`
+	// Signer, of the cluster kind only, is what kube-controller-manager
+	// signs certificate requests with, when not CA: a cluster CA rotation
+	// moves it to the new authority first. Trust holds it.
+	Signer *bootstrap.CertKey `json:"signer,omitempty"`
 }
 
 // AuthorityResult answers a PUT of an authority: the machine's
@@ -93,7 +97,32 @@ func (e Authority) parse(k AuthorityKind) (*certs.KeyPair, error) {
 	if err := certs.CheckBundle([]byte(e.Trust), ca); err != nil {
 		return nil, fmt.Errorf("trust: %w", err)
 	}
+	if _, err := e.signer(k, ca); err != nil {
+		return nil, err
+	}
 	return ca, nil
+}
+
+// signer is what kube-controller-manager signs certificate requests with
+// under the authority of kind k whose CA is ca: Signer, or ca.
+func (e Authority) signer(k AuthorityKind, ca *certs.KeyPair) (*certs.KeyPair, error) {
+	if e.Signer == nil {
+		return ca, nil
+	}
+	if k != ClusterAuthorityKind {
+		return nil, fmt.Errorf("signer: only the %s authority has one", ClusterAuthorityKind)
+	}
+	s, err := certs.ParseKeyPair([]byte(e.Signer.Cert), []byte(e.Signer.Key))
+	if err == nil && !s.Cert.IsCA {
+		err = errors.New("the certificate is not an authority")
+	}
+	if err == nil {
+		err = certs.CheckBundle([]byte(e.Trust), s)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("signer: %w", err)
+	}
+	return s, nil
 }
 
 func decodeAuthority(k AuthorityKind, r io.Reader) (Authority, *certs.KeyPair, error) {
@@ -131,7 +160,7 @@ func (a *machineCtx) loadAuthorities() error {
 		case EtcdAuthorityKind:
 			c.EtcdCA, c.EtcdTrust = &e.CA, e.Trust
 		case ClusterAuthorityKind:
-			c.ClusterCA, c.ClusterTrust = &e.CA, e.Trust
+			c.ClusterCA, c.ClusterTrust, c.ClusterSigner = &e.CA, e.Trust, e.Signer
 		case FrontProxyAuthorityKind:
 			c.FrontProxyCA, c.FrontProxyTrust = &e.CA, e.Trust
 		case ServiceAccountAuthorityKind:
@@ -188,7 +217,8 @@ func (a *machineCtx) putAuthority(ctx context.Context, k AuthorityKind, w http.R
 // at start), and kube-controller-manager too when the signer changed (it
 // signs legacy token Secrets with the private key). etcd is not touched.
 //
-// cluster: kube-apiserver restarts when the trust changed (it would
+// cluster: kube-controller-manager's signer (Signer, or the CA) is written
+// last, when it changed. kube-apiserver restarts when the trust changed (it would
 // reload its client CA bundle, but at a moment nothing reports) and
 // reloads its serving certificate; kube-controller-manager and
 // kube-scheduler, whose
@@ -213,7 +243,12 @@ func (a *machineCtx) setAuthority(ctx context.Context, k AuthorityKind, want Aut
 	}
 	wants, _ := certs.BundleKeyIDs([]byte(want.Trust))
 	trustChanged, signerChanged := had != wants, !from.Cert.Equal(ca.Cert)
-	if !trustChanged && !signerChanged {
+	csr, err := want.signer(k, ca)
+	if err != nil {
+		return fail("reading the signer", err)
+	}
+	csrChanged := k == ClusterAuthorityKind && !p.clusterSigner.Cert.Equal(csr.Cert)
+	if !trustChanged && !signerChanged && !csrChanged {
 		if res.Report, err = p.Report(); err != nil {
 			return fail("reporting", err)
 		}
@@ -242,6 +277,13 @@ func (a *machineCtx) setAuthority(ctx context.Context, k AuthorityKind, want Aut
 		if err := p.rewriteKubeconfigs(); err != nil {
 			return fail("writing the kubeconfigs", err)
 		}
+	}
+	if csrChanged {
+		// Last: kube-controller-manager, restarted below, signs with it.
+		if err := p.setClusterSigner(csr); err != nil {
+			return fail("writing the signer", err)
+		}
+		res.Moved = append(res.Moved, "ca.crt")
 	}
 	if a.adminPair != nil {
 		if err := a.adminPair.load(); err != nil {
@@ -347,9 +389,8 @@ func (p *PKI) trustOf(k AuthorityKind) []byte {
 // moveLeaves issues every leaf of the authority of kind k again from ca,
 // for its own key, and puts it in place; it returns their names. It stops
 // at the first failure; the leaves moved before it are valid under the
-// trust the manager set first, which holds both authorities. The cluster
-// CA's own pair (ca.crt and ca.key, which kube-controller-manager signs
-// with) is replaced last.
+// trust the manager set first, which holds both authorities. The
+// service-account key's pair has no leaves: its private key is written.
 func (p *PKI) moveLeaves(k AuthorityKind, ca *certs.KeyPair, now time.Time) ([]string, error) {
 	slot, _, _ := p.slots(k)
 	from := *slot
@@ -370,23 +411,32 @@ func (p *PKI) moveLeaves(k AuthorityKind, ca *certs.KeyPair, now time.Time) ([]s
 		l.ca, l.kp = ca, kp
 		moved = append(moved, l.name)
 	}
-	// Only the cluster CA's own pair is written under pki (for
-	// kube-controller-manager's signing), and the service-account key,
-	// which signs tokens: the agent keeps the others in memory, and the
-	// machine holds no front-proxy CA key file, as on kubeadm's nodes.
-	w := &pkiWriter{dir: p.Dir}
-	switch k {
-	case ClusterAuthorityKind:
-		w.pair("ca", ca)
-	case ServiceAccountAuthorityKind:
+	// The service-account key, which signs tokens, is written under pki;
+	// of the authorities only the cluster CA's signer is (setClusterSigner):
+	// the agent keeps the others in memory, and the machine holds no
+	// front-proxy CA key file, as on kubeadm's nodes.
+	if k == ServiceAccountAuthorityKind {
+		w := &pkiWriter{dir: p.Dir}
 		w.key(ServiceAccountKeyFile, ca.KeyPEM)
+		if w.err != nil {
+			return moved, w.err
+		}
 		moved = append(moved, ServiceAccountKeyFile)
-	}
-	if w.err != nil {
-		return moved, w.err
 	}
 	*slot = ca
 	return moved, nil
+}
+
+// setClusterSigner writes the authority kube-controller-manager signs
+// certificate requests with: pki/ca.crt and ca.key.
+func (p *PKI) setClusterSigner(ca *certs.KeyPair) error {
+	w := &pkiWriter{dir: p.Dir}
+	w.pair("ca", ca)
+	if w.err != nil {
+		return w.err
+	}
+	p.clusterSigner = ca
+	return nil
 }
 
 // rewriteKubeconfigs writes each kubeconfig again, with the trust bundle

@@ -18,8 +18,8 @@ import (
 // authority and trusts the saved bundle, not the bootstrap data's; a saved
 // file that does not parse fails the start, naming it.
 func TestSavedEtcdAuthorityOverridesBootstrap(t *testing.T) {
-	_, next, a, p := restartedMidRotation(t, EtcdAuthorityKind, func(_ *certs.ClusterCAs, next *certs.KeyPair) (*certs.KeyPair, []byte) {
-		return next, next.CertPEM
+	_, next, a, p := restartedMidRotation(t, EtcdAuthorityKind, func(_ *certs.ClusterCAs, next *certs.KeyPair) Authority {
+		return authorityOf(next, next.CertPEM)
 	})
 	dir := a.dir
 	rep, err := p.Report()
@@ -50,8 +50,8 @@ func TestSavedEtcdAuthorityOverridesBootstrap(t *testing.T) {
 // certificate and no other, and distrusting the old authority leaves the
 // new one alone in front-proxy-ca.crt.
 func TestFrontProxyAuthorityMovesItsLeafAlone(t *testing.T) {
-	cas, next, _, p := restartedMidRotation(t, FrontProxyAuthorityKind, func(cas *certs.ClusterCAs, next *certs.KeyPair) (*certs.KeyPair, []byte) {
-		return cas.FrontProxy, certs.Bundle(cas.FrontProxy, next)
+	cas, next, _, p := restartedMidRotation(t, FrontProxyAuthorityKind, func(cas *certs.ClusterCAs, next *certs.KeyPair) Authority {
+		return authorityOf(cas.FrontProxy, certs.Bundle(cas.FrontProxy, next))
 	})
 	now := time.Now()
 	both := certs.Bundle(cas.FrontProxy, next)
@@ -105,8 +105,8 @@ func TestFrontProxyAuthorityMovesItsLeafAlone(t *testing.T) {
 // bootstrap document whose public keys leave out its private key's is
 // refused, naming the field.
 func TestServiceAccountKeyRotationOnTheMachine(t *testing.T) {
-	cas, next, a, p := restartedMidRotation(t, ServiceAccountAuthorityKind, func(cas *certs.ClusterCAs, next *certs.KeyPair) (*certs.KeyPair, []byte) {
-		return cas.ServiceAccount, certs.Bundle(cas.ServiceAccount, next)
+	cas, next, a, p := restartedMidRotation(t, ServiceAccountAuthorityKind, func(cas *certs.ClusterCAs, next *certs.KeyPair) Authority {
+		return authorityOf(cas.ServiceAccount, certs.Bundle(cas.ServiceAccount, next))
 	})
 	old := cas.ServiceAccount
 	keys := func() PKIKeys {
@@ -171,11 +171,49 @@ func TestServiceAccountKeyRotationOnTheMachine(t *testing.T) {
 	}
 }
 
+// TestClusterSignerMovesFirst: at a cluster CA rotation's first stage
+// kube-controller-manager's signer (pki/ca.crt and ca.key) is the new
+// authority while every leaf still comes from the old one, and a machine
+// restarted then comes back so; a signer the trust bundle leaves out, or
+// on another kind of authority, is refused.
+func TestClusterSignerMovesFirst(t *testing.T) {
+	cas, next, _, p := restartedMidRotation(t, ClusterAuthorityKind, func(cas *certs.ClusterCAs, next *certs.KeyPair) Authority {
+		a := authorityOf(cas.Cluster, certs.Bundle(cas.Cluster, next))
+		a.Signer = &bootstrap.CertKey{Cert: string(next.CertPEM), Key: string(next.KeyPEM)}
+		return a
+	})
+	rep, err := p.Report()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c, ok := rep.Find("ca.crt"); !ok || c.KeyID != certs.KeyID(next.Cert) {
+		t.Errorf("ca.crt: %+v; want the new authority, which kube-controller-manager signs with", c)
+	}
+	if data, err := os.ReadFile(filepath.Join(p.Dir, "ca.key")); err != nil || string(data) != string(next.KeyPEM) {
+		t.Errorf("ca.key does not hold the new authority's key (%v)", err)
+	}
+	for _, name := range []string{"apiserver.crt", "controller-manager.conf", memoryNode} {
+		if c, ok := rep.Find(name); !ok || c.IssuerKeyID != certs.KeyID(cas.Cluster.Cert) {
+			t.Errorf("%s: %+v; want it still issued by the old authority", name, c)
+		}
+	}
+	bad := authorityOf(cas.Cluster, cas.Cluster.CertPEM)
+	bad.Signer = &bootstrap.CertKey{Cert: string(next.CertPEM), Key: string(next.KeyPEM)}
+	if _, err := bad.parse(ClusterAuthorityKind); err == nil || !strings.Contains(err.Error(), "signer") {
+		t.Errorf("a signer the bundle leaves out: %v; want it refused", err)
+	}
+	other := authorityOf(cas.FrontProxy, cas.FrontProxy.CertPEM)
+	other.Signer = &bootstrap.CertKey{Cert: string(cas.FrontProxy.CertPEM), Key: string(cas.FrontProxy.KeyPEM)}
+	if _, err := other.parse(FrontProxyAuthorityKind); err == nil || !strings.Contains(err.Error(), "signer") {
+		t.Errorf("a signer of the front-proxy authority: %v; want it refused", err)
+	}
+}
+
 // restartedMidRotation issues the certificates of a stacked machine that
 // starts with an authority of kind saved by a rotation (what saved picks
 // of its cluster's authorities and of a new one, next: the issuer and the
 // trust bundle), as a machine restarted in the middle of a rotation does.
-func restartedMidRotation(t *testing.T, kind AuthorityKind, saved func(cas *certs.ClusterCAs, next *certs.KeyPair) (*certs.KeyPair, []byte)) (*certs.ClusterCAs, *certs.KeyPair, *machineCtx, *PKI) {
+func restartedMidRotation(t *testing.T, kind AuthorityKind, saved func(cas *certs.ClusterCAs, next *certs.KeyPair) Authority) (*certs.ClusterCAs, *certs.KeyPair, *machineCtx, *PKI) {
 	t.Helper()
 	now := time.Now()
 	cas, err := certs.NewClusterCAs(now)
@@ -192,8 +230,7 @@ func restartedMidRotation(t *testing.T, kind AuthorityKind, saved func(cas *cert
 	dir := t.TempDir()
 	doc := bootstrap.NewStacked("c1", cas, "", bootstrap.NewMember())
 	a := &machineCtx{dir: dir, doc: doc, machine: Machine{Name: "m1", Namespace: "ns", Address: "127.0.0.9"}, log: slog.Default()}
-	issuer, trust := saved(cas, next)
-	data, err := json.Marshal(Authority{CA: bootstrap.CertKey{Cert: string(issuer.CertPEM), Key: string(issuer.KeyPEM)}, Trust: string(trust)})
+	data, err := json.Marshal(saved(cas, next))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -208,6 +245,11 @@ func restartedMidRotation(t *testing.T, kind AuthorityKind, saved func(cas *cert
 		t.Fatal(err)
 	}
 	return cas, next, a, p
+}
+
+// authorityOf is the Authority of issuer, trusting trust.
+func authorityOf(issuer *certs.KeyPair, trust []byte) Authority {
+	return Authority{CA: bootstrap.CertKey{Cert: string(issuer.CertPEM), Key: string(issuer.KeyPEM)}, Trust: string(trust)}
 }
 
 func mustBundleIDs(t *testing.T, bundle []byte) string {

@@ -56,6 +56,7 @@ func CAMaterialFrom(cas *certs.ClusterCAs) CAMaterial {
 	return CAMaterial{
 		ClusterCA:       certKey(cas.Cluster),
 		ClusterTrust:    string(cas.ClusterTrust),
+		ClusterSigner:   certKey(cas.ClusterSigner),
 		EtcdCA:          certKey(cas.Etcd),
 		EtcdTrust:       string(cas.EtcdTrust),
 		FrontProxyCA:    certKey(cas.FrontProxy),

@@ -1,6 +1,7 @@
 package bootstrap
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"net"
@@ -264,6 +265,10 @@ func (d *Document) validateCAs() []FieldError {
 	}
 	bundle("certificates.etcdTrust", c.EtcdTrust, c.EtcdCA, "certificates.etcdCA")
 	bundle("certificates.clusterTrust", c.ClusterTrust, c.ClusterCA, "certificates.clusterCA")
+	need("certificates.clusterSigner", c.ClusterSigner, false, "")
+	if c.ClusterSigner != nil && c.ClusterCA != nil {
+		bundle("certificates.clusterTrust", cmp.Or(c.ClusterTrust, c.ClusterCA.Cert), c.ClusterSigner, "certificates.clusterSigner")
+	}
 	bundle("certificates.frontProxyTrust", c.FrontProxyTrust, c.FrontProxyCA, "certificates.frontProxyCA")
 	need("certificates.frontProxyCA", c.FrontProxyCA, d.Runs(KubeAPIServer), "kube-apiserver needs the front-proxy CA")
 	needSA := d.Runs(KubeAPIServer) || d.Runs(KubeControllerManager)

@@ -137,8 +137,15 @@ type CAMaterial struct {
 	// machine's components and clients trust; it holds ClusterCA's
 	// certificate. Empty: ClusterCA's alone. A cluster CA rotation
 	// trusts the old and the new authority beside each other.
-	ClusterTrust string   `json:"clusterTrust,omitempty"`
-	EtcdCA       *CertKey `json:"etcdCA,omitempty"`
+	ClusterTrust string `json:"clusterTrust,omitempty"`
+	// ClusterSigner is the authority kube-controller-manager signs
+	// certificate requests with (the Nodes' kubelet certificates): pki/ca.crt
+	// and ca.key. Empty: ClusterCA. A cluster CA rotation moves it to the
+	// new authority from its first stage on, before the leaves, so that a
+	// worker that joins during the rotation gets a certificate that
+	// survives it; clusterTrust then holds it.
+	ClusterSigner *CertKey `json:"clusterSigner,omitempty"`
+	EtcdCA        *CertKey `json:"etcdCA,omitempty"`
 	// EtcdTrust is the PEM bundle of the authorities etcd's client and
 	// peer ports and every etcd client of the machine trust; it holds
 	// EtcdCA's certificate. Empty: EtcdCA's alone. An etcd CA rotation

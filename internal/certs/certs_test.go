@@ -16,6 +16,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/tools/clientcmd"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/secret"
 )
 
 func TestIssuedCertificatesVerifyAgainstTheirCA(t *testing.T) {
@@ -326,6 +327,15 @@ func TestServiceAccountKeyPair(t *testing.T) {
 	rsaPriv := pem.EncodeToMemory(&pem.Block{Type: "RSA PRIVATE KEY", Bytes: x509.MarshalPKCS1PrivateKey(rsaKey)})
 	if _, err := ParseServiceAccountKeyPair(rsaPub, rsaPriv); err != nil {
 		t.Errorf("CAPI's RSA format: %v", err)
+	}
+	// The rotation's Secrets of the key hold it in the same format.
+	for _, purpose := range []secret.Purpose{secret.ServiceAccount, "sa-next", "sa-previous"} {
+		if kp, err := ParseAuthority(purpose, a.CertPEM, a.KeyPEM); err != nil || !kp.Cert.Equal(a.Cert) {
+			t.Errorf("ParseAuthority(%s): %v", purpose, err)
+		}
+	}
+	if _, err := ParseAuthority("ca-next", a.CertPEM, a.KeyPEM); err == nil {
+		t.Error("a service-account key was taken for a certificate authority")
 	}
 	both := Bundle(a, b)
 	ids, err := BundleKeyIDs(both)

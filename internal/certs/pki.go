@@ -23,7 +23,11 @@ type ClusterCAs struct {
 	// and kubeconfigs trust, which holds Cluster's certificate; nil:
 	// Cluster's alone. It holds two while a cluster CA rotation runs.
 	ClusterTrust []byte
-	Etcd         *KeyPair
+	// ClusterSigner is the authority kube-controller-manager signs
+	// certificate requests with; nil: Cluster. A cluster CA rotation moves
+	// it to the new authority at its first stage.
+	ClusterSigner *KeyPair
+	Etcd          *KeyPair
 	// EtcdTrust is the PEM bundle of the etcd authorities machines trust,
 	// which holds Etcd's certificate; nil: Etcd's alone. It holds two
 	// while an etcd CA rotation runs.

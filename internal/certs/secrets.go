@@ -2,6 +2,7 @@ package certs
 
 import (
 	"fmt"
+	"strings"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -82,11 +83,13 @@ func clusterCAsFromSecrets(cluster string, byName map[string]*corev1.Secret, wit
 	return &cas, nil
 }
 
-// ParseAuthority parses the PEM pair of an authority's Secret of purpose:
-// a certificate and its key, or for the service-account key (secret.ServiceAccount) a
-// public key and its private key (ParseServiceAccountKeyPair).
+// ParseAuthority parses the PEM pair of an authority's Secret of purpose,
+// or of a rotation's Secret of it (<purpose>-next, <purpose>-previous): a
+// certificate and its key, or for the service-account key
+// (secret.ServiceAccount) a public key and its private key
+// (ParseServiceAccountKeyPair).
 func ParseAuthority(purpose secret.Purpose, crt, key []byte) (*KeyPair, error) {
-	if purpose == secret.ServiceAccount {
+	if base, _, _ := strings.Cut(string(purpose), "-"); secret.Purpose(base) == secret.ServiceAccount {
 		return ParseServiceAccountKeyPair(crt, key)
 	}
 	return ParseKeyPair(crt, key)

@@ -23,12 +23,14 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"k8s.io/client-go/transport"
+	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/conditions"
 	"sigs.k8s.io/cluster-api/util/secret"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
+	infrav1 "github.com/qcp-dev/qcp/api/infrastructure/v1alpha1"
 	"github.com/qcp-dev/qcp/internal/agent"
 	"github.com/qcp-dev/qcp/internal/certs"
 	"github.com/qcp-dev/qcp/internal/controllers/engine"
@@ -377,7 +379,10 @@ func (s *scenario) sameMachines(before []clusterv1.Machine) func(context.Context
 // plane, on the shared management cluster, under the writer, the monitor
 // and an API probe that re-reads <cluster>-kubeconfig before every request
 // (a client that takes the re-issued kubeconfig). QCP generates the new
-// authority. Every stage is announced by an event, and each stage that
+// authority. A worker Machine created before the rotation holds it at
+// TrustBoth until it is gone, while one created later does not, and a
+// Node's certificate request is signed by the new authority then
+// (checkWorkersGate). Every stage is announced by an event, and each stage that
 // lasts is seen in status. At the end no certificate on any machine, by its
 // agent and by its files, is or chains to the old authority, nor does the
 // kubeconfig, kube-root-ca.crt or extension-apiserver-authentication hold
@@ -387,16 +392,17 @@ func (s *scenario) sameMachines(before []clusterv1.Machine) func(context.Context
 // authenticating proxy's request, with a front-proxy-client certificate
 // and X-Remote-User) of the old authority is taken before and refused
 // after, one of the new is taken, and no machine file or
-// extension-apiserver-authentication holds the old authority. Through
-// both, no machine was replaced, no acknowledged write was lost, and the
+// extension-apiserver-authentication holds the old authority. Then the
+// service-account key (rotateServiceAccountKey). Through all three, no
+// machine was replaced, no acknowledged write was lost, and the
 // probe never went more than 5 s without an answer.
 func TestClusterCARotation(t *testing.T) {
 	mgmt := requireShared(t)
-	parallel(t, 6*time.Minute)
+	parallel(t, 10*time.Minute)
 	s := newScenario(t, mgmt, "rotate-ca", 3)
 	s.startTraffic(3)
 	s.waitAvailable(convergeTimeout, 3)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
 	before, err := s.machines(ctx)
 	if err != nil {
@@ -404,7 +410,17 @@ func TestClusterCARotation(t *testing.T) {
 	}
 	oldCA := s.secretAuthority(ctx, secret.ClusterCA)
 	probe := s.startAPIProbe(true)
-	s.rotateAuthority(ctx, controlplanev1.CertificateAuthorityClusterCA, "1")
+	oldWorker := s.createAbsentWorker(ctx, "old-worker")
+	var young *clusterv1.Machine
+	s.rotateAuthority(ctx, controlplanev1.CertificateAuthorityClusterCA, "1", func(ctx context.Context, stage controlplanev1.CertificateRotationStage) {
+		if stage == controlplanev1.RotationTrustBoth {
+			young = s.checkWorkersGate(ctx, oldWorker)
+		}
+	})
+	if young == nil {
+		t.Fatal("the cluster CA rotation was never seen at TrustBoth")
+	}
+	s.deleteWorker(ctx, young)
 	s.waitAvailable(5*time.Minute, 3)
 	newCA := s.secretAuthority(ctx, secret.ClusterCA)
 	if newCA.Cert.Equal(oldCA.Cert) {
@@ -418,7 +434,7 @@ func TestClusterCARotation(t *testing.T) {
 	// authority is taken before and refused after.
 	oldFP := s.secretAuthority(ctx, secret.FrontProxyCA)
 	s.checkRequestHeaderClient(ctx, oldFP, true)
-	s.rotateAuthority(ctx, controlplanev1.CertificateAuthorityFrontProxyCA, "2")
+	s.rotateAuthority(ctx, controlplanev1.CertificateAuthorityFrontProxyCA, "2", nil)
 	s.waitAvailable(5*time.Minute, 3)
 	newFP := s.secretAuthority(ctx, secret.FrontProxyCA)
 	if newFP.Cert.Equal(oldFP.Cert) {
@@ -429,6 +445,9 @@ func TestClusterCARotation(t *testing.T) {
 	s.checkMachinesFreeOf(ctx, s.etcdAgentTLS(), oldFP, "front-proxy CA", nil)
 	s.checkRequestHeaderClient(ctx, newFP, true)
 	s.checkRequestHeaderClient(ctx, oldFP, false)
+
+	// Then the service-account key, with tokens of the old key.
+	s.rotateServiceAccountKey(ctx)
 	if err := s.sameMachines(before)(ctx); err != nil {
 		t.Error(err)
 		for _, reason := range []string{"RemoveMember", "CreateMachine", "DeleteMachine"} {
@@ -443,8 +462,10 @@ func TestClusterCARotation(t *testing.T) {
 
 // rotateAuthority asks for a rotation of kind with trigger and waits for
 // it to complete; every stage must be announced by an event, and each
-// stage that lasts must be seen in status.
-func (s *scenario) rotateAuthority(ctx context.Context, kind controlplanev1.CertificateAuthorityKind, trigger string) {
+// stage that lasts must be seen in status. atStage, if not nil, is called
+// the first time each stage is seen.
+func (s *scenario) rotateAuthority(ctx context.Context, kind controlplanev1.CertificateAuthorityKind, trigger string,
+	atStage func(context.Context, controlplanev1.CertificateRotationStage)) {
 	s.t.Helper()
 	s.patchControlPlane(ctx, func(cp *controlplanev1.QuorumControlPlane) {
 		cp.Spec.Certificates.Rotation = &controlplanev1.CertificateRotation{Kind: kind, Trigger: trigger}
@@ -461,6 +482,9 @@ func (s *scenario) rotateAuthority(ctx context.Context, kind controlplanev1.Cert
 		}
 		if !seen[st.Stage] {
 			s.t.Logf("%s: %s stage %s since %s", time.Now().Format("15:04:05.000"), kind, st.Stage, st.StageStartTime.Format(time.TimeOnly))
+			if atStage != nil && st.Kind == kind {
+				atStage(ctx, st.Stage)
+			}
 		}
 		seen[st.Stage] = true
 		if st.Stage != controlplanev1.RotationCompleted || st.Kind != kind {
@@ -705,4 +729,85 @@ func (s *scenario) checkMachinesFreeOf(ctx context.Context, via *tls.Config, old
 			s.t.Error(err)
 		}
 	}
+}
+
+// createAbsentWorker creates a worker Machine of the scenario's cluster
+// whose infrastructure never comes (a ProcessMachine that does not
+// exist): what a rotation sees of a worker is its Machine, and QCP must
+// wait for an old one whatever runs it.
+func (s *scenario) createAbsentWorker(ctx context.Context, suffix string) *clusterv1.Machine {
+	s.t.Helper()
+	m := &clusterv1.Machine{
+		ObjectMeta: metav1.ObjectMeta{Name: s.name + "-" + suffix, Namespace: ns, Labels: map[string]string{clusterv1.ClusterNameLabel: s.name}},
+		Spec: clusterv1.MachineSpec{
+			ClusterName: s.name, Version: version, Bootstrap: clusterv1.Bootstrap{DataSecretName: ptr.To(s.name + "-" + suffix + "-absent")},
+			InfrastructureRef: clusterv1.ContractVersionedObjectReference{APIGroup: infrav1.GroupVersion.Group, Kind: "ProcessMachine", Name: s.name + "-" + suffix + "-absent"},
+		},
+	}
+	if err := s.c.Create(ctx, m); err != nil {
+		s.t.Fatal(err)
+	}
+	return m
+}
+
+// checkWorkersGate checks, during a cluster CA rotation's TrustBoth, that
+// once every control plane machine took the stage the rotation waits for
+// old, a worker created before, naming it; that kube-controller-manager
+// then signs a Node's certificate request with the new authority; that a
+// worker created now is not waited for; and that deleting old lets the
+// rotation go on. It returns the new worker, for the caller to delete.
+func (s *scenario) checkWorkersGate(ctx context.Context, old *clusterv1.Machine) *clusterv1.Machine {
+	s.t.Helper()
+	s.eventually(10*time.Minute, "the rotation waiting for worker "+old.Name, func(ctx context.Context) error {
+		cp, err := s.controlPlane(ctx)
+		if err != nil {
+			return err
+		}
+		if st := cp.Status.CertificateRotation; st == nil || st.Stage != controlplanev1.RotationTrustBoth || !strings.Contains(st.Message, old.Name) {
+			return fmt.Errorf("status.certificateRotation %+v", st)
+		}
+		return nil
+	})
+	newCA := s.secretAuthority(ctx, "ca-next")
+	wl, err := s.workload(ctx)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	certPEM, _ := nodeClientCertificate(ctx, s.t, wl, "qcp-e2e-rotation-worker")
+	c, err := certs.ParseCert(certPEM)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	if certs.IssuerKeyID(c) != certs.KeyID(newCA.Cert) {
+		s.t.Errorf("a Node's certificate request at TrustBoth was signed by authority %s; want the new one, %s", certs.IssuerKeyID(c), certs.KeyID(newCA.Cert))
+	}
+	young := s.createAbsentWorker(ctx, "young-worker")
+	s.holds(5*time.Second, "the rotation held at TrustBoth while worker "+old.Name+" exists", func(ctx context.Context) error {
+		cp, err := s.controlPlane(ctx)
+		if err != nil {
+			return err
+		}
+		if st := cp.Status.CertificateRotation; st == nil || st.Stage != controlplanev1.RotationTrustBoth || strings.Contains(st.Message, young.Name) {
+			return fmt.Errorf("status.certificateRotation %+v", st)
+		}
+		return nil
+	})
+	if err := s.c.Delete(ctx, old); err != nil {
+		s.t.Fatal(err)
+	}
+	return young
+}
+
+// deleteWorker deletes m and waits until it is gone.
+func (s *scenario) deleteWorker(ctx context.Context, m *clusterv1.Machine) {
+	s.t.Helper()
+	if err := s.c.Delete(ctx, m); client.IgnoreNotFound(err) != nil {
+		s.t.Fatal(err)
+	}
+	s.eventually(2*time.Minute, "worker "+m.Name+" gone", func(ctx context.Context) error {
+		if err := s.c.Get(ctx, client.ObjectKeyFromObject(m), &clusterv1.Machine{}); !apierrors.IsNotFound(err) {
+			return fmt.Errorf("still there (%v)", err)
+		}
+		return nil
+	})
 }

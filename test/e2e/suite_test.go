@@ -163,7 +163,8 @@ func startManagement(binDir, addrs string, args []string, opts localenv.Options)
 // startManager starts qcp-manager with failpoint armed ("" for none). An
 // armed manager may reach its failpoint, and kill itself, while starting.
 func (m *management) startManager(ctx context.Context, failpoint string) error {
-	args := []string{"--address-range=" + m.addressRange, "--etcd-client-certificate-lifetime=" + managerEtcdClientLifetime.String()}
+	args := []string{"--address-range=" + m.addressRange, "--etcd-client-certificate-lifetime=" + managerEtcdClientLifetime.String(),
+		"--service-account-token-lifetime=" + serviceAccountTokenLifetime.String()}
 	opts := localenv.ManagerOptions{
 		Path:      filepath.Join(m.binDir, "qcp-manager"),
 		ExtraArgs: append(args, m.managerArgs...),

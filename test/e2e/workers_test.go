@@ -571,7 +571,7 @@ func clusterCA(ctx context.Context, t *testing.T, s *scenario) []byte {
 
 // nodeClientCertificate asks through cs, as a kubelet does, for a client
 // certificate of node name, and returns it once approved and signed.
-func nodeClientCertificate(ctx context.Context, t *testing.T, cs kubernetes.Interface, name string) (certPEM, keyPEM []byte) {
+func nodeClientCertificate(ctx context.Context, t testing.TB, cs kubernetes.Interface, name string) (certPEM, keyPEM []byte) {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {

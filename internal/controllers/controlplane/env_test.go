@@ -23,6 +23,7 @@ func TestAgainstRealParts(t *testing.T) {
 	t.Run("remediation", func(t *testing.T) { testRemediationAgainstRealParts(t, env) })
 	t.Run("adopting a machine whose etcd cannot be read", func(t *testing.T) { testAdoptedMachineWithUnreadableEtcdIsKept(t, env) })
 	t.Run("the health check's name", func(t *testing.T) { testHealthCheckNames(t, env) })
+	t.Run("old workers during a cluster CA rotation", func(t *testing.T) { testOldWorkers(t, env) })
 }
 
 // createPausedControlPlane creates Cluster name in namespace default,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -11,6 +12,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/collections"
 	"sigs.k8s.io/cluster-api/util/secret"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
@@ -82,6 +84,11 @@ type rotationState struct {
 	// Old and New are the authorities' key identifiers.
 	Old string `json:"old"`
 	New string `json:"new"`
+	// SignersMoved, in a cluster CA rotation, is when every control plane
+	// machine's kube-controller-manager first signed certificate requests
+	// with the new authority (the end of TrustBoth's machine steps): the
+	// workers created until then hold kubelet certificates of the old one.
+	SignersMoved time.Time `json:"signersMoved,omitzero"`
 }
 
 func (s rotationState) running() bool {
@@ -111,7 +118,12 @@ func stageDoes(kind controlplanev1.CertificateAuthorityKind, stage controlplanev
 	}
 	switch stage {
 	case controlplanev1.RotationTrustBoth:
-		return fmt.Sprintf("every machine trusts the new %s beside the old one (%s, one machine at a time)", what, restarts)
+		does := fmt.Sprintf("every machine trusts the new %s beside the old one (%s, one machine at a time)", what, restarts)
+		if kind == controlplanev1.CertificateAuthorityClusterCA {
+			does += "; kube-controller-manager signs the Nodes' certificates with the new one, and the worker machines created before it does " +
+				"must be replaced (a MachineDeployment rollout) before Reissue: their kubelets trust the old one alone"
+		}
+		return does
 	case controlplanev1.RotationReissue:
 		return fmt.Sprintf("every certificate of the %s is issued again from the new one, one machine at a time; "+
 			"%s that trusts only the old %s fails from now on: give it both (the %s-next Secret's tls.crt)", what, clients, what, secretName)
@@ -168,16 +180,36 @@ func (rt *rotation) trust() []byte {
 	return certs.Bundle(rt.old, rt.new)
 }
 
+// csrSigner is, in a cluster CA rotation, the authority
+// kube-controller-manager signs certificate requests with: the new one from
+// the first stage on, so that a worker that joins during TrustBoth (and
+// trusts both, from cluster-info) gets a kubelet certificate that
+// survives Distrust. nil for other kinds.
+func (rt *rotation) csrSigner() *certs.KeyPair {
+	if rt.state.Kind != controlplanev1.CertificateAuthorityClusterCA {
+		return nil
+	}
+	return rt.new
+}
+
 // want is what a machine at the stage reports (engine.AuthorityAnnotation).
 func (rt *rotation) want() string {
 	ids, _ := certs.BundleKeyIDs(rt.trust())
-	return certs.KeyID(rt.signer().Cert) + "/" + ids
+	rec := certs.KeyID(rt.signer().Cert) + "/" + ids
+	if csr := rt.csrSigner(); csr != nil {
+		rec += "/" + certs.KeyID(csr.Cert)
+	}
+	return rec
 }
 
 // authority is what SetAuthority gives a machine at the stage.
 func (rt *rotation) authority() *agent.Authority {
 	s := rt.signer()
-	return &agent.Authority{CA: bootstrap.CertKey{Cert: string(s.CertPEM), Key: string(s.KeyPEM)}, Trust: string(rt.trust())}
+	a := &agent.Authority{CA: bootstrap.CertKey{Cert: string(s.CertPEM), Key: string(s.KeyPEM)}, Trust: string(rt.trust())}
+	if csr := rt.csrSigner(); csr != nil {
+		a.Signer = &bootstrap.CertKey{Cert: string(csr.CertPEM), Key: string(csr.KeyPEM)}
+	}
+	return a
 }
 
 func readRotation(cp *controlplanev1.QuorumControlPlane) (rotationState, error) {
@@ -309,20 +341,10 @@ func (r *Reconciler) writeAuthoritySecret(ctx context.Context, cluster client.Ob
 // with an event, and reaches the stage's failpoint.
 func (r *Reconciler) recordStage(ctx context.Context, cp *controlplanev1.QuorumControlPlane, rt *rotation, stage controlplanev1.CertificateRotationStage) error {
 	rt.state.Stage, rt.state.Since = stage, r.Now().UTC().Truncate(time.Second)
-	data, err := json.Marshal(rt.state)
-	if err != nil {
-		return err
+	if err := r.saveRotation(ctx, cp, rt); err != nil {
+		return fmt.Errorf("recording stage %s of the %s rotation: %w", stage, rt.state.Kind, err)
 	}
-	// The stage and the authorities in use, together, in merge patches of
-	// their own: a copy is patched, so that the server's answer does not
-	// replace what this round set on cp and writes at its end.
-	cp.Annotations[RotationAnnotation] = string(data)
 	rt.setStatus(cp)
-	meta, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{
-		RotationAnnotation: string(data), AuthoritiesAnnotation: cp.Annotations[AuthoritiesAnnotation]}}})
-	if err != nil {
-		return err
-	}
 	// A merge patch keeps a key it does not name: the message of the
 	// last stage is removed by name.
 	rot := map[string]any{"kind": rt.state.Kind, "trigger": rt.state.Trigger, "stage": stage,
@@ -334,9 +356,6 @@ func (r *Reconciler) recordStage(ctx context.Context, cp *controlplanev1.QuorumC
 	if err != nil {
 		return err
 	}
-	if err := r.Client.Patch(ctx, cp.DeepCopy(), client.RawPatch(types.MergePatchType, meta)); err != nil {
-		return fmt.Errorf("recording stage %s of the %s rotation: %w", stage, rt.state.Kind, err)
-	}
 	if err := r.Client.Status().Patch(ctx, cp.DeepCopy(), client.RawPatch(types.MergePatchType, status)); err != nil {
 		return fmt.Errorf("recording stage %s of the %s rotation in status: %w", stage, rt.state.Kind, err)
 	}
@@ -344,6 +363,24 @@ func (r *Reconciler) recordStage(ctx context.Context, cp *controlplanev1.QuorumC
 	log.FromContext(ctx).Info("CA rotation stage recorded", "kind", rt.state.Kind, "stage", stage, "trigger", rt.state.Trigger, "old", rt.state.Old, "new", rt.state.New)
 	r.Failpoints.Hit(engine.FailpointRotationRecorded + string(stage))
 	return nil
+}
+
+// saveRotation records the rotation's state, and the authorities in use,
+// on the control plane at once, in a merge patch of their own: a copy is
+// patched, so that the server's answer does not replace what this round
+// set on cp and writes at its end.
+func (r *Reconciler) saveRotation(ctx context.Context, cp *controlplanev1.QuorumControlPlane, rt *rotation) error {
+	data, err := json.Marshal(rt.state)
+	if err != nil {
+		return err
+	}
+	cp.Annotations[RotationAnnotation] = string(data)
+	meta, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{
+		RotationAnnotation: string(data), AuthoritiesAnnotation: cp.Annotations[AuthoritiesAnnotation]}}})
+	if err != nil {
+		return err
+	}
+	return r.Client.Patch(ctx, cp.DeepCopy(), client.RawPatch(types.MergePatchType, meta))
 }
 
 // setStatus mirrors the state into status.certificateRotation.
@@ -400,6 +437,12 @@ func (r *Reconciler) advanceRotation(ctx context.Context, cluster *clusterv1.Clu
 		if rt.waiting = rt.lagging(machines); rt.waiting != "" {
 			return false, nil
 		}
+		if stage == controlplanev1.RotationTrustBoth && rt.state.Kind == controlplanev1.CertificateAuthorityClusterCA {
+			waiting, err := r.oldWorkers(ctx, cluster, cp, rt)
+			if rt.waiting = waiting; waiting != "" || err != nil {
+				return false, err
+			}
+		}
 	}
 	if stage == controlplanev1.RotationDistrust {
 		waiting, err := r.distrustPublished(ctx, cluster, cp, rt)
@@ -414,6 +457,42 @@ func (r *Reconciler) advanceRotation(ctx context.Context, cluster *clusterv1.Clu
 		}
 	}
 	return true, r.recordStage(ctx, cp, rt, nextStage[stage])
+}
+
+// oldWorkers says, at the end of a cluster CA rotation's TrustBoth, which
+// worker machines the rotation waits to see replaced before Reissue: those
+// created before every control plane machine's kube-controller-manager
+// signed with the new authority (recorded, the first time, as
+// SignersMoved). Such a worker's kubelet trusts the old authority alone
+// (the ca.crt it took from cluster-info) and holds a certificate of it:
+// from Reissue on the API servers serve certificates of the new one, and
+// from Distrust they refuse its certificate. QCP cannot change a kubelet's
+// files; the worker's owner replaces it (a MachineDeployment rollout). A
+// worker created later joined trusting both (cluster-info holds both from
+// TrustBoth on) with a certificate of the new authority, and survives the
+// rest. "" once none is left.
+func (r *Reconciler) oldWorkers(ctx context.Context, cluster *clusterv1.Cluster, cp *controlplanev1.QuorumControlPlane, rt *rotation) (string, error) {
+	if rt.state.SignersMoved.IsZero() {
+		rt.state.SignersMoved = r.Now().UTC().Truncate(time.Second)
+		if err := r.saveRotation(ctx, cp, rt); err != nil {
+			return "", err
+		}
+	}
+	all, err := collections.GetFilteredMachinesForCluster(ctx, r.APIReader, cluster)
+	if err != nil {
+		return "", fmt.Errorf("listing the machines of cluster %s: %w", klogRef(cluster), err)
+	}
+	// A creation time has whole seconds: one in the second the signers
+	// moved counts as before.
+	old := all.Filter(collections.Not(collections.ControlPlaneMachines(cluster.Name)), collections.Not(engine.EtcdMachines),
+		func(m *clusterv1.Machine) bool { return !m.CreationTimestamp.After(rt.state.SignersMoved) })
+	if old.Len() == 0 {
+		return "", nil
+	}
+	return fmt.Sprintf("waiting for the worker machines created before %s, when every kube-controller-manager signed with the new cluster CA, to be replaced: "+
+		"their kubelets trust the old authority alone, and from Reissue on the API servers serve certificates of the new one; "+
+		"roll out their MachineDeployments (for example clusterctl alpha rollout restart machinedeployment/<name>): %s",
+		rt.state.SignersMoved.Format(time.RFC3339), strings.Join(sortedNames(old), ", ")), nil
 }
 
 // tokensOfOldKey says, at SwitchSigner of a service-account key rotation,
@@ -524,4 +603,7 @@ func mirrorRotation(cp *controlplanev1.QuorumControlPlane) {
 func (rt *rotation) apply(cas *certs.ClusterCAs) {
 	ca, trust := fieldsOf(cas, rt.state.Kind)
 	*ca, *trust = rt.signer(), rt.trust()
+	if csr := rt.csrSigner(); csr != nil {
+		cas.ClusterSigner = csr
+	}
 }

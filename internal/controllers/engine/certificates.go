@@ -42,19 +42,21 @@ type PKIRecords struct {
 
 // authorityLeaves are, by kind, the leaves a machine issues from that
 // authority, as the agent's report names them, the trust bundle it keeps,
-// and the annotation that records them (AuthorityAnnotation); a machine
-// without the first leaf has none of that kind.
+// the annotation that records them (AuthorityAnnotation), and the
+// authority kube-controller-manager signs certificate requests with ("" for
+// none); a machine without the first leaf has none of that kind.
 var authorityLeaves = map[agent.AuthorityKind]struct {
 	leaves     []string
 	trust      string
 	annotation string
+	signer     string
 }{
-	agent.EtcdAuthorityKind: {[]string{"etcd/server.crt", "etcd/peer.crt", etcdClientFile, "memory:etcd-client"}, "etcd/ca.crt", EtcdAuthorityAnnotation},
+	agent.EtcdAuthorityKind: {[]string{"etcd/server.crt", "etcd/peer.crt", etcdClientFile, "memory:etcd-client"}, "etcd/ca.crt", EtcdAuthorityAnnotation, ""},
 	agent.ClusterAuthorityKind: {[]string{"memory:node", "memory:admin", "apiserver.crt", "apiserver-kubelet-client.crt",
-		"controller-manager.conf", "controller-manager-serving.crt", "scheduler.conf", "scheduler-serving.crt", "agent-serving.crt"}, agent.ClusterTrustFile, ClusterAuthorityAnnotation},
-	agent.FrontProxyAuthorityKind: {[]string{"front-proxy-client.crt"}, agent.FrontProxyTrustFile, FrontProxyAuthorityAnnotation},
+		"controller-manager.conf", "controller-manager-serving.crt", "scheduler.conf", "scheduler-serving.crt", "agent-serving.crt"}, agent.ClusterTrustFile, ClusterAuthorityAnnotation, "ca.crt"},
+	agent.FrontProxyAuthorityKind: {[]string{"front-proxy-client.crt"}, agent.FrontProxyTrustFile, FrontProxyAuthorityAnnotation, ""},
 	// No certificates: the report names the keys apart.
-	agent.ServiceAccountAuthorityKind: {nil, "", ServiceAccountAuthorityAnnotation},
+	agent.ServiceAccountAuthorityKind: {nil, "", ServiceAccountAuthorityAnnotation, ""},
 }
 
 // NoAuthority is AuthorityAnnotation on a machine without leaves of the
@@ -62,7 +64,8 @@ var authorityLeaves = map[agent.AuthorityKind]struct {
 const NoAuthority = "none"
 
 // AuthorityOf is what a machine's report says of its authorities of kind
-// k (AuthorityAnnotation): "<issuer>/<trusted>".
+// k (AuthorityAnnotation): "<issuer>/<trusted>", and of the cluster kind
+// "<issuer>/<trusted>/<kube-controller-manager's signer>".
 func AuthorityOf(rep agent.PKIReport, k agent.AuthorityKind) string {
 	if k == agent.ServiceAccountAuthorityKind {
 		keys := rep.ServiceAccountKeys
@@ -92,7 +95,12 @@ func AuthorityOf(rep agent.PKIReport, k agent.AuthorityKind) string {
 		trusted = append(trusted, c.KeyID)
 	}
 	slices.Sort(trusted)
-	return issuer + "/" + strings.Join(slices.Compact(trusted), ",")
+	rec := issuer + "/" + strings.Join(slices.Compact(trusted), ",")
+	if kind.signer != "" {
+		c, _ := rep.Find(kind.signer)
+		rec += "/" + c.KeyID
+	}
+	return rec
 }
 
 // AuthorityUpdate is what machine lacks of the authority of kind k that
