@@ -83,6 +83,14 @@ func TestAgentEndpointWithoutEtcd(t *testing.T) {
 	if se := (*StatusError)(nil); !errors.As(err, &se) || se.Code != http.StatusNotFound || !strings.Contains(err.Error(), "roll the machine out") {
 		t.Errorf("PUT %s on a machine without etcd: %v; want a 404 that says to roll the machine out", EtcdAuthorityKind.Path(), err)
 	}
+	// The other kinds' paths are served where their components run: an
+	// authority that does not parse is refused as such (400), not unknown.
+	for _, k := range []AuthorityKind{ClusterAuthorityKind, FrontProxyAuthorityKind, ServiceAccountAuthorityKind} {
+		_, err := SetAuthority(ctx, manager, addr, k, Authority{})
+		if se := (*StatusError)(nil); !errors.As(err, &se) || se.Code != http.StatusBadRequest {
+			t.Errorf("PUT %s with an empty authority: %v; want 400", k.Path(), err)
+		}
+	}
 	res, err := RenewPKI(ctx, manager, addr, PKIRenewRequest{})
 	if err != nil {
 		t.Fatal(err)

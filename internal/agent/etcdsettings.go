@@ -190,6 +190,11 @@ func (a *machineCtx) serveAgentEndpoint(ctx context.Context) error {
 	if a.doc.Runs(bootstrap.KubeAPIServer) {
 		mux.HandleFunc("PUT "+FrontProxyAuthorityKind.Path(), func(w http.ResponseWriter, r *http.Request) { a.putAuthority(ctx, FrontProxyAuthorityKind, w, r) })
 	}
+	if a.doc.Runs(bootstrap.KubeAPIServer) || a.doc.Runs(bootstrap.KubeControllerManager) {
+		mux.HandleFunc("PUT "+ServiceAccountAuthorityKind.Path(), func(w http.ResponseWriter, r *http.Request) {
+			a.putAuthority(ctx, ServiceAccountAuthorityKind, w, r)
+		})
+	}
 	mux.HandleFunc("POST "+PKIRenewPath, func(w http.ResponseWriter, r *http.Request) { a.postRenewPKI(ctx, w, r) })
 	tlsCfg := &tls.Config{
 		GetCertificate: a.adminPair.getCertificate,

@@ -108,11 +108,7 @@ func ParseKeyPair(certPEM, keyPEM []byte) (*KeyPair, error) {
 	if err != nil {
 		return nil, err
 	}
-	block, _ := pem.Decode(keyPEM)
-	if block == nil {
-		return nil, errors.New("private key is not PEM encoded")
-	}
-	key, err := parseKey(block)
+	key, err := parseKeyPEM(keyPEM)
 	if err != nil {
 		return nil, err
 	}
@@ -180,6 +176,15 @@ func encodeKey(key *ecdsa.PrivateKey) ([]byte, error) {
 		return nil, fmt.Errorf("encoding private key: %w", err)
 	}
 	return pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: der}), nil
+}
+
+// parseKeyPEM parses the first PEM block of keyPEM as a private key.
+func parseKeyPEM(keyPEM []byte) (crypto.Signer, error) {
+	block, _ := pem.Decode(keyPEM)
+	if block == nil {
+		return nil, errors.New("private key is not PEM encoded")
+	}
+	return parseKey(block)
 }
 
 func parseKey(block *pem.Block) (crypto.Signer, error) {

@@ -37,11 +37,7 @@ func publicKeyCert(der []byte) (*x509.Certificate, error) {
 // ServiceAccountKeyPair makes the service-account pair of a PEM private
 // key: its public key is derived.
 func ServiceAccountKeyPair(keyPEM []byte) (*KeyPair, error) {
-	block, _ := pem.Decode(keyPEM)
-	if block == nil {
-		return nil, errors.New("private key is not PEM encoded")
-	}
-	key, err := parseKey(block)
+	key, err := parseKeyPEM(keyPEM)
 	if err != nil {
 		return nil, err
 	}
