@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -33,6 +34,7 @@ import (
 	infrav1 "github.com/qcp-dev/qcp/api/infrastructure/v1alpha1"
 	"github.com/qcp-dev/qcp/internal/agent"
 	"github.com/qcp-dev/qcp/internal/certs"
+	"github.com/qcp-dev/qcp/internal/controllers/controlplane"
 	"github.com/qcp-dev/qcp/internal/controllers/engine"
 	"github.com/qcp-dev/qcp/internal/etcd"
 	"github.com/qcp-dev/qcp/internal/machinehost"
@@ -494,7 +496,7 @@ func (s *scenario) rotateAuthority(ctx context.Context, kind controlplanev1.Cert
 	})
 	for _, stage := range []controlplanev1.CertificateRotationStage{controlplanev1.RotationTrustBoth, controlplanev1.RotationReissue,
 		controlplanev1.RotationSwitchSigner, controlplanev1.RotationDistrust, controlplanev1.RotationCompleted} {
-		s.checkEvent(ctx, "CertificateRotationStage", fmt.Sprintf("%s rotation (trigger %q) at stage %s", kind, trigger, stage))
+		s.checkEvent(ctx, controlplane.StageEventReason(stage), fmt.Sprintf("%s rotation (trigger %q) at stage %s", kind, trigger, stage))
 	}
 	for _, stage := range []controlplanev1.CertificateRotationStage{controlplanev1.RotationTrustBoth, controlplanev1.RotationReissue, controlplanev1.RotationDistrust} {
 		if !seen[stage] {
@@ -781,6 +783,24 @@ func (s *scenario) checkWorkersGate(ctx context.Context, old *clusterv1.Machine)
 	if certs.IssuerKeyID(c) != certs.KeyID(newCA.Cert) {
 		s.t.Errorf("a Node's certificate request at TrustBoth was signed by authority %s; want the new one, %s", certs.IssuerKeyID(c), certs.KeyID(newCA.Cert))
 	}
+	// A creation time has whole seconds, and one in the second the signers
+	// moved counts as before it: the young worker is created after it.
+	cp, err := s.controlPlane(ctx)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	var recorded struct {
+		SignersMoved time.Time `json:"signersMoved"`
+	}
+	if err := json.Unmarshal([]byte(cp.Annotations[controlplane.RotationAnnotation]), &recorded); err != nil || recorded.SignersMoved.IsZero() {
+		s.t.Fatalf("%s records no signersMoved (%v): %s", controlplane.RotationAnnotation, err, cp.Annotations[controlplane.RotationAnnotation])
+	}
+	s.eventually(time.Minute, "the second after the signers moved to pass", func(context.Context) error {
+		if !time.Now().After(recorded.SignersMoved.Add(time.Second)) {
+			return fmt.Errorf("the signers moved at %s", recorded.SignersMoved)
+		}
+		return nil
+	})
 	young := s.createAbsentWorker(ctx, "young-worker")
 	s.holds(5*time.Second, "the rotation held at TrustBoth while worker "+old.Name+" exists", func(ctx context.Context) error {
 		cp, err := s.controlPlane(ctx)

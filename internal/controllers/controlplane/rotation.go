@@ -359,10 +359,19 @@ func (r *Reconciler) recordStage(ctx context.Context, cp *controlplanev1.QuorumC
 	if err := r.Client.Status().Patch(ctx, cp.DeepCopy(), client.RawPatch(types.MergePatchType, status)); err != nil {
 		return fmt.Errorf("recording stage %s of the %s rotation in status: %w", stage, rt.state.Kind, err)
 	}
-	r.Recorder.Eventf(cp, corev1.EventTypeNormal, "CertificateRotationStage", "%s rotation (trigger %q) at stage %s: %s", rt.state.Kind, rt.state.Trigger, stage, stageDoes(rt.state.Kind, stage))
+	// A reason per stage: events of one reason and object beyond ten in ten
+	// minutes are combined into one that keeps the last message alone, and
+	// three rotations in a row announce fifteen stages.
+	r.Recorder.Eventf(cp, corev1.EventTypeNormal, StageEventReason(stage), "%s rotation (trigger %q) at stage %s: %s", rt.state.Kind, rt.state.Trigger, stage, stageDoes(rt.state.Kind, stage))
 	log.FromContext(ctx).Info("CA rotation stage recorded", "kind", rt.state.Kind, "stage", stage, "trigger", rt.state.Trigger, "old", rt.state.Old, "new", rt.state.New)
 	r.Failpoints.Hit(engine.FailpointRotationRecorded + string(stage))
 	return nil
+}
+
+// StageEventReason is the reason of the event that announces a rotation's
+// stage: CertificateRotation<stage>, such as CertificateRotationTrustBoth.
+func StageEventReason(stage controlplanev1.CertificateRotationStage) string {
+	return "CertificateRotation" + string(stage)
 }
 
 // saveRotation records the rotation's state, and the authorities in use,
@@ -489,7 +498,7 @@ func (r *Reconciler) oldWorkers(ctx context.Context, cluster *clusterv1.Cluster,
 	if old.Len() == 0 {
 		return "", nil
 	}
-	return fmt.Sprintf("waiting for the worker machines created before %s, when every kube-controller-manager signed with the new cluster CA, to be replaced: "+
+	return fmt.Sprintf("waiting for the worker machines created by %s, when every kube-controller-manager signed with the new cluster CA, to be replaced: "+
 		"their kubelets trust the old authority alone, and from Reissue on the API servers serve certificates of the new one; "+
 		"roll out their MachineDeployments (for example clusterctl alpha rollout restart machinedeployment/<name>): %s",
 		rt.state.SignersMoved.Format(time.RFC3339), strings.Join(sortedNames(old), ", ")), nil
