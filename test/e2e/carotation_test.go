@@ -168,14 +168,15 @@ func TestEtcdCARotation(t *testing.T) {
 	s.finish()
 }
 
-// secretAuthority reads the authority in the scenario's Secret of purpose.
+// secretAuthority reads the authority in the scenario's Secret of purpose
+// (the service-account key's, <cluster>-sa and a rotation's, too).
 func (s *scenario) secretAuthority(ctx context.Context, purpose secret.Purpose) *certs.KeyPair {
 	s.t.Helper()
 	var sec corev1.Secret
 	if err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: secret.Name(s.name, purpose)}, &sec); err != nil {
 		s.t.Fatal(err)
 	}
-	ca, err := certs.ParseKeyPair(sec.Data[secret.TLSCrtDataName], sec.Data[secret.TLSKeyDataName])
+	ca, err := certs.ParseAuthority(purpose, sec.Data[secret.TLSCrtDataName], sec.Data[secret.TLSKeyDataName])
 	if err != nil {
 		s.t.Fatal(err)
 	}

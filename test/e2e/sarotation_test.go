@@ -19,7 +19,6 @@ import (
 	"k8s.io/client-go/rest"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/secret"
-	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
 	"github.com/qcp-dev/qcp/internal/agent"
@@ -50,7 +49,7 @@ const tokenAccount = "qcp-e2e-tokens"
 // and the legacy Secret, its token emptied, is signed again and taken.
 func (s *scenario) rotateServiceAccountKey(ctx context.Context) {
 	s.t.Helper()
-	oldKey := s.serviceAccountKey(ctx, secret.ServiceAccount)
+	oldKey := s.secretAuthority(ctx, secret.ServiceAccount)
 	wl, err := s.workload(ctx)
 	if err != nil {
 		s.t.Fatal(err)
@@ -75,7 +74,7 @@ func (s *scenario) rotateServiceAccountKey(ctx context.Context) {
 			return
 		}
 		// <cluster>-sa takes it during the stage.
-		newKey = s.serviceAccountKey(ctx, secret.ServiceAccount+"-next")
+		newKey = s.secretAuthority(ctx, secret.ServiceAccount+"-next")
 		s.checkToken(ctx, "at SwitchSigner, the bound token of the old key", oldToken, true)
 		s.checkToken(ctx, "at SwitchSigner, the legacy token of the old key", oldLegacy, true)
 		s.checkToken(ctx, "at SwitchSigner, a new bound token", s.boundToken(ctx, wl, newKey), true)
@@ -83,7 +82,7 @@ func (s *scenario) rotateServiceAccountKey(ctx context.Context) {
 	if newKey == nil {
 		s.t.Fatal("the rotation was never seen at SwitchSigner")
 	}
-	if got := s.serviceAccountKey(ctx, secret.ServiceAccount); !got.Cert.Equal(newKey.Cert) || got.Cert.Equal(oldKey.Cert) {
+	if got := s.secretAuthority(ctx, secret.ServiceAccount); !got.Cert.Equal(newKey.Cert) || got.Cert.Equal(oldKey.Cert) {
 		s.t.Errorf("<cluster>-sa holds key %s; want the new key %s", certs.KeyID(got.Cert), certs.KeyID(newKey.Cert))
 	}
 	s.checkRotationSecretsGone(ctx, secret.ServiceAccount)
@@ -103,21 +102,6 @@ func (s *scenario) rotateServiceAccountKey(ctx context.Context) {
 		s.t.Fatal(err)
 	}
 	s.checkToken(ctx, "the legacy token signed again", s.legacyToken(ctx, wl, legacy.Name, newKey), true)
-}
-
-// serviceAccountKey reads the key in the scenario's Secret of purpose
-// (<cluster>-sa, or a rotation's <cluster>-sa-next).
-func (s *scenario) serviceAccountKey(ctx context.Context, purpose secret.Purpose) *certs.KeyPair {
-	s.t.Helper()
-	var sec corev1.Secret
-	if err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: secret.Name(s.name, purpose)}, &sec); err != nil {
-		s.t.Fatal(err)
-	}
-	kp, err := certs.ParseServiceAccountKeyPair(sec.Data[secret.TLSCrtDataName], sec.Data[secret.TLSKeyDataName])
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	return kp
 }
 
 // boundToken requests a token of tokenAccount, for the shortest lifetime
