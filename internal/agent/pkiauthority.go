@@ -112,13 +112,8 @@ func (e Authority) signer(k AuthorityKind, ca *certs.KeyPair) (*certs.KeyPair, e
 	if k != ClusterAuthorityKind {
 		return nil, fmt.Errorf("signer: only the %s authority has one", ClusterAuthorityKind)
 	}
-	s, err := certs.ParseKeyPair([]byte(e.Signer.Cert), []byte(e.Signer.Key))
-	if err == nil && !s.Cert.IsCA {
-		err = errors.New("the certificate is not an authority")
-	}
-	if err == nil {
-		err = certs.CheckBundle([]byte(e.Trust), s)
-	}
+	// The same checks as the CA's: an authority the bundle holds.
+	s, err := Authority{CA: *e.Signer, Trust: e.Trust}.parse(k)
 	if err != nil {
 		return nil, fmt.Errorf("signer: %w", err)
 	}

@@ -3,6 +3,7 @@ package certs
 import (
 	"fmt"
 	"strings"
+	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -89,10 +90,26 @@ func clusterCAsFromSecrets(cluster string, byName map[string]*corev1.Secret, wit
 // (secret.ServiceAccount) a public key and its private key
 // (ParseServiceAccountKeyPair).
 func ParseAuthority(purpose secret.Purpose, crt, key []byte) (*KeyPair, error) {
-	if base, _, _ := strings.Cut(string(purpose), "-"); secret.Purpose(base) == secret.ServiceAccount {
+	if isServiceAccount(purpose) {
 		return ParseServiceAccountKeyPair(crt, key)
 	}
 	return ParseKeyPair(crt, key)
+}
+
+// NewAuthority generates an authority for the Secret of purpose, as
+// ParseAuthority reads it: a CA named commonName, or a service-account key.
+func NewAuthority(purpose secret.Purpose, commonName string, now time.Time) (*KeyPair, error) {
+	if isServiceAccount(purpose) {
+		return NewServiceAccountKeyPair()
+	}
+	return NewCA(commonName, now)
+}
+
+// isServiceAccount says whether purpose is the service-account key's
+// Secret, or a rotation's Secret of it.
+func isServiceAccount(purpose secret.Purpose) bool {
+	base, _, _ := strings.Cut(string(purpose), "-")
+	return secret.Purpose(base) == secret.ServiceAccount
 }
 
 func capiSecret(namespace, cluster string, purpose secret.Purpose, crt, key []byte) *corev1.Secret {

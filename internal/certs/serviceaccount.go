@@ -1,7 +1,6 @@
 package certs
 
 import (
-	"bytes"
 	"crypto/sha256"
 	"crypto/x509"
 	"encoding/pem"
@@ -88,29 +87,6 @@ func NewServiceAccountKeyPair() (*KeyPair, error) {
 // certificate, or a public key (a service-account key bundle), which
 // stands for itself as described above. Anything else fails.
 func parseAuthorities(data []byte) ([]*x509.Certificate, error) {
-	var out []*x509.Certificate
-	for rest := bytes.TrimSpace(data); len(rest) > 0; rest = bytes.TrimSpace(rest) {
-		var block *pem.Block
-		block, rest = pem.Decode(rest)
-		var c *x509.Certificate
-		var err error
-		switch {
-		case block == nil:
-			return nil, fmt.Errorf("entry %d is not PEM encoded", len(out)+1)
-		case block.Type == "CERTIFICATE":
-			c, err = x509.ParseCertificate(block.Bytes)
-		case block.Type == publicKeyBlock:
-			c, err = publicKeyCert(block.Bytes)
-		default:
-			err = fmt.Errorf("a %s is neither a certificate nor a public key", block.Type)
-		}
-		if err != nil {
-			return nil, fmt.Errorf("entry %d: %w", len(out)+1, err)
-		}
-		out = append(out, c)
-	}
-	if len(out) == 0 {
-		return nil, errors.New("no PEM certificate or public key found")
-	}
-	return out, nil
+	return parseBundle(data, "certificate or public key", map[string]func([]byte) (*x509.Certificate, error){
+		"CERTIFICATE": x509.ParseCertificate, publicKeyBlock: publicKeyCert})
 }

@@ -17,21 +17,32 @@ import (
 // anything else: a trust bundle with a stray block is not what its writer
 // meant.
 func ParseCerts(data []byte) ([]*x509.Certificate, error) {
+	return parseBundle(data, "certificate", map[string]func([]byte) (*x509.Certificate, error){"CERTIFICATE": x509.ParseCertificate})
+}
+
+// parseBundle parses every PEM block of data, in order, with the parser
+// of its type; a block of another type, or data that is not PEM, fails.
+// what names the entries in errors.
+func parseBundle(data []byte, what string, parsers map[string]func([]byte) (*x509.Certificate, error)) ([]*x509.Certificate, error) {
 	var out []*x509.Certificate
 	for rest := bytes.TrimSpace(data); len(rest) > 0; rest = bytes.TrimSpace(rest) {
 		var block *pem.Block
 		block, rest = pem.Decode(rest)
-		if block == nil || block.Type != "CERTIFICATE" {
-			return nil, fmt.Errorf("certificate %d is not PEM encoded", len(out)+1)
+		var parse func([]byte) (*x509.Certificate, error)
+		if block != nil {
+			parse = parsers[block.Type]
 		}
-		c, err := x509.ParseCertificate(block.Bytes)
+		if parse == nil {
+			return nil, fmt.Errorf("%s %d is not PEM encoded", what, len(out)+1)
+		}
+		c, err := parse(block.Bytes)
 		if err != nil {
-			return nil, fmt.Errorf("certificate %d: %w", len(out)+1, err)
+			return nil, fmt.Errorf("%s %d: %w", what, len(out)+1, err)
 		}
 		out = append(out, c)
 	}
 	if len(out) == 0 {
-		return nil, errors.New("no PEM certificate found")
+		return nil, fmt.Errorf("no PEM %s found", what)
 	}
 	return out, nil
 }

@@ -298,12 +298,7 @@ func (r *Reconciler) authoritySecret(ctx context.Context, cluster client.ObjectK
 	case !generate:
 		return nil, &engine.InvalidAuthorityError{Secret: name, Problem: "it is missing while the rotation recorded in " + RotationAnnotation + " runs"}
 	}
-	var ca *certs.KeyPair
-	if purpose == nextPurpose(secret.ServiceAccount) {
-		ca, err = certs.NewServiceAccountKeyPair()
-	} else {
-		ca, err = certs.NewCA(commonName, r.Now())
-	}
+	ca, err := certs.NewAuthority(purpose, commonName, r.Now())
 	if err != nil {
 		return nil, err
 	}
