@@ -6,9 +6,11 @@
 //     and EtcdCluster controllers and webhooks) and metadata.yaml;
 //   - infrastructure-process: infrastructure-components.yaml (the process
 //     provider), metadata.yaml, and the cluster templates and ClusterClass;
-//   - cluster-api: CAPI core's own components, built from the pinned
-//     module's core/config/default, and its metadata.yaml, so that
-//     `clusterctl init` finds core without the internet;
+//   - cluster-api and bootstrap-kubeadm: CAPI core's and its kubeadm
+//     bootstrap provider's own components, built from the pinned module's
+//     core/config/default and bootstrap/kubeadm/config/default, with its
+//     metadata.yaml, so that `clusterctl init`, which installs both, finds
+//     them without the internet;
 //
 // and <out>/clusterctl.yaml, a clusterctl configuration naming all three as
 // local providers. Components are built with kustomize's library (krusty)
@@ -23,6 +25,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 
 	"golang.org/x/mod/semver"
@@ -34,11 +37,10 @@ import (
 	"github.com/qcp-dev/qcp/internal/binaries"
 )
 
-// CAPI core's image, in its kustomization and in its release.
-const (
-	capiStagingImage = "gcr.io/k8s-staging-cluster-api/cluster-api-controller:main"
-	capiReleaseImage = "registry.k8s.io/cluster-api/cluster-api-controller"
-)
+// capiStagingImage matches the images CAPI's kustomizations name (core's
+// and CABPK's); their releases name registry.k8s.io's of the same version,
+// as this does.
+var capiStagingImage = regexp.MustCompile(`gcr\.io/k8s-staging-cluster-api/([a-z-]+):main`)
 
 // provider is one provider of the repository.
 type provider struct {
@@ -85,6 +87,10 @@ func Write(root, out, version string) (string, error) {
 			kustomization: filepath.Join(root, "config", "release", "infrastructure"), components: "infrastructure-components.yaml", extra: templates},
 		{label: "cluster-api", kind: "CoreProvider", name: "cluster-api", version: binaries.CAPIVersion, metadata: coreMetadata,
 			kustomization: filepath.Join(capiDir, "core", "config", "default"), components: "core-components.yaml"},
+		// clusterctl init installs CAPI's kubeadm bootstrap provider
+		// whenever it installs core, unless told another.
+		{label: "bootstrap-kubeadm", kind: "BootstrapProvider", name: "kubeadm", version: binaries.CAPIVersion, metadata: coreMetadata,
+			kustomization: filepath.Join(capiDir, "bootstrap", "kubeadm", "config", "default"), components: "bootstrap-components.yaml"},
 	}
 	type entry struct {
 		Name string `json:"name"`
@@ -104,9 +110,7 @@ func Write(root, out, version string) (string, error) {
 			return "", fmt.Errorf("building %s's components from %s: %w", p.label, p.kustomization, err)
 		}
 		components = bytes.ReplaceAll(components, []byte("RELEASE_VERSION"), []byte(version))
-		// CAPI core's kustomization names its staging image; its release
-		// sets the released one, as this does.
-		components = bytes.ReplaceAll(components, []byte(capiStagingImage), []byte(capiReleaseImage+":"+binaries.CAPIVersion))
+		components = capiStagingImage.ReplaceAll(components, []byte("registry.k8s.io/cluster-api/${1}:"+binaries.CAPIVersion))
 		files := map[string][]byte{p.components: components, "metadata.yaml": p.metadata}
 		for _, path := range p.extra {
 			if files[filepath.Base(path)], err = os.ReadFile(path); err != nil {

@@ -1,6 +1,7 @@
 package release
 
 import (
+	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
@@ -74,20 +75,36 @@ func TestRelease(t *testing.T) {
 	}
 
 	// Webhook configuration names are unique in the management cluster:
-	// none is CAPI core's, or the other provider's.
-	core, err := os.ReadFile(filepath.Join(out, "cluster-api", binaries.CAPIVersion, "core-components.yaml"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	coreObjs, err := capiyaml.ToUnstructured(core)
-	if err != nil {
-		t.Fatal(err)
+	// none is CAPI core's, CABPK's, or the other provider's.
+	capiProvider := func(label, file string) []unstructured.Unstructured {
+		data, err := os.ReadFile(filepath.Join(out, label, binaries.CAPIVersion, file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		objs, err := capiyaml.ToUnstructured(data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// Their images are the released ones of the pinned version.
+		for _, o := range objs {
+			if o.GetKind() == "Deployment" {
+				if image := managerContainer(t, []unstructured.Unstructured{o})["image"]; !strings.HasPrefix(fmt.Sprint(image), "registry.k8s.io/cluster-api/") ||
+					!strings.HasSuffix(fmt.Sprint(image), ":"+binaries.CAPIVersion) {
+					t.Errorf("%s runs %v, want CAPI's released image of %s", label, image, binaries.CAPIVersion)
+				}
+			}
+		}
+		return objs
 	}
 	seen := map[string]string{}
 	for _, set := range []struct {
 		name string
 		objs []unstructured.Unstructured
-	}{{"cluster-api", coreObjs}, {"control-plane-qcp", controlPlane}, {"infrastructure-process", infrastructure}} {
+	}{
+		{"cluster-api", capiProvider("cluster-api", "core-components.yaml")},
+		{"bootstrap-kubeadm", capiProvider("bootstrap-kubeadm", "bootstrap-components.yaml")},
+		{"control-plane-qcp", controlPlane}, {"infrastructure-process", infrastructure},
+	} {
 		for _, o := range set.objs {
 			if !strings.HasSuffix(o.GetKind(), "WebhookConfiguration") {
 				continue
