@@ -190,8 +190,10 @@ lint:
 check-strays:
 	hack/check-strays.sh $(BIN)
 
-## up: a local management cluster (etcd, kube-apiserver, CAPI core, CABPK, qcp-manager) in the background, and the sample 3-machine cluster demo.
-up: binaries
+## up: a local management cluster (etcd, kube-apiserver; CAPI core, CABPK, QCP and the process provider installed by
+## clusterctl init from the release in out/, their managers run as host processes) in the background, and the
+## sample 3-machine cluster demo.
+up: binaries release
 	@hack/inotify-limit.sh
 	$(BIN)/qcpctl up
 

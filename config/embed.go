@@ -8,7 +8,8 @@ import "embed"
 
 // Manifests holds crd/bases, webhook/manifests.yaml and the generated roles
 // in rbac/ (QCP), capi/crd (CAPI core CRDs), capi/webhook-manifests.yaml,
-// and samples/ (the demo cluster `qcpctl up` creates).
+// localenv/ (cert-manager stand-ins for a clusterctl-installed local
+// environment) and samples/ (the demo cluster `qcpctl up` creates).
 //
-//go:embed crd/bases/*.yaml webhook/manifests.yaml rbac/controlplane/role.yaml rbac/process/role.yaml rbac/common/leader_election_role.yaml capi/crd/*.yaml capi/webhook-manifests.yaml capi/cabpk-webhook-manifests.yaml samples/*.yaml
+//go:embed crd/bases/*.yaml webhook/manifests.yaml rbac/controlplane/role.yaml rbac/process/role.yaml rbac/common/leader_election_role.yaml capi/crd/*.yaml capi/webhook-manifests.yaml capi/cabpk-webhook-manifests.yaml localenv/*.yaml samples/*.yaml
 var Manifests embed.FS

@@ -16,6 +16,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/qcp-dev/qcp/internal/binaries"
 	"github.com/qcp-dev/qcp/internal/localenv"
 	"github.com/qcp-dev/qcp/internal/machinehost"
 )
@@ -38,7 +39,7 @@ const (
 )
 
 func newUpCommand(g *globals) *cobra.Command {
-	sample, addressRange := true, ""
+	sample, addressRange, repository := true, "", ""
 	cmd := &cobra.Command{
 		Use:   "up",
 		Short: "Start a local management cluster with a sample 3-machine control plane, in the background",
@@ -54,15 +55,26 @@ func newUpCommand(g *globals) *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			return up(ctx, cmd.OutOrStdout(), g, sample, addressRange)
+			return up(ctx, cmd.OutOrStdout(), g, sample, addressRange, repository)
 		},
 	}
 	cmd.Flags().BoolVar(&sample, "sample", true, "create the sample cluster demo and wait until its control plane is Available")
 	cmd.Flags().StringVar(&addressRange, "address-range", "", "loopback prefix the machines' and load balancers' addresses come from (default qcp-manager's, 127.20.0.0/16)")
+	cmd.Flags().StringVar(&repository, "repository", "", "the clusterctl configuration of the release clusterctl init installs the providers from (default out/clusterctl.yaml beside bin/, which 'make release' writes)")
 	return cmd
 }
 
-func up(ctx context.Context, out io.Writer, g *globals, sample bool, addressRange string) error {
+// defaultRepository is the release `make release` writes beside the
+// binaries' directory.
+func defaultRepository() (string, error) {
+	bin, err := binaries.Dir()
+	if err != nil {
+		return "", err
+	}
+	return filepath.Join(filepath.Dir(bin), "out", "clusterctl.yaml"), nil
+}
+
+func up(ctx context.Context, out io.Writer, g *globals, sample bool, addressRange, repository string) error {
 	dir := g.stateDir
 	start := time.Now()
 	if pid, ok := runningPID(dir); ok {
@@ -70,12 +82,26 @@ func up(ctx context.Context, out io.Writer, g *globals, sample bool, addressRang
 		printManagement(out, dir)
 		return nil
 	}
+	if repository == "" {
+		var err error
+		if repository, err = defaultRepository(); err != nil {
+			return err
+		}
+	}
+	repository, err := filepath.Abs(repository)
+	if err != nil {
+		return err
+	}
+	if _, err := os.Stat(repository); err != nil {
+		return fmt.Errorf("no release to install the providers from (%w): build it with 'make release', or name one with --repository", err)
+	}
 	if err := claimStateDir(dir); err != nil {
 		return err
 	}
 	phase := newPhases(out, start)
-	phase.begin("starting the management cluster: etcd, kube-apiserver, CAPI core, CABPK, qcp-manager")
-	if err := startServer(ctx, dir, addressRange); err != nil {
+	phase.begin("installing CAPI core, CABPK, QCP and the process provider with clusterctl init from " + repository +
+		", and starting the management cluster: etcd, kube-apiserver, CAPI core, CABPK, qcp-manager")
+	if err := startServer(ctx, dir, addressRange, repository); err != nil {
 		return err
 	}
 	phase.end()
@@ -141,7 +167,7 @@ func claimStateDir(dir string) error {
 // startServer starts `qcpctl serve` in a session of its own, so that it
 // outlives this command and the terminal's Ctrl-C, and waits until it
 // reports the management cluster ready.
-func startServer(ctx context.Context, dir, addressRange string) error {
+func startServer(ctx context.Context, dir, addressRange, repository string) error {
 	self, err := os.Executable()
 	if err != nil {
 		return err
@@ -151,7 +177,7 @@ func startServer(ctx context.Context, dir, addressRange string) error {
 		return err
 	}
 	defer log.Close()
-	cmd := exec.Command(self, "serve", "--state-dir", dir, "--address-range", addressRange)
+	cmd := exec.Command(self, "serve", "--state-dir", dir, "--address-range", addressRange, "--repository", repository)
 	cmd.Stdout, cmd.Stderr = log, log
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
@@ -216,7 +242,7 @@ func (p *phases) end() {
 // newServeCommand is the background half of up: it runs the management
 // cluster until down signals it.
 func newServeCommand(g *globals) *cobra.Command {
-	addressRange := ""
+	addressRange, repository := "", ""
 	cmd := &cobra.Command{
 		Use:    "serve",
 		Short:  "Run the management cluster in the foreground (what up starts in the background)",
@@ -225,18 +251,19 @@ func newServeCommand(g *globals) *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			ctx, stop := signal.NotifyContext(cmd.Context(), os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			return serve(ctx, g.stateDir, addressRange)
+			return serve(ctx, g.stateDir, addressRange, repository)
 		},
 	}
 	cmd.Flags().StringVar(&addressRange, "address-range", "", "passed on to qcp-manager")
+	cmd.Flags().StringVar(&repository, "repository", "", "the release's clusterctl configuration, which clusterctl init installs from")
 	return cmd
 }
 
-func serve(ctx context.Context, dir, addressRange string) (err error) {
+func serve(ctx context.Context, dir, addressRange, repository string) (err error) {
 	if err := os.WriteFile(filepath.Join(dir, pidFile), []byte(strconv.Itoa(os.Getpid())), 0o600); err != nil {
 		return err
 	}
-	env, err := localenv.Start(ctx, localenv.Options{Dir: dir, WithKubeadmBootstrap: true})
+	env, err := localenv.Start(ctx, localenv.Options{Dir: dir, WithKubeadmBootstrap: true, Repository: repository})
 	if err != nil {
 		return err
 	}

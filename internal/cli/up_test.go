@@ -16,11 +16,14 @@ import (
 	"testing"
 	"time"
 
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	corev1 "k8s.io/api/core/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	clusterctlv1 "sigs.k8s.io/cluster-api/cmd/clusterctl/api/v1alpha3"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	"github.com/qcp-dev/qcp/internal/binaries"
@@ -28,6 +31,7 @@ import (
 	"github.com/qcp-dev/qcp/internal/controllers/engine"
 	"github.com/qcp-dev/qcp/internal/localenv"
 	"github.com/qcp-dev/qcp/internal/machinehost"
+	"github.com/qcp-dev/qcp/internal/release"
 	"github.com/qcp-dev/qcp/internal/scheme"
 	"github.com/qcp-dev/qcp/internal/testkit"
 )
@@ -55,12 +59,14 @@ func TestNewcomerTour(t *testing.T) {
 	}
 	serve := q.servePID()
 	checkUp(t, mgmt, q.bin, q.processes(serve))
+	checkInstalledByClusterctl(t, mgmt)
 	workload := filepath.Join(t.TempDir(), "demo.kubeconfig")
 	q.must(time.Minute, "kubeconfig", "demo", "-o", workload)
 	if fi, err := os.Stat(workload); err != nil || fi.Mode().Perm() != 0o600 {
 		t.Errorf("workload kubeconfig %s: %v, mode %v; want 0600, it holds admin credentials", workload, err, fi.Mode())
 	}
 	waitForReadyNodes(t, workload, 3)
+	checkClusterctlDescribe(t, mgmt)
 
 	if out := q.must(time.Minute, "up"); !strings.Contains(out, "already up") || q.servePID() != serve {
 		t.Errorf("a second qcpctl up (serve pid now %d, was %d) printed:\n%s", q.servePID(), serve, out)
@@ -400,7 +406,7 @@ func binDir(t *testing.T) string {
 	if err := testkit.BuildQCP(bin, "qcpctl", "qcp-manager", "qcp-agent"); err != nil {
 		t.Fatal(err)
 	}
-	for _, b := range [][2]string{{"etcd", binaries.EtcdVersion}, {"kube", binaries.KubeVersion}, {"capi-manager", binaries.CAPIVersion}, {"cabpk-manager", binaries.CAPIVersion}} {
+	for _, b := range [][2]string{{"etcd", binaries.EtcdVersion}, {"kube", binaries.KubeVersion}, {"capi-manager", binaries.CAPIVersion}, {"cabpk-manager", binaries.CAPIVersion}, {"clusterctl", binaries.CAPIVersion}} {
 		path, err := binaries.Path(b[0], b[1])
 		if err != nil {
 			t.Fatal(err)
@@ -408,6 +414,11 @@ func binDir(t *testing.T) string {
 		if err := os.Symlink(path, filepath.Join(bin, filepath.Base(path))); err != nil {
 			t.Fatal(err)
 		}
+	}
+	// The release up installs from by default: out/ beside bin/, as `make
+	// release` writes it.
+	if _, err := release.Write("../..", filepath.Join(filepath.Dir(bin), "out"), "v0.1.0"); err != nil {
+		t.Fatal(err)
 	}
 	return bin
 }
@@ -436,13 +447,89 @@ func checkUp(t *testing.T, kubeconfig, bin string, started []machinehost.Proc) {
 	}
 }
 
+// checkInstalledByClusterctl checks that the management cluster is what
+// `clusterctl init` makes of the release: its inventory lists the four
+// providers clusterctl installed (kubeadm's bootstrap provider comes with
+// core), QCP's CRDs carry clusterctl's labels (what `clusterctl move`
+// discovers types by), and every webhook configuration the API server calls
+// is one clusterctl installed, none the environment's own.
+func checkInstalledByClusterctl(t *testing.T, kubeconfig string) {
+	t.Helper()
+	c := managementClient(t, kubeconfig)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var providers clusterctlv1.ProviderList
+	if err := c.List(ctx, &providers); err != nil {
+		t.Fatalf("listing clusterctl's provider inventory: %v", err)
+	}
+	var got []string
+	for _, p := range providers.Items {
+		got = append(got, fmt.Sprintf("%s %s %s %s", p.Namespace, p.Type, p.ProviderName, p.Version))
+	}
+	slices.Sort(got)
+	want := []string{
+		"capi-kubeadm-bootstrap-system BootstrapProvider kubeadm " + binaries.CAPIVersion,
+		"capi-system CoreProvider cluster-api " + binaries.CAPIVersion,
+		"qcp-control-plane-system ControlPlaneProvider qcp v0.1.0",
+		"qcp-infrastructure-process-system InfrastructureProvider process v0.1.0",
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("providers installed: %q, want %q", got, want)
+	}
+	for _, name := range []string{"quorumcontrolplanes.controlplane.cluster.x-k8s.io", "etcdclusters.etcd.cluster.x-k8s.io",
+		"processmachines.infrastructure.cluster.x-k8s.io", "clusters.cluster.x-k8s.io"} {
+		var crd metav1.PartialObjectMetadata
+		crd.SetGroupVersionKind(apiextensionsv1.SchemeGroupVersion.WithKind("CustomResourceDefinition"))
+		if err := c.Get(ctx, client.ObjectKey{Name: name}, &crd); err != nil {
+			t.Errorf("CRD %s: %v", name, err)
+		} else if _, ok := crd.Labels[clusterctlv1.ClusterctlLabel]; !ok {
+			t.Errorf("CRD %s has no %s label: clusterctl did not install it", name, clusterctlv1.ClusterctlLabel)
+		}
+	}
+	for _, kind := range []string{"MutatingWebhookConfiguration", "ValidatingWebhookConfiguration"} {
+		var list metav1.PartialObjectMetadataList
+		list.SetGroupVersionKind(admissionregistrationv1.SchemeGroupVersion.WithKind(kind + "List"))
+		if err := c.List(ctx, &list); err != nil {
+			t.Fatal(err)
+		}
+		if len(list.Items) == 0 {
+			t.Errorf("no %s installed", kind)
+		}
+		for _, cfg := range list.Items {
+			if _, ok := cfg.Labels[clusterctlv1.ClusterctlLabel]; !ok {
+				t.Errorf("%s %s was not installed by clusterctl", kind, cfg.Name)
+			}
+		}
+	}
+}
+
+// checkClusterctlDescribe checks that the real `clusterctl describe cluster
+// demo` shows the QuorumControlPlane Available.
+func checkClusterctlDescribe(t *testing.T, kubeconfig string) {
+	t.Helper()
+	out := string(testkit.Clusterctl(t, nil, "describe", "cluster", "demo", "--kubeconfig", kubeconfig))
+	for _, line := range strings.Split(out, "\n") {
+		if strings.Contains(line, "QuorumControlPlane default/demo-control-plane") {
+			if f := strings.Fields(line); !slices.Contains(f, "True") || !slices.Contains(f, "Available") {
+				t.Errorf("clusterctl describe shows the control plane not Available: %q", line)
+			}
+			return
+		}
+	}
+	t.Errorf("clusterctl describe cluster demo shows no QuorumControlPlane:\n%s", out)
+}
+
 func managementClient(t *testing.T, kubeconfig string) client.Client {
 	t.Helper()
 	cfg, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := client.New(cfg, client.Options{Scheme: scheme.New()})
+	s := scheme.New()
+	if err := clusterctlv1.AddToScheme(s); err != nil {
+		t.Fatal(err)
+	}
+	c, err := client.New(cfg, client.Options{Scheme: s})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -70,6 +70,10 @@ func (e *Env) startCABPK(ctx context.Context, opts Options) error {
 	if e.cabpk, _, err = e.startOnFreePorts(ctx, "cabpk-manager", 2, start, func(addrs []string) string { return "http://" + addrs[0] + "/readyz" }); err != nil {
 		return fmt.Errorf("CABPK did not become ready (log: %s/cabpk-manager.log): %w", e.Dir, err)
 	}
+	if opts.Repository != "" {
+		// clusterctl installed them, pointed at the same port.
+		return nil
+	}
 	return e.installWebhooks("capi/cabpk-webhook-manifests.yaml", cabpkWebhookNamePrefix, e.cabpkWebhookPort)
 }
 

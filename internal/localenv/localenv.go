@@ -17,6 +17,7 @@ import (
 	"time"
 
 	rbacv1 "k8s.io/api/rbac/v1"
+	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -46,6 +47,11 @@ type Options struct {
 	// WithoutProcessProvider leaves the process provider's CRDs out, as in a
 	// management cluster that runs QCP on another infrastructure provider.
 	WithoutProcessProvider bool
+	// Repository is the clusterctl configuration of a release (`make
+	// release`'s out/clusterctl.yaml). If set, `clusterctl init` installs
+	// CAPI core, CABPK, QCP and the process provider from it (clusterctl.go),
+	// instead of the environment applying the CRDs and webhooks it embeds.
+	Repository string
 }
 
 // Env is a running local management cluster.
@@ -89,6 +95,10 @@ type Env struct {
 func Start(ctx context.Context, opts Options) (_ *Env, err error) {
 	opts = withDefaults(opts)
 	e := &Env{Scheme: scheme.New(), Dir: opts.Dir, opts: opts}
+	// The environment reads and edits CRDs (clusterctl.go).
+	if err := apiextensionsv1.AddToScheme(e.Scheme); err != nil {
+		return nil, err
+	}
 	if e.Dir == "" {
 		if e.Dir, err = os.MkdirTemp("", "qcp-localenv-"); err != nil {
 			return nil, fmt.Errorf("creating the local environment's directory: %w", err)
@@ -105,6 +115,14 @@ func Start(ctx context.Context, opts Options) (_ *Env, err error) {
 	}
 	if err := e.startAPIServer(opts); err != nil {
 		return nil, err
+	}
+	if opts.Repository != "" {
+		if e.cabpkWebhookPort, err = stablePort(e.webhookHost); err != nil {
+			return nil, err
+		}
+		if err := e.clusterctlInit(ctx, opts, filepath.Join(e.Dir, "manifests")); err != nil {
+			return nil, err
+		}
 	}
 	// The garbage collector starts alongside CAPI core rather than before
 	// it, so that it adds little to the start-up time.
@@ -171,6 +189,11 @@ func (e *Env) startAPIServer(opts Options) error {
 		},
 		ControlPlaneStartTimeout: time.Minute,
 		ControlPlaneStopTimeout:  time.Minute,
+	}
+	if opts.Repository != "" {
+		// clusterctl installs them; envtest only makes the webhooks'
+		// serving certificate.
+		e.env.CRDDirectoryPaths, e.env.WebhookInstallOptions.Paths = nil, nil
 	}
 	apiserver := e.env.ControlPlane.GetAPIServer()
 	apiserver.Path = apiserverLink

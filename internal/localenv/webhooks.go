@@ -94,9 +94,12 @@ func ephemeralLow() int {
 
 // installQCPWebhooks creates or updates QCP's webhook configurations and
 // waits until the API server calls them, served by manager.
+// With a repository, clusterctl installed them, pointed at the same port.
 func (e *Env) installQCPWebhooks(ctx context.Context, manager *Process) error {
-	if err := e.installWebhooks("webhook/manifests.yaml", qcpWebhookNamePrefix, e.QCPWebhookPort); err != nil {
-		return err
+	if e.opts.Repository == "" {
+		if err := e.installWebhooks("webhook/manifests.yaml", qcpWebhookNamePrefix, e.QCPWebhookPort); err != nil {
+			return err
+		}
 	}
 	return e.waitForQCPAdmission(ctx, manager)
 }
