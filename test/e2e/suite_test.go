@@ -26,6 +26,7 @@ import (
 	"github.com/qcp-dev/qcp/internal/controllers/engine"
 	"github.com/qcp-dev/qcp/internal/hostcpu"
 	"github.com/qcp-dev/qcp/internal/localenv"
+	"github.com/qcp-dev/qcp/internal/release"
 	"github.com/qcp-dev/qcp/internal/testkit"
 )
 
@@ -46,6 +47,10 @@ type management struct {
 	addressRange string
 	// managerArgs are extra qcp-manager flags.
 	managerArgs []string
+	// machineRoot is where its qcp-manager keeps the process machines:
+	// the environment's own unless set (a management cluster that took
+	// over another's machines with clusterctl move).
+	machineRoot string
 	// outages are the chaos faults holding its processes down.
 	outages outages
 }
@@ -58,6 +63,10 @@ type management struct {
 const ScenariosEnv = "QCP_E2E_SCENARIOS"
 
 const defaultScenarios = 4
+
+// repository is the clusterctl configuration of the release TestMain
+// writes, which every management cluster installs from.
+var repository string
 
 func TestMain(m *testing.M) {
 	flag.Parse()
@@ -85,6 +94,12 @@ func TestMain(m *testing.M) {
 		defer os.RemoveAll(binDir)
 		if err := testkit.BuildQCP(binDir, "qcp-manager", "qcp-agent"); err != nil {
 			fmt.Fprintln(os.Stderr, err)
+			return 1
+		}
+		// Every management cluster of the suite is what `clusterctl init`
+		// makes of this tree's release, as `qcpctl up`'s is.
+		if repository, err = release.Write("../..", filepath.Join(binDir, "out"), "v0.1.0"); err != nil {
+			fmt.Fprintln(os.Stderr, "writing the release:", err)
 			return 1
 		}
 		mgmt, err := startManagement(binDir, addressRange, nil, localenv.Options{WithKubeadmBootstrap: true})
@@ -148,6 +163,7 @@ const managerEtcdClientLifetime = 3 * time.Minute
 func startManagement(binDir, addrs string, args []string, opts localenv.Options) (*management, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
+	opts.Repository = repository
 	e, err := localenv.Start(ctx, opts)
 	if err != nil {
 		return nil, fmt.Errorf("starting the local management cluster: %w", err)
@@ -166,8 +182,9 @@ func (m *management) startManager(ctx context.Context, failpoint string) error {
 	args := []string{"--address-range=" + m.addressRange, "--etcd-client-certificate-lifetime=" + managerEtcdClientLifetime.String(),
 		"--service-account-token-lifetime=" + serviceAccountTokenLifetime.String()}
 	opts := localenv.ManagerOptions{
-		Path:      filepath.Join(m.binDir, "qcp-manager"),
-		ExtraArgs: append(args, m.managerArgs...),
+		Path:        filepath.Join(m.binDir, "qcp-manager"),
+		ExtraArgs:   append(args, m.managerArgs...),
+		MachineRoot: m.machineRoot,
 	}
 	if failpoint != "" {
 		opts.Env = []string{engine.FailpointsEnv + "=" + failpoint}
