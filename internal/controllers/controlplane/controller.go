@@ -117,7 +117,7 @@ type Reconciler struct {
 // +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=clusters;clusters/status,verbs=get;list;watch
 // +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=machines,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=machines/status,verbs=get;update;patch
-// +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=*,verbs=get;list;watch;create;delete
+// +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=*,verbs=get;list;watch;create;patch;delete
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
 // +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=machinehealthchecks,verbs=get;list;watch;create;update;patch;delete
@@ -224,6 +224,9 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 // when the controller last learned something about cp before this round.
 func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Cluster, cp *controlplanev1.QuorumControlPlane, learned time.Time) (ctrl.Result, error) {
 	setStatusBasics(cp)
+	if err := engine.OwnTemplate(ctx, r.Client, cluster, cp.Spec.MachineTemplate.Spec.InfrastructureRef); err != nil {
+		return ctrl.Result{}, err
+	}
 	// The failure domains come with the infrastructure: a machine placed
 	// before they are known would be rebalanced away at once.
 	if !ptr.Deref(cluster.Status.Initialization.InfrastructureProvisioned, false) || !cluster.Spec.ControlPlaneEndpoint.IsValid() {

@@ -80,7 +80,7 @@ type Reconciler struct {
 // +kubebuilder:rbac:groups=controlplane.cluster.x-k8s.io,resources=quorumcontrolplanes,verbs=get;list;watch
 // +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=clusters;clusters/status,verbs=get;list;watch
 // +kubebuilder:rbac:groups=cluster.x-k8s.io,resources=machines,verbs=get;list;watch;create;update;patch;delete
-// +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=*,verbs=get;list;watch;create;delete
+// +kubebuilder:rbac:groups=infrastructure.cluster.x-k8s.io,resources=*,verbs=get;list;watch;create;patch;delete
 // +kubebuilder:rbac:groups="",resources=secrets,verbs=get;list;watch;create;update;patch;delete
 // +kubebuilder:rbac:groups="",resources=events,verbs=create;patch
 
@@ -198,6 +198,9 @@ func (r *Reconciler) cluster(ctx context.Context, ec *etcdv1.EtcdCluster) (*clus
 func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Cluster, ec *etcdv1.EtcdCluster, learned time.Time) (ctrl.Result, error) {
 	ec.Status.ObservedGeneration = ec.Generation
 	ec.Status.Selector = machineSelector(cluster, ec)
+	if err := engine.OwnTemplate(ctx, r.Client, cluster, ec.Spec.InfrastructureRef); err != nil {
+		return ctrl.Result{}, err
+	}
 	// The failure domains come with the infrastructure: a machine placed
 	// before they are known would be moved at once.
 	if !ptr.Deref(cluster.Status.Initialization.InfrastructureProvisioned, false) {
