@@ -418,7 +418,7 @@ func (s *scenario) finish() {
 	// without quorum takes all of its time.
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	testkit.CheckNoKeyLeaks(ctx, s.t, s.c, []string{s.mgmt.env.Dir}, []string{s.mgmt.env.MachineRoot()})
+	testkit.CheckNoKeyLeaks(ctx, s.t, s.c, []string{s.mgmt.env.Dir}, []string{s.mgmt.machines()})
 }
 
 // checkI6 fails the scenario for each member removed while it led,

@@ -198,6 +198,14 @@ func (m *management) startManager(ctx context.Context, failpoint string) error {
 	return nil
 }
 
+// machines is the root of its qcp-manager's process machines.
+func (m *management) machines() string {
+	if m.machineRoot != "" {
+		return m.machineRoot
+	}
+	return m.env.MachineRoot()
+}
+
 func (m *management) stop() {
 	if err := m.env.Stop(); err != nil {
 		fmt.Fprintln(os.Stderr, "stopping the management cluster:", err)

@@ -1,0 +1,251 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"maps"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/meta"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
+	infrav1 "github.com/qcp-dev/qcp/api/infrastructure/v1alpha1"
+	"github.com/qcp-dev/qcp/internal/controllers/engine"
+	"github.com/qcp-dev/qcp/internal/localenv"
+	"github.com/qcp-dev/qcp/internal/machinehost"
+	"github.com/qcp-dev/qcp/internal/testkit"
+)
+
+// moveAddressRange is the loopback range of TestMove's machines, which both
+// of its management clusters' process providers allocate from.
+const moveAddressRange = "127.22.0.0/16"
+
+// TestMove: `clusterctl move` takes a running 3-machine control plane from
+// one local management cluster to a second one on this host, both
+// installed by `clusterctl init` from the release, while the writer and the
+// invariant monitor run against its etcd. The target's process provider
+// takes over the running machines: it shares the source's machine root and
+// address reservations, as two process providers on one host do. With only
+// the process provider running on the target (the control plane
+// controllers stopped), the Machines there already carry the etcd member
+// records that say etcd was bootstrapped, the very members etcd lists.
+// Once the control plane controllers start: the same Machines, no machine
+// process restarted (the same PIDs), the same etcd members, the control
+// plane Available, and a scale to 5 succeeds. The source keeps no object
+// of the cluster, and nothing acknowledged is lost.
+func TestMove(t *testing.T) {
+	requireShared(t)
+	testkit.RequireBinaries(t, "clusterctl")
+	parallel(t, 4*time.Minute)
+	from := ownManagement(t, moveAddressRange, nil)
+	to := managementWithoutManager(t, from)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
+
+	const name = "moved"
+	s := newScenario(t, from, name, 3)
+	s.startTraffic(3)
+	s.waitAvailable(convergeTimeout, 3)
+	// Every Machine has its Node, which clusterctl move waits for.
+	s.eventually(convergeTimeout, "every Machine linked to its Node", func(ctx context.Context) error {
+		ms, err := s.machines(ctx)
+		if err != nil {
+			return err
+		}
+		for _, m := range ms {
+			if !m.Status.NodeRef.IsDefined() {
+				return fmt.Errorf("machine %s has no Node yet", m.Name)
+			}
+		}
+		return nil
+	})
+	before := s.moveRecord(ctx)
+	t.Logf("before the move: %s", before)
+
+	// The target runs the process provider (and serves QCP's webhooks,
+	// which the move's creates need), but no control plane controller.
+	to.managerArgs = []string{"--controllers=process"}
+	if err := to.startManager(ctx, ""); err != nil {
+		t.Fatal(err)
+	}
+	out := testkit.Clusterctl(t, nil, "move", "--kubeconfig", from.env.Kubeconfig, "--to-kubeconfig", to.env.Kubeconfig, "--namespace", ns)
+	t.Logf("clusterctl move:\n%s", out)
+	s.checkNothingLeft(ctx, from)
+
+	// From here on the scenario is the target's.
+	if err := s.bound.stop(); err != nil {
+		t.Error(err)
+	}
+	s.mgmt, s.c = to, to.env.Client
+	s.bound = startMachineBound(s, 3, 1)
+
+	// The fact that etcd was bootstrapped came with the Machines: each
+	// carries its member's ID, with no control plane controller running
+	// on the target to have written it.
+	machines, err := s.machines(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	recorded := map[string]string{}
+	for _, m := range machines {
+		recorded[m.Spec.InfrastructureRef.Name] = m.Annotations[engine.MemberIDAnnotation]
+	}
+	if !maps.Equal(recorded, before.memberIDs) {
+		t.Errorf("member records on the target before its control plane controllers ran: %v, want %v (etcd's members before the move)", recorded, before.memberIDs)
+	}
+
+	if err := to.manager.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	to.managerArgs = nil
+	if err := to.startManager(ctx, ""); err != nil {
+		t.Fatal(err)
+	}
+	s.waitAvailable(convergeTimeout, 3)
+	s.eventually(convergeTimeout, "the moved machines running, with the processes and etcd members they had", func(ctx context.Context) error {
+		after := s.moveRecord(ctx)
+		if after.String() != before.String() {
+			return fmt.Errorf("after the move: %s", after)
+		}
+		return nil
+	})
+
+	s.scale(ctx, 5)
+	s.waitAvailable(convergeTimeout, 5)
+	s.finish()
+}
+
+// managementWithoutManager starts a second management cluster for the
+// machines of from, installed like every other from the release, whose
+// qcp-manager the caller starts: it keeps its process machines in from's
+// machine root and allocates from from's address range, so that it takes
+// over the machines a move brings.
+func managementWithoutManager(t *testing.T, from *management) *management {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	e, err := localenv.Start(ctx, localenv.Options{Repository: repository})
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := &management{env: e, binDir: from.binDir, addressRange: from.addressRange, machineRoot: from.env.MachineRoot()}
+	t.Cleanup(func() {
+		if err := m.refused(); err != nil {
+			t.Error(err)
+		}
+		m.stop()
+	})
+	return m
+}
+
+// moveRecord is what a move must not change: each machine's processes,
+// the load balancer's, and the etcd members.
+type moveRecord struct {
+	// processes are, per machine and for the load balancer ("lb"), the
+	// command and PID of every process running from its directory.
+	processes map[string][]string
+	// memberIDs are etcd's member IDs by member name, which is the
+	// process machine's.
+	memberIDs map[string]string
+}
+
+func (r moveRecord) String() string {
+	var b strings.Builder
+	for _, name := range slices.Sorted(maps.Keys(r.processes)) {
+		fmt.Fprintf(&b, "%s: member %q, processes %v; ", name, r.memberIDs[name], r.processes[name])
+	}
+	return b.String()
+}
+
+// moveRecord reads the scenario's machines as its management cluster and
+// etcd see them now.
+func (s *scenario) moveRecord(ctx context.Context) moveRecord {
+	s.t.Helper()
+	host := &machinehost.Host{Root: s.mgmt.machines()}
+	r := moveRecord{processes: map[string][]string{}, memberIDs: map[string]string{}}
+	dirs := map[string]string{"lb": host.LBDir(ns, s.name)}
+	machines, err := s.machines(ctx)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	for _, m := range machines {
+		// Keyed by the process machine's name, which names its etcd member.
+		dirs[m.Spec.InfrastructureRef.Name] = host.Dir(ns, m.Spec.InfrastructureRef.Name)
+	}
+	for name, dir := range dirs {
+		procs, err := machinehost.ProcessesMatching(dir)
+		if err != nil {
+			s.t.Fatal(err)
+		}
+		r.processes[name] = []string{}
+		for _, p := range procs {
+			if strings.Contains(p.Cmdline+" ", dir+" ") || strings.Contains(p.Cmdline, dir+"/") || strings.Contains(p.Cmdline, dir+"=") {
+				r.processes[name] = append(r.processes[name], fmt.Sprintf("%s/%d", p.Comm, p.PID))
+			}
+		}
+		slices.Sort(r.processes[name])
+	}
+	cli, _, err := s.etcdClient(ctx)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	defer cli.Close()
+	members, err := cli.Members(ctx)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	for _, m := range members {
+		r.memberIDs[m.Name] = engine.FormatMemberID(m.ID)
+	}
+	return r
+}
+
+// checkNothingLeft fails the scenario if from keeps any object of its
+// cluster: clusterctl move deletes what it moved from the source.
+func (s *scenario) checkNothingLeft(ctx context.Context, from *management) {
+	s.t.Helper()
+	c := from.env.Client
+	inCluster := client.MatchingLabels{clusterv1.ClusterNameLabel: s.name}
+	for _, list := range []client.ObjectList{&clusterv1.MachineList{}, &infrav1.ProcessMachineList{}, &corev1.SecretList{}} {
+		if err := c.List(ctx, list, client.InNamespace(ns), inCluster); err != nil {
+			s.t.Fatal(err)
+		}
+		if n := len(itemsOf(list)); n > 0 {
+			s.t.Errorf("the source management cluster keeps %d %T of cluster %s after the move: %v", n, list, s.name, itemsOf(list))
+		}
+	}
+	for _, obj := range []client.Object{
+		&clusterv1.Cluster{}, &controlplanev1.QuorumControlPlane{}, &infrav1.ProcessCluster{}, &infrav1.ProcessMachineTemplate{},
+	} {
+		if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: s.name}, obj); !isNotFound(err) {
+			s.t.Errorf("the source management cluster keeps %T %s after the move (%v)", obj, s.name, err)
+		}
+	}
+	var secrets corev1.SecretList
+	if err := c.List(ctx, &secrets, client.InNamespace(ns)); err != nil {
+		s.t.Fatal(err)
+	}
+	for _, sec := range secrets.Items {
+		if strings.HasPrefix(sec.Name, s.name+"-") {
+			s.t.Errorf("the source management cluster keeps Secret %s after the move", sec.Name)
+		}
+	}
+}
+
+// itemsOf names the items of list.
+func itemsOf(list client.ObjectList) []string {
+	items, _ := meta.ExtractList(list)
+	var names []string
+	for _, o := range items {
+		if obj, err := meta.Accessor(o); err == nil {
+			names = append(names, obj.GetName())
+		}
+	}
+	return names
+}
