@@ -8,6 +8,10 @@ import (
 	"testing"
 	"time"
 
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
 	"github.com/qcp-dev/qcp/internal/etcd"
 	"github.com/qcp-dev/qcp/internal/testkit"
 )
@@ -321,5 +325,41 @@ func TestFrozenMemberHoldsNoRequest(t *testing.T) {
 			_, err := cli.MemberListAgreement(context.Background())
 			return err
 		})
+	}
+}
+
+// TestStoppingMemberAnswerIsAskedElsewhere: a member just removed answers
+// "raft: stopped" until its process ends, and the client's endpoints still
+// hold it. A request that member answers so is asked of the other members
+// (as one a learner refused is), instead of failing the observation that
+// made it: an EtcdCluster scaled down reported "Cannot observe etcd" for a
+// round when its alarm list reached the removed member. The refusal is
+// injected for the balanced client; the other members are real.
+func TestStoppingMemberAnswerIsAskedElsewhere(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	_, _, cli := testkit.StartEtcdCluster(ctx, t, "stopping", 3)
+	for _, stopping := range []error{
+		status.Error(codes.Unknown, "raft: stopped"), status.Error(codes.Unavailable, "etcdserver: server stopped"),
+	} {
+		asked := 0
+		err := cli.OnVoter(func(c *clientv3.Client) error {
+			asked++
+			if c == cli.Balanced() {
+				return stopping
+			}
+			_, err := c.AlarmList(ctx)
+			return err
+		})
+		if err != nil || asked < 2 {
+			t.Errorf("after %q: %v, asked %d clients; want the alarm list from another member", stopping, err, asked)
+		}
+	}
+	// Anything else is the answer, not asked again.
+	final := status.Error(codes.PermissionDenied, "etcdserver: permission denied")
+	asked := 0
+	if err := cli.OnVoter(func(*clientv3.Client) error { asked++; return final }); !errors.Is(err, final) || asked != 1 {
+		t.Errorf("a final error: %v after %d asks; want it after 1", err, asked)
 	}
 }

@@ -105,6 +105,17 @@ func IsLearnerRefusal(err error) bool {
 	return err != nil && errorDesc(err) == errorDesc(rpctypes.ErrGRPCNotSupportedForLearner)
 }
 
+// IsMemberStopping reports whether the member that answered is shutting
+// down, typically one just removed from the cluster that the client still
+// had in its endpoint list: another member can answer the same request.
+func IsMemberStopping(err error) bool {
+	if err == nil {
+		return false
+	}
+	desc := errorDesc(err)
+	return desc == descRaftStopped || desc == descServerStopped
+}
+
 // IsMemberNotFound reports whether the member named in a request no longer
 // exists. For a removal this means the work is done.
 func IsMemberNotFound(err error) bool {

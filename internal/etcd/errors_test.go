@@ -20,6 +20,7 @@ func TestErrorClassification(t *testing.T) {
 		notFound, peerURLExist bool
 		refused                bool // certainly not applied
 		learnerRefusal         bool
+		stopping               bool // another member can answer
 	}{
 		{name: "nil", err: nil},
 		{name: "unhealthy cluster (client form)", err: rpctypes.ErrUnhealthy, retryable: true, refused: true},
@@ -32,8 +33,8 @@ func TestErrorClassification(t *testing.T) {
 		{name: "request timed out", err: rpctypes.ErrTimeout, retryable: true},
 		{name: "not enough started members", err: rpctypes.ErrMemberNotEnoughStarted, retryable: true, refused: true},
 		{name: "raft proposal dropped", err: wrap(status.Error(codes.Unknown, "raft proposal dropped")), retryable: true},
-		{name: "member shutting down: raft stopped", err: wrap(status.Error(codes.Unknown, "raft: stopped")), retryable: true},
-		{name: "member shutting down: server stopped", err: wrap(rpctypes.ErrGRPCStopped), retryable: true},
+		{name: "member shutting down: raft stopped", err: wrap(status.Error(codes.Unknown, "raft: stopped")), retryable: true, stopping: true},
+		{name: "member shutting down: server stopped", err: wrap(rpctypes.ErrGRPCStopped), retryable: true, stopping: true},
 		{name: "transport unavailable", err: status.Error(codes.Unavailable, "connection error: connect: connection refused"), retryable: true},
 		{name: "gRPC deadline", err: status.Error(codes.DeadlineExceeded, "context deadline exceeded"), retryable: true},
 		{name: "caller deadline", err: wrap(context.DeadlineExceeded), retryable: true},
@@ -67,6 +68,9 @@ func TestErrorClassification(t *testing.T) {
 			}
 			if got := IsRefused(c.err); got != c.refused {
 				t.Errorf("IsRefused(%v) = %v, want %v", c.err, got, c.refused)
+			}
+			if got := IsMemberStopping(c.err); got != c.stopping {
+				t.Errorf("IsMemberStopping(%v) = %v, want %v", c.err, got, c.stopping)
 			}
 		})
 	}

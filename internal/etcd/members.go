@@ -73,12 +73,20 @@ func (c *Client) Members(ctx context.Context) ([]Member, error) {
 
 // onVoter calls fn with the client, and if a learner refused it (etcd
 // v3.5's learners serve no linearizable request, and the client's balancer
-// may pick one), with each endpoint's own client in turn until one is not
-// refused. A learner refuses before doing anything, so asking again is
-// safe for every request.
+// may pick one) or a member shutting down answered it (one just removed,
+// which the client's endpoints still hold), with each endpoint's own client
+// in turn until one answers otherwise. A learner refuses before doing
+// anything, so asking again is safe for every request. A member shutting
+// down may have applied a change before it stopped; asked again, etcd
+// refuses a second add of the same peer URL, and every other change made
+// through here counts its repetition as done (a voter promoted, a revision
+// compacted, an alarm disarmed).
 func (c *Client) onVoter(fn func(*clientv3.Client) error) error {
+	// Another member can answer what a learner, or a member shutting down
+	// (one just removed), refused.
+	elsewhere := func(err error) bool { return IsLearnerRefusal(err) || IsMemberStopping(err) }
 	err := fn(c.cli)
-	if !IsLearnerRefusal(err) {
+	if !elsewhere(err) {
 		return err
 	}
 	for _, ep := range c.cli.Endpoints() {
@@ -86,7 +94,7 @@ func (c *Client) onVoter(fn func(*clientv3.Client) error) error {
 		if perr != nil {
 			continue
 		}
-		if err = fn(p); !IsLearnerRefusal(err) {
+		if err = fn(p); !elsewhere(err) {
 			return err
 		}
 	}
