@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -167,12 +168,23 @@ func checkContract(t *testing.T, label, prefix string, objs []unstructured.Unstr
 		t.Errorf("%d Roles and %d RoleBindings, want the leader-election pair", len(byKind["Role"]), len(byKind["RoleBinding"]))
 	}
 
-	// The binding names a ClusterRole that aggregates exactly this
+	// The manager's binding (the one of a ServiceAccount of the provider's
+	// namespace) names a ClusterRole that aggregates exactly this
 	// provider's generated role.
-	if len(byKind["ClusterRoleBinding"]) != 1 {
-		t.Fatalf("%d ClusterRoleBindings, want 1", len(byKind["ClusterRoleBinding"]))
+	var own, others []*unstructured.Unstructured
+	for _, b := range byKind["ClusterRoleBinding"] {
+		subjects, _, _ := unstructured.NestedSlice(b.Object, "subjects")
+		if len(subjects) == 1 && subjects[0].(map[string]any)["kind"] == "ServiceAccount" && subjects[0].(map[string]any)["namespace"] == ns {
+			own = append(own, b)
+		} else {
+			others = append(others, b)
+		}
 	}
-	bound, _, _ := unstructured.NestedString(byKind["ClusterRoleBinding"][0].Object, "roleRef", "name")
+	if len(own) != 1 {
+		t.Fatalf("%d ClusterRoleBindings of the provider's ServiceAccount, want 1", len(own))
+	}
+	checkOtherBindings(t, label, others, byKind["ClusterRole"])
+	bound, _, _ := unstructured.NestedString(own[0].Object, "roleRef", "name")
 	var selected []string
 	var match map[string]string
 	for _, role := range byKind["ClusterRole"] {
@@ -288,5 +300,40 @@ func TestSampleIsTheDefaultTemplate(t *testing.T) {
 	}
 	if !equality.Semantic.DeepEqual(got, want) {
 		t.Errorf("config/samples/demo.yaml is not config/templates/cluster-template.yaml rendered for demo:\n%s", cmp.Diff(want, got))
+	}
+}
+
+// checkOtherBindings checks the bindings a provider makes for another
+// provider's ServiceAccount: only the control plane provider makes one, for
+// CAPI's kubeadm bootstrap provider, which reads a worker's control plane to
+// learn its version and whose own role names only KubeadmControlPlanes. It
+// may read QuorumControlPlanes, and nothing else.
+func checkOtherBindings(t *testing.T, label string, others, roles []*unstructured.Unstructured) {
+	t.Helper()
+	if label != "control-plane-qcp" {
+		if len(others) > 0 {
+			t.Errorf("%d ClusterRoleBindings for other providers' ServiceAccounts, want none", len(others))
+		}
+		return
+	}
+	if len(others) != 1 {
+		t.Fatalf("%d ClusterRoleBindings for other providers' ServiceAccounts, want CABPK's", len(others))
+	}
+	// A group, not the ServiceAccount: clusterctl moves every
+	// ServiceAccount subject into the provider's own namespace.
+	subjects, _, _ := unstructured.NestedSlice(others[0].Object, "subjects")
+	if len(subjects) != 1 || subjects[0].(map[string]any)["kind"] != "Group" || subjects[0].(map[string]any)["name"] != "system:serviceaccounts:capi-kubeadm-bootstrap-system" {
+		t.Errorf("binding %s names %v, want the ServiceAccounts of CABPK's namespace", others[0].GetName(), subjects)
+	}
+	name, _, _ := unstructured.NestedString(others[0].Object, "roleRef", "name")
+	i := slices.IndexFunc(roles, func(r *unstructured.Unstructured) bool { return r.GetName() == name })
+	if i < 0 {
+		t.Fatalf("binding %s names ClusterRole %s, which the release lacks", others[0].GetName(), name)
+	}
+	rules, _, _ := unstructured.NestedSlice(roles[i].Object, "rules")
+	want := []any{map[string]any{"apiGroups": []any{"controlplane.cluster.x-k8s.io"}, "resources": []any{"quorumcontrolplanes"},
+		"verbs": []any{"get", "list", "watch"}}}
+	if !reflect.DeepEqual(rules, want) {
+		t.Errorf("CABPK's ClusterRole %s grants %v, want %v", name, rules, want)
 	}
 }
