@@ -15,9 +15,12 @@ import (
 // cluster runs. Its API objects rely on the garbage collector, as in kind:
 // Secrets owned by a Machine or a QuorumControlPlane go with their owner.
 // The namespace controller costs nothing until a namespace is deleted, and
-// without it a deleted namespace stays Terminating for ever. Everything else
-// acts on Pods, Nodes and workloads the management cluster does not run.
-var gcControllers = []string{"garbage-collector-controller", "namespace-controller"}
+// without it a deleted namespace stays Terminating for ever. The
+// ClusterRole aggregation controller fills the aggregated roles a release
+// binds its managers to (CAPI core's, CABPK's and QCP's), which stay empty
+// without it. Everything else acts on Pods, Nodes and workloads the
+// management cluster does not run.
+var gcControllers = []string{"garbage-collector-controller", "namespace-controller", "clusterrole-aggregation-controller"}
 
 // startControllerManager starts kube-controller-manager from the pinned kube
 // binary with only gcControllers, and returns once it answers /healthz. That

@@ -5,11 +5,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
+	"time"
 
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
@@ -105,26 +107,33 @@ func (e *Env) managerKubeconfig(ctx context.Context, roles []rbacv1.ClusterRole)
 		}
 	}
 	e.managerRoles = roles
+	return e.serviceAccountKubeconfig(ctx, ManagerNamespace, ManagerServiceAccount, "qcp-manager")
+}
 
+// serviceAccountKubeconfig writes <base>.kubeconfig in the environment's
+// directory: it authenticates as the ServiceAccount namespace/name with a
+// token from the TokenRequest API, kept in <base>.token (mode 0600), which
+// client-go re-reads. It returns the kubeconfig's path.
+func (e *Env) serviceAccountKubeconfig(ctx context.Context, namespace, name, base string) (string, error) {
 	cs, err := kubernetes.NewForConfig(e.Config)
 	if err != nil {
 		return "", err
 	}
-	tr, err := cs.CoreV1().ServiceAccounts(ManagerNamespace).CreateToken(ctx, ManagerServiceAccount,
+	tr, err := cs.CoreV1().ServiceAccounts(namespace).CreateToken(ctx, name,
 		&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: ptr.To[int64](managerTokenLifetime)}}, metav1.CreateOptions{})
 	if err != nil {
-		return "", fmt.Errorf("requesting a token for qcp-manager's ServiceAccount: %w", err)
+		return "", fmt.Errorf("requesting a token for ServiceAccount %s/%s: %w", namespace, name, err)
 	}
-	tokenFile := filepath.Join(e.Dir, "qcp-manager.token")
+	tokenFile := filepath.Join(e.Dir, base+".token")
 	if err := os.WriteFile(tokenFile, []byte(tr.Status.Token), 0o600); err != nil {
 		return "", err
 	}
 	kc := clientcmdapi.NewConfig()
 	kc.Clusters["local"] = &clientcmdapi.Cluster{Server: e.Config.Host, CertificateAuthorityData: e.Config.CAData}
-	kc.AuthInfos[ManagerServiceAccount] = &clientcmdapi.AuthInfo{TokenFile: tokenFile}
-	kc.Contexts["local"] = &clientcmdapi.Context{Cluster: "local", AuthInfo: ManagerServiceAccount}
+	kc.AuthInfos[name] = &clientcmdapi.AuthInfo{TokenFile: tokenFile}
+	kc.Contexts["local"] = &clientcmdapi.Context{Cluster: "local", AuthInfo: name}
 	kc.CurrentContext = "local"
-	path := filepath.Join(e.Dir, "qcp-manager.kubeconfig")
+	path := filepath.Join(e.Dir, base+".kubeconfig")
 	if err := clientcmd.WriteToFile(*kc, path); err != nil {
 		return "", err
 	}
@@ -157,45 +166,93 @@ const (
 
 var refusedRequest = regexp.MustCompile(`cannot (\S+) resource \\*"([^"\\]+)\\*" in API group \\*"([^"\\]*)\\*"`)
 
-// ManagerForbidden returns the lines of every qcp-manager log in the
-// environment's directory that report a refused request which the roles
-// the manager's ServiceAccount is bound to do not grant: none, when those
-// roles grant everything the manager asked for. A request
+// managerIdentity is a manager that runs as a ServiceAccount: the user
+// its requests are made as, and the ClusterRoles bound to it.
+type managerIdentity struct {
+	user  string
+	roles []rbacv1.ClusterRole
+	// namespace and serviceAccount, if set, name the ServiceAccount whose
+	// bound roles are read again when the logs are checked: a provider
+	// installed later (a test's infrastructure kind) may have added rules
+	// to an aggregated role since.
+	namespace, serviceAccount string
+}
+
+// ManagerForbidden returns the lines of every manager log in the
+// environment's directory (qcp-manager's, and CAPI core's and CABPK's when
+// they run as the release's ServiceAccounts) that report a refused request
+// which the roles the manager's ServiceAccount is bound to do not grant:
+// none, when those roles grant everything the managers asked for. A request
 // the roles grant can still be refused for a moment by an API server that
 // just restarted, before its authorizer has read the bindings (the chaos
 // smoke restarts the management API server); that is not a missing
 // permission, and is left out. A refusal that names no verb, resource and
 // group is kept.
 func (e *Env) ManagerForbidden() ([]string, error) {
-	logs, err := filepath.Glob(filepath.Join(e.Dir, "qcp-manager*.log"))
-	if err != nil {
-		return nil, err
-	}
+	ids := map[string]managerIdentity{"qcp-manager": {user: managerUser, roles: e.managerRoles}}
+	maps.Copy(ids, e.capiIdentities)
 	var found []string
 	var errs []error
-	for _, path := range logs {
-		f, err := os.Open(path)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		sc := bufio.NewScanner(f)
-		sc.Buffer(make([]byte, 0, 64*1024), 4*1024*1024)
-		for sc.Scan() {
-			if l := sc.Text(); strings.Contains(l, forbiddenMark) && strings.Contains(l, managerUser) && !e.grantedRefusal(l) {
-				found = append(found, filepath.Base(path)+": "+l)
+	for _, base := range slices.Sorted(maps.Keys(ids)) {
+		id := ids[base]
+		if id.serviceAccount != "" && e.Client != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			if roles, err := e.boundClusterRoles(ctx, id.namespace, id.serviceAccount); err == nil {
+				id.roles = roles
 			}
+			cancel()
 		}
-		errs = append(errs, sc.Err(), f.Close())
+		logs, err := filepath.Glob(filepath.Join(e.Dir, base+"*.log"))
+		if err != nil {
+			return nil, err
+		}
+		for _, path := range logs {
+			f, err := os.Open(path)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			sc := bufio.NewScanner(f)
+			sc.Buffer(make([]byte, 0, 64*1024), 4*1024*1024)
+			for sc.Scan() {
+				if l := sc.Text(); strings.Contains(l, forbiddenMark) && strings.Contains(l, id.user) && !grantedRefusal(id.roles, l) {
+					found = append(found, filepath.Base(path)+": "+l)
+				}
+			}
+			errs = append(errs, sc.Err(), f.Close())
+		}
 	}
 	return found, errors.Join(errs...)
 }
 
 // grantedRefusal tells whether the request a log line says was refused is
-// one the manager's roles grant.
-func (e *Env) grantedRefusal(line string) bool {
+// one roles grant.
+func grantedRefusal(roles []rbacv1.ClusterRole, line string) bool {
 	m := refusedRequest.FindStringSubmatch(line)
-	return m != nil && Grants(e.managerRoles, m[1], m[3], m[2])
+	return m != nil && Grants(roles, m[1], m[3], m[2])
+}
+
+// boundClusterRoles are the ClusterRoles bound to the ServiceAccount
+// namespace/name, as they are now.
+func (e *Env) boundClusterRoles(ctx context.Context, namespace, name string) ([]rbacv1.ClusterRole, error) {
+	var bindings rbacv1.ClusterRoleBindingList
+	if err := e.Client.List(ctx, &bindings); err != nil {
+		return nil, err
+	}
+	var roles []rbacv1.ClusterRole
+	for _, b := range bindings.Items {
+		if b.RoleRef.Kind != "ClusterRole" || !slices.ContainsFunc(b.Subjects, func(s rbacv1.Subject) bool {
+			return s.Kind == rbacv1.ServiceAccountKind && s.Namespace == namespace && s.Name == name
+		}) {
+			continue
+		}
+		var role rbacv1.ClusterRole
+		if err := e.Client.Get(ctx, client.ObjectKey{Name: b.RoleRef.Name}, &role); err != nil {
+			return nil, err
+		}
+		roles = append(roles, role)
+	}
+	return roles, nil
 }
 
 // Grants tells whether any rule of roles allows verb on resource (a

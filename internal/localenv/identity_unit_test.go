@@ -3,6 +3,7 @@ package localenv
 import (
 	"os"
 	"path/filepath"
+	"slices"
 	"testing"
 )
 
@@ -40,6 +41,23 @@ func TestManagerForbiddenKeepsOnlyMissingPermissions(t *testing.T) {
 		if found[i] != want[i] {
 			t.Errorf("line %d: %q, want %q", i, found[i], want[i])
 		}
+	}
+	// CAPI core, run as the release's ServiceAccount, is checked against
+	// the roles bound to that ServiceAccount.
+	e.capiIdentities = map[string]managerIdentity{"capi-manager": {user: "system:serviceaccount:capi-system:capi-manager", roles: roles}}
+	capiRefused := func(what string) string {
+		return `E1129 reflector.go:1 "Unhandled Error" err="etcdclusters.etcd.cluster.x-k8s.io is forbidden: User \"system:serviceaccount:capi-system:capi-manager\" ` + what + `"`
+	}
+	capiMissing := capiRefused(`cannot list resource \"nodes\" in API group \"\" at the cluster scope`)
+	capiLog := capiRefused(`cannot list resource \"machines\" in API group \"cluster.x-k8s.io\" at the cluster scope`) + "\n" + capiMissing + "\n" + other + "\n"
+	if err := os.WriteFile(filepath.Join(e.Dir, "capi-manager.log"), []byte(capiLog), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if found, err = e.ManagerForbidden(); err != nil {
+		t.Fatal(err)
+	}
+	if want = append([]string{"capi-manager.log: " + capiMissing}, want...); !slices.Equal(found, want) {
+		t.Errorf("with CAPI core's log: found %q, want %q", found, want)
 	}
 	if !Grants(roles, "get", "apiextensions.k8s.io", "customresourcedefinitions") {
 		t.Error("the release's roles do not grant reading CustomResourceDefinitions, which CAPI's contract helpers need")

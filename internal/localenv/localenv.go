@@ -84,7 +84,10 @@ type Env struct {
 	// managerRoles are the roles qcp-manager's ServiceAccount was last
 	// bound to (managerKubeconfig).
 	managerRoles []rbacv1.ClusterRole
-	ownsDir      bool
+	// capiIdentities are CAPI core's and CABPK's, by log name, when they
+	// run as the release's ServiceAccounts (capiManagerRun).
+	capiIdentities map[string]managerIdentity
+	ownsDir        bool
 	// opts are the options Start was given, for starting CAPI core again.
 	opts Options
 }

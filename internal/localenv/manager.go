@@ -65,6 +65,10 @@ func (e *Env) StartManager(ctx context.Context, opts ManagerOptions) (*Process, 
 	if err != nil {
 		return nil, err
 	}
+	installed, err := e.installedQCPArgs(ctx)
+	if err != nil {
+		return nil, err
+	}
 	// The metrics address is the caller's if given, else the first port.
 	metricsAddr := opts.MetricsAddr
 	start := func(addrs []string) (*Process, error) {
@@ -77,8 +81,10 @@ func (e *Env) StartManager(ctx context.Context, opts ManagerOptions) (*Process, 
 			"--bin-dir=" + binDir,
 			"--metrics-bind-address=" + metricsAddr,
 			"--health-probe-bind-address=" + addrs[1],
+			"--leader-elect=false",
 		}, e.qcpWebhookArgs()...)
-		return StartProcess("qcp-manager", opts.Path, append(args, opts.ExtraArgs...), append([]string{"KUBE_FEATURE_WatchListClient=false"}, opts.Env...), e.Dir)
+		args = overrideArgs(installed, append(args, opts.ExtraArgs...))
+		return StartProcess("qcp-manager", opts.Path, args, append([]string{"KUBE_FEATURE_WatchListClient=false"}, opts.Env...), e.Dir)
 	}
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
@@ -99,4 +105,41 @@ func (e *Env) StartManager(ctx context.Context, opts ManagerOptions) (*Process, 
 		return nil, err
 	}
 	return p, nil
+}
+
+// qcpDeployments are the Deployments of QCP's two providers in the release.
+var qcpDeployments = [][2]string{
+	{"qcp-control-plane-system", "qcp-control-plane-controller-manager"},
+	{"qcp-infrastructure-process-system", "qcp-infrastructure-process-controller-manager"},
+}
+
+// installedQCPArgs are, with a release installed, the arguments of both
+// QCP providers' Deployments, which one qcp-manager process runs here: the
+// first of each flag, without --controllers (the process runs both
+// providers' controllers unless the caller says otherwise). StartManager
+// overrides the host's ports, certificates, kubeconfig, machine root and
+// leader election, as for CAPI core (capiManagerArgs). Without a release,
+// none.
+func (e *Env) installedQCPArgs(ctx context.Context) ([]string, error) {
+	if e.opts.Repository == "" {
+		return nil, nil
+	}
+	var args []string
+	seen := map[string]bool{"--controllers": true}
+	for _, d := range qcpDeployments {
+		if d[0] == "qcp-infrastructure-process-system" && e.opts.WithoutProcessProvider {
+			continue
+		}
+		_, container, err := e.installedManager(ctx, d[0], d[1])
+		if err != nil {
+			return nil, err
+		}
+		for _, a := range container.Args {
+			if !seen[flagName(a)] {
+				seen[flagName(a)] = true
+				args = append(args, a)
+			}
+		}
+	}
+	return args, nil
 }

@@ -212,16 +212,17 @@ func (m *management) stop() {
 	}
 }
 
-// refused reports every request of its qcp-managers that RBAC refused, in
-// their logs so far: they run as their ServiceAccount with the release's
-// roles, so each is a permission the release lacks.
+// refused reports every request of its managers (qcp-manager, CAPI core,
+// CABPK) that RBAC refused, in their logs so far: they run as their
+// ServiceAccounts with the release's roles, so each is a permission a
+// release lacks.
 func (m *management) refused() error {
 	found, err := m.env.ManagerForbidden()
 	if err != nil {
-		return fmt.Errorf("reading qcp-manager's logs in %s: %w", m.env.Dir, err)
+		return fmt.Errorf("reading the managers' logs in %s: %w", m.env.Dir, err)
 	}
 	if len(found) > 0 {
-		return fmt.Errorf("qcp-manager was refused %d requests, so the release's roles lack a permission it uses; the first: %s", len(found), found[0])
+		return fmt.Errorf("the managers were refused %d requests, so a release's roles lack a permission they use; the first: %s", len(found), found[0])
 	}
 	return nil
 }

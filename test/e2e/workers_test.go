@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -19,6 +20,7 @@ import (
 	certificatesv1 "k8s.io/api/certificates/v1"
 	coordinationv1 "k8s.io/api/coordination/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/api/resource"
@@ -448,8 +450,29 @@ func workerClient(t *testing.T, mgmt *management) client.Client {
 
 // installInfrastructureKinds creates the CRDs of kinds in group, version
 // v1alpha1, labelled with the contract they follow, once for the
-// management cluster, and waits until they are served.
+// management cluster, and waits until they are served. As a provider whose
+// group CAPI core's own role does not name must, it also aggregates the
+// permissions CAPI core needs on its kinds into CAPI core's role, and waits
+// until they are there: CAPI core runs as its release's ServiceAccount.
 func installInfrastructureKinds(ctx context.Context, t *testing.T, c client.Client, group string, kinds ...string) {
+	role := &rbacv1.ClusterRole{
+		ObjectMeta: metav1.ObjectMeta{Name: "e2e-" + group + "-capi", Labels: map[string]string{"cluster.x-k8s.io/aggregate-to-manager": "true"}},
+		Rules: []rbacv1.PolicyRule{{APIGroups: []string{group}, Resources: []string{"*"},
+			Verbs: []string{"get", "list", "watch", "create", "update", "patch", "delete"}}},
+	}
+	if err := c.Create(ctx, role); err != nil && !apierrors.IsAlreadyExists(err) {
+		t.Fatal(err)
+	}
+	err := wait.PollUntilContextTimeout(ctx, 100*time.Millisecond, time.Minute, true, func(ctx context.Context) (bool, error) {
+		var capi rbacv1.ClusterRole
+		if err := c.Get(ctx, client.ObjectKey{Name: "capi-aggregated-manager-role"}, &capi); err != nil {
+			return false, nil
+		}
+		return slices.ContainsFunc(capi.Rules, func(r rbacv1.PolicyRule) bool { return slices.Contains(r.APIGroups, group) }), nil
+	})
+	if err != nil {
+		t.Fatalf("CAPI core's role did not take in the permissions on %s: %v", group, err)
+	}
 	for _, kind := range kinds {
 		plural := strings.ToLower(kind) + "s"
 		crd := &apiextensionsv1.CustomResourceDefinition{
