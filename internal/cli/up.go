@@ -43,8 +43,9 @@ func newUpCommand(g *globals) *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "up",
 		Short: "Start a local management cluster with a sample 3-machine control plane, in the background",
-		Long: "up starts the management cluster (etcd, kube-apiserver, CAPI core, CAPI's kubeadm bootstrap provider, qcp-manager) as background " +
-			"processes that outlive the command, creates the sample cluster demo (config/samples/demo.yaml: " +
+		Long: "up starts the management cluster (etcd, kube-apiserver), installs CAPI core, CAPI's kubeadm bootstrap provider, QCP and " +
+			"the process provider into it with clusterctl init from the release (--repository, default out/clusterctl.yaml, which " +
+			"'make release' writes), runs their managers as background processes that outlive the command, creates the sample cluster demo (config/samples/demo.yaml: " +
 			"3 control plane machines over 3 failure domains), shows its machines joining, and returns once " +
 			"its control plane is Available. Running it again while the cluster is up changes nothing. " +
 			"'qcpctl down' stops and removes everything it started.",
