@@ -119,24 +119,32 @@ func (e *Env) pointWebhooksAtHosts(ctx context.Context) error {
 			return fmt.Errorf("listing what clusterctl installed: %w", err)
 		}
 	}
-	var updates []client.Object
+	// The admission webhooks' client configurations, by the configuration
+	// that holds them.
+	admission := map[client.Object][]*admissionregistrationv1.WebhookClientConfig{}
 	for i := range mutating.Items {
-		cfg := &mutating.Items[i]
-		for j := range cfg.Webhooks {
-			if err := setHostConfig(cfg, &cfg.Webhooks[j].ClientConfig, hostConfig); err != nil {
-				return err
-			}
+		for j := range mutating.Items[i].Webhooks {
+			admission[&mutating.Items[i]] = append(admission[&mutating.Items[i]], &mutating.Items[i].Webhooks[j].ClientConfig)
 		}
-		updates = append(updates, cfg)
 	}
 	for i := range validating.Items {
-		cfg := &validating.Items[i]
-		for j := range cfg.Webhooks {
-			if err := setHostConfig(cfg, &cfg.Webhooks[j].ClientConfig, hostConfig); err != nil {
+		for j := range validating.Items[i].Webhooks {
+			admission[&validating.Items[i]] = append(admission[&validating.Items[i]], &validating.Items[i].Webhooks[j].ClientConfig)
+		}
+	}
+	var updates []client.Object
+	for obj, configs := range admission {
+		for _, cc := range configs {
+			if cc.Service == nil {
+				continue
+			}
+			cfg, err := hostConfig(obj, cc.Service, "/")
+			if err != nil {
 				return err
 			}
+			*cc = *cfg
 		}
-		updates = append(updates, cfg)
+		updates = append(updates, obj)
 	}
 	for i := range crds.Items {
 		crd := &crds.Items[i]
@@ -158,21 +166,5 @@ func (e *Env) pointWebhooksAtHosts(ctx context.Context) error {
 			return fmt.Errorf("pointing %T %s at its host process: %w", obj, obj.GetName(), err)
 		}
 	}
-	return nil
-}
-
-// setHostConfig replaces a webhook's Service reference with the host
-// process hostConfig gives.
-func setHostConfig(obj client.Object, cc *admissionregistrationv1.WebhookClientConfig,
-	hostConfig func(client.Object, *admissionregistrationv1.ServiceReference, string) (*admissionregistrationv1.WebhookClientConfig, error),
-) error {
-	if cc.Service == nil {
-		return nil
-	}
-	cfg, err := hostConfig(obj, cc.Service, "/")
-	if err != nil {
-		return err
-	}
-	*cc = *cfg
 	return nil
 }
