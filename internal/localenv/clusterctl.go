@@ -43,7 +43,7 @@ const clusterctlInitTimeout = 3 * time.Minute
 // `clusterctl init` with the repository's providers, and points the webhooks
 // it installed at the host processes that serve them.
 func (e *Env) clusterctlInit(ctx context.Context, opts Options, manifests string) error {
-	if _, err := envtest.InstallCRDs(e.Config, envtest.CRDInstallOptions{
+	if err := installCRDs(e.Config, envtest.CRDInstallOptions{
 		Paths: []string{filepath.Join(manifests, "localenv")}, ErrorIfPathMissing: true,
 	}); err != nil {
 		return fmt.Errorf("installing the stand-ins for cert-manager's CRDs: %w", err)

@@ -9,6 +9,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"io/fs"
 	"os"
 	"path/filepath"
@@ -18,8 +19,11 @@ import (
 
 	rbacv1 "k8s.io/api/rbac/v1"
 	apiextensionsv1 "k8s.io/apiextensions-apiserver/pkg/apis/apiextensions/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	utilnet "k8s.io/apimachinery/pkg/util/net"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/util/retry"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/envtest"
 
@@ -179,11 +183,6 @@ func (e *Env) startAPIServer(opts Options) error {
 	}
 	e.env = &envtest.Environment{
 		Scheme:                e.Scheme,
-		ErrorIfCRDPathMissing: true,
-		CRDDirectoryPaths: []string{
-			filepath.Join(manifests, "capi", "crd"),
-			filepath.Join(manifests, "crd", "bases"),
-		},
 		WebhookInstallOptions: envtest.WebhookInstallOptions{
 			Paths: []string{filepath.Join(manifests, "capi", "webhook-manifests.yaml")},
 			// CAPI's CRDs convert between v1beta1 and v1beta2 through its
@@ -196,7 +195,7 @@ func (e *Env) startAPIServer(opts Options) error {
 	if opts.Repository != "" {
 		// clusterctl installs them; envtest only makes the webhooks'
 		// serving certificate.
-		e.env.CRDDirectoryPaths, e.env.WebhookInstallOptions.Paths = nil, nil
+		e.env.WebhookInstallOptions.Paths = nil
 	}
 	apiserver := e.env.ControlPlane.GetAPIServer()
 	apiserver.Path = apiserverLink
@@ -217,6 +216,23 @@ func (e *Env) startAPIServer(opts Options) error {
 		return fmt.Errorf("starting the management kube-apiserver and etcd: %w", err)
 	}
 	e.Config = cfg
+	if opts.Repository == "" {
+		// Installed here rather than by Start, which gives up on the first
+		// dropped connection.
+		err := installCRDs(cfg, envtest.CRDInstallOptions{
+			Paths: []string{
+				filepath.Join(manifests, "capi", "crd"),
+				filepath.Join(manifests, "crd", "bases"),
+			},
+			ErrorIfPathMissing: true,
+			Scheme:             e.Scheme,
+			// Conversions go to the webhook server envtest prepared.
+			WebhookOptions: e.env.WebhookInstallOptions,
+		})
+		if err != nil {
+			return err
+		}
+	}
 	e.WebhookPort = e.env.WebhookInstallOptions.LocalServingPort
 	e.WebhookCertDir = e.env.WebhookInstallOptions.LocalServingCertDir
 	if err := e.allocateQCPWebhookPort(); err != nil {
@@ -339,3 +355,25 @@ func (e *Env) StartAPIServer() error {
 
 // MachineRoot is where qcp-manager keeps the process machines by default.
 func (e *Env) MachineRoot() string { return filepath.Join(e.Dir, "machines") }
+
+// crdInstallBackoff spaces the attempts installCRDs makes: about 6 s in all.
+var crdInstallBackoff = wait.Backoff{Steps: 5, Duration: 400 * time.Millisecond, Factor: 2}
+
+// installCRDs installs CRDs as envtest does, and tries again when the API
+// server dropped the connection or timed out, as a loaded kube-apiserver
+// occasionally does (a POST whose response ends in "unexpected EOF"). Each
+// attempt creates what is missing and updates what exists.
+func installCRDs(cfg *rest.Config, opts envtest.CRDInstallOptions) error {
+	return retry.OnError(crdInstallBackoff, transientAPIError, func() error {
+		_, err := envtest.InstallCRDs(cfg, opts)
+		return err
+	})
+}
+
+// transientAPIError reports whether err is the API server's transport or load
+// failing, not a refusal: a retry may clear it.
+func transientAPIError(err error) bool {
+	return errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) ||
+		utilnet.IsConnectionReset(err) || utilnet.IsConnectionRefused(err) ||
+		apierrors.IsServerTimeout(err) || apierrors.IsTimeout(err) || apierrors.IsTooManyRequests(err)
+}
