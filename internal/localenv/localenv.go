@@ -182,7 +182,7 @@ func (e *Env) startAPIServer(opts Options) error {
 		return fmt.Errorf("linking kube-apiserver: %w", err)
 	}
 	e.env = &envtest.Environment{
-		Scheme:                e.Scheme,
+		Scheme: e.Scheme,
 		WebhookInstallOptions: envtest.WebhookInstallOptions{
 			Paths: []string{filepath.Join(manifests, "capi", "webhook-manifests.yaml")},
 			// CAPI's CRDs convert between v1beta1 and v1beta2 through its
