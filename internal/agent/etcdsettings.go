@@ -195,6 +195,9 @@ func (a *machineCtx) serveAgentEndpoint(ctx context.Context) error {
 			a.putAuthority(ctx, ServiceAccountAuthorityKind, w, r)
 		})
 	}
+	if withEtcd && a.registersNode() {
+		mux.HandleFunc("PUT "+NodeRegistrationPath, func(w http.ResponseWriter, r *http.Request) { a.putNodeRegistration(ctx, w, r) })
+	}
 	mux.HandleFunc("POST "+PKIRenewPath, func(w http.ResponseWriter, r *http.Request) { a.postRenewPKI(ctx, w, r) })
 	tlsCfg := &tls.Config{
 		GetCertificate: a.adminPair.getCertificate,

@@ -211,8 +211,8 @@ func (a *machineCtx) health() Health {
 			h.Healthy = false
 		}
 	}
-	if a.node != nil {
-		st := a.node.State()
+	if n := a.node.Load(); n != nil {
+		st := n.State()
 		h.Node = &st
 	}
 	a.prober.mu.Lock()

@@ -37,6 +37,14 @@ const (
 // controlPlaneTaint is kubeadm's (constants.ControlPlaneTaint).
 var controlPlaneTaint = corev1.Taint{Key: controlPlaneLb, Effect: corev1.TaintEffectNoSchedule}
 
+// EtcdNodeRole is the role of an etcd-only machine's Node: the label
+// the manager puts on its Machine, which CAPI copies to the Node, and the
+// taint's key. NoExecute, as RKE2 taints its etcd-only nodes: nothing
+// runs there but etcd and the agent.
+const EtcdNodeRole = "node-role.kubernetes.io/etcd"
+
+var etcdTaint = corev1.Taint{Key: EtcdNodeRole, Effect: corev1.TaintEffectNoExecute}
+
 // NodeState is what the health endpoint reports about the Node.
 type NodeState struct {
 	Registered    bool      `json:"registered"`
@@ -65,7 +73,33 @@ type nodeAgent struct {
 
 func (a *machineCtx) newNodeAgent() (*nodeAgent, error) {
 	n := &nodeAgent{a: a, refresh: statusRefresh}
+	if a.registersNode() {
+		// The role label is the Machine's, which CAPI copies to the Node;
+		// the taint is set at registration. Nothing needs the admin.
+		n.state.Labelled = true
+	}
 	return n, n.newClients()
+}
+
+// identities are the servers the Node agent talks to, the trust it
+// verifies them with, and who it is: the node, and the admin that labels
+// the Node (none on an etcd-only machine).
+func (n *nodeAgent) identities() (servers []string, trust []byte, node, admin *certs.KeyPair) {
+	a := n.a
+	if a.registersNode() {
+		reg, kp := a.registration.get()
+		if reg == nil {
+			return nil, nil, nil, nil
+		}
+		return []string{reg.Server}, reg.ClusterTrust, kp, nil
+	}
+	if ep := a.doc.ControlPlaneEndpoint; ep != "" {
+		servers = append(servers, "https://"+ep)
+	}
+	if a.doc.Runs("kube-apiserver") {
+		servers = append(servers, a.url("https", APIServerPort))
+	}
+	return servers, a.pki.ClusterTrust(), a.pki.Node(), a.pki.Admin()
 }
 
 // newClients builds the clients from the identities the agent holds now:
@@ -73,26 +107,21 @@ func (a *machineCtx) newNodeAgent() (*nodeAgent, error) {
 // that present the new certificates. The old clients' connections, made
 // with certificates still valid, close once idle.
 func (n *nodeAgent) newClients() error {
-	a := n.a
-	var servers []string
-	if ep := a.doc.ControlPlaneEndpoint; ep != "" {
-		servers = append(servers, "https://"+ep)
-	}
-	if a.doc.Runs("kube-apiserver") {
-		servers = append(servers, a.url("https", APIServerPort))
-	}
+	servers, trust, nodeID, adminID := n.identities()
 	var clients, admins []kubernetes.Interface
-	nodeID, adminID := a.pki.Node(), a.pki.Admin()
 	for _, s := range servers {
-		node, err := clientFor(s, a.pki.ClusterTrust(), nodeID)
-		if err != nil {
-			return err
-		}
-		admin, err := clientFor(s, a.pki.ClusterTrust(), adminID)
+		node, err := clientFor(s, trust, nodeID)
 		if err != nil {
 			return err
 		}
 		clients = append(clients, node)
+		if adminID == nil {
+			continue
+		}
+		admin, err := clientFor(s, trust, adminID)
+		if err != nil {
+			return err
+		}
 		admins = append(admins, admin)
 	}
 	n.mu.Lock()
@@ -221,6 +250,9 @@ func (n *nodeAgent) register(ctx context.Context) error {
 		// As kubeadm's mark-control-plane phase taints its Nodes; nothing
 		// but the agent runs here, so nothing else may be scheduled here.
 		Spec: corev1.NodeSpec{ProviderID: m.ProviderID, Taints: []corev1.Taint{controlPlaneTaint}},
+	}
+	if n.a.registersNode() {
+		node.Spec.Taints = []corev1.Taint{etcdTaint}
 	}
 	clients, _ := n.current()
 	err := each(ctx, clients, func(ctx context.Context, c kubernetes.Interface) error {

@@ -332,7 +332,7 @@ func TestNodeClientsPresentRenewedIdentity(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	a.node = n
+	a.node.Store(n)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	for round, want := range []func() *certs.KeyPair{p.Node, p.Node} {

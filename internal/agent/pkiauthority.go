@@ -299,8 +299,8 @@ func (a *machineCtx) setAuthority(ctx context.Context, k AuthorityKind, want Aut
 			restart = append(restart, bootstrap.KubeControllerManager)
 		}
 	case k == ClusterAuthorityKind:
-		if a.node != nil {
-			if err := a.node.newClients(); err != nil {
+		if n := a.node.Load(); n != nil {
+			if err := n.newClients(); err != nil {
 				return fail("building the Node's clients", err)
 			}
 		}

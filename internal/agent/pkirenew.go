@@ -136,8 +136,8 @@ func (a *machineCtx) renewPKI(ctx context.Context, now time.Time, req PKIRenewRe
 			return fail("loading the endpoint's renewed serving certificate", err)
 		}
 	}
-	if a.node != nil {
-		if err := a.node.newClients(); err != nil {
+	if n := a.node.Load(); n != nil {
+		if err := n.newClients(); err != nil {
 			return fail("building the Node's clients", err)
 		}
 	}

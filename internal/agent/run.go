@@ -48,7 +48,12 @@ type machineCtx struct {
 	log     *slog.Logger
 	sup     *supervisor
 	prober  *prober
-	node    *nodeAgent
+	// node is the Node agent: from the start on a machine that runs
+	// Kubernetes, from its first node registration on one that runs only
+	// etcd (nodeStart serializes that start).
+	node         atomic.Pointer[nodeAgent]
+	nodeStart    sync.Mutex
+	registration nodeRegistration
 	// apiserverStarted is set once kube-apiserver was given its command
 	// line (apiserverEtcdServers).
 	apiserverStarted atomic.Bool
@@ -132,10 +137,19 @@ func Run(ctx context.Context, opts Options) (err error) {
 	if a.prober, err = a.newProber(); err != nil {
 		return err
 	}
-	if doc.RunsKubernetes() {
-		if a.node, err = a.newNodeAgent(); err != nil {
+	if a.registersNode() {
+		if err := a.loadNodeRegistration(); err != nil {
 			return err
 		}
+	}
+	// The Node agent this run starts once the components are; one a
+	// registration starts later runs from then.
+	var node *nodeAgent
+	if reg, _ := a.registration.get(); doc.RunsKubernetes() || reg != nil {
+		if node, err = a.newNodeAgent(); err != nil {
+			return err
+		}
+		a.node.Store(node)
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer func() {
@@ -158,8 +172,8 @@ func Run(ctx context.Context, opts Options) (err error) {
 	}
 	a.log.Info("machine starting", "address", m.Address, "components", doc.Components)
 	startErr := a.startComponents(ctx)
-	if startErr == nil && a.node != nil {
-		go a.node.Run(ctx)
+	if startErr == nil && node != nil {
+		go node.Run(ctx)
 	}
 	if startErr == nil {
 		<-ctx.Done()
