@@ -175,7 +175,9 @@ func (s *scenario) scaleEtcd(ctx context.Context, replicas int32) {
 // TestEtcdClusterCreateAndScale creates an EtcdCluster of 3 on its own
 // machines and a QuorumControlPlane on it together. The control plane
 // waits, naming the EtcdCluster, until it is creationComplete, then
-// becomes Available and stores its data there. The test checks the
+// becomes Available and stores its data there; then each etcd-only
+// machine registers its Node, tainted and labelled as etcd's, and CAPI
+// links its Machine to it. The test checks the
 // contract (status and Secrets), and scales the EtcdCluster to 5 and back
 // to 3 with writes going on: learners first, one membership change at a
 // time, nothing lost, the control plane Available throughout. Then it
@@ -193,6 +195,7 @@ func TestEtcdClusterCreateAndScale(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
 	s.waitExternalAvailable(convergeTimeout, etcdScenarioControlPlane)
+	s.waitNodes()
 	s.runNoEtcd(ctx)
 	s.storesInEtcdCluster(ctx)
 	s.checkOwnedByCluster(ctx, ec)

@@ -11,11 +11,15 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
+	etcdv1 "github.com/qcp-dev/qcp/api/etcd/v1alpha1"
 	infrav1 "github.com/qcp-dev/qcp/api/infrastructure/v1alpha1"
+	"github.com/qcp-dev/qcp/internal/agent"
 	"github.com/qcp-dev/qcp/internal/controllers/engine"
 	"github.com/qcp-dev/qcp/internal/localenv"
 	"github.com/qcp-dev/qcp/internal/machinehost"
@@ -26,47 +30,43 @@ import (
 // of its management clusters' process providers allocate from.
 const moveAddressRange = "127.22.0.0/16"
 
-// TestMove: `clusterctl move` takes a running 3-machine control plane from
-// one local management cluster to a second one on this host, both
-// installed by `clusterctl init` from the release, while the writer and the
-// invariant monitor run against its etcd. The target's process provider
-// takes over the running machines: it shares the source's machine root and
-// address reservations, as two process providers on one host do. With only
-// the process provider running on the target (the control plane
-// controllers stopped), the Machines there already carry the etcd member
-// records that say etcd was bootstrapped, the very members etcd lists.
-// Once the control plane controllers start: the same Machines, no machine
-// process restarted (the same PIDs), the same etcd members, the control
-// plane Available, and a scale to 5 succeeds. The source keeps no object
-// of the cluster, and nothing acknowledged is lost.
+// TestMove: `clusterctl move` takes two running clusters from one local
+// management cluster to a second one on this host, both installed by
+// `clusterctl init` from the release, while a writer and the invariant
+// monitor run against each one's etcd: a 3-machine stacked control plane,
+// and a control plane on a 3-member EtcdCluster, whose etcd-only machines
+// registered their Nodes (clusterctl's preflight refuses a Machine without
+// one). The target's process provider takes over the running machines: it
+// shares the source's machine root and address reservations, as two
+// process providers on one host do. With only the process provider running
+// on the target (the control plane and EtcdCluster controllers stopped),
+// the Machines there already carry the etcd member records that say etcd
+// was bootstrapped, the very members etcd lists. Once every controller
+// runs: the same Machines, no machine process restarted (the same PIDs),
+// the same etcd members, the control planes Available and the EtcdCluster
+// ready, and a scale to 5 of each cluster's etcd succeeds. The source keeps
+// no object of either cluster, and nothing acknowledged is lost.
 func TestMove(t *testing.T) {
 	requireShared(t)
 	testkit.RequireBinaries(t, "clusterctl")
 	parallel(t, 4*time.Minute)
 	from := ownManagement(t, moveAddressRange, nil)
 	to := managementWithoutManager(t, from)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
 	defer cancel()
 
 	const name = "moved"
 	s := newScenario(t, from, name, 3)
+	e := newEtcdScenario(t, from, name+"-etcd", 3, 1)
 	s.startTraffic(3)
+	e.startTraffic(3)
 	s.waitAvailable(convergeTimeout, 3)
-	// Every Machine has its Node, which clusterctl move waits for.
-	s.eventually(convergeTimeout, "every Machine linked to its Node", func(ctx context.Context) error {
-		ms, err := s.machines(ctx)
-		if err != nil {
-			return err
-		}
-		for _, m := range ms {
-			if !m.Status.NodeRef.IsDefined() {
-				return fmt.Errorf("machine %s has no Node yet", m.Name)
-			}
-		}
-		return nil
-	})
-	before := s.moveRecord(ctx)
-	t.Logf("before the move: %s", before)
+	e.waitEtcdReady(convergeTimeout, 3)
+	e.waitExternalAvailable(convergeTimeout, etcdScenarioControlPlane)
+	s.waitNodes()
+	e.waitNodes()
+	before := map[*scenario]moveRecord{s: s.moveRecord(ctx), e: e.moveRecord(ctx)}
+	t.Logf("before the move: %s; %s", before[s], before[e])
 
 	// The target runs the process provider (and serves QCP's webhooks,
 	// which the move's creates need), but no control plane controller.
@@ -76,28 +76,18 @@ func TestMove(t *testing.T) {
 	}
 	out := testkit.Clusterctl(t, nil, "move", "--kubeconfig", from.env.Kubeconfig, "--to-kubeconfig", to.env.Kubeconfig, "--namespace", ns)
 	t.Logf("clusterctl move:\n%s", out)
-	s.checkNothingLeft(ctx, from)
-
-	// From here on the scenario is the target's.
-	if err := s.bound.stop(); err != nil {
-		t.Error(err)
-	}
-	s.mgmt, s.c = to, to.env.Client
-	s.bound = startMachineBound(s, 3, 1)
-
-	// The fact that etcd was bootstrapped came with the Machines: each
-	// carries its member's ID, with no control plane controller running
-	// on the target to have written it.
-	machines, err := s.machines(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	recorded := map[string]string{}
-	for _, m := range machines {
-		recorded[m.Spec.InfrastructureRef.Name] = m.Annotations[engine.MemberIDAnnotation]
-	}
-	if !maps.Equal(recorded, before.memberIDs) {
-		t.Errorf("member records on the target before its control plane controllers ran: %v, want %v (etcd's members before the move)", recorded, before.memberIDs)
+	for _, sc := range []*scenario{s, e} {
+		sc.checkNothingLeft(ctx, from)
+		// From here on the scenario is the target's.
+		if err := sc.bound.stop(); err != nil {
+			t.Error(err)
+		}
+		sc.mgmt, sc.c = to, to.env.Client
+		sc.bound = startMachineBound(sc, 3, 1)
+		// The fact that etcd was bootstrapped came with the Machines: each
+		// carries its member's ID, with no control plane or EtcdCluster
+		// controller running on the target to have written it.
+		sc.checkMovedRecords(ctx, before[sc])
 	}
 
 	if err := to.manager.Stop(); err != nil {
@@ -108,17 +98,89 @@ func TestMove(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.waitAvailable(convergeTimeout, 3)
-	s.eventually(convergeTimeout, "the moved machines running, with the processes and etcd members they had", func(ctx context.Context) error {
-		after := s.moveRecord(ctx)
-		if after.String() != before.String() {
-			return fmt.Errorf("after the move: %s", after)
+	e.waitEtcdReady(convergeTimeout, 3)
+	e.waitExternalAvailable(convergeTimeout, etcdScenarioControlPlane)
+	for _, sc := range []*scenario{s, e} {
+		sc.eventually(convergeTimeout, "the moved machines running, with the processes and etcd members they had", func(ctx context.Context) error {
+			if after := sc.moveRecord(ctx); after.String() != before[sc].String() {
+				return fmt.Errorf("after the move: %s", after)
+			}
+			return nil
+		})
+	}
+
+	s.scale(ctx, 5)
+	e.scaleEtcd(ctx, 5)
+	s.waitAvailable(convergeTimeout, 5)
+	e.waitEtcdReady(convergeTimeout, 5)
+	e.waitNodes()
+	s.finish()
+	e.finish()
+}
+
+// waitNodes waits until every Machine of the scenario's cluster is linked
+// to its Node, which clusterctl move requires, and checks that an etcd
+// machine's Node is tainted and labelled as one.
+func (s *scenario) waitNodes() {
+	s.t.Helper()
+	s.eventually(convergeTimeout, "every Machine of the cluster linked to its Node", func(ctx context.Context) error {
+		ms, err := s.clusterMachines(ctx)
+		if err != nil {
+			return err
+		}
+		var wl *kubernetes.Clientset
+		for _, m := range ms {
+			if !m.Status.NodeRef.IsDefined() {
+				return fmt.Errorf("machine %s has no Node yet", m.Name)
+			}
+			if _, etcdOnly := m.Labels[etcdv1.EtcdClusterNameLabel]; !etcdOnly {
+				continue
+			}
+			if wl == nil {
+				if wl, err = s.workload(ctx); err != nil {
+					return err
+				}
+			}
+			n, err := wl.CoreV1().Nodes().Get(ctx, m.Status.NodeRef.Name, metav1.GetOptions{})
+			if err != nil {
+				return err
+			}
+			etcdTaint := corev1.Taint{Key: agent.EtcdNodeRole, Effect: corev1.TaintEffectNoExecute}
+			if !slices.ContainsFunc(n.Spec.Taints, func(t corev1.Taint) bool { return etcdTaint.MatchTaint(&t) }) {
+				return fmt.Errorf("Node %s of etcd machine %s has taints %v, want %s", n.Name, m.Name, n.Spec.Taints, etcdTaint.ToString())
+			}
+			if _, ok := n.Labels[agent.EtcdNodeRole]; !ok {
+				return fmt.Errorf("Node %s of etcd machine %s has labels %v, want %s", n.Name, m.Name, n.Labels, agent.EtcdNodeRole)
+			}
 		}
 		return nil
 	})
+}
 
-	s.scale(ctx, 5)
-	s.waitAvailable(convergeTimeout, 5)
-	s.finish()
+// clusterMachines lists every Machine of the scenario's cluster: an
+// EtcdCluster's and the control plane's.
+func (s *scenario) clusterMachines(ctx context.Context) ([]clusterv1.Machine, error) {
+	var list clusterv1.MachineList
+	err := s.c.List(ctx, &list, client.InNamespace(ns), client.MatchingLabels{clusterv1.ClusterNameLabel: s.name})
+	return list.Items, err
+}
+
+// checkMovedRecords fails the scenario unless its etcd machines, on the
+// management cluster it now reads, carry the member IDs etcd listed before
+// the move.
+func (s *scenario) checkMovedRecords(ctx context.Context, before moveRecord) {
+	s.t.Helper()
+	machines, err := s.machines(ctx)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	recorded := map[string]string{}
+	for _, m := range machines {
+		recorded[m.Spec.InfrastructureRef.Name] = m.Annotations[engine.MemberIDAnnotation]
+	}
+	if !maps.Equal(recorded, before.memberIDs) {
+		s.t.Errorf("%s: member records on the target before its controllers ran: %v, want %v (etcd's members before the move)", s.name, recorded, before.memberIDs)
+	}
 }
 
 // managementWithoutManager starts a second management cluster for the
@@ -170,7 +232,7 @@ func (s *scenario) moveRecord(ctx context.Context) moveRecord {
 	host := &machinehost.Host{Root: s.mgmt.machines()}
 	r := moveRecord{processes: map[string][]string{}, memberIDs: map[string]string{}}
 	dirs := map[string]string{"lb": host.LBDir(ns, s.name)}
-	machines, err := s.machines(ctx)
+	machines, err := s.clusterMachines(ctx)
 	if err != nil {
 		s.t.Fatal(err)
 	}
@@ -221,7 +283,7 @@ func (s *scenario) checkNothingLeft(ctx context.Context, from *management) {
 		}
 	}
 	for _, obj := range []client.Object{
-		&clusterv1.Cluster{}, &controlplanev1.QuorumControlPlane{}, &infrav1.ProcessCluster{}, &infrav1.ProcessMachineTemplate{},
+		&clusterv1.Cluster{}, &controlplanev1.QuorumControlPlane{}, &etcdv1.EtcdCluster{}, &infrav1.ProcessCluster{}, &infrav1.ProcessMachineTemplate{},
 	} {
 		if err := c.Get(ctx, client.ObjectKey{Namespace: ns, Name: s.name}, obj); !isNotFound(err) {
 			s.t.Errorf("the source management cluster keeps %T %s after the move (%v)", obj, s.name, err)

@@ -36,8 +36,9 @@ import (
 )
 
 // healthPoll is how often a steady EtcdCluster looks at its members
-// again. A member that hangs or dies changes no object (etcd machines
-// have no Node and no health check), so only looking finds it.
+// again. A member that hangs or dies changes no object soon enough (an
+// etcd machine's Node goes NotReady only after its lease expires, and it
+// has no health check), so only looking finds it.
 const healthPoll = 5 * time.Second
 
 // Reconciler reconciles EtcdClusters.

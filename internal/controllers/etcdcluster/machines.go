@@ -19,6 +19,7 @@ import (
 
 	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
 	etcdv1 "github.com/qcp-dev/qcp/api/etcd/v1alpha1"
+	"github.com/qcp-dev/qcp/internal/agent"
 	"github.com/qcp-dev/qcp/internal/bootstrap"
 	"github.com/qcp-dev/qcp/internal/certs"
 	"github.com/qcp-dev/qcp/internal/controllers/engine"
@@ -118,12 +119,15 @@ func (r *Reconciler) createMachine(ctx context.Context, cluster *clusterv1.Clust
 	}
 	infraOwner := ownerRef(ec)
 	infraOwner.Controller = nil
+	meta := &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Labels: machineLabels(cluster, ec),
+		Annotations: map[string]string{MachineSpecAnnotation: string(spec),
+			engine.QuotaAnnotation: strconv.FormatInt(obs.State.QuotaBackendBytes, 10)}}}
+	setNodeRole(meta)
 	_, err = engine.CreateMachine(ctx, r.Client, r.APIReader, r.Failpoints, engine.NewMachine{
 		Owner: ec, OwnerRef: ownerRef(ec), InfraOwnerRef: &infraOwner, Cluster: cluster,
-		Name:   ec.Name + "-" + util.RandomString(5),
-		Labels: machineLabels(cluster, ec),
-		Annotations: map[string]string{MachineSpecAnnotation: string(spec),
-			engine.QuotaAnnotation: strconv.FormatInt(obs.State.QuotaBackendBytes, 10)},
+		Name:          ec.Name + "-" + util.RandomString(5),
+		Labels:        meta.Labels,
+		Annotations:   meta.Annotations,
 		InfraTemplate: ec.Spec.InfrastructureRef, InfraTemplatePath: "spec.infrastructureRef",
 		FailureDomain: d.FailureDomain,
 		Bootstrap:     doc,
@@ -134,6 +138,10 @@ func (r *Reconciler) createMachine(ctx context.Context, cluster *clusterv1.Clust
 // tendMachines keeps each machine's records and its UpToDate condition
 // current, and rebuilds the State from the written machines.
 func (r *Reconciler) tendMachines(ctx context.Context, cluster *clusterv1.Cluster, ec *etcdv1.EtcdCluster, obs *observation) error {
+	nodes, err := r.nodeMaterial(ctx, cluster)
+	if err != nil {
+		return err
+	}
 	changed := false
 	for i, m := range obs.Machines {
 		want := m.DeepCopy()
@@ -144,6 +152,10 @@ func (r *Reconciler) tendMachines(ctx context.Context, cluster *clusterv1.Cluste
 		} else if err != nil {
 			log.FromContext(ctx).V(1).Info("Cannot read the machine's certificates yet", "machine", m.Name, "err", err.Error())
 		}
+		if nodes != nil && obs.MemberServes(m) && m.DeletionTimestamp.IsZero() {
+			r.registerNode(ctx, ec, nodes, obs.AgentTLS, m, want)
+		}
+		setNodeRole(want)
 		engine.KeepRecords(want, &obs.Observation, r.Now())
 		cond := metav1.Condition{Type: clusterv1.MachineUpToDateCondition, Status: metav1.ConditionTrue, Reason: clusterv1.MachineUpToDateReason}
 		if why := obs.rollout.outdated(want); len(why) > 0 {
@@ -167,4 +179,21 @@ func (r *Reconciler) tendMachines(ctx context.Context, cluster *clusterv1.Cluste
 		obs.build(ec, cluster, obs.State.Now, obs.State.Tunables)
 	}
 	return nil
+}
+
+// setNodeRole marks m as an etcd machine for its Node (nodes.go): the
+// role label, which CAPI copies to the Node (NodeRestriction forbids a
+// node to set it itself), and the annotations that spare its deletion a
+// drain and a wait for volumes. Nothing runs on a Node tainted NoExecute,
+// and the workload cluster may be down while etcd machines are replaced.
+func setNodeRole(m *clusterv1.Machine) {
+	if m.Labels == nil {
+		m.Labels = map[string]string{}
+	}
+	if m.Annotations == nil {
+		m.Annotations = map[string]string{}
+	}
+	m.Labels[agent.EtcdNodeRole] = ""
+	m.Annotations[clusterv1.ExcludeNodeDrainingAnnotation] = ""
+	m.Annotations[clusterv1.ExcludeWaitForNodeVolumeDetachAnnotation] = ""
 }

@@ -60,7 +60,8 @@ func (r *Reconciler) tunables(ec *etcdv1.EtcdCluster) quorum.Tunables {
 }
 
 // build turns the observation into the planner's State. An etcd machine
-// has no Node: it is healthy when its member is.
+// is healthy when its member is (its Node, registered only once the
+// control plane exists, is not asked).
 func (o *observation) build(ec *etcdv1.EtcdCluster, cluster *clusterv1.Cluster, now time.Time, tun quorum.Tunables) {
 	s := quorum.State{
 		Desired:        int(ptr.Deref(ec.Spec.Replicas, 3)),
