@@ -99,10 +99,10 @@ func TestNodeRegistration(t *testing.T) {
 		change func(*NodeRegistration)
 		want   string
 	}{
-		"a server that is not https": {func(r *NodeRegistration) { r.Server = "http://127.0.0.1:6443" }, "server "},
-		"no trust":                   {func(r *NodeRegistration) { r.ClusterTrust = nil }, "clusterTrust"},
-		"a key of another pair":      {func(r *NodeRegistration) { r.NodeKey = other.KeyPEM }, "nodeCert and nodeKey"},
-		"another machine's identity": {func(r *NodeRegistration) { r.NodeCert, r.NodeKey = other.CertPEM, other.KeyPEM }, `want "system:node:e1"`},
+		"a server that is not https":         {func(r *NodeRegistration) { r.Server = "http://127.0.0.1:6443" }, "server "},
+		"no trust":                           {func(r *NodeRegistration) { r.ClusterTrust = nil }, "clusterTrust"},
+		"a key of another pair":              {func(r *NodeRegistration) { r.NodeKey = other.KeyPEM }, "nodeCert and nodeKey"},
+		"another machine's identity":         {func(r *NodeRegistration) { r.NodeCert, r.NodeKey = other.CertPEM, other.KeyPEM }, `want "system:node:e1"`},
 		"a trust the cert does not chain to": {func(r *NodeRegistration) { r.ClusterTrust = foreign.CertPEM }, "chains to clusterTrust"},
 	} {
 		reg := valid
