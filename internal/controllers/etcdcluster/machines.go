@@ -135,8 +135,9 @@ func (r *Reconciler) createMachine(ctx context.Context, cluster *clusterv1.Clust
 	return err
 }
 
-// tendMachines keeps each machine's records and its UpToDate condition
-// current, and rebuilds the State from the written machines.
+// tendMachines keeps each machine's records, its UpToDate condition, its
+// etcd role marks and its Node's registration (nodes.go) current, and
+// rebuilds the State from the written machines.
 func (r *Reconciler) tendMachines(ctx context.Context, cluster *clusterv1.Cluster, ec *etcdv1.EtcdCluster, obs *observation) error {
 	nodes, err := r.nodeMaterial(ctx, cluster)
 	if err != nil {
