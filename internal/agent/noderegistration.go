@@ -13,7 +13,6 @@ import (
 	"net/http"
 	"net/url"
 	"os"
-	"path/filepath"
 	"slices"
 	"sync"
 	"time"
@@ -180,9 +179,6 @@ func (a *machineCtx) setNodeRegistration(ctx context.Context, reg *NodeRegistrat
 	defer a.nodeStart.Unlock()
 	data, err := json.Marshal(reg)
 	if err != nil {
-		return NodeRegistrationResult{}, err
-	}
-	if err := os.MkdirAll(filepath.Dir(a.pki.File(nodeRegistrationFile)), 0o700); err != nil {
 		return NodeRegistrationResult{}, err
 	}
 	if err := atomicfile.Write(a.pki.File(nodeRegistrationFile), data, 0o600); err != nil {

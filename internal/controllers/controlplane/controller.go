@@ -399,7 +399,7 @@ func (r *Reconciler) healthCheckToControlPlane(ctx context.Context, o client.Obj
 func (r *Reconciler) secretToControlPlane(ctx context.Context, o client.Object) []ctrl.Request {
 	name := o.GetLabels()[clusterv1.ClusterNameLabel]
 	if name == "" || o.GetName() != secret.Name(name, secret.APIServerEtcdClient) &&
-		o.GetName() != secret.Name(name, nextPurpose(secret.EtcdCA)) && o.GetName() != secret.Name(name, nextPurpose(secret.ClusterCA)) {
+		o.GetName() != secret.Name(name, engine.NextPurpose(secret.EtcdCA)) && o.GetName() != secret.Name(name, engine.NextPurpose(secret.ClusterCA)) {
 		return nil
 	}
 	cluster := &clusterv1.Cluster{}

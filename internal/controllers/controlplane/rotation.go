@@ -51,10 +51,6 @@ var authorityOf = map[controlplanev1.CertificateAuthorityKind]struct {
 	controlplanev1.CertificateAuthorityServiceAccountKey: {secret.ServiceAccount, agent.ServiceAccountAuthorityKind, "", ""},
 }
 
-// nextPurpose and previousPurpose name a rotation's two Secrets.
-func nextPurpose(p secret.Purpose) secret.Purpose     { return p + "-next" }
-func previousPurpose(p secret.Purpose) secret.Purpose { return p + "-previous" }
-
 // fieldsOf are cas's fields of the authority of kind: the authority, and
 // the trust bundle machines hold (nil: the authority's alone).
 func fieldsOf(cas *certs.ClusterCAs, kind controlplanev1.CertificateAuthorityKind) (**certs.KeyPair, *[]byte) {
@@ -243,14 +239,14 @@ func (r *Reconciler) ensureRotation(ctx context.Context, cluster *clusterv1.Clus
 		}
 		in := current(cas, want.Kind)
 		of := authorityOf[want.Kind]
-		next, err := r.authoritySecret(ctx, key, nextPurpose(of.purpose), of.commonName, owner, true)
+		next, err := r.authoritySecret(ctx, key, engine.NextPurpose(of.purpose), of.commonName, owner, true)
 		if err != nil {
 			return nil, err
 		}
 		if next.Cert.Equal(in.Cert) {
-			return nil, &engine.InvalidAuthorityError{Secret: secret.Name(cluster.Name, nextPurpose(of.purpose)), Problem: "it holds the authority in use, not a new one"}
+			return nil, &engine.InvalidAuthorityError{Secret: secret.Name(cluster.Name, engine.NextPurpose(of.purpose)), Problem: "it holds the authority in use, not a new one"}
 		}
-		if err := r.writeAuthoritySecret(ctx, key, previousPurpose(of.purpose), owner, in); err != nil {
+		if err := r.writeAuthoritySecret(ctx, key, engine.PreviousPurpose(of.purpose), owner, in); err != nil {
 			return nil, err
 		}
 		st = rotationState{Kind: want.Kind, Trigger: want.Trigger, Old: certs.KeyID(in.Cert), New: certs.KeyID(next.Cert)}
@@ -262,8 +258,8 @@ func (r *Reconciler) ensureRotation(ctx context.Context, cluster *clusterv1.Clus
 	}
 	rt := &rotation{state: st}
 	of := authorityOf[st.Kind]
-	if rt.old, err = r.authoritySecret(ctx, key, previousPurpose(of.purpose), "", owner, false); err == nil {
-		rt.new, err = r.authoritySecret(ctx, key, nextPurpose(of.purpose), "", owner, false)
+	if rt.old, err = r.authoritySecret(ctx, key, engine.PreviousPurpose(of.purpose), "", owner, false); err == nil {
+		rt.new, err = r.authoritySecret(ctx, key, engine.NextPurpose(of.purpose), "", owner, false)
 	}
 	if err != nil {
 		return nil, err
@@ -272,7 +268,7 @@ func (r *Reconciler) ensureRotation(ctx context.Context, cluster *clusterv1.Clus
 		kp      *certs.KeyPair
 		want    string
 		purpose secret.Purpose
-	}{{rt.old, st.Old, previousPurpose(of.purpose)}, {rt.new, st.New, nextPurpose(of.purpose)}} {
+	}{{rt.old, st.Old, engine.PreviousPurpose(of.purpose)}, {rt.new, st.New, engine.NextPurpose(of.purpose)}} {
 		if got := certs.KeyID(c.kp.Cert); got != c.want {
 			return nil, &engine.InvalidAuthorityError{Secret: secret.Name(cluster.Name, c.purpose),
 				Problem: fmt.Sprintf("it holds authority %s, and the rotation that runs (%s) recorded %s; put that one back", got, RotationAnnotation, c.want)}
@@ -453,7 +449,7 @@ func (r *Reconciler) advanceRotation(ctx context.Context, cluster *clusterv1.Clu
 		if rt.waiting = waiting; waiting != "" || err != nil {
 			return false, err
 		}
-		for _, p := range []secret.Purpose{previousPurpose(purpose), nextPurpose(purpose)} {
+		for _, p := range []secret.Purpose{engine.PreviousPurpose(purpose), engine.NextPurpose(purpose)} {
 			s := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: cluster.Namespace, Name: secret.Name(cluster.Name, p)}}
 			if err := r.Client.Delete(ctx, s); client.IgnoreNotFound(err) != nil {
 				return false, fmt.Errorf("deleting Secret %s: %w", s.Name, err)

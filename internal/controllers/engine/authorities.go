@@ -44,3 +44,9 @@ func CheckAuthoritySecret(ctx context.Context, c client.Client, cluster client.O
 	}
 	return nil
 }
+
+// NextPurpose and PreviousPurpose name a CA rotation's two Secrets
+// (<cluster>-<purpose>-next, <cluster>-<purpose>-previous), which exist
+// while the rotation runs.
+func NextPurpose(p secret.Purpose) secret.Purpose     { return p + "-next" }
+func PreviousPurpose(p secret.Purpose) secret.Purpose { return p + "-previous" }

@@ -76,7 +76,7 @@ func (r *Reconciler) nodeMaterial(ctx context.Context, cluster *clusterv1.Cluste
 	// During a rotation of the cluster CA the API servers serve from
 	// either authority: trust both.
 	trust := ca.CertPEM
-	for _, p := range []secret.Purpose{secret.ClusterCA + "-next", secret.ClusterCA + "-previous"} {
+	for _, p := range []secret.Purpose{engine.NextPurpose(secret.ClusterCA), engine.PreviousPurpose(secret.ClusterCA)} {
 		other, err := read(p)
 		if err != nil {
 			return nil, err
