@@ -230,9 +230,11 @@ func (w *world) testMachineWaits(ctx context.Context, name string) {
 	}
 	w.createProcessCluster(ctx, cluster)
 	w.waitInfrastructureProvisioned(ctx)
-	// The machine must move on within seconds: CAPI core, reacting to the
-	// Cluster, updates the Machine, which wakes it. CAPI core's periodic
-	// look for the missing bootstrap config would come only after 30 s.
+	// The machine must move on within seconds: the Cluster's infrastructure
+	// becoming provisioned wakes it. Without that watch it would wait for
+	// CAPI core to update the Machine, which on a loaded host took longer
+	// than 15 s, or for CAPI core's periodic look for the missing bootstrap
+	// config, after 30 s.
 	woken, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
 	c = w.waitCondition(woken, name, process.WaitingForBootstrapDataReason)

@@ -74,9 +74,9 @@ type MachineReconciler struct {
 
 // SetupWithManager registers the controller; a Machine changing (its
 // bootstrap data appearing) wakes its ProcessMachine, and a Cluster being
-// paused or resumed wakes all of its ProcessMachines (nothing else changes
-// when a paused cluster resumes, and CAPI core's Machine controller waits
-// on them).
+// paused or resumed, or its infrastructure becoming provisioned, wakes all
+// of its ProcessMachines (nothing else changes on the ProcessMachine then,
+// and CAPI core's Machine controller waits on them), as CAPD's machines do.
 func (r *MachineReconciler) SetupWithManager(mgr ctrl.Manager) error {
 	clusterToMachines, err := util.ClusterToTypedObjectsMapper(mgr.GetClient(), &infrav1.ProcessMachineList{}, mgr.GetScheme())
 	if err != nil {
@@ -86,7 +86,7 @@ func (r *MachineReconciler) SetupWithManager(mgr ctrl.Manager) error {
 		For(&infrav1.ProcessMachine{}, r.WatchFilter.For(mgr.GetScheme(), mgr.GetLogger())).
 		Watches(&clusterv1.Machine{}, handler.EnqueueRequestsFromMapFunc(infraMachineOf)).
 		Watches(&clusterv1.Cluster{}, handler.EnqueueRequestsFromMapFunc(clusterToMachines),
-			builder.WithPredicates(predicates.ClusterPausedTransitions(mgr.GetScheme(), mgr.GetLogger()))).
+			builder.WithPredicates(predicates.ClusterPausedTransitionsOrInfrastructureProvisioned(mgr.GetScheme(), mgr.GetLogger()))).
 		Complete(r)
 }
 
