@@ -57,7 +57,7 @@ export QCP_BIN_DIR := $(BIN)
 export CGO_ENABLED ?= 0
 export GOFLAGS := -trimpath $(GOFLAGS)
 
-.PHONY: all binaries qcp-binaries generate verify-generate test test-steps test-profile unit bench chaos lint up down clean check-strays image release
+.PHONY: all binaries qcp-binaries generate verify-generate test test-steps test-profile unit bench chaos lint up down clean check-strays image release cloud-init
 
 all: binaries
 
@@ -147,7 +147,7 @@ test-profile:
 # scenarios' first machines are up: its five-member clusters beside them
 # starved both.
 TEST_PACKAGES ?= ./test/e2e ./internal/controllers/process ./internal/cli ./internal/machinehost ./test/engine ./...
-test-steps: binaries $(KUBE_PREVIOUS) $(ETCD_PREVIOUS) verify-generate
+test-steps: binaries $(KUBE_PREVIOUS) $(ETCD_PREVIOUS) verify-generate cloud-init
 	go vet ./...
 	@hack/inotify-limit.sh
 	@go build -o $(BIN)/testreport ./hack/testreport
@@ -160,6 +160,15 @@ test-steps: binaries $(KUBE_PREVIOUS) $(ETCD_PREVIOUS) verify-generate
 		| tee $(BIN)/test.json | $(BIN)/testreport | tee $(BIN)/test.log || status=1; \
 	hack/check-strays.sh $(BIN) $$run || status=1; \
 	exit $$status
+
+## cloud-init: Debian's cloud-init, installed when missing: internal/cloudinit
+## checks QCP's bootstrap data with its `cloud-init schema`. apt is tried
+## three times, as a mirror can fail once.
+cloud-init:
+	@command -v cloud-init >/dev/null || for try in 1 2 3; do \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends cloud-init >/dev/null && break; \
+		[ $$try = 3 ] && { echo "installing cloud-init failed: run apt-get install cloud-init"; exit 1; }; sleep 10; \
+	done
 
 ## unit: the fast tests only (-short): they start no etcd, API server, CAPI
 ## core, machine or load balancer, and need no pinned binary.
