@@ -44,26 +44,33 @@ func signalContext() (context.Context, context.CancelFunc) {
 }
 
 func newRun() *cobra.Command {
-	var dir, binDir string
+	var opts agent.Options
 	cmd := &cobra.Command{
 		Use:   "run",
-		Short: "Run the machine described by <dir>/machine.json and <dir>/bootstrap-data",
+		Short: "Run the machine: from --bootstrap-file as a cloud-config wrote it, or from <dir>/machine.json and <dir>/bootstrap-data (the old qcp format)",
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			if binDir == "" {
+			if opts.BinDir == "" {
 				d, err := binaries.Dir()
 				if err != nil {
 					return fmt.Errorf("--bin-dir not set: %w", err)
 				}
-				binDir = d
+				opts.BinDir = d
+			}
+			if opts.BootstrapFile != "" && opts.NodeName == "" {
+				return fmt.Errorf("--node-name is required with --bootstrap-file: the unit passes the host name")
 			}
 			ctx, cancel := signalContext()
 			defer cancel()
-			log := slog.New(slog.NewTextHandler(os.Stderr, nil))
-			return agent.Run(ctx, agent.Options{Dir: dir, BinDir: binDir, Log: log})
+			opts.Log = slog.New(slog.NewTextHandler(os.Stderr, nil))
+			return agent.Run(ctx, opts)
 		},
 	}
-	cmd.Flags().StringVar(&dir, "dir", "", "machine directory")
-	cmd.Flags().StringVar(&binDir, "bin-dir", "", "directory holding etcd-<version> and kube-<version> (default: the repository's bin/ or $QCP_BIN_DIR)")
+	cmd.Flags().StringVar(&opts.Dir, "dir", "", "the agent's data directory (certificates, etcd data, logs, status.json)")
+	cmd.Flags().StringVar(&opts.BinDir, "bin-dir", "", "directory holding etcd-<version> and kube-<version> (default: the repository's bin/ or $QCP_BIN_DIR)")
+	cmd.Flags().StringVar(&opts.BootstrapFile, "bootstrap-file", "", "the bootstrap document a cloud-config wrote; without it, <dir>/bootstrap-data and <dir>/machine.json")
+	cmd.Flags().StringVar(&opts.NodeName, "node-name", "", "the machine's name: its Node's and its etcd member's (the host name)")
+	cmd.Flags().StringVar(&opts.Address, "address", "", "the machine's IPv4 address (default: the instance data's local IPv4 address, else the first address of an interface that is up)")
+	cmd.Flags().StringVar(&opts.InstanceData, "instance-data", "/run/cloud-init/instance-data.json", "cloud-init's instance data")
 	_ = cmd.MarkFlagRequired("dir")
 	return cmd
 }

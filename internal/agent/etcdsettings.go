@@ -132,8 +132,8 @@ func (a *machineCtx) loadEtcdSettings() error {
 			return nil
 		}
 	}
-	return fmt.Errorf("machine %s/%s: etcd settings file %s: %w: correct it, or delete it to use etcd.local.quotaBackendBytes of the bootstrap data",
-		a.machine.Namespace, a.machine.Name, path, err)
+	return fmt.Errorf("machine %s: etcd settings file %s: %w: correct it, or delete it to use etcd.local.quotaBackendBytes of the bootstrap data",
+		a.machine, path, err)
 }
 
 // ManagerCommonName is the common name the agent of a control plane
@@ -166,10 +166,10 @@ func (a *machineCtx) serveAgentEndpoint(ctx context.Context) error {
 	}
 	a.adminPair = &servingPair{certFile: a.pki.File(pairBase + ".crt"), keyFile: a.pki.File(pairBase + ".key")}
 	if err := a.adminPair.load(); err != nil {
-		return fmt.Errorf("machine %s/%s: %s: loading %s.crt: %w", a.machine.Namespace, a.machine.Name, what, pairBase, err)
+		return fmt.Errorf("machine %s: %s: loading %s.crt: %w", a.machine, what, pairBase, err)
 	}
 	if _, err := certs.CertPool(trust()); err != nil {
-		return fmt.Errorf("machine %s/%s: %s: client CA: %w", a.machine.Namespace, a.machine.Name, what, err)
+		return fmt.Errorf("machine %s: %s: client CA: %w", a.machine, what, err)
 	}
 	ln, err := a.listen(EtcdAdminPort, what)
 	if err != nil {

@@ -269,11 +269,11 @@ func (a *machineCtx) listen(port int, what string) (net.Listener, error) {
 	ln, err := net.Listen("tcp", addr)
 	if errors.Is(err, syscall.EADDRINUSE) {
 		return nil, &PreflightError{Reason: ReasonPortInUse, Err: fmt.Errorf(
-			"machine %s/%s: port %d on %s, qcp-agent's %s, is already in use (%w): stop the process listening there (`ss -ltnp src %s` names it), or give the machine an address no other machine or process uses",
-			a.machine.Namespace, a.machine.Name, port, a.machine.Address, what, err, addr)}
+			"machine %s: port %d on %s, qcp-agent's %s, is already in use (%w): stop the process listening there (`ss -ltnp src %s` names it), or give the machine an address no other machine or process uses",
+			a.machine, port, a.machine.Address, what, err, addr)}
 	}
 	if err != nil {
-		return nil, &PreflightError{Reason: ReasonStartFailed, Err: fmt.Errorf("machine %s/%s: %s on %s: %w", a.machine.Namespace, a.machine.Name, what, addr, err)}
+		return nil, &PreflightError{Reason: ReasonStartFailed, Err: fmt.Errorf("machine %s: %s on %s: %w", a.machine, what, addr, err)}
 	}
 	return ln, nil
 }

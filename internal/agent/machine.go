@@ -14,6 +14,8 @@ import (
 	"path/filepath"
 	"time"
 
+	"k8s.io/apimachinery/pkg/util/validation"
+
 	"github.com/qcp-dev/qcp/internal/atomicfile"
 )
 
@@ -38,8 +40,12 @@ const (
 	SchedulerPort   = 10259
 )
 
-// Machine is the machine's identity, written by the infrastructure side
-// like cloud metadata: a bootstrap provider does not know it.
+// Machine is the machine's identity. A machine booted from cloud-config
+// knows its name, address and cluster (Preflight): its providerID and
+// zone are the infrastructure provider's to put on its Node, as a cloud's
+// controller manager does. One booted from the old qcp format had all of
+// it in machine.json, which the infrastructure side wrote like cloud
+// metadata.
 type Machine struct {
 	Name          string `json:"name"`
 	Namespace     string `json:"namespace"`
@@ -52,7 +58,32 @@ type Machine struct {
 // IP returns the machine's address.
 func (m Machine) IP() net.IP { return net.ParseIP(m.Address) }
 
-// Validate checks the identity; its errors name the field and the fix.
+// String is namespace/name, or the name where the machine does not know
+// its namespace (booted from cloud-config).
+func (m Machine) String() string {
+	if m.Namespace == "" {
+		return m.Name
+	}
+	return m.Namespace + "/" + m.Name
+}
+
+// validateHost checks what every machine knows of itself.
+func (m Machine) validateHost() error {
+	var errs []error
+	if m.Name == "" || len(validation.IsDNS1123Subdomain(m.Name)) > 0 {
+		errs = append(errs, fmt.Errorf("name %q is not a DNS subdomain: the host name names the Node and the etcd member", m.Name))
+	}
+	if ip := m.IP(); ip == nil || ip.To4() == nil {
+		errs = append(errs, fmt.Errorf("address %q is not an IPv4 address: give the machine one, or pass --address", m.Address))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("invalid machine identity: %w", err)
+	}
+	return nil
+}
+
+// Validate checks the identity of machine.json; its errors name the field
+// and the fix.
 func (m Machine) Validate() error {
 	var errs []error
 	if m.Name == "" {

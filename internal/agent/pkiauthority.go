@@ -224,7 +224,7 @@ func (a *machineCtx) putAuthority(ctx context.Context, k AuthorityKind, w http.R
 func (a *machineCtx) setAuthority(ctx context.Context, k AuthorityKind, want Authority, ca *certs.KeyPair, now time.Time) (AuthorityResult, error) {
 	res := AuthorityResult{Moved: []string{}, Restarted: []string{}}
 	fail := func(what string, err error) (AuthorityResult, error) {
-		return res, fmt.Errorf("machine %s/%s: setting the %s authority: %s: %w", a.machine.Namespace, a.machine.Name, k, what, err)
+		return res, fmt.Errorf("machine %s: setting the %s authority: %s: %w", a.machine, k, what, err)
 	}
 	p := a.pki
 	slot, _, _ := p.slots(k)

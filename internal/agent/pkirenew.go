@@ -119,7 +119,7 @@ func (a *machineCtx) renewPKI(ctx context.Context, now time.Time, req PKIRenewRe
 	res := PKIRenewResult{Restarted: []string{}}
 	var err error
 	fail := func(what string, err error) (PKIRenewResult, error) {
-		return res, fmt.Errorf("machine %s/%s: renewing certificates: %s: %w", a.machine.Namespace, a.machine.Name, what, err)
+		return res, fmt.Errorf("machine %s: renewing certificates: %s: %w", a.machine, what, err)
 	}
 	delivered, err := a.pki.deliverEtcdClient(req, now)
 	if err != nil {

@@ -16,8 +16,24 @@ import (
 
 // Options configure Run.
 type Options struct {
-	// Dir is the machine directory holding machine.json and bootstrap-data.
+	// Dir is the agent's data directory: certificates, etcd's data, logs
+	// and status.json. A machine booted from the old qcp format also
+	// holds machine.json and bootstrap-data there.
 	Dir string
+	// BootstrapFile, when set, is the bootstrap document a cloud-config
+	// wrote (internal/cloudinit); the machine's identity then comes from
+	// NodeName, Address and the instance data, and no machine.json is
+	// read.
+	BootstrapFile string
+	// NodeName names the machine, its Node and its etcd member: the host
+	// name, which cloud-init renders into the unit.
+	NodeName string
+	// Address is the machine's IPv4 address; empty: the instance data's
+	// local IPv4 address, else the first address of an interface that is
+	// up and not loopback (see HostAddress).
+	Address string
+	// InstanceData is cloud-init's instance-data.json.
+	InstanceData string
 	// BinDir holds etcd-<version> and kube-<version>.
 	BinDir string
 	Log    *slog.Logger
@@ -71,23 +87,53 @@ type machineCtx struct {
 
 // Preflight reads and validates everything Run needs without starting or
 // writing anything.
-func Preflight(dir, binDir string) (Machine, *bootstrap.Document, error) {
-	m, err := ReadMachine(dir)
+func Preflight(opts Options) (Machine, *bootstrap.Document, error) {
+	if opts.BootstrapFile != "" {
+		return preflightCloudConfig(opts)
+	}
+	m, err := ReadMachine(opts.Dir)
 	if err != nil {
 		return m, nil, &PreflightError{Reason: ReasonInvalidMachine, Err: err}
 	}
-	data, err := os.ReadFile(filepath.Join(dir, BootstrapFile))
+	doc, err := readBootstrap(m, filepath.Join(opts.Dir, BootstrapFile), opts.BinDir)
+	return m, doc, err
+}
+
+// preflightCloudConfig is Preflight for a machine booted from cloud-config:
+// its name from the unit, its cluster from the document, its address from
+// the machine.
+func preflightCloudConfig(opts Options) (Machine, *bootstrap.Document, error) {
+	m := Machine{Name: opts.NodeName, Address: opts.Address}
+	if m.Address == "" {
+		addr, err := HostAddress(opts.InstanceData)
+		if err != nil {
+			return m, nil, &PreflightError{Reason: ReasonInvalidMachine, Err: fmt.Errorf("machine %s: %w", m, err)}
+		}
+		m.Address = addr
+	}
+	if err := m.validateHost(); err != nil {
+		return m, nil, &PreflightError{Reason: ReasonInvalidMachine, Err: err}
+	}
+	doc, err := readBootstrap(m, opts.BootstrapFile, opts.BinDir)
+	if doc != nil {
+		m.Cluster = doc.ClusterName
+	}
+	return m, doc, err
+}
+
+func readBootstrap(m Machine, path, binDir string) (*bootstrap.Document, error) {
+	data, err := os.ReadFile(path)
 	if err != nil {
-		return m, nil, &PreflightError{Reason: ReasonInvalidBootstrapData, Err: fmt.Errorf("machine %s/%s: reading bootstrap data: %w (the infrastructure provider copies the bootstrap Secret's value there)", m.Namespace, m.Name, err)}
+		return nil, &PreflightError{Reason: ReasonInvalidBootstrapData, Err: fmt.Errorf("machine %s: reading bootstrap data: %w (the infrastructure provider or cloud-init writes it there)", m, err)}
 	}
 	doc, err := bootstrap.Parse(data)
 	if err != nil {
-		return m, nil, &PreflightError{Reason: ReasonInvalidBootstrapData, Err: fmt.Errorf("machine %s/%s: %w", m.Namespace, m.Name, err)}
+		return nil, &PreflightError{Reason: ReasonInvalidBootstrapData, Err: fmt.Errorf("machine %s: %w", m, err)}
 	}
 	if err := doc.CheckBinaries(binDir); err != nil {
-		return m, nil, &PreflightError{Reason: ReasonBinaryMissing, Err: fmt.Errorf("machine %s/%s: %w", m.Namespace, m.Name, err)}
+		return nil, &PreflightError{Reason: ReasonBinaryMissing, Err: fmt.Errorf("machine %s: %w", m, err)}
 	}
-	return m, doc, nil
+	return doc, nil
 }
 
 // Run validates the machine directory, starts the components and keeps the
@@ -110,7 +156,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 			}
 		}
 	}()
-	m, doc, err := Preflight(opts.Dir, opts.BinDir)
+	m, doc, err := Preflight(opts)
 	if err != nil {
 		return err
 	}
@@ -127,7 +173,7 @@ func Run(ctx context.Context, opts Options) (err error) {
 		return err
 	}
 	if a.pki, err = IssuePKI(opts.Dir, m, doc, time.Now()); err != nil {
-		return fmt.Errorf("machine %s/%s: issuing certificates: %w", m.Namespace, m.Name, err)
+		return fmt.Errorf("machine %s: issuing certificates: %w", m, err)
 	}
 	logDir := filepath.Join(opts.Dir, LogDir)
 	if err := os.MkdirAll(logDir, 0o700); err != nil {

@@ -41,6 +41,9 @@ const (
 	AgentPath     = "/usr/local/bin/qcp-agent"
 	BinDir        = "/opt/qcp/bin"
 	DataDir       = "/var/lib/qcp"
+	// InstanceDataPath is where cloud-init keeps the instance data; the
+	// agent reads the machine's address there.
+	InstanceDataPath = "/run/cloud-init/instance-data.json"
 )
 
 // The document's first lines: cloud-init renders the jinja placeholders
@@ -113,8 +116,8 @@ func unit() string {
 		"After=network-online.target",
 		"",
 		"[Service]",
-		fmt.Sprintf("ExecStart=%s run --dir=%s --bootstrap-file=%s --bin-dir=%s --node-name={{ %s }}",
-			AgentPath, DataDir, BootstrapPath, BinDir, HostnameKey),
+		fmt.Sprintf("ExecStart=%s run --dir=%s --bootstrap-file=%s --bin-dir=%s --instance-data=%s --node-name={{ %s }}",
+			AgentPath, DataDir, BootstrapPath, BinDir, InstanceDataPath, HostnameKey),
 		"Restart=always",
 		"RestartSec=5",
 		"",

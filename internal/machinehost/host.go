@@ -94,19 +94,15 @@ func (h *Host) Dir(namespace, name string) string {
 func (h *Host) Start(spec MachineSpec, bootstrapData []byte) error {
 	obj := spec.Namespace + "/" + spec.Name
 	m := agent.Machine(spec)
-	if err := m.Validate(); err != nil || strings.ContainsAny(spec.Namespace+spec.Name, "/\x00") || strings.HasPrefix(spec.Namespace, ".") || strings.HasPrefix(spec.Name, ".") {
-		return &Error{Reason: ReasonInvalidSpec, Object: obj, Err: fmt.Errorf("invalid machine spec: %v; fix the ProcessMachine", err)}
+	if err := validateSpec(spec); err != nil {
+		return &Error{Reason: ReasonInvalidSpec, Object: obj, Err: err}
 	}
 	dir := h.Dir(spec.Namespace, spec.Name)
 	if st, _ := h.Status(spec.Namespace, spec.Name); st.Running {
 		return nil
 	}
-	// agent.pid may name a process that is not the running agent (a
-	// second agent launched beside it fails on its taken health port and
-	// leaves its own PID there): find the agent itself and re-attach, or
-	// the machine would be taken for dead while it runs.
 	if pid := runningAgent(dir); pid > 0 {
-		return atomicfile.Write(filepath.Join(dir, pidFile), []byte(strconv.Itoa(pid)), 0o600)
+		return writePID(dir, pid)
 	}
 	doc, err := bootstrap.Parse(bootstrapData)
 	if err != nil {
@@ -127,6 +123,24 @@ func (h *Host) Start(spec MachineSpec, bootstrapData []byte) error {
 		return &Error{Reason: ReasonStartFailed, Object: obj, Err: err}
 	}
 	return nil
+}
+
+// validateSpec checks the machine's identity and that its name makes a
+// directory of its own.
+func validateSpec(spec MachineSpec) error {
+	if err := agent.Machine(spec).Validate(); err != nil || strings.ContainsAny(spec.Namespace+spec.Name, "/\x00") || strings.HasPrefix(spec.Namespace, ".") || strings.HasPrefix(spec.Name, ".") {
+		return fmt.Errorf("invalid machine spec: %v; fix the ProcessMachine", err)
+	}
+	return nil
+}
+
+// writePID re-attaches to the machine's running agent. agent.pid may name
+// a process that is not the running agent (a second agent launched beside
+// it fails on its taken health port and leaves its own PID there): the
+// agent itself is found and recorded, or the machine would be taken for
+// dead while it runs.
+func writePID(dir string, pid int) error {
+	return atomicfile.Write(filepath.Join(dir, pidFile), []byte(strconv.Itoa(pid)), 0o600)
 }
 
 // launch writes files into dir and starts the agent detached: its own
@@ -195,7 +209,7 @@ func (h *Host) Status(namespace, name string) (MachineStatus, error) {
 
 func (h *Host) status(dir, sub string) (MachineStatus, error) {
 	var st MachineStatus
-	if s, err := agent.ReadStatus(dir); err == nil {
+	if s, err := agent.ReadStatus(dataDir(dir)); err == nil {
 		st.Agent = &s
 	}
 	pid, err := readPID(dir)

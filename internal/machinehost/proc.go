@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+
+	"github.com/qcp-dev/qcp/internal/cloudinit"
 )
 
 // Proc is one process as /proc describes it.
@@ -93,19 +95,24 @@ func cmdline(pid int) []string {
 	return strings.Split(strings.TrimRight(string(data), "\x00"), "\x00")
 }
 
-// isAgent reports whether pid is a live `qcp-agent <sub> --dir <dir>`.
-// Matching the command line, not just the PID, survives PID reuse after a
-// reboot or a long manager outage.
+// isAgent reports whether pid is a live `qcp-agent <sub> --dir <d>`, where
+// d is dir or, for a machine booted from cloud-config, the agent's data
+// directory in dir. Matching the command line, not just the PID, survives
+// PID reuse after a reboot or a long manager outage.
 func isAgent(pid int, sub, dir string) bool {
 	if p, err := readProc(pid); err != nil || p.State == "Z" {
 		return false
 	}
 	args := cmdline(pid)
-	if len(args) < 4 || args[1] != sub {
+	if len(args) < 3 || args[1] != sub {
 		return false
 	}
-	for i := 2; i+1 < len(args); i++ {
-		if args[i] == "--dir" && filepath.Clean(args[i+1]) == filepath.Clean(dir) {
+	for i := 2; i < len(args); i++ {
+		d, ok := strings.CutPrefix(args[i], "--dir=")
+		if !ok && args[i] == "--dir" && i+1 < len(args) {
+			d, ok = args[i+1], true
+		}
+		if ok && (filepath.Clean(d) == filepath.Clean(dir) || filepath.Clean(d) == filepath.Join(dir, cloudinit.DataDir)) {
 			return true
 		}
 	}
