@@ -705,7 +705,7 @@ func (s *scenario) checkMachinesFreeOf(ctx context.Context, via *tls.Config, old
 		if each != nil {
 			each(m, rep)
 		}
-		dir := filepath.Join(host.Dir(ns, m.Name), agent.PKIDir)
+		dir := filepath.Join(host.DataDir(ns, m.Name), agent.PKIDir)
 		err = filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {
 			if err != nil || d.IsDir() {
 				return err

@@ -214,7 +214,7 @@ func (s *scenario) checkReplacedPair(ctx context.Context, ca *certs.KeyPair, fir
 			return err
 		}
 		for _, m := range machines {
-			leaves, err := machineLeaves(host.Dir(ns, m.Name))
+			leaves, err := machineLeaves(host.DataDir(ns, m.Name))
 			if err != nil {
 				return err
 			}

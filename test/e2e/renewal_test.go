@@ -138,7 +138,7 @@ func (s *scenario) firstLeaves(machines []clusterv1.Machine) *leafWatch {
 	s.t.Helper()
 	w := &leafWatch{host: &machinehost.Host{Root: s.mgmt.env.MachineRoot()}, machines: machines, first: map[string]map[string]*x509.Certificate{}}
 	for _, m := range machines {
-		leaves, err := machineLeaves(w.host.Dir(ns, m.Name))
+		leaves, err := machineLeaves(w.host.DataDir(ns, m.Name))
 		if err != nil {
 			s.t.Fatal(err)
 		}
@@ -170,7 +170,7 @@ func (s *scenario) waitLeavesRenewed(w *leafWatch) {
 		now := time.Now()
 		var waiting []string
 		for _, m := range w.machines {
-			leaves, err := machineLeaves(w.host.Dir(ns, m.Name))
+			leaves, err := machineLeaves(w.host.DataDir(ns, m.Name))
 			if err != nil {
 				return err
 			}

@@ -220,7 +220,7 @@ func (s *scenario) checkMachinesSignWith(ctx context.Context, key *certs.KeyPair
 		if k := rep.ServiceAccountKeys; k == nil || k.Signer != id || strings.Join(k.Trusted, ",") != id {
 			s.t.Errorf("machine %s reports service-account keys %+v; want %s alone", m.Name, k, id)
 		}
-		s.checkServiceAccountFiles(m, filepath.Join(host.Dir(ns, m.Name), agent.PKIDir), id)
+		s.checkServiceAccountFiles(m, filepath.Join(host.DataDir(ns, m.Name), agent.PKIDir), id)
 	}
 }
 

@@ -21,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	"github.com/qcp-dev/qcp/internal/bootstrap"
+	"github.com/qcp-dev/qcp/internal/cloudinit"
 	"github.com/qcp-dev/qcp/internal/quorum"
 )
 
@@ -239,12 +240,17 @@ func cleanUp(ctx context.Context, c client.Client, objs ...client.Object) {
 	}
 }
 
-// BootstrapDataSecret returns the bootstrap data Secret of machine: doc in
-// the agent's format under CAPI's "value" key, owned by the Machine, named
-// after it. The caller names it in the Machine's
-// spec.bootstrap.dataSecretName.
+// BootstrapDataSecret returns the bootstrap data Secret of machine: doc as
+// cloud-config (internal/cloudinit), which any infrastructure provider
+// hands its machine, under CAPI's "value" key with format cloud-config,
+// owned by the Machine, named after it. The caller names it in the
+// Machine's spec.bootstrap.dataSecretName.
 func BootstrapDataSecret(machine *clusterv1.Machine, doc *bootstrap.Document) (*corev1.Secret, error) {
-	data, err := bootstrap.Marshal(doc)
+	raw, err := bootstrap.Marshal(doc)
+	if err != nil {
+		return nil, fmt.Errorf("bootstrap data of machine %s: %w", machine.Name, err)
+	}
+	data, err := cloudinit.Build(raw)
 	if err != nil {
 		return nil, fmt.Errorf("bootstrap data of machine %s: %w", machine.Name, err)
 	}
@@ -255,7 +261,7 @@ func BootstrapDataSecret(machine *clusterv1.Machine, doc *bootstrap.Document) (*
 			OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(machine, clusterv1.GroupVersion.WithKind("Machine"))},
 		},
 		Type: clusterv1.ClusterSecretType,
-		Data: map[string][]byte{"value": data, "format": []byte(bootstrap.Format)},
+		Data: map[string][]byte{"value": data, "format": []byte(cloudinit.Format)},
 	}, nil
 }
 

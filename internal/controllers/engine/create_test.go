@@ -9,6 +9,7 @@ import (
 
 	"github.com/qcp-dev/qcp/internal/bootstrap"
 	"github.com/qcp-dev/qcp/internal/certs"
+	"github.com/qcp-dev/qcp/internal/cloudinit"
 	"github.com/qcp-dev/qcp/internal/quorum"
 )
 
@@ -31,11 +32,21 @@ func TestBootstrapDataSecret(t *testing.T) {
 	if len(s.OwnerReferences) != 1 || s.OwnerReferences[0].UID != "u1" || s.OwnerReferences[0].Kind != "Machine" {
 		t.Errorf("owner references %v, want the Machine", s.OwnerReferences)
 	}
-	back, err := bootstrap.Parse(s.Data["value"])
+	cfg, err := cloudinit.Parse(s.Data["value"], map[string]string{cloudinit.HostnameKey: m.Name})
+	if err != nil {
+		t.Fatalf("the bootstrap data is not cloud-config QCP can run: %v", err)
+	}
+	var raw []byte
+	for _, f := range cfg.WriteFiles {
+		if f.Path == cloudinit.BootstrapPath {
+			raw, _ = f.Decode()
+		}
+	}
+	back, err := bootstrap.Parse(raw)
 	if err != nil {
 		t.Fatalf("the agent cannot read the bootstrap data: %v", err)
 	}
-	if back.ClusterName != "demo" || string(s.Data["format"]) != bootstrap.Format {
+	if back.ClusterName != "demo" || string(s.Data["format"]) != cloudinit.Format {
 		t.Errorf("bootstrap data for cluster %q, format %q", back.ClusterName, s.Data["format"])
 	}
 }

@@ -150,7 +150,7 @@ func (r *MachineReconciler) reconcileNormal(ctx context.Context, cluster *cluste
 	pm.Spec.ProviderID = ProviderID(pm)
 	pm.Status.FailureDomain = machine.Spec.FailureDomain
 
-	data, err := r.bootstrapData(ctx, machine)
+	format, data, err := r.bootstrapData(ctx, machine)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
@@ -176,7 +176,7 @@ func (r *MachineReconciler) reconcileNormal(ctx context.Context, cluster *cluste
 		return ctrl.Result{RequeueAfter: LivenessPeriod}, nil
 	}
 	if !status.Running {
-		if err := r.Host.Start(spec, data); err != nil {
+		if err := r.Host.StartBootstrap(spec, format, data); err != nil {
 			// A fix to the bootstrap Secret or bin/ wakes nothing, so look
 			// again now and then.
 			return ctrl.Result{RequeueAfter: recheckAfterFix}, r.startFailed(pm, err)
@@ -205,6 +205,11 @@ func (r *MachineReconciler) reconcileNormal(ctx context.Context, cluster *cluste
 	}
 	pm.Status.Initialization.Provisioned = ptr.To(true)
 	r.setRunning(pm, metav1.ConditionTrue, RunningReason, fmt.Sprintf("Agent runs on %s with pid %d", addr, pid))
+	if !machine.Status.NodeRef.IsDefined() && ptr.Deref(cluster.Status.Initialization.ControlPlaneInitialized, false) {
+		if linked := r.linkNode(ctx, cluster, machine, pm); !linked {
+			return ctrl.Result{RequeueAfter: nodeLinkPeriod}, nil
+		}
+	}
 	return ctrl.Result{RequeueAfter: LivenessPeriod}, nil
 }
 
@@ -253,13 +258,15 @@ func (r *MachineReconciler) reconcileDelete(ctx context.Context, pm *infrav1.Pro
 	return nil
 }
 
-func (r *MachineReconciler) bootstrapData(ctx context.Context, machine *clusterv1.Machine) ([]byte, error) {
+// bootstrapData is the format and the value of the machine's bootstrap
+// data Secret.
+func (r *MachineReconciler) bootstrapData(ctx context.Context, machine *clusterv1.Machine) (string, []byte, error) {
 	s := &corev1.Secret{}
 	key := client.ObjectKey{Namespace: machine.Namespace, Name: *machine.Spec.Bootstrap.DataSecretName}
 	if err := r.Client.Get(ctx, key, s); err != nil {
-		return nil, fmt.Errorf("reading bootstrap data Secret %s of machine %s: %w", key.Name, machine.Name, err)
+		return "", nil, fmt.Errorf("reading bootstrap data Secret %s of machine %s: %w", key.Name, machine.Name, err)
 	}
-	return s.Data["value"], nil
+	return string(s.Data["format"]), s.Data["value"], nil
 }
 
 func (r *MachineReconciler) setRunning(pm *infrav1.ProcessMachine, status metav1.ConditionStatus, reason, msg string) {
