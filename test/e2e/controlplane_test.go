@@ -35,6 +35,7 @@ func TestCreateAndScale(t *testing.T) {
 	s.startTraffic(3)
 	cp := s.waitAvailable(convergeTimeout, 3)
 	s.checkCreated(cp)
+	s.waitNodes()
 
 	// Two machines killed at once take one remediation after the other; on
 	// a CPU-starved host the health check may also mark a live machine.

@@ -13,12 +13,9 @@ import (
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
-	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
-	"sigs.k8s.io/cluster-api/controllers/remote"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
@@ -177,24 +174,6 @@ type handover struct {
 	first    string
 }
 
-// linkNode gives the machine's Node, which its agent registered under its
-// host name without a providerID, the HandoverMachine's: an
-// infrastructure provider's part of linking the Machine to its Node, as
-// CAPD's and QCP's process provider do it.
-func (h *handover) linkNode(ctx context.Context, m *clusterv1.Machine, node, id string) error {
-	cfg, err := remote.RESTConfig(ctx, "handover", h.c, client.ObjectKey{Namespace: m.Namespace, Name: m.Spec.ClusterName})
-	if err != nil {
-		return err
-	}
-	cfg.Timeout = 2 * time.Second
-	cs, err := kubernetes.NewForConfig(cfg)
-	if err != nil {
-		return err
-	}
-	_, err = cs.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, fmt.Appendf(nil, `{"spec":{"providerID":%q}}`, id), metav1.PatchOptions{})
-	return err
-}
-
 func handoverProviderID(namespace, name string) string { return "handover://" + namespace + "/" + name }
 
 func (h *handover) run(ctx context.Context) {
@@ -247,9 +226,6 @@ func (h *handover) reconcile(ctx context.Context, hm *unstructured.Unstructured)
 		return h.c.Patch(ctx, hm, client.RawPatch("application/merge-patch+json", fmt.Appendf(nil, `{"spec":{"providerID":%q}}`, id)))
 	}
 	if done, _, _ := unstructured.NestedBool(hm.Object, "status", "initialization", "provisioned"); done {
-		if !m.Status.NodeRef.IsDefined() {
-			return h.linkNode(ctx, m, hm.GetName(), id)
-		}
 		return nil
 	}
 	status := fmt.Appendf(nil, `{"status":{"initialization":{"provisioned":true},"addresses":[{"type":%q,"address":%q},{"type":%q,"address":%q}]}}`,

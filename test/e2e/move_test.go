@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"maps"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -12,7 +14,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/client-go/kubernetes"
+	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
@@ -20,6 +22,7 @@ import (
 	etcdv1 "github.com/qcp-dev/qcp/api/etcd/v1alpha1"
 	infrav1 "github.com/qcp-dev/qcp/api/infrastructure/v1alpha1"
 	"github.com/qcp-dev/qcp/internal/agent"
+	"github.com/qcp-dev/qcp/internal/cloudinit"
 	"github.com/qcp-dev/qcp/internal/controllers/engine"
 	"github.com/qcp-dev/qcp/internal/localenv"
 	"github.com/qcp-dev/qcp/internal/machinehost"
@@ -119,31 +122,44 @@ func TestMove(t *testing.T) {
 }
 
 // waitNodes waits until every Machine of the scenario's cluster is linked
-// to its Node, which clusterctl move requires, and checks that an etcd
-// machine's Node is tainted and labelled as one.
+// to its Node, which clusterctl move requires. The machines booted from
+// cloud-config (their bootstrap Secrets say so, and they have no
+// machine.json), so their agents registered their Nodes without a
+// providerID or a zone: QCP gave the Nodes the Machines' (CAPI core links
+// by providerID). An etcd machine's Node is tainted and labelled as one.
 func (s *scenario) waitNodes() {
 	s.t.Helper()
+	host := &machinehost.Host{Root: s.mgmt.machines()}
 	s.eventually(convergeTimeout, "every Machine of the cluster linked to its Node", func(ctx context.Context) error {
 		ms, err := s.clusterMachines(ctx)
 		if err != nil {
 			return err
 		}
-		var wl *kubernetes.Clientset
+		wl, err := s.workload(ctx)
+		if err != nil {
+			return err
+		}
 		for _, m := range ms {
 			if !m.Status.NodeRef.IsDefined() {
 				return fmt.Errorf("machine %s has no Node yet", m.Name)
 			}
-			if _, etcdOnly := m.Labels[etcdv1.EtcdClusterNameLabel]; !etcdOnly {
-				continue
+			data := &corev1.Secret{}
+			if err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: ptr.Deref(m.Spec.Bootstrap.DataSecretName, "")}, data); err != nil {
+				return err
 			}
-			if wl == nil {
-				if wl, err = s.workload(ctx); err != nil {
-					return err
-				}
+			_, err := os.Stat(filepath.Join(host.Dir(ns, m.Spec.InfrastructureRef.Name), agent.MachineFile))
+			if string(data.Data["format"]) != cloudinit.Format || !os.IsNotExist(err) {
+				return fmt.Errorf("machine %s: bootstrap data of format %q, %s: %v; want cloud-config and none", m.Name, data.Data["format"], agent.MachineFile, err)
 			}
 			n, err := wl.CoreV1().Nodes().Get(ctx, m.Status.NodeRef.Name, metav1.GetOptions{})
 			if err != nil {
 				return err
+			}
+			if n.Spec.ProviderID != m.Spec.ProviderID || n.Labels[engine.ZoneLabel] != m.Spec.FailureDomain {
+				return fmt.Errorf("Node %s of machine %s: providerID %q, zone %q; want the Machine's %q and %q", n.Name, m.Name, n.Spec.ProviderID, n.Labels[engine.ZoneLabel], m.Spec.ProviderID, m.Spec.FailureDomain)
+			}
+			if _, etcdOnly := m.Labels[etcdv1.EtcdClusterNameLabel]; !etcdOnly {
+				continue
 			}
 			etcdTaint := corev1.Taint{Key: agent.EtcdNodeRole, Effect: corev1.TaintEffectNoExecute}
 			if !slices.ContainsFunc(n.Spec.Taints, func(t corev1.Taint) bool { return etcdTaint.MatchTaint(&t) }) {

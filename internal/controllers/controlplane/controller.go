@@ -292,6 +292,7 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Clu
 	}
 	r.initialize(ctx, cluster, cp, obs)
 	r.watchNodes(ctx, cluster, cp, obs)
+	linking := r.linkNodes(ctx, cluster, cp, obs)
 	r.ensureWorkloadObjects(ctx, cluster, cp, secrets, obs)
 	if rt := secrets.rotation; rt != nil {
 		advanced, err := r.advanceRotation(ctx, cluster, cp, rt, obs.Machines)
@@ -326,6 +327,9 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Clu
 	}
 	if obs.inFlight() {
 		return ctrl.Result{RequeueAfter: r.wakeups.PollAfter(client.ObjectKeyFromObject(cp))}, nil
+	}
+	if linking {
+		return ctrl.Result{RequeueAfter: engine.NodeLinkPoll}, nil
 	}
 	if !obs.initialized {
 		return ctrl.Result{RequeueAfter: initializationPoll}, nil

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
@@ -19,6 +21,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/predicate"
 
 	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
+	"github.com/qcp-dev/qcp/internal/controllers/engine"
 )
 
 // initializeProbeTimeout bounds one probe of the first API server.
@@ -99,4 +102,39 @@ func (nodeConditionsChanged) Update(e event.UpdateEvent) bool {
 		}
 	}
 	return false
+}
+
+// linkNodes gives each machine's Node its Machine's providerID and zone
+// (engine.NodeLinks), through the workload cluster, so that CAPI core links
+// Machine and Node on any infrastructure provider. It reports whether a
+// machine still waits for its Node, so that the control plane looks again
+// soon.
+func (r *Reconciler) linkNodes(ctx context.Context, cluster *clusterv1.Cluster, cp *controlplanev1.QuorumControlPlane, obs *observation) bool {
+	if obs.nodes == nil {
+		return false
+	}
+	links, waiting, conflicts := engine.NodeLinks(obs.Machines, obs.nodes)
+	for _, c := range conflicts {
+		ctrl.LoggerFrom(ctx).Info("Leaving a Node alone: " + c)
+	}
+	if len(links) == 0 {
+		return waiting > 0
+	}
+	patch := func(ctx context.Context, node string, data []byte) error {
+		if c, err := r.ClusterCache.GetClient(ctx, client.ObjectKeyFromObject(cluster)); err == nil {
+			return c.Patch(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}, client.RawPatch(types.MergePatchType, data))
+		}
+		cs, err := r.directWorkloadClient(ctx, cluster)
+		if err != nil {
+			return err
+		}
+		_, err = cs.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, data, metav1.PatchOptions{})
+		return err
+	}
+	if err := engine.LinkNodes(ctx, links, patch, func(l engine.NodeLink) {
+		r.Recorder.Eventf(cp, corev1.EventTypeNormal, engine.NodeLinkedReason, "Node %s of machine %s has its providerID %s and zone %q", l.Node, l.Machine, l.ProviderID, l.Zone)
+	}); err != nil {
+		ctrl.LoggerFrom(ctx).Info("Linking a machine's Node failed; trying again", "error", err.Error())
+	}
+	return true
 }

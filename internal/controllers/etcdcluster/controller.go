@@ -221,6 +221,7 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Clu
 	if err := r.tendMachines(ctx, cluster, ec, obs); err != nil {
 		return ctrl.Result{}, err
 	}
+	linking := r.linkNodes(ctx, cluster, ec, obs)
 	d := quorum.Plan(obs.State)
 	var fresh *observation
 	acted, replan, err := r.stepper.Take(ctx, engine.Step{
@@ -253,6 +254,9 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Clu
 	wake := healthPoll
 	if at := obs.rollout.next(obs.Machines); !at.IsZero() {
 		wake = min(wake, max(at.Sub(r.Now()), time.Second))
+	}
+	if linking {
+		wake = min(wake, engine.NodeLinkPoll)
 	}
 	return ctrl.Result{RequeueAfter: wake}, nil
 }

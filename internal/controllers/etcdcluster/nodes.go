@@ -5,14 +5,19 @@ import (
 	"crypto/tls"
 	"fmt"
 	"net"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/controllers/remote"
 	"sigs.k8s.io/cluster-api/util/secret"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/log"
@@ -128,3 +133,53 @@ func (r *Reconciler) registerNode(ctx context.Context, ec *etcdv1.EtcdCluster, n
 		"Sent machine %s the registration of its Node in cluster %s (endpoint %s, node certificate valid until %s)",
 		m.Name, ec.Labels[clusterv1.ClusterNameLabel], nm.server, kp.Cert.NotAfter.UTC().Format(time.RFC3339))
 }
+
+// linkNodes gives each etcd machine's Node its Machine's providerID and
+// zone (engine.NodeLinks) through the workload cluster, once its control
+// plane is initialized: the Nodes register through it. It reports whether
+// a machine still waits for its Node, so that the EtcdCluster looks again
+// soon.
+func (r *Reconciler) linkNodes(ctx context.Context, cluster *clusterv1.Cluster, ec *etcdv1.EtcdCluster, obs *observation) bool {
+	if !ptr.Deref(cluster.Status.Initialization.ControlPlaneInitialized, false) ||
+		!slices.ContainsFunc(obs.Machines, func(m *clusterv1.Machine) bool { return m.Spec.ProviderID != "" && !m.Status.NodeRef.IsDefined() }) {
+		return false
+	}
+	logger := log.FromContext(ctx)
+	cfg, err := remote.RESTConfig(ctx, "qcp-manager", r.Client, client.ObjectKeyFromObject(cluster))
+	if err != nil {
+		logger.V(1).Info("Waiting for the workload cluster's kubeconfig to link the etcd machines' Nodes", "error", err.Error())
+		return true
+	}
+	cfg.Timeout = nodeLinkTimeout
+	cs, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return true
+	}
+	list, err := cs.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		logger.V(1).Info("Waiting for the workload cluster to link the etcd machines' Nodes", "error", err.Error())
+		return true
+	}
+	nodes := make(map[string]*corev1.Node, len(list.Items))
+	for i := range list.Items {
+		nodes[list.Items[i].Name] = &list.Items[i]
+	}
+	links, waiting, conflicts := engine.NodeLinks(obs.Machines, nodes)
+	for _, c := range conflicts {
+		logger.Info("Leaving a Node alone: " + c)
+	}
+	patch := func(ctx context.Context, node string, data []byte) error {
+		_, err := cs.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, data, metav1.PatchOptions{})
+		return err
+	}
+	if err := engine.LinkNodes(ctx, links, patch, func(l engine.NodeLink) {
+		r.Recorder.Eventf(ec, corev1.EventTypeNormal, engine.NodeLinkedReason, "Node %s of machine %s has its providerID %s and zone %q", l.Node, l.Machine, l.ProviderID, l.Zone)
+	}); err != nil {
+		logger.Info("Linking an etcd machine's Node failed; trying again", "error", err.Error())
+	}
+	return waiting > 0 || len(links) > 0
+}
+
+// nodeLinkTimeout bounds each request to the workload cluster when linking
+// Nodes, so that an unreachable one does not hold the reconcile.
+const nodeLinkTimeout = 5 * time.Second

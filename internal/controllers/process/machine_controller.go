@@ -205,11 +205,6 @@ func (r *MachineReconciler) reconcileNormal(ctx context.Context, cluster *cluste
 	}
 	pm.Status.Initialization.Provisioned = ptr.To(true)
 	r.setRunning(pm, metav1.ConditionTrue, RunningReason, fmt.Sprintf("Agent runs on %s with pid %d", addr, pid))
-	if !machine.Status.NodeRef.IsDefined() && ptr.Deref(cluster.Status.Initialization.ControlPlaneInitialized, false) {
-		if linked := r.linkNode(ctx, cluster, machine, pm); !linked {
-			return ctrl.Result{RequeueAfter: nodeLinkPeriod}, nil
-		}
-	}
 	return ctrl.Result{RequeueAfter: LivenessPeriod}, nil
 }
 
