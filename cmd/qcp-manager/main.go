@@ -2,6 +2,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"flag"
 	"fmt"
@@ -25,6 +26,7 @@ import (
 	metricsserver "sigs.k8s.io/controller-runtime/pkg/metrics/server"
 	"sigs.k8s.io/controller-runtime/pkg/webhook"
 
+	"github.com/qcp-dev/qcp/images"
 	"github.com/qcp-dev/qcp/internal/agent"
 	"github.com/qcp-dev/qcp/internal/binaries"
 	"github.com/qcp-dev/qcp/internal/certs"
@@ -55,6 +57,7 @@ func main() {
 		metricsAddr, healthAddr string
 		leaderElect, showVer    bool
 		processOpts             process.Options
+		machineImage            string
 		webhookOpts             webhook.Options
 		cpOpts                  controlPlaneOptions
 	)
@@ -70,6 +73,7 @@ func main() {
 	flag.StringVar(&processOpts.MachineRoot, "machine-root", "", "directory holding the process machines' directories (required with the process controllers)")
 	flag.StringVar(&processOpts.BinDir, "bin-dir", "", "directory of the pinned binaries (default: $QCP_BIN_DIR or the repository's bin/)")
 	flag.StringVar(&processOpts.AgentPath, "agent", "", "path of qcp-agent (default: qcp-agent next to this binary)")
+	flag.StringVar(&machineImage, "machine-image", "", "root of a machine image tree that images/install.sh installed: the process machines run its qcp-agent and pinned binaries, as a cloud's machines run their image's (--bin-dir and --agent override either)")
 	flag.Func("address-range", "loopback prefix machine and load balancer addresses come from (default "+process.DefaultAddressRange.String()+")", func(v string) error {
 		p, err := netip.ParsePrefix(v)
 		if err != nil || !p.Addr().IsLoopback() {
@@ -115,6 +119,11 @@ func main() {
 	}
 	ctrl.SetLogger(zap.New(zap.UseFlagOptions(&opts)))
 	klog.SetLogger(ctrl.Log)
+	if machineImage != "" {
+		agent, binDir := images.Paths(machineImage)
+		processOpts.AgentPath = cmp.Or(processOpts.AgentPath, agent)
+		processOpts.BinDir = cmp.Or(processOpts.BinDir, binDir)
+	}
 	if err := run(metricsAddr, healthAddr, leaderElect, processOpts, webhookOpts, cpOpts); err != nil {
 		ctrl.Log.Error(err, "qcp-manager failed")
 		os.Exit(1)
@@ -153,6 +162,7 @@ func completeProcessOptions(o process.Options, cpOpts controlPlaneOptions) (proc
 	if !cpOpts.runs("process") {
 		return o, nil
 	}
+
 	if o.MachineRoot == "" {
 		return o, fmt.Errorf("--machine-root is required with the process controllers: name the directory that holds the process machines, or leave the controllers out with --controllers")
 	}

@@ -8,6 +8,7 @@ import (
 
 	rbacv1 "k8s.io/api/rbac/v1"
 
+	"github.com/qcp-dev/qcp/images"
 	"github.com/qcp-dev/qcp/internal/binaries"
 )
 
@@ -69,6 +70,13 @@ func (e *Env) StartManager(ctx context.Context, opts ManagerOptions) (*Process, 
 	if err != nil {
 		return nil, err
 	}
+	// The process machines boot from a machine image tree the recipe
+	// installs, as a cloud's machines boot from their image, and not
+	// from bin/: images/install.sh runs here on every start.
+	image := filepath.Join(e.Dir, "machine-image")
+	if err := images.Install(image, binDir, filepath.Join(filepath.Dir(opts.Path), "qcp-agent")); err != nil {
+		return nil, err
+	}
 	// The metrics address is the caller's if given, else the first port.
 	metricsAddr := opts.MetricsAddr
 	start := func(addrs []string) (*Process, error) {
@@ -78,7 +86,7 @@ func (e *Env) StartManager(ctx context.Context, opts ManagerOptions) (*Process, 
 		args := append([]string{
 			"--kubeconfig=" + kubeconfig,
 			"--machine-root=" + opts.MachineRoot,
-			"--bin-dir=" + binDir,
+			"--machine-image=" + image,
 			"--metrics-bind-address=" + metricsAddr,
 			"--health-probe-bind-address=" + addrs[1],
 			"--leader-elect=false",
