@@ -29,7 +29,9 @@ import (
 	"github.com/qcp-dev/qcp/images"
 	"github.com/qcp-dev/qcp/internal/agent"
 	"github.com/qcp-dev/qcp/internal/binaries"
+	"github.com/qcp-dev/qcp/internal/bootstrap"
 	"github.com/qcp-dev/qcp/internal/certs"
+	"github.com/qcp-dev/qcp/internal/cloudinit"
 	"github.com/qcp-dev/qcp/internal/controllers/controlplane"
 	"github.com/qcp-dev/qcp/internal/controllers/engine"
 	"github.com/qcp-dev/qcp/internal/controllers/etcdcluster"
@@ -98,6 +100,8 @@ func main() {
 		"validity of the client certificate qcp-manager issues itself for each etcd cluster it manages; it is issued again after two thirds of it, without a restart")
 	flag.DurationVar(&cpOpts.machineCertificateLifetime, "machine-certificate-lifetime", 0,
 		"validity of the leaf certificates each new control plane or etcd machine issues itself, overriding a QuorumControlPlane's spec.certificateValidityPeriodDays (default: that field, and 365 days for EtcdCluster machines); they are renewed in place after two thirds of it")
+	flag.StringVar(&cpOpts.bootstrapFormat, "bootstrap-format", "cloud-config",
+		"format of new machines' bootstrap data: cloud-config, which every infrastructure provider runs; qcp, QCP's own document, only stands in for a manager from before cloud-config, to show that its machines keep running and are replaced")
 	flag.DurationVar(&cpOpts.serviceAccountTokenLifetime, "service-account-token-lifetime", agent.ServiceAccountTokenMaxLifetime,
 		"how long a service-account key rotation waits, after the last API server stopped signing with the old key, before it distrusts it: the API servers' maximum token lifetime, which the agent sets; tests shorten it, which cuts off tokens of the old key that are still valid")
 	flag.DurationVar(&cpOpts.tunables.LearnerStartTimeout, "learner-start-timeout", 0, "how long an added etcd learner may stay unstarted before its machine is replaced (default 5m)")
@@ -141,8 +145,10 @@ type controlPlaneOptions struct {
 	etcdClientLifetime          time.Duration
 	// machineCertificateLifetime overrides the machines' leaf validity.
 	machineCertificateLifetime time.Duration
-	healthCheckTimeout         time.Duration
-	tunables                   quorum.Tunables
+	// bootstrapFormat is the format of new machines' bootstrap data.
+	bootstrapFormat    string
+	healthCheckTimeout time.Duration
+	tunables           quorum.Tunables
 	// concurrency is how many QuorumControlPlanes, and how many
 	// EtcdClusters, are reconciled at once.
 	concurrency, etcdConcurrency int
@@ -184,6 +190,9 @@ func completeProcessOptions(o process.Options, cpOpts controlPlaneOptions) (proc
 }
 
 func run(metricsAddr, healthAddr string, leaderElect bool, processOpts process.Options, webhookOpts webhook.Options, cpOpts controlPlaneOptions) error {
+	if f := cpOpts.bootstrapFormat; f != cloudinit.Format && f != bootstrap.Format {
+		return fmt.Errorf("--bootstrap-format=%s: use %s (or %s, QCP's format before cloud-config)", f, cloudinit.Format, bootstrap.Format)
+	}
 	processOpts, err := completeProcessOptions(processOpts, cpOpts)
 	if err != nil {
 		return err
@@ -269,7 +278,7 @@ func setupControlPlane(ctx context.Context, mgr ctrl.Manager, o controlPlaneOpti
 		KubeconfigLifetime: o.kubeconfigLifetime, Tunables: o.tunables, Failpoints: failpoints,
 		HealthCheckTimeout: o.healthCheckTimeout, Concurrency: o.concurrency, PlanOptions: o.plan,
 		EtcdClientLifetime: o.etcdClientLifetime, MachineCertificateLifetime: o.machineCertificateLifetime,
-		WatchFilter: o.watchFilter, ServiceAccountTokenLifetime: o.serviceAccountTokenLifetime,
+		WatchFilter: o.watchFilter, ServiceAccountTokenLifetime: o.serviceAccountTokenLifetime, BootstrapFormat: o.bootstrapFormat,
 	}
 	if o.plan.SkipLeaderTransfer {
 		ctrl.Log.Info("Measurement mode: QuorumControlPlanes remove etcd leaders without moving leadership first (--measure-without-leader-transfer); never run this in production")
@@ -282,7 +291,7 @@ func setupControlPlane(ctx context.Context, mgr ctrl.Manager, o controlPlaneOpti
 		Recorder: mgr.GetEventRecorderFor("etcdcluster-controller"),
 		Tunables: o.tunables, Failpoints: failpoints, Concurrency: o.etcdConcurrency,
 		EtcdClientLifetime: o.etcdClientLifetime, MachineCertificateLifetime: o.machineCertificateLifetime,
-		WatchFilter: o.watchFilter,
+		WatchFilter: o.watchFilter, BootstrapFormat: o.bootstrapFormat,
 	}
 	return ec.SetupWithManager(ctx, mgr)
 }

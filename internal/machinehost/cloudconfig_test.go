@@ -130,3 +130,52 @@ func TestStartCloudConfigRejectsBeforeCreatingAnything(t *testing.T) {
 		}
 	}
 }
+
+// TestOldFormatMachineSurvivesAgentRestart: a machine made from the old
+// qcp format before cloud-config keeps its machine.json and its data in
+// the machine directory, and when its agent restarts (a new qcp-agent, a
+// reboot) it reads them again and comes back as the same etcd member.
+func TestOldFormatMachineSurvivesAgentRestart(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a machine; not run with -short")
+	}
+	h := newHost(t)
+	c := newTestCluster(t, h, "ns", "old")
+	spec := c.spec("old-m1", "fd-a")
+	data, err := bootstrap.Marshal(bootstrap.NewEtcdOnly(c.cl, c.cas.Etcd, bootstrap.NewMember()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.started = append(c.started, spec.Name)
+	if err := h.StartBootstrap(spec, bootstrap.Format, data); err != nil {
+		t.Fatal(err)
+	}
+	c.waitHealthy(spec, 2*time.Minute)
+	cli := c.etcdClient(clientURL(spec))
+	before, ok, err := c.member(cli, spec)
+	if err != nil || !ok {
+		t.Fatalf("the machine's etcd member: %v (found %v)", err, ok)
+	}
+	st, err := h.Status(c.ns, spec.Name)
+	if err != nil || !st.Running {
+		t.Fatalf("status %+v (%v)", st, err)
+	}
+	if err := stopGroup(st.PID); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := h.Status(c.ns, spec.Name); st.Running {
+		t.Fatalf("the agent still runs after its process group was stopped: %+v", st)
+	}
+	if err := h.StartBootstrap(spec, bootstrap.Format, data); err != nil {
+		t.Fatal(err)
+	}
+	c.waitHealthy(spec, 2*time.Minute)
+	after, ok, err := c.member(cli, spec)
+	if err != nil || !ok || after.ID != before.ID {
+		t.Errorf("after the agent's restart the machine's member is %x (found %v, %v); want %x, the one it had", after.ID, ok, err, before.ID)
+	}
+	dir := h.Dir(c.ns, spec.Name)
+	if _, err := os.Stat(filepath.Join(dir, agent.MachineFile)); err != nil || h.DataDir(c.ns, spec.Name) != dir {
+		t.Errorf("the old machine's %s: %v, data directory %s; want it kept, and its data in %s", agent.MachineFile, err, h.DataDir(c.ns, spec.Name), dir)
+	}
+}

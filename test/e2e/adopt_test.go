@@ -147,7 +147,7 @@ func (s *scenario) handMadeMachine(ctx context.Context, cas *certs.ClusterCAs, e
 			InfrastructureRef: clusterv1.ContractVersionedObjectReference{APIGroup: infrav1.GroupVersion.Group, Kind: "ProcessMachine", Name: name},
 		},
 	}
-	data, err := engine.BootstrapDataSecret(m, doc)
+	data, err := engine.BootstrapDataSecret(m, doc, "")
 	if err != nil {
 		s.t.Fatal(err)
 	}

@@ -19,6 +19,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
+	"github.com/qcp-dev/qcp/internal/cloudinit"
 	"github.com/qcp-dev/qcp/internal/certs"
 	"github.com/qcp-dev/qcp/internal/controllers/controlplane"
 	"github.com/qcp-dev/qcp/internal/machinehost"
@@ -35,7 +36,9 @@ func TestCreateAndScale(t *testing.T) {
 	s.startTraffic(3)
 	cp := s.waitAvailable(convergeTimeout, 3)
 	s.checkCreated(cp)
-	s.waitNodes()
+	if got := s.waitNodes(); got[cloudinit.Format] != 3 || len(got) != 1 {
+		t.Errorf("machines by bootstrap data format: %v; want 3 booted from cloud-config", got)
+	}
 
 	// Two machines killed at once take one remediation after the other; on
 	// a CPU-starved host the health check may also mark a live machine.

@@ -24,6 +24,7 @@ import (
 	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
 	etcdv1 "github.com/qcp-dev/qcp/api/etcd/v1alpha1"
 	infrav1 "github.com/qcp-dev/qcp/api/infrastructure/v1alpha1"
+	"github.com/qcp-dev/qcp/internal/cloudinit"
 	"github.com/qcp-dev/qcp/internal/binaries"
 	"github.com/qcp-dev/qcp/internal/certs"
 	"github.com/qcp-dev/qcp/internal/etcd"
@@ -195,7 +196,9 @@ func TestEtcdClusterCreateAndScale(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
 	s.waitExternalAvailable(convergeTimeout, etcdScenarioControlPlane)
-	s.waitNodes()
+	if got, want := s.waitNodes(), 3+etcdScenarioControlPlane; got[cloudinit.Format] != want || len(got) != 1 {
+		t.Errorf("machines by bootstrap data format: %v; want %d booted from cloud-config", got, want)
+	}
 	s.runNoEtcd(ctx)
 	s.storesInEtcdCluster(ctx)
 	s.checkOwnedByCluster(ctx, ec)

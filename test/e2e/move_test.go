@@ -22,6 +22,7 @@ import (
 	etcdv1 "github.com/qcp-dev/qcp/api/etcd/v1alpha1"
 	infrav1 "github.com/qcp-dev/qcp/api/infrastructure/v1alpha1"
 	"github.com/qcp-dev/qcp/internal/agent"
+	"github.com/qcp-dev/qcp/internal/bootstrap"
 	"github.com/qcp-dev/qcp/internal/cloudinit"
 	"github.com/qcp-dev/qcp/internal/controllers/engine"
 	"github.com/qcp-dev/qcp/internal/localenv"
@@ -53,7 +54,9 @@ func TestMove(t *testing.T) {
 	requireShared(t)
 	testkit.RequireBinaries(t, "clusterctl")
 	parallel(t, 4*time.Minute)
-	from := ownManagement(t, moveAddressRange, nil)
+	// The source's manager writes the bootstrap data QCP wrote before
+	// cloud-config; the target's, started after the move, is the upgrade.
+	from := ownManagement(t, moveAddressRange, []string{"--bootstrap-format=" + bootstrap.Format})
 	to := managementWithoutManager(t, from)
 	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
 	defer cancel()
@@ -66,8 +69,13 @@ func TestMove(t *testing.T) {
 	s.waitAvailable(convergeTimeout, 3)
 	e.waitEtcdReady(convergeTimeout, 3)
 	e.waitExternalAvailable(convergeTimeout, etcdScenarioControlPlane)
-	s.waitNodes()
-	e.waitNodes()
+	if got := s.waitNodes(); got[bootstrap.Format] != 3 || len(got) != 1 {
+		t.Errorf("%s's machines by bootstrap data format: %v; want 3 of the old qcp format", s.name, got)
+	}
+	oldEtcd := e.waitNodes()
+	if want := 3 + etcdScenarioControlPlane; oldEtcd[bootstrap.Format] != want || len(oldEtcd) != 1 {
+		t.Errorf("%s's machines by bootstrap data format: %v; want %d of the old qcp format", e.name, oldEtcd, want)
+	}
 	before := map[*scenario]moveRecord{s: s.moveRecord(ctx), e: e.moveRecord(ctx)}
 	t.Logf("before the move: %s; %s", before[s], before[e])
 
@@ -112,25 +120,36 @@ func TestMove(t *testing.T) {
 		})
 	}
 
-	s.scale(ctx, 5)
+	// The old-format machines kept running across the move and the new
+	// manager; a rollout replaces them with cloud-config machines, and new
+	// etcd machines join the old ones.
 	e.scaleEtcd(ctx, 5)
-	s.waitAvailable(convergeTimeout, 5)
+	s.rollOut(func(cp *controlplanev1.QuorumControlPlane) { cp.Spec.Rollout.After = metav1.Now() }, nil)
+	s.waitAvailable(convergeTimeout, 3)
+	if got := s.waitNodes(); got[cloudinit.Format] != 3 || len(got) != 1 {
+		t.Errorf("%s's machines by bootstrap data format after the rollout: %v; want 3 booted from cloud-config", s.name, got)
+	}
 	e.waitEtcdReady(convergeTimeout, 5)
-	e.waitNodes()
+	if got := e.waitNodes(); got[cloudinit.Format] != 2 || got[bootstrap.Format] != oldEtcd[bootstrap.Format] {
+		t.Errorf("%s's machines by bootstrap data format after the scale-up: %v; want the %d old ones and 2 booted from cloud-config", e.name, got, oldEtcd[bootstrap.Format])
+	}
 	s.finish()
 	e.finish()
 }
 
 // waitNodes waits until every Machine of the scenario's cluster is linked
-// to its Node, which clusterctl move requires. The machines booted from
-// cloud-config (their bootstrap Secrets say so, and they have no
-// machine.json), so their agents registered their Nodes without a
-// providerID or a zone: QCP gave the Nodes the Machines' (CAPI core links
-// by providerID). An etcd machine's Node is tainted and labelled as one.
-func (s *scenario) waitNodes() {
+// to its Node, which clusterctl move requires, and returns how many
+// machines booted from each bootstrap data format. A machine booted from
+// cloud-config has no machine.json, and its agent registered its Node
+// without a providerID or a zone: QCP gave the Node the Machine's (CAPI
+// core links by providerID). One booted from the old qcp format has its
+// machine.json. An etcd machine's Node is tainted and labelled as one.
+func (s *scenario) waitNodes() map[string]int {
 	s.t.Helper()
 	host := &machinehost.Host{Root: s.mgmt.machines()}
+	var formats map[string]int
 	s.eventually(convergeTimeout, "every Machine of the cluster linked to its Node", func(ctx context.Context) error {
+		formats = map[string]int{}
 		ms, err := s.clusterMachines(ctx)
 		if err != nil {
 			return err
@@ -147,10 +166,12 @@ func (s *scenario) waitNodes() {
 			if err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: ptr.Deref(m.Spec.Bootstrap.DataSecretName, "")}, data); err != nil {
 				return err
 			}
+			format := string(data.Data["format"])
 			_, err := os.Stat(filepath.Join(host.Dir(ns, m.Spec.InfrastructureRef.Name), agent.MachineFile))
-			if string(data.Data["format"]) != cloudinit.Format || !os.IsNotExist(err) {
-				return fmt.Errorf("machine %s: bootstrap data of format %q, %s: %v; want cloud-config and none", m.Name, data.Data["format"], agent.MachineFile, err)
+			if (format == bootstrap.Format) != (err == nil) || format != bootstrap.Format && format != cloudinit.Format {
+				return fmt.Errorf("machine %s: bootstrap data of format %q, %s: %v; want cloud-config and none, or qcp and one", m.Name, format, agent.MachineFile, err)
 			}
+			formats[format]++
 			n, err := wl.CoreV1().Nodes().Get(ctx, m.Status.NodeRef.Name, metav1.GetOptions{})
 			if err != nil {
 				return err
@@ -171,6 +192,7 @@ func (s *scenario) waitNodes() {
 		}
 		return nil
 	})
+	return formats
 }
 
 // clusterMachines lists every Machine of the scenario's cluster: an

@@ -75,6 +75,10 @@ type Reconciler struct {
 	// certificates every new machine issues itself, in place of
 	// spec.certificateValidityPeriodDays: tests see renewal in minutes.
 	MachineCertificateLifetime time.Duration
+	// BootstrapFormat is the format of new machines' bootstrap data:
+	// cloud-config when empty; qcp stands in for a manager from before
+	// cloud-config (engine.BootstrapDataSecret).
+	BootstrapFormat string
 	// ServiceAccountTokenLifetime is how long a service-account key
 	// rotation waits between SwitchSigner and Distrust, for the tokens the
 	// old key signed to expire; agent.ServiceAccountTokenMaxLifetime, the

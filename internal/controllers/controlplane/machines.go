@@ -39,6 +39,7 @@ func (r *Reconciler) createMachine(ctx context.Context, cluster *clusterv1.Clust
 		Version:        cp.Spec.Version,
 		FailureDomain:  d.FailureDomain,
 		Bootstrap:      r.bootstrapDocument(cluster, cp, secrets, obs),
+		BootstrapFormat: r.BootstrapFormat,
 		Deletion:       machineDeletion(cp),
 		ReadinessGates: tmpl.Spec.ReadinessGates,
 		Taints:         tmpl.Spec.Taints,

@@ -48,6 +48,9 @@ type NewMachine struct {
 	Version           string
 	FailureDomain     string
 	Bootstrap         *bootstrap.Document
+	// BootstrapFormat is the bootstrap data's format: cloud-config when
+	// empty (see BootstrapDataSecret).
+	BootstrapFormat string
 	Deletion          clusterv1.MachineDeletionSpec
 	ReadinessGates    []clusterv1.MachineReadinessGate
 	Taints            []clusterv1.MachineTaint
@@ -62,7 +65,7 @@ type NewMachine struct {
 // says whether the Machine exists (see createdAnyway).
 func CreateMachine(ctx context.Context, c client.Client, reader client.Reader, fp Failpoints, nm NewMachine) (*clusterv1.Machine, error) {
 	data, err := BootstrapDataSecret(&clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Name: nm.Name, Namespace: nm.Owner.GetNamespace()},
-		Spec: clusterv1.MachineSpec{ClusterName: nm.Cluster.Name}}, nm.Bootstrap)
+		Spec: clusterv1.MachineSpec{ClusterName: nm.Cluster.Name}}, nm.Bootstrap, nm.BootstrapFormat)
 	if err != nil {
 		return nil, err
 	}
@@ -244,15 +247,24 @@ func cleanUp(ctx context.Context, c client.Client, objs ...client.Object) {
 // cloud-config (internal/cloudinit), which any infrastructure provider
 // hands its machine, under CAPI's "value" key with format cloud-config,
 // owned by the Machine, named after it. The caller names it in the
-// Machine's spec.bootstrap.dataSecretName.
-func BootstrapDataSecret(machine *clusterv1.Machine, doc *bootstrap.Document) (*corev1.Secret, error) {
-	raw, err := bootstrap.Marshal(doc)
+// Machine's spec.bootstrap.dataSecretName. With format qcp (bootstrap.Format)
+// the value is the document itself, as QCP wrote it before cloud-config:
+// qcp-manager --bootstrap-format=qcp stands in for such a manager, to show
+// that its machines keep running and are replaced.
+func BootstrapDataSecret(machine *clusterv1.Machine, doc *bootstrap.Document, format string) (*corev1.Secret, error) {
+	data, err := bootstrap.Marshal(doc)
 	if err != nil {
 		return nil, fmt.Errorf("bootstrap data of machine %s: %w", machine.Name, err)
 	}
-	data, err := cloudinit.Build(raw)
-	if err != nil {
-		return nil, fmt.Errorf("bootstrap data of machine %s: %w", machine.Name, err)
+	switch format {
+	case bootstrap.Format:
+	case cloudinit.Format, "":
+		format = cloudinit.Format
+		if data, err = cloudinit.Build(data); err != nil {
+			return nil, fmt.Errorf("bootstrap data of machine %s: %w", machine.Name, err)
+		}
+	default:
+		return nil, fmt.Errorf("bootstrap data of machine %s: unknown format %q: use %q or %q", machine.Name, format, cloudinit.Format, bootstrap.Format)
 	}
 	return &corev1.Secret{
 		ObjectMeta: metav1.ObjectMeta{
@@ -261,7 +273,7 @@ func BootstrapDataSecret(machine *clusterv1.Machine, doc *bootstrap.Document) (*
 			OwnerReferences: []metav1.OwnerReference{*metav1.NewControllerRef(machine, clusterv1.GroupVersion.WithKind("Machine"))},
 		},
 		Type: clusterv1.ClusterSecretType,
-		Data: map[string][]byte{"value": data, "format": []byte(cloudinit.Format)},
+		Data: map[string][]byte{"value": data, "format": []byte(format)},
 	}, nil
 }
 

@@ -22,7 +22,7 @@ func TestBootstrapDataSecret(t *testing.T) {
 	doc.Versions = bootstrap.Versions{Kubernetes: "v1.36.3", Etcd: "v3.6.16"}
 	m := &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Name: "demo-cp-1", Namespace: "default", UID: "u1"},
 		Spec: clusterv1.MachineSpec{ClusterName: "demo"}}
-	s, err := BootstrapDataSecret(m, doc)
+	s, err := BootstrapDataSecret(m, doc, "")
 	if err != nil {
 		t.Fatal(err)
 	}

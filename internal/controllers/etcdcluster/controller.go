@@ -69,6 +69,10 @@ type Reconciler struct {
 	// certificates every new etcd machine issues itself, in place of
 	// certs.LeafValidity: tests see renewal in minutes.
 	MachineCertificateLifetime time.Duration
+	// BootstrapFormat is the format of new machines' bootstrap data:
+	// cloud-config when empty; qcp stands in for a manager from before
+	// cloud-config (engine.BootstrapDataSecret).
+	BootstrapFormat string
 
 	metrics *engine.Metrics
 	stepper *engine.Stepper

@@ -131,6 +131,7 @@ func (r *Reconciler) createMachine(ctx context.Context, cluster *clusterv1.Clust
 		InfraTemplate: ec.Spec.InfrastructureRef, InfraTemplatePath: "spec.infrastructureRef",
 		FailureDomain: d.FailureDomain,
 		Bootstrap:     doc,
+		BootstrapFormat: r.BootstrapFormat,
 	})
 	return err
 }
