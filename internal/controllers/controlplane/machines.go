@@ -36,13 +36,13 @@ func (r *Reconciler) createMachine(ctx context.Context, cluster *clusterv1.Clust
 		Annotations:      mergeInto(maps.Clone(tmpl.ObjectMeta.Annotations), machineRecords(cp, obs)),
 		InfraAnnotations: tmpl.ObjectMeta.Annotations,
 		InfraTemplate:    tmpl.Spec.InfrastructureRef, InfraTemplatePath: "spec.machineTemplate.spec.infrastructureRef",
-		Version:        cp.Spec.Version,
-		FailureDomain:  d.FailureDomain,
-		Bootstrap:      r.bootstrapDocument(cluster, cp, secrets, obs),
+		Version:         cp.Spec.Version,
+		FailureDomain:   d.FailureDomain,
+		Bootstrap:       r.bootstrapDocument(cluster, cp, secrets, obs),
 		BootstrapFormat: r.BootstrapFormat,
-		Deletion:       machineDeletion(cp),
-		ReadinessGates: tmpl.Spec.ReadinessGates,
-		Taints:         tmpl.Spec.Taints,
+		Deletion:        machineDeletion(cp),
+		ReadinessGates:  tmpl.Spec.ReadinessGates,
+		Taints:          tmpl.Spec.Taints,
 	})
 	if _, ok := readRemediation(cp, RemediationInProgressAnnotation); ok && machine != nil {
 		delete(cp.Annotations, RemediationInProgressAnnotation) // the replacement carries it now

@@ -51,9 +51,9 @@ type NewMachine struct {
 	// BootstrapFormat is the bootstrap data's format: cloud-config when
 	// empty (see BootstrapDataSecret).
 	BootstrapFormat string
-	Deletion          clusterv1.MachineDeletionSpec
-	ReadinessGates    []clusterv1.MachineReadinessGate
-	Taints            []clusterv1.MachineTaint
+	Deletion        clusterv1.MachineDeletionSpec
+	ReadinessGates  []clusterv1.MachineReadinessGate
+	Taints          []clusterv1.MachineTaint
 }
 
 // CreateMachine creates nm: its bootstrap data, its infrastructure machine

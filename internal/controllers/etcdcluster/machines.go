@@ -129,8 +129,8 @@ func (r *Reconciler) createMachine(ctx context.Context, cluster *clusterv1.Clust
 		Labels:        meta.Labels,
 		Annotations:   meta.Annotations,
 		InfraTemplate: ec.Spec.InfrastructureRef, InfraTemplatePath: "spec.infrastructureRef",
-		FailureDomain: d.FailureDomain,
-		Bootstrap:     doc,
+		FailureDomain:   d.FailureDomain,
+		Bootstrap:       doc,
 		BootstrapFormat: r.BootstrapFormat,
 	})
 	return err
