@@ -48,15 +48,9 @@ func (h *Host) StartBootstrap(spec MachineSpec, format string, value []byte) err
 // creates nothing if they fail; no machine.json is written.
 func (h *Host) StartCloudConfig(spec MachineSpec, data []byte) error {
 	obj := spec.Namespace + "/" + spec.Name
-	if err := validateSpec(spec); err != nil {
-		return &Error{Reason: ReasonInvalidSpec, Object: obj, Err: err}
-	}
-	dir := h.Dir(spec.Namespace, spec.Name)
-	if st, _ := h.Status(spec.Namespace, spec.Name); st.Running {
-		return nil
-	}
-	if pid := runningAgent(dir); pid > 0 {
-		return writePID(dir, pid)
+	dir, running, err := h.attach(spec)
+	if err != nil || running {
+		return err
 	}
 	boot, err := h.planBoot(dir, spec.Name, data)
 	if err != nil {
@@ -65,8 +59,8 @@ func (h *Host) StartCloudConfig(spec MachineSpec, data []byte) error {
 	if err := boot.doc.CheckBinaries(h.BinDir); err != nil {
 		return &Error{Reason: ReasonBinaryMissing, Object: obj, Err: err}
 	}
-	if fi, err := os.Stat(h.AgentPath); err != nil || fi.IsDir() {
-		return &Error{Reason: ReasonAgentMissing, Object: obj, Err: fmt.Errorf("qcp-agent not found at %s: build it with `go build -o %s ./cmd/qcp-agent`", h.AgentPath, h.AgentPath)}
+	if err := h.checkAgent(obj); err != nil {
+		return err
 	}
 	instance, err := json.MarshalIndent(map[string]any{
 		"v1": map[string]any{"local_hostname": spec.Name, "instance_id": spec.ProviderID, "availability_zone": spec.FailureDomain},

@@ -34,8 +34,8 @@ func cloudConfig(t testing.TB, doc *bootstrap.Document) []byte {
 // its files land under its root with their modes, its agent finds its
 // address in the instance data and its name in the unit, and it runs
 // etcd and Kubernetes and registers its Node with no machine.json. The
-// Node has no providerID: only the infrastructure provider knows it
-// (the process provider's controller sets it).
+// Node has no providerID: the machine cannot know it, and qcp-manager
+// gives the Node its Machine's.
 func TestCloudConfigMachine(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs a machine; not run with -short")

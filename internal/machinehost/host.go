@@ -94,15 +94,9 @@ func (h *Host) Dir(namespace, name string) string {
 func (h *Host) Start(spec MachineSpec, bootstrapData []byte) error {
 	obj := spec.Namespace + "/" + spec.Name
 	m := agent.Machine(spec)
-	if err := validateSpec(spec); err != nil {
-		return &Error{Reason: ReasonInvalidSpec, Object: obj, Err: err}
-	}
-	dir := h.Dir(spec.Namespace, spec.Name)
-	if st, _ := h.Status(spec.Namespace, spec.Name); st.Running {
-		return nil
-	}
-	if pid := runningAgent(dir); pid > 0 {
-		return writePID(dir, pid)
+	dir, running, err := h.attach(spec)
+	if err != nil || running {
+		return err
 	}
 	doc, err := bootstrap.Parse(bootstrapData)
 	if err != nil {
@@ -111,8 +105,8 @@ func (h *Host) Start(spec MachineSpec, bootstrapData []byte) error {
 	if err := doc.CheckBinaries(h.BinDir); err != nil {
 		return &Error{Reason: ReasonBinaryMissing, Object: obj, Err: err}
 	}
-	if fi, err := os.Stat(h.AgentPath); err != nil || fi.IsDir() {
-		return &Error{Reason: ReasonAgentMissing, Object: obj, Err: fmt.Errorf("qcp-agent not found at %s: build it with `go build -o %s ./cmd/qcp-agent`", h.AgentPath, h.AgentPath)}
+	if err := h.checkAgent(obj); err != nil {
+		return err
 	}
 	identity, err := json.MarshalIndent(m, "", "  ")
 	if err != nil {
@@ -121,6 +115,30 @@ func (h *Host) Start(spec MachineSpec, bootstrapData []byte) error {
 	files := map[string][]byte{agent.MachineFile: identity, agent.BootstrapFile: bootstrapData}
 	if _, err := h.launch(dir, files, "run", "--dir", dir, "--bin-dir", h.BinDir); err != nil {
 		return &Error{Reason: ReasonStartFailed, Object: obj, Err: err}
+	}
+	return nil
+}
+
+// attach validates spec and re-attaches to the machine's agent if it runs;
+// running says so, and there is nothing to start.
+func (h *Host) attach(spec MachineSpec) (dir string, running bool, err error) {
+	if err := validateSpec(spec); err != nil {
+		return "", false, &Error{Reason: ReasonInvalidSpec, Object: spec.Namespace + "/" + spec.Name, Err: err}
+	}
+	dir = h.Dir(spec.Namespace, spec.Name)
+	if st, _ := h.Status(spec.Namespace, spec.Name); st.Running {
+		return dir, true, nil
+	}
+	if pid := runningAgent(dir); pid > 0 {
+		return dir, true, writePID(dir, pid)
+	}
+	return dir, false, nil
+}
+
+// checkAgent fails unless the agent binary is there.
+func (h *Host) checkAgent(obj string) error {
+	if fi, err := os.Stat(h.AgentPath); err != nil || fi.IsDir() {
+		return &Error{Reason: ReasonAgentMissing, Object: obj, Err: fmt.Errorf("qcp-agent not found at %s: build it with `go build -o %s ./cmd/qcp-agent`", h.AgentPath, h.AgentPath)}
 	}
 	return nil
 }
