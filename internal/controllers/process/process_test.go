@@ -22,6 +22,7 @@ import (
 	"github.com/qcp-dev/qcp/internal/binaries"
 	"github.com/qcp-dev/qcp/internal/bootstrap"
 	"github.com/qcp-dev/qcp/internal/certs"
+	"github.com/qcp-dev/qcp/internal/cloudinit"
 	"github.com/qcp-dev/qcp/internal/controllers/process"
 	"github.com/qcp-dev/qcp/internal/etcd"
 	"github.com/qcp-dev/qcp/internal/machinehost"
@@ -48,14 +49,21 @@ func TestProcessProvider(t *testing.T) {
 	w.createMachine(ctx, "bad-version", "fd-a", w.bootstrapDoc(bootstrap.NewMember(), func(d *bootstrap.Document) {
 		d.Versions.Kubernetes = "v1.99.0"
 	}))
+	w.createMachineFormat(ctx, "unknown-format", "fd-a", "qcp-unknown", w.bootstrapDoc(bootstrap.NewMember()))
+	w.createMachineFormat(ctx, "bad-cloud-config", "fd-a", cloudinit.Format, []byte("## template: jinja\n#cloud-config\nwrite_files:\n- path: /etc/x\n  content: [a\nruncmd: []\n"))
 	w.createMachine(ctx, "m1", "fd-a", w.bootstrapDoc(bootstrap.NewMember()))
 	// late-binary waits for an etcd build that is installed only at the end.
 	w.createMachine(ctx, "late-binary", "fd-a", w.etcdOnlyDoc("late", func(d *bootstrap.Document) { d.Versions.Etcd = lateEtcdVersion }))
 
-	t.Run("corrupt bootstrap data and a missing binary surface as conditions, and nothing starts", func(t *testing.T) {
+	t.Run("corrupt bootstrap data, an unknown format, malformed cloud-config and a missing binary surface as conditions, and nothing starts", func(t *testing.T) {
 		bad := w.waitCondition(ctx, "bad-data", machinehost.ReasonInvalidBootstrapData)
 		if !strings.Contains(bad.Message, "bootstrap") || !strings.Contains(bad.Message, "fix") {
 			t.Errorf("message %q does not name the cause and the fix", bad.Message)
+		}
+		for name, says := range map[string]string{"unknown-format": `format "qcp-unknown"`, "bad-cloud-config": "cloud-config line 5"} {
+			if c := w.waitCondition(ctx, name, machinehost.ReasonInvalidBootstrapData); !strings.Contains(c.Message, says) {
+				t.Errorf("machine %s: message %q does not name the fault (%s)", name, c.Message, says)
+			}
 		}
 		missing := w.waitCondition(ctx, "bad-version", machinehost.ReasonBinaryMissing)
 		if !strings.Contains(missing.Message, "v1.99.0") || !strings.Contains(missing.Message, "make binaries") {
@@ -74,7 +82,7 @@ func TestProcessProvider(t *testing.T) {
 			}
 			return nil
 		})
-		for _, name := range []string{"bad-data", "bad-version"} {
+		for _, name := range []string{"bad-data", "bad-version", "unknown-format", "bad-cloud-config"} {
 			if _, err := os.Stat(host.Dir(ns, name)); !os.IsNotExist(err) {
 				t.Errorf("machine %s has a directory (%v): it half-started", name, err)
 			}

@@ -218,12 +218,17 @@ func (w *world) createCluster(ctx context.Context) {
 // createMachine creates a control plane Machine, its ProcessMachine and its
 // bootstrap data Secret, as a control plane provider would.
 func (w *world) createMachine(ctx context.Context, name, fd string, data []byte) {
+	w.createMachineFormat(ctx, name, fd, bootstrap.Format, data)
+}
+
+// createMachineFormat is createMachine with bootstrap data of format.
+func (w *world) createMachineFormat(ctx context.Context, name, fd, format string, data []byte) {
 	w.create(ctx,
 		&corev1.Secret{
 			ObjectMeta: metav1.ObjectMeta{Name: name + "-bootstrap", Namespace: ns,
 				Labels: map[string]string{clusterv1.ClusterNameLabel: w.cluster}},
 			Type: clusterv1.ClusterSecretType,
-			Data: map[string][]byte{"value": data, "format": []byte("qcp")},
+			Data: map[string][]byte{"value": data, "format": []byte(format)},
 		},
 		&infrav1.ProcessMachine{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns,
 			Labels: map[string]string{clusterv1.ClusterNameLabel: w.cluster}}},
