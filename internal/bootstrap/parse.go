@@ -324,6 +324,21 @@ func (d *Document) CheckBinaries(binDir string) error {
 	return nil
 }
 
+// RequiredBinaries reads only what a document asks the machine image for:
+// its components and their versions, nothing of its key material. An
+// infrastructure provider that runs cloud-config checks its image with it
+// (CheckBinaries) before it boots a machine, without reading the rest;
+// the agent validates the whole document. A document it cannot read
+// names nothing to check.
+func RequiredBinaries(data []byte) *Document {
+	var public struct {
+		Components []Component `json:"components"`
+		Versions   Versions    `json:"versions"`
+	}
+	_ = yaml.Unmarshal(data, &public)
+	return &Document{Components: public.Components, Versions: public.Versions}
+}
+
 // IsMissingBinary reports whether err is (or wraps) a *MissingBinaryError.
 func IsMissingBinary(err error) bool {
 	var m *MissingBinaryError

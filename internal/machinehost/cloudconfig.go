@@ -44,8 +44,10 @@ func (h *Host) StartBootstrap(spec MachineSpec, format string, value []byte) err
 // runcmd, where systemctl starts the qcp-agent unit's ExecStart as the
 // machine's process tree. The instance data it provides, as a cloud's
 // metadata service would, holds the machine's address. It validates the
-// document, the bootstrap document inside it and the binaries first, and
-// creates nothing if they fail; no machine.json is written.
+// document and that the image holds the binaries the bootstrap document
+// inside it names first, and creates nothing if they fail; of that inner
+// document it reads nothing else, and writes no machine.json: the agent
+// reads and validates it.
 func (h *Host) StartCloudConfig(spec MachineSpec, data []byte) error {
 	obj := spec.Namespace + "/" + spec.Name
 	dir, running, err := h.attach(spec)
@@ -143,11 +145,14 @@ func (h *Host) planBoot(dir, hostname string, data []byte) (*boot, error) {
 		return nil, fmt.Errorf("%s starts %q; this provider runs `%s run` only", unitPath, argv[0], cloudinit.AgentPath)
 	}
 	bootstrapPath := flagValue(argv, "--bootstrap-file")
-	doc, err := bootstrap.Parse(written[bootstrapPath])
-	if err != nil {
-		return nil, fmt.Errorf("%s (the unit's --bootstrap-file): %w", bootstrapPath, err)
+	doc, ok := written[bootstrapPath]
+	if !ok {
+		return nil, fmt.Errorf("the unit's --bootstrap-file %q is not among the files the document writes", bootstrapPath)
 	}
-	b.doc = doc
+	// The provider reads what the document asks of the image, not its
+	// key material: the agent validates the rest, and a fault there is
+	// the agent's to report (the machine's status).
+	b.doc = bootstrap.RequiredBinaries(doc)
 	image := map[string]string{cloudinit.AgentPath: h.AgentPath, cloudinit.BinDir: h.BinDir}
 	for i, arg := range argv {
 		name, value, isFlag := strings.Cut(arg, "=")

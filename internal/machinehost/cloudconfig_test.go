@@ -2,6 +2,7 @@ package machinehost
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -14,6 +15,7 @@ import (
 	"github.com/qcp-dev/qcp/internal/bootstrap"
 	"github.com/qcp-dev/qcp/internal/certs"
 	"github.com/qcp-dev/qcp/internal/cloudinit"
+	"github.com/qcp-dev/qcp/internal/testkit"
 )
 
 // cloudConfig is doc as QCP's controllers write it.
@@ -177,5 +179,42 @@ func TestOldFormatMachineSurvivesAgentRestart(t *testing.T) {
 	dir := h.Dir(c.ns, spec.Name)
 	if _, err := os.Stat(filepath.Join(dir, agent.MachineFile)); err != nil || h.DataDir(c.ns, spec.Name) != dir {
 		t.Errorf("the old machine's %s: %v, data directory %s; want it kept, and its data in %s", agent.MachineFile, err, h.DataDir(c.ns, spec.Name), dir)
+	}
+}
+
+// TestCloudConfigWithCorruptDocument: the provider does not read the
+// bootstrap document's key material, so a corrupt document inside valid
+// cloud-config boots the machine, and its agent refuses it: it exits with
+// reason InvalidBootstrapData naming the field, and starts nothing.
+func TestCloudConfigWithCorruptDocument(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs qcp-agent; not run with -short")
+	}
+	h := newHost(t)
+	data, err := cloudinit.Build([]byte("apiVersion: bootstrap.qcp.dev/v1alpha1\nkind: MachineBootstrap\nbogus: true\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := MachineSpec{Name: "corrupt", Namespace: "ns", Cluster: "c", Address: "127.0.209.4", ProviderID: "process://ns/corrupt"}
+	t.Cleanup(func() { _ = h.Stop(spec.Namespace, spec.Name) })
+	if err := h.StartBootstrap(spec, cloudinit.Format, data); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var st MachineStatus
+	if err := testkit.Eventually(ctx, 100*time.Millisecond, "the agent to exit", func(context.Context) error {
+		if st, err = h.Status(spec.Namespace, spec.Name); err != nil || st.Running || st.Agent == nil || st.Agent.Phase != agent.PhaseFailed {
+			return fmt.Errorf("status %+v (%v)", st, err)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if st.Running || st.Agent == nil || st.Agent.Reason != ReasonInvalidBootstrapData || !strings.Contains(st.Agent.Message, `unknown field "bogus"`) {
+		t.Fatalf("status %+v (agent %+v), want the agent exited with InvalidBootstrapData naming the field", st, st.Agent)
+	}
+	if _, err := os.Stat(filepath.Join(h.DataDir(spec.Namespace, spec.Name), agent.LogDir)); !os.IsNotExist(err) {
+		t.Errorf("the agent made its logs directory (%v): something started", err)
 	}
 }
