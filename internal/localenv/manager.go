@@ -3,6 +3,7 @@ package localenv
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"time"
 
@@ -70,12 +71,13 @@ func (e *Env) StartManager(ctx context.Context, opts ManagerOptions) (*Process, 
 	if err != nil {
 		return nil, err
 	}
-	// The process machines boot from a machine image tree the recipe
-	// installs, as a cloud's machines boot from their image, and not
-	// from bin/: images/install.sh runs here on every start.
-	image := filepath.Join(e.Dir, "machine-image")
-	if err := images.Install(image, binDir, filepath.Join(filepath.Dir(opts.Path), "qcp-agent")); err != nil {
+	image, err := e.installMachineImage(binDir, opts.Path)
+	if err != nil {
 		return nil, err
+	}
+	machineArg := "--machine-image=" + image
+	if image == "" {
+		machineArg = "--bin-dir=" + binDir
 	}
 	// The metrics address is the caller's if given, else the first port.
 	metricsAddr := opts.MetricsAddr
@@ -86,7 +88,7 @@ func (e *Env) StartManager(ctx context.Context, opts ManagerOptions) (*Process, 
 		args := append([]string{
 			"--kubeconfig=" + kubeconfig,
 			"--machine-root=" + opts.MachineRoot,
-			"--machine-image=" + image,
+			machineArg,
 			"--metrics-bind-address=" + metricsAddr,
 			"--health-probe-bind-address=" + addrs[1],
 			"--leader-elect=false",
@@ -113,6 +115,24 @@ func (e *Env) StartManager(ctx context.Context, opts ManagerOptions) (*Process, 
 		return nil, err
 	}
 	return p, nil
+}
+
+// installMachineImage installs the tree the process machines boot from,
+// with images/install.sh, as a cloud's machines boot from their image and
+// not from bin/; it runs on every start. The agent is the one next to the
+// manager (qcp-manager's own default), else bin/'s. Without either (a
+// stand-in manager in a test) there is no image (""), and the manager is
+// given bin/.
+func (e *Env) installMachineImage(binDir, manager string) (string, error) {
+	agent := filepath.Join(filepath.Dir(manager), "qcp-agent")
+	if _, err := os.Stat(agent); err != nil {
+		agent = filepath.Join(binDir, "qcp-agent")
+	}
+	if _, err := os.Stat(agent); err != nil {
+		return "", nil
+	}
+	image := filepath.Join(e.Dir, "machine-image")
+	return image, images.Install(image, binDir, agent)
 }
 
 // qcpDeployments are the Deployments of QCP's two providers in the release.
