@@ -34,6 +34,8 @@ type machine struct {
 	memberID  uint64
 	// joinStarted is recorded before MemberAddAsLearner (quorum.AddLearner).
 	joinStarted bool
+	// suppressed: its learner's start was suppressed (suppressStarts).
+	suppressed bool
 	// version stands in for the Machine's resourceVersion: every change
 	// bumps it, and a step planned on an older version is dropped.
 	version int
@@ -101,6 +103,7 @@ func (d *driver) converge(ctx context.Context, desired int, timeout time.Duratio
 	lastStep := time.Now()
 	for {
 		before := d.observe(ctx)
+		d.restartFailedJoins(before)
 		dec := quorum.PlanWithOptions(before, quorum.Options{SkipLeaderTransfer: d.opts.noLeaderTransfer})
 		switch {
 		case dec.Kind == quorum.Degraded:
@@ -296,6 +299,32 @@ func (d *driver) machineByName(name string) *machine {
 	return nil
 }
 
+// restartFailedJoins starts the etcd of a learner again when it exited
+// before it joined, as qcp-agent's supervisor restarts its etcd: a member
+// joining with --initial-cluster-state existing exits when the peer it
+// asks for the membership has not yet applied the latest change ("member
+// count is unequal"), as right after a leader was removed. Without this the
+// learner stayed unstarted until the planner's 5-minute replacement, past
+// the test's deadline. A member that started, and a start suppressed on
+// purpose, are left alone.
+func (d *driver) restartFailedJoins(s quorum.State) {
+	for _, mc := range d.machines {
+		if mc.memberID == 0 || mc.suppressed || mc.deleting || mc.proc.Running() {
+			continue
+		}
+		for _, mb := range s.Members {
+			if mb.ID != mc.memberID || !mb.Learner || mb.Started() {
+				continue
+			}
+			if err := mc.proc.Restart(); err != nil {
+				d.t.Logf("restarting the etcd of learner %s: %v", mc.name, err)
+				continue
+			}
+			d.steps = append(d.steps, fmt.Sprintf("%s (etcd of learner %s exited before it joined; started again)", time.Now().Format("15:04:05.000"), mc.name))
+		}
+	}
+}
+
 // releaseDrainedMachines plays the infrastructure provider: a deleting
 // machine whose pre-drain hook is gone is drained, its process stopped and
 // the machine forgotten.
@@ -422,6 +451,7 @@ func (d *driver) addLearner(ctx context.Context, dec quorum.Decision) error {
 	d.addedAt[added.ID] = time.Now()
 	if d.suppressStarts > 0 {
 		d.suppressStarts--
+		mc.suppressed = true
 		d.steps = append(d.steps, "  (start of "+mc.name+" suppressed: its etcd never comes up)")
 		return nil
 	}
