@@ -134,7 +134,7 @@ func (r *Reconciler) workloadNodes(ctx context.Context, cluster *clusterv1.Clust
 		if err := reader.List(ctx, &list); err != nil {
 			return nil, false, fmt.Errorf("listing the workload cluster's Nodes: %w", err)
 		}
-		return byName(list.Items), false, nil
+		return engine.NodesByName(list.Items), false, nil
 	}
 	cs, err := r.directWorkloadClient(ctx, cluster)
 	if err != nil {
@@ -144,15 +144,7 @@ func (r *Reconciler) workloadNodes(ctx context.Context, cluster *clusterv1.Clust
 	if err != nil {
 		return nil, true, fmt.Errorf("listing the workload cluster's Nodes: %w", err)
 	}
-	return byName(fresh.Items), true, nil
-}
-
-func byName(list []corev1.Node) map[string]*corev1.Node {
-	nodes := make(map[string]*corev1.Node, len(list))
-	for i := range list {
-		nodes[list[i].Name] = &list[i]
-	}
-	return nodes
+	return engine.NodesByName(fresh.Items), true, nil
 }
 
 // observeEtcd reads the stacked members through the machines' client

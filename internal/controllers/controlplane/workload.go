@@ -113,13 +113,6 @@ func (r *Reconciler) linkNodes(ctx context.Context, cluster *clusterv1.Cluster, 
 	if obs.nodes == nil {
 		return false
 	}
-	links, waiting, conflicts := engine.NodeLinks(obs.Machines, obs.nodes)
-	for _, c := range conflicts {
-		ctrl.LoggerFrom(ctx).Info("Leaving a Node alone: " + c)
-	}
-	if len(links) == 0 {
-		return waiting > 0
-	}
 	patch := func(ctx context.Context, node string, data []byte) error {
 		if c, err := r.ClusterCache.GetClient(ctx, client.ObjectKeyFromObject(cluster)); err == nil {
 			return c.Patch(ctx, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: node}}, client.RawPatch(types.MergePatchType, data))
@@ -131,10 +124,5 @@ func (r *Reconciler) linkNodes(ctx context.Context, cluster *clusterv1.Cluster, 
 		_, err = cs.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, data, metav1.PatchOptions{})
 		return err
 	}
-	if err := engine.LinkNodes(ctx, links, patch, func(l engine.NodeLink) {
-		r.Recorder.Eventf(cp, corev1.EventTypeNormal, engine.NodeLinkedReason, "Node %s of machine %s has its providerID %s and zone %q", l.Node, l.Machine, l.ProviderID, l.Zone)
-	}); err != nil {
-		ctrl.LoggerFrom(ctx).Info("Linking a machine's Node failed; trying again", "error", err.Error())
-	}
-	return true
+	return engine.LinkNodes(ctx, obs.Machines, obs.nodes, patch, r.Recorder, cp)
 }

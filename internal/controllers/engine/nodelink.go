@@ -8,7 +8,10 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/client-go/tools/record"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/controller-runtime/pkg/log"
 )
 
 // ZoneLabel is the well-known label of a Node's zone.
@@ -102,14 +105,33 @@ func internalIPs(n *corev1.Node) []string {
 	return out
 }
 
-// LinkNodes applies the links with patch (a merge patch of the named
-// Node), reporting each to event; it returns the first error.
-func LinkNodes(ctx context.Context, links []NodeLink, patch func(ctx context.Context, node string, data []byte) error, event func(NodeLink)) error {
+// LinkNodes gives the machines' Nodes (nodes, by name) what NodeLinks
+// finds they lack, with patch (a merge patch of the named Node), recording
+// a NodeLinked event on owner for each; it logs a Node left alone and a
+// failed patch. It reports whether a machine still waits for its Node (or
+// was just linked), so that the owner looks again soon (NodeLinkPoll).
+func LinkNodes(ctx context.Context, machines []*clusterv1.Machine, nodes map[string]*corev1.Node,
+	patch func(ctx context.Context, node string, data []byte) error, recorder record.EventRecorder, owner runtime.Object) bool {
+	logger := log.FromContext(ctx)
+	links, waiting, conflicts := NodeLinks(machines, nodes)
+	for _, c := range conflicts {
+		logger.Info("Leaving a Node alone: " + c)
+	}
 	for _, l := range links {
 		if err := patch(ctx, l.Node, l.Patch()); err != nil {
-			return fmt.Errorf("giving Node %s machine %s's providerID: %w", l.Node, l.Machine, err)
+			logger.Info("Giving a machine's Node its providerID failed; trying again", "node", l.Node, "machine", l.Machine, "error", err.Error())
+			break
 		}
-		event(l)
+		recorder.Eventf(owner, corev1.EventTypeNormal, NodeLinkedReason, "Node %s of machine %s has its providerID %s and zone %q", l.Node, l.Machine, l.ProviderID, l.Zone)
 	}
-	return nil
+	return waiting > 0 || len(links) > 0
+}
+
+// NodesByName indexes a Node list by name.
+func NodesByName(list []corev1.Node) map[string]*corev1.Node {
+	nodes := make(map[string]*corev1.Node, len(list))
+	for i := range list {
+		nodes[list[i].Name] = &list[i]
+	}
+	return nodes
 }

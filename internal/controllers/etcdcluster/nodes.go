@@ -160,24 +160,11 @@ func (r *Reconciler) linkNodes(ctx context.Context, cluster *clusterv1.Cluster, 
 		logger.V(1).Info("Waiting for the workload cluster to link the etcd machines' Nodes", "error", err.Error())
 		return true
 	}
-	nodes := make(map[string]*corev1.Node, len(list.Items))
-	for i := range list.Items {
-		nodes[list.Items[i].Name] = &list.Items[i]
-	}
-	links, waiting, conflicts := engine.NodeLinks(obs.Machines, nodes)
-	for _, c := range conflicts {
-		logger.Info("Leaving a Node alone: " + c)
-	}
 	patch := func(ctx context.Context, node string, data []byte) error {
 		_, err := cs.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, data, metav1.PatchOptions{})
 		return err
 	}
-	if err := engine.LinkNodes(ctx, links, patch, func(l engine.NodeLink) {
-		r.Recorder.Eventf(ec, corev1.EventTypeNormal, engine.NodeLinkedReason, "Node %s of machine %s has its providerID %s and zone %q", l.Node, l.Machine, l.ProviderID, l.Zone)
-	}); err != nil {
-		logger.Info("Linking an etcd machine's Node failed; trying again", "error", err.Error())
-	}
-	return waiting > 0 || len(links) > 0
+	return engine.LinkNodes(ctx, obs.Machines, engine.NodesByName(list.Items), patch, r.Recorder, ec)
 }
 
 // nodeLinkTimeout bounds each request to the workload cluster when linking
