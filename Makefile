@@ -9,6 +9,9 @@ KUBE_PREVIOUS_VERSION ?= v1.35.4
 ETCD_PREVIOUS_VERSION ?= v3.5.35
 CAPI_VERSION ?= v1.14.2
 CONTROLLER_TOOLS_VERSION ?= v0.21.0
+# versitygw: the S3-compatible object store backups go to in the local
+# environment and the tests (Apache-2.0, a posix directory behind S3).
+VERSITYGW_VERSION ?= v1.8.0
 
 BIN := $(CURDIR)/bin
 ETCD := $(BIN)/etcd-$(ETCD_VERSION)
@@ -19,6 +22,7 @@ CAPI := $(BIN)/capi-manager-$(CAPI_VERSION)
 CABPK := $(BIN)/cabpk-manager-$(CAPI_VERSION)
 CLUSTERCTL := $(BIN)/clusterctl-$(CAPI_VERSION)
 CONTROLLER_GEN := $(BIN)/controller-gen-$(CONTROLLER_TOOLS_VERSION)
+VERSITYGW := $(BIN)/versitygw-$(VERSITYGW_VERSION)
 
 # -count=1: CI must run every test, never report a cached result.
 # Tests run packages in parallel; 2 keeps the heavy process tests within the
@@ -61,10 +65,11 @@ export GOFLAGS := -trimpath $(GOFLAGS)
 
 all: binaries
 
-## binaries: the pinned etcd, kube, CAPI core and CABPK binaries (built once), plus QCP's own.
-binaries: $(ETCD) $(KUBE) $(CAPI) $(CABPK) $(CLUSTERCTL) $(CONTROLLER_GEN) qcp-binaries
+## binaries: the pinned etcd, kube, CAPI core, CABPK and versitygw binaries (built once), plus QCP's own.
+binaries: $(ETCD) $(KUBE) $(CAPI) $(CABPK) $(CLUSTERCTL) $(CONTROLLER_GEN) $(VERSITYGW) qcp-binaries
 
-$(ETCD):
+ETCD_WRAPPER := hack/tools/etcd/main.go hack/tools/etcd/go.mod
+$(ETCD): $(ETCD_WRAPPER)
 	hack/build-pinned.sh etcd $(ETCD_VERSION) $@
 # A changed wrapper (a new command in the multi-call binary) rebuilds.
 KUBE_WRAPPER := hack/tools/kube/main.go hack/tools/kube/go.mod
@@ -73,7 +78,7 @@ $(KUBE): $(KUBE_WRAPPER)
 	hack/build-pinned.sh kube $(KUBE_VERSION) $@
 $(KUBE_PREVIOUS): $(KUBE_WRAPPER)
 	hack/build-pinned.sh kube $(KUBE_PREVIOUS_VERSION) $@
-$(ETCD_PREVIOUS):
+$(ETCD_PREVIOUS): $(ETCD_WRAPPER)
 	hack/build-pinned.sh etcd $(ETCD_PREVIOUS_VERSION) $@
 $(CAPI): $(CAPI_WRAPPER)
 	hack/build-pinned.sh capi $(CAPI_VERSION) $@
@@ -85,6 +90,11 @@ $(CONTROLLER_GEN):
 	@echo ">> building controller-gen $(CONTROLLER_TOOLS_VERSION)"
 	GOBIN=$(BIN)/.controller-gen go install sigs.k8s.io/controller-tools/cmd/controller-gen@$(CONTROLLER_TOOLS_VERSION)
 	mv $(BIN)/.controller-gen/controller-gen $@ && rmdir $(BIN)/.controller-gen
+
+$(VERSITYGW):
+	@echo ">> building versitygw $(VERSITYGW_VERSION)"
+	GOBIN=$(BIN)/.versitygw go install -ldflags "-s -w" github.com/versity/versitygw/cmd/versitygw@$(VERSITYGW_VERSION)
+	mv $(BIN)/.versitygw/versitygw $@ && rmdir $(BIN)/.versitygw
 
 # go build relinks only when a source changed, so this stays fast.
 qcp-binaries:

@@ -32,7 +32,7 @@ if ! grep -q "$module $version\$" "$src/go.mod"; then
   (cd "$src" && case $tool in
      kube) rm -f go.mod go.sum; ./gomod.sh "$version" ;;
      etcd) rm -f go.mod go.sum; go mod init github.com/qcp-dev/qcp/hack/tools/etcd
-           go mod edit -require="$module@$version"; go mod tidy ;;
+           go mod edit -require="$module@$version" -require="go.etcd.io/etcd/etcdutl/v3@$version"; go mod tidy ;;
      capi|cabpk|clusterctl) go mod edit -require="$module@$version" -require="sigs.k8s.io/cluster-api/api@$version"; go mod tidy ;;
    esac)
 fi

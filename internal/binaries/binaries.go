@@ -20,10 +20,13 @@ const (
 	// tested from, the newest v3.5 patch the module proxy serves; `make
 	// test` builds it too (ETCD_PREVIOUS_VERSION).
 	PreviousEtcdVersion = "v3.5.35"
+	// ObjectStoreVersion is versitygw's, the S3-compatible server the
+	// local environment and the backup tests store snapshots in.
+	ObjectStoreVersion = "v1.8.0"
 )
 
 // makeVariables name the Makefile variable that picks each pinned binary's version.
-var makeVariables = map[string]string{"etcd": "ETCD_VERSION", "kube": "KUBE_VERSION", "capi-manager": "CAPI_VERSION", "cabpk-manager": "CAPI_VERSION"}
+var makeVariables = map[string]string{"etcd": "ETCD_VERSION", "kube": "KUBE_VERSION", "capi-manager": "CAPI_VERSION", "cabpk-manager": "CAPI_VERSION", "versitygw": "VERSITYGW_VERSION"}
 
 // DirEnv overrides where the binaries are looked up.
 const DirEnv = "QCP_BIN_DIR"

@@ -20,11 +20,12 @@ var pinned = map[string]struct{ binary, version string }{
 	"clusterctl":    {"clusterctl", binaries.CAPIVersion},
 	"kube-previous": {"kube", binaries.PreviousKubeVersion},
 	"etcd-previous": {"etcd", binaries.PreviousEtcdVersion},
+	"versitygw":     {"versitygw", binaries.ObjectStoreVersion},
 }
 
 // RequireBinaries skips t when one of the named pinned binaries (etcd,
 // kube, capi-manager, cabpk-manager, clusterctl, kube-previous,
-// etcd-previous) is not built, so a fresh clone can run what needs
+// etcd-previous, versitygw) is not built, so a fresh clone can run what needs
 // none. Under CI or `make test` it fails t instead: there a skip would let
 // a green run hide a path nobody tested.
 func RequireBinaries(t testing.TB, names ...string) {
