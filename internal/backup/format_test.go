@@ -79,3 +79,31 @@ func TestManifestRoundTripAndRefusals(t *testing.T) {
 		t.Errorf("a good key: %v", err)
 	}
 }
+
+// TestSchedule: an interval counts from the last snapshot, a cron
+// expression gives the next time it names after it, a first snapshot is
+// due at once, and a bad expression is refused with an example.
+func TestSchedule(t *testing.T) {
+	last := time.Date(2026, 11, 29, 10, 17, 0, 0, time.UTC)
+	iv := int32(600)
+	s, err := ParseSchedule(&iv, "")
+	if err != nil || !s.Next(last).Equal(last.Add(10*time.Minute)) || !s.Next(time.Time{}).IsZero() {
+		t.Fatalf("interval: %v, next %v", err, s.Next(last))
+	}
+	s, err = ParseSchedule(nil, "0 */6 * * *")
+	if err != nil || !s.Next(last).Equal(time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)) {
+		t.Fatalf("cron: %v, next %v", err, s.Next(last))
+	}
+	if s, err = ParseSchedule(nil, "@hourly"); err != nil || !s.Next(last).Equal(time.Date(2026, 11, 29, 11, 0, 0, 0, time.UTC)) {
+		t.Fatalf("@hourly: %v", err)
+	}
+	for _, bad := range []struct {
+		iv   *int32
+		expr string
+		want string
+	}{{nil, "", "give intervalSeconds or cron"}, {&iv, "@hourly", "not both"}, {nil, "every hour", "five fields"}, {nil, "61 * * * *", "five fields"}} {
+		if _, err := ParseSchedule(bad.iv, bad.expr); err == nil || !strings.Contains(err.Error(), bad.want) {
+			t.Errorf("ParseSchedule(%v, %q): %v, want %q", bad.iv, bad.expr, err, bad.want)
+		}
+	}
+}

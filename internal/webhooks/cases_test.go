@@ -78,6 +78,19 @@ func rotate(trigger string) func(*controlplanev1.QuorumControlPlane) {
 	}
 }
 
+func backup(edits ...func(*controlplanev1.BackupSpec)) func(*controlplanev1.QuorumControlPlane) {
+	return func(q *controlplanev1.QuorumControlPlane) {
+		b := &controlplanev1.BackupSpec{
+			Target:   controlplanev1.BackupTarget{Endpoint: "https://s3.example.com", Bucket: "backups", CredentialsSecret: "s3-credentials"},
+			Schedule: controlplanev1.BackupSchedule{IntervalSeconds: ptr.To[int32](3600)},
+		}
+		for _, edit := range edits {
+			edit(b)
+		}
+		q.Spec.Backup = b
+	}
+}
+
 func rotating(trigger string, stage controlplanev1.CertificateRotationStage) func(*controlplanev1.QuorumControlPlane) {
 	return func(q *controlplanev1.QuorumControlPlane) {
 		q.Status.CertificateRotation = &controlplanev1.CertificateRotationStatus{Kind: controlplanev1.CertificateAuthorityEtcdCA, Trigger: trigger, Stage: stage}
@@ -177,7 +190,32 @@ func admissionCases() []admissionCase {
 		{name: "valid upgrade together with even replicas", old: qcp(), new: qcp(version("v1.37.0"), replicas(4)),
 			field: "spec.replicas", fix: "use 3 or 5"},
 
+		{name: "backups of external etcd", new: qcp(external("https://10.0.0.1:2379"), backup()),
+			field: "spec.backup", fix: "set spec.backup on its EtcdCluster"},
+		{name: "backups of an EtcdCluster's etcd", new: qcp(clusterRef("etcd-a"), backup()),
+			field: "spec.backup", fix: "remove spec.backup here"},
+		{name: "a backup schedule that is no cron expression", new: qcp(backup(func(b *controlplanev1.BackupSpec) {
+			b.Schedule = controlplanev1.BackupSchedule{Cron: "every six hours"}
+		})), field: "spec.backup.schedule", fix: `give five fields (minute hour day-of-month month day-of-week), e.g. "0 */6 * * *"`},
+		{name: "a backup schedule with both an interval and cron", pureOnly: true, new: qcp(backup(func(b *controlplanev1.BackupSpec) {
+			b.Schedule.Cron = "@hourly"
+		})), field: "spec.backup.schedule", fix: "give intervalSeconds or cron, not both"},
+		{name: "a backup endpoint with a path", pureOnly: true, new: qcp(backup(func(b *controlplanev1.BackupSpec) {
+			b.Target.Endpoint = "https://s3.example.com/backups"
+		})), field: "spec.backup.target.endpoint", fix: "give https://host[:port], without a path"},
+		{name: "a backup credentials Secret that is no name", new: qcp(backup(func(b *controlplanev1.BackupSpec) {
+			b.Target.CredentialsSecret = "S3 Credentials"
+		})), field: "spec.backup.target.credentialsSecret", fix: "name a Secret in this object's namespace"},
+		{name: "a backup key Secret that is no name", new: qcp(backup(func(b *controlplanev1.BackupSpec) {
+			b.Encryption = &controlplanev1.BackupEncryption{KeySecret: "-key-"}
+		})), field: "spec.backup.encryption.keySecret", fix: "name a Secret in this object's namespace"},
+
 		// Accepted.
+		{name: "backups of stacked etcd, encrypted, on a cron schedule", new: qcp(backup(func(b *controlplanev1.BackupSpec) {
+			b.Schedule = controlplanev1.BackupSchedule{Cron: "0 */6 * * *"}
+			b.Retention = controlplanev1.BackupRetention{KeepLast: ptr.To[int32](5), MaxAgeSeconds: ptr.To[int64](7 * 86400)}
+			b.Encryption = &controlplanev1.BackupEncryption{KeySecret: "backup-key"}
+		}))},
 		{name: "one replica by default", new: qcp(func(q *controlplanev1.QuorumControlPlane) { q.Spec.Replicas = nil })},
 		{name: "version without its v", new: qcp(version("1.36.3"))},
 		{name: "five replicas", new: qcp(replicas(5))},

@@ -53,6 +53,7 @@ func ValidateEtcdCluster(old, ec *etcdv1.EtcdCluster) field.ErrorList {
 	for i, a := range spec.ExtraArgs {
 		errs = append(errs, etcdArgErrors(specPath.Child("extraArgs").Index(i), a, specPath.Child("quotaBackendBytes"))...)
 	}
+	errs = append(errs, validateBackup(specPath.Child("backup"), spec.Backup)...)
 	if old != nil {
 		errs = append(errs, validateEtcdVersionChange(old, ec)...)
 	}

@@ -72,6 +72,18 @@ func etcdClusterCases() []etcdCase {
 	return []etcdCase{
 		{name: "defaults: 3 members, a version without v", new: etcdCluster(etcdVersion("3.6.16"))},
 		{name: "5 members", new: etcdCluster(members(5))},
+		{name: "backups every hour", new: etcdCluster(func(ec *etcdv1.EtcdCluster) {
+			ec.Spec.Backup = &controlplanev1.BackupSpec{
+				Target:   controlplanev1.BackupTarget{Endpoint: "https://s3.example.com:9000", Bucket: "etcd", CredentialsSecret: "s3"},
+				Schedule: controlplanev1.BackupSchedule{Cron: "@hourly"},
+			}
+		})},
+		{name: "backups on a bad cron schedule", new: etcdCluster(func(ec *etcdv1.EtcdCluster) {
+			ec.Spec.Backup = &controlplanev1.BackupSpec{
+				Target:   controlplanev1.BackupTarget{Endpoint: "https://s3.example.com:9000", Bucket: "etcd", CredentialsSecret: "s3"},
+				Schedule: controlplanev1.BackupSchedule{Cron: "* * *"},
+			}
+		}), field: "spec.backup.schedule", fix: "give five fields"},
 		{name: "an even member count", new: etcdCluster(members(4)),
 			field: "spec.replicas", fix: "etcd needs an odd number of members (1, 3, 5 or 7): an even number tolerates no more failures than one member fewer; use 3 or 5"},
 		{name: "2 members", new: etcdCluster(members(2)), field: "spec.replicas", fix: "use 1 or 3"},

@@ -34,6 +34,8 @@ func Validate(old, qcp *controlplanev1.QuorumControlPlane) field.ErrorList {
 	errs = append(errs, validateConfig(specPath, &spec.QuorumControlPlaneConfig)...)
 	errs = append(errs, validateSurge(spec)...)
 	errs = append(errs, validateRotation(old, qcp)...)
+	errs = append(errs, validateBackupStacked(qcp)...)
+	errs = append(errs, validateBackup(specPath.Child("backup"), spec.Backup)...)
 	if old != nil {
 		errs = append(errs, validateVersionChange(old, qcp)...)
 		errs = append(errs, validateEtcdChange(old.Spec.Etcd, spec.Etcd)...)

@@ -75,6 +75,10 @@ type QuorumControlPlaneStatus struct {
 	// +optional
 	CertificateRotation *CertificateRotationStatus `json:"certificateRotation,omitempty"`
 
+	// backup reports the etcd backups, when spec.backup is set.
+	// +optional
+	Backup *BackupStatus `json:"backup,omitempty"`
+
 	// lastOperation is the quorum engine's latest step: what, on what, why,
 	// and when it started and finished.
 	// +optional

@@ -57,6 +57,13 @@ type QuorumControlPlaneSpec struct {
 	// +optional
 	Certificates CertificatesSpec `json:"certificates,omitempty,omitzero"`
 
+	// backup takes scheduled, verified snapshots of the stacked etcd
+	// cluster to an object store. A control plane on external etcd has
+	// none: its data belongs to the EtcdCluster (set spec.backup there),
+	// or to whoever runs the endpoints.
+	// +optional
+	Backup *BackupSpec `json:"backup,omitempty"`
+
 	// The rest of the spec is how the components run, which a
 	// QuorumControlPlaneTemplate carries too.
 	QuorumControlPlaneConfig `json:",inline"`

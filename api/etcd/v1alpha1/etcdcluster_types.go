@@ -80,6 +80,11 @@ type EtcdClusterSpec struct {
 	// +optional
 	// +kubebuilder:validation:Minimum=16777216
 	QuotaBackendBytes *int64 `json:"quotaBackendBytes,omitempty"`
+
+	// backup takes scheduled, verified snapshots of the cluster to an
+	// object store.
+	// +optional
+	Backup *controlplanev1.BackupSpec `json:"backup,omitempty"`
 }
 
 // EtcdRolloutSpec controls rollouts of an EtcdCluster.
@@ -158,6 +163,10 @@ type EtcdClusterStatus struct {
 	// and when it started and finished.
 	// +optional
 	LastOperation controlplanev1.LastOperation `json:"lastOperation,omitempty,omitzero"`
+
+	// backup reports the backups, when spec.backup is set.
+	// +optional
+	Backup *controlplanev1.BackupStatus `json:"backup,omitempty"`
 
 	// observedGeneration is the generation last reconciled.
 	// +optional

@@ -1,0 +1,144 @@
+package v1alpha1
+
+import (
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+)
+
+// BackupSpec configures scheduled, verified etcd backups to an
+// S3-compatible object store. A snapshot is taken from a healthy follower
+// (a one-member cluster's only member), streamed to the store, read back,
+// and restored into a scratch etcd on one of the cluster's machines, which
+// must serve the revision its manifest records. Only then does it count.
+type BackupSpec struct {
+	// target is the object store.
+	// +required
+	Target BackupTarget `json:"target"`
+	// schedule says when to take a snapshot.
+	// +required
+	Schedule BackupSchedule `json:"schedule"`
+	// retention says which snapshots to keep. The newest verified one is
+	// always kept.
+	// +optional
+	Retention BackupRetention `json:"retention,omitempty,omitzero"`
+	// encryption encrypts each snapshot on its way to the store (age,
+	// X25519). A snapshot holds every Secret of the cluster; without
+	// encryption, the store's own protection is all it has.
+	// +optional
+	Encryption *BackupEncryption `json:"encryption,omitempty"`
+}
+
+// BackupTarget is an S3-compatible bucket and the credentials to reach it.
+type BackupTarget struct {
+	// endpoint is the store's URL: https://host[:port], without a path.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=512
+	// +kubebuilder:validation:Pattern=`^https?://[^/]+/?$`
+	Endpoint string `json:"endpoint"`
+	// bucket holds the snapshots; it must exist.
+	// +required
+	// +kubebuilder:validation:MinLength=3
+	// +kubebuilder:validation:MaxLength=63
+	Bucket string `json:"bucket"`
+	// prefix is put before every object name. Snapshots go below
+	// <prefix>/<namespace>/<kind>/<name>/.
+	// +optional
+	// +kubebuilder:validation:MaxLength=256
+	Prefix string `json:"prefix,omitempty"`
+	// region is the bucket's region; us-east-1 if empty.
+	// +optional
+	// +kubebuilder:validation:MaxLength=64
+	Region string `json:"region,omitempty"`
+	// credentialsSecret names a Secret in this object's namespace with
+	// the keys accessKeyID and secretAccessKey, and optionally ca.crt: a
+	// PEM bundle to trust for the store's certificate.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	CredentialsSecret string `json:"credentialsSecret"`
+}
+
+// BackupSchedule is an interval or a cron expression, exactly one.
+// +kubebuilder:validation:MinProperties=1
+// +kubebuilder:validation:MaxProperties=1
+type BackupSchedule struct {
+	// intervalSeconds takes a snapshot when the last one is this old.
+	// +optional
+	// +kubebuilder:validation:Minimum=60
+	// +kubebuilder:validation:Maximum=2592000
+	IntervalSeconds *int32 `json:"intervalSeconds,omitempty"`
+	// cron is a standard five-field cron expression in UTC
+	// ("0 */6 * * *"), or a descriptor such as "@hourly".
+	// +optional
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=128
+	Cron string `json:"cron,omitempty"`
+}
+
+// BackupRetention says which snapshots to keep.
+// +kubebuilder:validation:MinProperties=1
+type BackupRetention struct {
+	// keepLast keeps this many of the newest snapshots. Defaults to 7
+	// when maxAgeSeconds is not set either.
+	// +optional
+	// +kubebuilder:validation:Minimum=1
+	// +kubebuilder:validation:Maximum=1000
+	KeepLast *int32 `json:"keepLast,omitempty"`
+	// maxAgeSeconds deletes snapshots older than this.
+	// +optional
+	// +kubebuilder:validation:Minimum=60
+	MaxAgeSeconds *int64 `json:"maxAgeSeconds,omitempty"`
+}
+
+// BackupEncryption names the key snapshots are encrypted with.
+type BackupEncryption struct {
+	// keySecret names a Secret in this object's namespace whose key "key"
+	// holds an age X25519 identity (the AGE-SECRET-KEY-1… line that
+	// age-keygen writes). Keep a copy elsewhere: without it no snapshot can
+	// be restored.
+	// +required
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	KeySecret string `json:"keySecret"`
+}
+
+// BackupStatus reports the backups.
+type BackupStatus struct {
+	// lastSuccessful is the newest snapshot that was stored and verified.
+	// +optional
+	LastSuccessful *BackupRecord `json:"lastSuccessful,omitempty"`
+	// lastFailed is the newest attempt that failed, and why.
+	// +optional
+	LastFailed *BackupRecord `json:"lastFailed,omitempty"`
+	// stored is how many snapshots of this cluster the store holds.
+	// +optional
+	Stored int32 `json:"stored,omitempty"`
+	// nextTime is when the schedule takes the next snapshot.
+	// +optional
+	NextTime *metav1.Time `json:"nextTime,omitempty"`
+}
+
+// BackupRecord is one snapshot attempt.
+type BackupRecord struct {
+	// time is when the snapshot began.
+	// +required
+	Time metav1.Time `json:"time"`
+	// object is the snapshot's name in the store, below the prefix.
+	// +optional
+	// +kubebuilder:validation:MaxLength=1024
+	Object string `json:"object,omitempty"`
+	// revision is etcd's revision in the snapshot.
+	// +optional
+	Revision int64 `json:"revision,omitempty"`
+	// sizeBytes is the stored object's size.
+	// +optional
+	SizeBytes int64 `json:"sizeBytes,omitempty"`
+	// member is the etcd member the snapshot was taken from.
+	// +optional
+	// +kubebuilder:validation:MaxLength=253
+	Member string `json:"member,omitempty"`
+	// message says why an attempt failed.
+	// +optional
+	// +kubebuilder:validation:MaxLength=10240
+	Message string `json:"message,omitempty"`
+}
