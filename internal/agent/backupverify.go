@@ -40,7 +40,8 @@ type BackupVerifyRequest struct {
 	// host's roots do not cover it.
 	CA []byte `json:"ca,omitempty"`
 	// Manifest is the snapshot's manifest: its size and SHA-256 are
-	// checked on the download, and its revision against the restore.
+	// checked on the download, and its revision, if set, against the
+	// restore (0: the agent reports what it finds).
 	Manifest backup.Manifest `json:"manifest"`
 	// Key is the age identity of an encrypted snapshot.
 	Key []byte `json:"key,omitempty"`
@@ -102,8 +103,8 @@ func (req *BackupVerifyRequest) check() error {
 			return fmt.Errorf("ca: %w", err)
 		}
 	}
-	if req.Manifest.Size <= 0 || len(req.Manifest.SHA256) != 64 || req.Manifest.Revision <= 0 {
-		return errors.New("manifest: its size, sha256 and revision are required")
+	if req.Manifest.Size <= 0 || len(req.Manifest.SHA256) != 64 || req.Manifest.Revision < 0 {
+		return errors.New("manifest: its size and sha256 are required, and a revision cannot be negative")
 	}
 	if req.Manifest.Encrypted && len(req.Key) == 0 {
 		return errors.New("key: the snapshot is encrypted, and no key was given")
@@ -142,7 +143,7 @@ func (a *machineCtx) verifyBackup(ctx context.Context, req BackupVerifyRequest) 
 	if err != nil {
 		return BackupVerifyResult{}, err
 	}
-	if restored.Revision != req.Manifest.Revision {
+	if req.Manifest.Revision > 0 && restored.Revision != req.Manifest.Revision {
 		return BackupVerifyResult{}, fmt.Errorf("snapshot %s restored at revision %d; its manifest says %d", req.Manifest.Snapshot, restored.Revision, req.Manifest.Revision)
 	}
 	return BackupVerifyResult{Revision: restored.Revision, Keys: restored.Keys, Machine: a.machine.Name}, nil

@@ -80,10 +80,10 @@ type Verification struct {
 // Dir is the directory of a cluster's backups, below the store's prefix.
 func Dir(c ClusterRef) string { return path.Join(c.Namespace, strings.ToLower(c.Kind), c.Name) + "/" }
 
-// Name is the object name of a snapshot of c taken at t at revision rev:
-// names sort by time.
-func Name(c ClusterRef, t time.Time, rev int64, encrypted bool) string {
-	n := fmt.Sprintf("%s%s-r%d.db", Dir(c), t.UTC().Format("20060102T150405.000Z"), rev)
+// Name is the object name of a snapshot of c taken at t: names sort by
+// time.
+func Name(c ClusterRef, t time.Time, encrypted bool) string {
+	n := fmt.Sprintf("%s%s.db", Dir(c), t.UTC().Format("20060102T150405.000Z"))
 	if encrypted {
 		n += ".age"
 	}

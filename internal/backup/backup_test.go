@@ -92,7 +92,7 @@ func TestSnapshotStoreAndScratchRestore(t *testing.T) {
 			t.Fatal(err)
 		}
 		started := time.Now()
-		name := backup.Name(owner, started, leaderBefore.Revision, e != nil)
+		name := backup.Name(owner, started, e != nil)
 		size, sum, err := backup.Upload(ctx, store, name, r, e)
 		r.Close()
 		if err != nil {

@@ -51,10 +51,10 @@ func TestExpiredKeepsTheNewestAndTheNewestVerified(t *testing.T) {
 func TestManifestRoundTripAndRefusals(t *testing.T) {
 	c := ClusterRef{Namespace: "ns", Kind: "EtcdCluster", Name: "e1"}
 	started := time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)
-	m := Manifest{Format: FormatVersion, Snapshot: Name(c, started, 42, true), Cluster: c, EtcdVersion: "3.6.16", Revision: 42,
+	m := Manifest{Format: FormatVersion, Snapshot: Name(c, started, true), Cluster: c, EtcdVersion: "3.6.16", Revision: 42,
 		Members: []string{"a", "b"}, TakenFrom: "a", Leader: "b", Size: 10, SHA256: strings.Repeat("0", 64), Encrypted: true,
 		Recipient: "age1x", Started: started, Finished: started.Add(time.Second)}
-	if m.Snapshot != "ns/etcdcluster/e1/20261129T120000.000Z-r42.db.age" || ManifestName(m.Snapshot) != m.Snapshot+".json" {
+	if m.Snapshot != "ns/etcdcluster/e1/20261129T120000.000Z.db.age" || ManifestName(m.Snapshot) != m.Snapshot+".json" {
 		t.Fatalf("names: %s", m.Snapshot)
 	}
 	got, err := DecodeManifest(m.Encode())

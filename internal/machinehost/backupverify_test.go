@@ -69,7 +69,7 @@ func TestBackupVerifyOnTheMachine(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		name := backup.Name(owner, time.Now(), leader.Revision, e != nil)
+		name := backup.Name(owner, time.Now(), e != nil)
 		size, sum, err := backup.Upload(ctx, store, name, r, e)
 		r.Close()
 		if err != nil {
@@ -84,7 +84,15 @@ func TestBackupVerifyOnTheMachine(t *testing.T) {
 		if e != nil {
 			req.Key = key
 		}
-		res, err := agent.VerifyBackup(ctx, via, m.Address, req)
+		// Without a revision the agent reports the one it finds; with
+		// one, it checks it.
+		unknown := req
+		unknown.Manifest.Revision = 0
+		res, err := agent.VerifyBackup(ctx, via, m.Address, unknown)
+		if err != nil || res.Revision != leader.Revision {
+			t.Fatalf("encrypted=%v, no revision given: %+v, %v; want revision %d", e != nil, res, err, leader.Revision)
+		}
+		res, err = agent.VerifyBackup(ctx, via, m.Address, req)
 		if err != nil {
 			t.Fatalf("encrypted=%v: %v", e != nil, err)
 		}

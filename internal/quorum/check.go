@@ -15,7 +15,7 @@ func Check(before State, d Decision, after State) error {
 	b := newView(before)
 	checks := []func(view, Decision, view) error{
 		checkQuorum, checkBounded, checkLearnersFirst, checkOneAtATime,
-		checkHooks, checkLeader, checkNoHeroics, checkRenewal, checkAuthority,
+		checkHooks, checkLeader, checkNoHeroics, checkRenewal, checkAuthority, checkSnapshotSource,
 	}
 	var errs []error
 	for _, c := range checks {
@@ -371,6 +371,23 @@ func checkAuthority(b view, d Decision, _ view) error {
 	}
 	if busy, ok := b.disrupted(); ok {
 		return fmt.Errorf("I4 one at a time: bringing machine %s to a CA rotation's stage while member %s is %s", d.Machine, b.memberName(busy), b.disrupting(busy))
+	}
+	return nil
+}
+
+// checkSnapshotSource: a snapshot is taken from a healthy, started voter,
+// and from the leader only when it is the only voter (the leader serves
+// every write; a follower's stream costs the cluster nothing).
+func checkSnapshotSource(b view, d Decision, _ view) error {
+	if d.Kind != Snapshot {
+		return nil
+	}
+	m, ok := b.member(d.MemberID)
+	switch {
+	case !ok || !m.Voter() || !m.Healthy || !m.Started():
+		return fmt.Errorf("snapshot source: member %s is not a healthy, started voter", idString(d.MemberID))
+	case m.Leader && len(b.voters()) > 1:
+		return fmt.Errorf("snapshot source: member %s is the leader, and the cluster has %d voters", idString(d.MemberID), len(b.voters()))
 	}
 	return nil
 }

@@ -77,6 +77,11 @@ const (
 	// Machine.RenewStartedAt like a renewal. The caller then records what
 	// the machine reports and clears the record.
 	SetAuthority Kind = "SetAuthority"
+	// Snapshot: take a snapshot of member Decision.MemberID's database
+	// (on Decision.Machine), stream it to the backup store, have an agent
+	// restore it into a scratch etcd, and record it once verified. etcd
+	// is not disrupted: the member serves on while it streams.
+	Snapshot Kind = "Snapshot"
 	// Wait: nothing to do until the world changes; Reason names what for.
 	Wait Kind = "Wait"
 	// Degraded: the planner refuses to act and a human is needed; Reason
@@ -86,7 +91,7 @@ const (
 
 // Kinds are every Kind a Decision may have.
 var Kinds = []Kind{CreateMachine, AddLearner, Promote, MoveLeader, RemoveMember, AddHook, RemoveHook, DeleteMachine,
-	DisarmAlarm, Compact, Defragment, RestartMember, RenewCertificates, SetAuthority, Wait, Degraded}
+	DisarmAlarm, Compact, Defragment, RestartMember, RenewCertificates, SetAuthority, Snapshot, Wait, Degraded}
 
 // Decision is exactly one next step. Only the fields its Kind names are set.
 type Decision struct {
@@ -316,7 +321,7 @@ func (d Decision) String() string {
 		target = fmt.Sprintf("(fd=%q)", d.FailureDomain)
 	case AddLearner:
 		target = fmt.Sprintf("(%s %s)", d.Machine, d.PeerURL)
-	case Promote, MoveLeader, RemoveMember, Defragment:
+	case Promote, MoveLeader, RemoveMember, Defragment, Snapshot:
 		target = fmt.Sprintf("(%x on %s)", d.MemberID, orNone(d.Machine))
 	case RestartMember:
 		target = fmt.Sprintf("(%x on %s, quota %d)", d.MemberID, orNone(d.Machine), d.QuotaBackendBytes)

@@ -56,6 +56,9 @@ func raiseQuota(w *world) {
 	}
 }
 
+// backupDue has the backup schedule ask for a snapshot.
+func backupDue(w *world) { w.backupDue = true }
+
 // certificatesDue has every machine's certificates pass their renewal
 // point.
 func certificatesDue(w *world) {
@@ -104,7 +107,14 @@ func initialWorlds(n int) map[string]world {
 				w.members[i].alarm, w.members[i].liveOverQuota = "NOSPACE", true
 			}
 		}),
-		"quota raised": healthy.with(raiseQuota),
+		"quota raised":                healthy.with(raiseQuota),
+		"backup due":                  healthy.with(backupDue),
+		"backup due, one member down": healthy.with(backupDue).with(crash(n)),
+		"backup due, outdated machines": healthy.with(backupDue).with(func(w *world) {
+			for i := range w.machines {
+				w.machines[i].upToDate = false
+			}
+		}),
 		"NOSPACE with the live data over the quota, then the quota raised": healthy.with(func(w *world) {
 			for i := range w.members {
 				w.members[i].alarm, w.members[i].liveOverQuota = "NOSPACE", true
@@ -273,6 +283,8 @@ func TestExhaustiveCatchesBrokenPlanners(t *testing.T) {
 		{"restarting for a new quota without a disruption's preflight", options{restartUnchecked: true}, []string{"I4 one at a time"}, "quota raised"},
 		{"renewing certificates beside a renewal or a disruption in flight", options{renewUnchecked: true}, []string{"I4 one at a time: renewing the certificates"},
 			"certificates due during a defragmentation"},
+		// Issue 35: a snapshot spares the leader.
+		{"taking snapshots from the leader", options{snapshotFromLeader: true}, []string{"snapshot source: member"}, "backup due"},
 	}
 	t.Run("deleting a marked API server first while it serves again", func(t *testing.T) {
 		t.Parallel()

@@ -74,6 +74,8 @@ type options struct {
 	// renewUnchecked renews a machine's certificates without waiting for
 	// a renewal or a disruption in flight.
 	renewUnchecked bool
+	// snapshotFromLeader takes scheduled snapshots from the leader.
+	snapshotFromLeader bool
 }
 
 // planner holds one observation; its methods are the rules.
@@ -109,6 +111,7 @@ func planWith(s State, o options) Decision {
 		planner.rotateAuthority,
 		planner.waitForUnhealthyVoters,
 		planner.restartForQuota,
+		planner.takeSnapshot,
 		planner.defragment,
 	}
 	if o.defragFirst {

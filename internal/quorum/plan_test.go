@@ -225,7 +225,7 @@ func targets(d Decision, target string) bool {
 	switch d.Kind {
 	case CreateMachine:
 		return target == "" || d.FailureDomain == target
-	case Promote, MoveLeader, RemoveMember, Defragment, RestartMember:
+	case Promote, MoveLeader, RemoveMember, Defragment, RestartMember, Snapshot:
 		return idString(d.MemberID) == target
 	case Wait, Degraded:
 		return target == ""

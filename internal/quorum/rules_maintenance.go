@@ -33,6 +33,49 @@ func (p planner) defragment() (Decision, bool) {
 		fragmentation(m), m.DBSize>>20, p.tun.DefragThresholdPercent))
 }
 
+// takeSnapshot takes a scheduled backup once nothing but maintenance is
+// left to do. It reads from a healthy follower, so that the leader, which
+// serves every write, is spared the stream; a one-member cluster's only
+// member serves it. A snapshot disrupts nothing, but it waits for a
+// defragmentation or restart in flight: that member's database is busy,
+// and its answers would be late.
+func (p planner) takeSnapshot() (Decision, bool) {
+	if !p.Backup.Due {
+		return Decision{}, false
+	}
+	if d, ok := p.waitForDisrupted("taking a scheduled backup"); ok {
+		return d, true
+	}
+	m, ok := p.snapshotSource()
+	if l, isLeader := p.leader(); isLeader && p.opts.snapshotFromLeader {
+		m, ok = l, true
+	}
+	if !ok {
+		return waitf("a scheduled backup is due; waiting for a healthy follower to take it from (the leader is spared the stream while a follower can serve it)"), true
+	}
+	mc, _ := p.machineOf(m)
+	role := "a follower"
+	if m.Leader {
+		role = "the only member"
+	}
+	return Decision{Kind: Snapshot, MemberID: m.ID, Machine: mc.Name,
+		Reason: fmt.Sprintf("taking a scheduled backup from member %s (%s)", p.memberName(m), role)}, true
+}
+
+// snapshotSource is the member a snapshot is taken from: a healthy,
+// started follower on a machine (the first by name), or the only voter.
+func (v view) snapshotSource() (Member, bool) {
+	voters := v.voters()
+	sources := filter(voters, func(m Member) bool {
+		mc, ok := v.machineOf(m)
+		return ok && !mc.Deleting && m.Healthy && m.Started() && (!m.Leader || len(voters) == 1)
+	})
+	if len(sources) == 0 {
+		return Member{}, false
+	}
+	return slices.MinFunc(sources, func(a, b Member) int { return cmp.Compare(v.memberName(a), v.memberName(b)) }), true
+}
+
 // followersFirst returns the member of due to defragment first: a
 // follower before the leader, the most fragmented first.
 func followersFirst(due []Member) Member {

@@ -362,3 +362,25 @@ func TestNoSpaceRecovery(t *testing.T) {
 			edit(cluster(3, 3), func(s *State) { noSpace(s); s.Members[2].Alarms = []string{"NOSPACE", "CORRUPT"} }), Degraded, "", "has alarms [NOSPACE]"},
 	})
 }
+
+// TestTakeSnapshot is issue 35's planner table: a due backup is taken
+// from a healthy follower, from the only member of a one-member cluster,
+// after membership work, and not beside a disruption in flight.
+func TestTakeSnapshot(t *testing.T) {
+	due := func(s *State) { s.Backup.Due = true }
+	runPlanCases(t, []planCase{
+		{"a due backup is taken from a follower, the first by name",
+			edit(cluster(3, 3), due), Snapshot, "2", "taking a scheduled backup from member m-02 (a follower)"},
+		{"a one-member cluster's only member serves it",
+			edit(cluster(1, 1), due), Snapshot, "1", "from member m-01 (the only member)"},
+		{"a down follower is passed over: the rules wait for it first",
+			edit(cluster(3, 3), func(s *State) { due(s); down(s, 1, time.Minute) }), Wait, "", "waiting for member m-02 to become healthy"},
+		{"membership work comes first",
+			edit(cluster(5, 3), due), CreateMachine, "", "scaling up"},
+		{"not beside a defragmentation in flight",
+			edit(cluster(3, 3), func(s *State) { due(s); defragStarted(s, 1, time.Minute) }),
+			Wait, "", "waiting for member m-02 to finish defragmenting"},
+		{"nothing due, nothing to do",
+			cluster(3, 3), Wait, "", "nothing to do"},
+	})
+}

@@ -255,6 +255,9 @@ type State struct {
 	CompactedAt       time.Time
 	// Now is the caller's clock; the planner never reads the system clock.
 	Now time.Time
+	// Backup is what the caller knows of the backups; zero when none are
+	// configured.
+	Backup BackupState
 	// Tunables are the configurable thresholds; zero values get defaults.
 	Tunables Tunables
 }
@@ -509,3 +512,10 @@ func (m Member) Started() bool { return m.Name != "" }
 
 // Voter reports whether the member votes.
 func (m Member) Voter() bool { return !m.Learner }
+
+// BackupState is the caller's verdict on the backups.
+type BackupState struct {
+	// Due: backups are configured, their store and Secrets can be read,
+	// and the schedule says a snapshot is due.
+	Due bool
+}

@@ -33,6 +33,9 @@ type world struct {
 	// quotaRaised: the configured quota is worldRaisedQuota, and members
 	// with oldQuota still run with worldQuota until QCP restarts them.
 	quotaRaised bool
+	// backupDue: the backup schedule says a snapshot is due
+	// (State.Backup.Due), until QCP takes one.
+	backupDue bool
 }
 
 // The backend quota of the world's etcd, and the database sizes its
@@ -153,6 +156,7 @@ func (w world) state() State {
 	if w.quotaRaised {
 		s.QuotaBackendBytes = worldRaisedQuota
 	}
+	s.Backup.Due = w.backupDue
 	if w.compacted {
 		s.CompactedRevision, s.CompactedAt = worldRevision-DefaultCompactionRetention, at(w.compactAt)
 	}
@@ -316,6 +320,10 @@ func (w world) apply(d Decision) world {
 		}
 	case Compact:
 		w.compacted, w.compactAt = true, w.epoch
+	case Snapshot:
+		// Streamed, stored and verified within the step; the member
+		// serves on.
+		w.backupDue = false
 	case AddHook:
 		w.machine(d.Machine).hook = true
 	case RemoveHook:
@@ -514,6 +522,7 @@ func (w world) key() string {
 	b = strconv.AppendBool(b, w.bootstrapped)
 	b = strconv.AppendBool(b, w.compacted)
 	b = strconv.AppendBool(b, w.quotaRaised)
+	b = strconv.AppendBool(b, w.backupDue)
 	b = append(b, strings.Join(w.domains, ",")...)
 	b = append(b, '|')
 	for _, mc := range w.machines {

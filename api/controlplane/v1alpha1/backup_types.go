@@ -64,7 +64,7 @@ type BackupTarget struct {
 type BackupSchedule struct {
 	// intervalSeconds takes a snapshot when the last one is this old.
 	// +optional
-	// +kubebuilder:validation:Minimum=60
+	// +kubebuilder:validation:Minimum=10
 	// +kubebuilder:validation:Maximum=2592000
 	IntervalSeconds *int32 `json:"intervalSeconds,omitempty"`
 	// cron is a standard five-field cron expression in UTC
@@ -137,6 +137,10 @@ type BackupRecord struct {
 	// +optional
 	// +kubebuilder:validation:MaxLength=253
 	Member string `json:"member,omitempty"`
+	// stored is how many snapshots the store kept after this one's
+	// retention pass.
+	// +optional
+	Stored int32 `json:"stored,omitempty"`
 	// message says why an attempt failed.
 	// +optional
 	// +kubebuilder:validation:MaxLength=10240

@@ -169,3 +169,15 @@ const (
 	PausedReason    = clusterv1.PausedReason
 	NotPausedReason = clusterv1.NotPausedReason
 )
+
+// BackupsHealthy: with spec.backup set, whether the newest snapshot was
+// stored and verified. False names what failed: the configuration (a
+// Secret, the schedule) or the last attempt (the store, the snapshot, its
+// verification). Unknown until the first snapshot.
+const (
+	BackupsHealthyCondition   = "BackupsHealthy"
+	BackupsHealthyReason      = "BackupVerified"
+	BackupConfigInvalidReason = "BackupConfigInvalid"
+	BackupFailedReason        = "BackupFailed"
+	BackupPendingReason       = "NoBackupYet"
+)

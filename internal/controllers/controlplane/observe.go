@@ -116,6 +116,9 @@ func (r *Reconciler) observe(ctx context.Context, cluster *clusterv1.Cluster, cp
 	if rt := secrets.rotation; rt != nil {
 		obs.Authority, obs.AuthorityKind, obs.AuthorityWant = rt.authority(), authorityOf[rt.state.Kind].agent, rt.want()
 	}
+	if obs.external == nil {
+		obs.Backup, obs.BackupErr = engine.LoadBackup(ctx, r.Client, cp, "QuorumControlPlane", cp.Spec.Backup)
+	}
 	obs.rollout = r.newRollout(ctx, cp)
 	obs.remediation = newRemediationPolicy(cp, r.Now())
 	obs.certificates = observeCertificates(ctx, secrets, obs)
@@ -175,6 +178,7 @@ func (o *observation) build(cp *controlplanev1.QuorumControlPlane, cluster *clus
 		s.ExternalEtcdProblem = o.external.problem
 	}
 	engine.ReadCompaction(cp, &s)
+	engine.ReadBackupDue(cp, o.Backup, &s)
 	noSpace := quorum.NoSpaceRaised(s)
 	o.remediationRefused, o.remediationNext = map[string]string{}, map[string]remediationData{}
 	for _, m := range o.Machines {

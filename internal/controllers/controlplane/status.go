@@ -70,6 +70,7 @@ func setStatus(cp *controlplanev1.QuorumControlPlane, obs *observation, d quorum
 	engine.SetScaling(cp, &obs.Observation, int(ptr.Deref(cp.Spec.Replicas, 1)), d)
 	engine.SetRollingOut(cp, &obs.Observation, obs.rollout.outdated, d)
 	setRemediating(cp, obs, d)
+	engine.SetBackupStatus(cp, cp.Spec.Backup, &obs.Observation, &cp.Status.Backup)
 	conditions.Set(cp, metav1.Condition{Type: controlplanev1.DeletingCondition, Status: metav1.ConditionFalse, Reason: controlplanev1.NotDeletingReason})
 }
 

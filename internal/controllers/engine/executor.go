@@ -50,13 +50,17 @@ type Executor struct {
 	Owner      client.Object
 	Now        func() time.Time
 	Failpoints Failpoints
+	// Backup is the owner's backup configuration, which Snapshot uses;
+	// Metrics record its outcome.
+	Backup  *BackupConfig
+	Metrics *Metrics
 }
 
 // Execute takes decision d. machine is the Machine d names, as observed (nil
 // for steps that name none).
 func (x Executor) Execute(ctx context.Context, d quorum.Decision, machine *clusterv1.Machine) error {
 	switch d.Kind {
-	case quorum.AddHook, quorum.RemoveHook, quorum.DeleteMachine, quorum.AddLearner, quorum.Defragment, quorum.RestartMember, quorum.RenewCertificates, quorum.SetAuthority:
+	case quorum.AddHook, quorum.RemoveHook, quorum.DeleteMachine, quorum.AddLearner, quorum.Defragment, quorum.RestartMember, quorum.RenewCertificates, quorum.SetAuthority, quorum.Snapshot:
 		if machine == nil || machine.Name != d.Machine {
 			return fmt.Errorf("%s: machine %s was not observed", d.Kind, d.Machine)
 		}
@@ -103,6 +107,8 @@ func (x Executor) Execute(ctx context.Context, d quorum.Decision, machine *clust
 		return x.renewCertificates(ctx, d, machine)
 	case quorum.SetAuthority:
 		return x.setAuthority(ctx, d, machine)
+	case quorum.Snapshot:
+		return x.snapshot(ctx, d, machine)
 	case quorum.Compact:
 		if err := x.Etcd.Compact(ctx, d.Revision); err != nil {
 			return err

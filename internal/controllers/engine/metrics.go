@@ -7,6 +7,7 @@ import (
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
+	"github.com/qcp-dev/qcp/internal/backup"
 	qcpmetrics "github.com/qcp-dev/qcp/internal/metrics"
 	"github.com/qcp-dev/qcp/internal/quorum"
 )
@@ -26,6 +27,10 @@ type Metrics struct {
 	// certificateExpiry is status.certificates: when the first certificate
 	// of each kind expires.
 	certificateExpiry *prometheus.GaugeVec
+	// The backups: when the last one succeeded, how long it took and how
+	// big it was, and the failed attempts.
+	backupLastSuccess, backupDuration, backupSize *prometheus.GaugeVec
+	backupFailures                                *prometheus.CounterVec
 }
 
 // NewMetrics returns the metrics named prefix_*, for owners of kind (for
@@ -68,6 +73,16 @@ func NewMetrics(prefix, kind string) *Metrics {
 			Name: prefix + "_certificate_expiry_timestamp_seconds",
 			Help: "When the first certificate of each kind a " + kind + " runs on expires, in seconds since the epoch (status.certificates).",
 		}, []string{"namespace", "name", "kind"}),
+		backupLastSuccess: ownerGauge(prefix+"_backup_last_success_timestamp_seconds",
+			"When the newest verified etcd snapshot of a "+kind+" was started, in seconds since the epoch."),
+		backupDuration: ownerGauge(prefix+"_backup_duration_seconds",
+			"How long the newest verified etcd snapshot took: streaming, storing and verifying by a scratch restore."),
+		backupSize: ownerGauge(prefix+"_backup_size_bytes",
+			"The stored size of the newest verified etcd snapshot."),
+		backupFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: prefix + "_backup_failures_total",
+			Help: "Etcd snapshots of a " + kind + " that failed to be taken, stored or verified.",
+		}, []string{"namespace", "name"}),
 	}).register()
 }
 
@@ -78,6 +93,10 @@ func (m *Metrics) register() *Metrics {
 	m.members = qcpmetrics.RegisterOrReuse(m.members)
 	m.reaction = qcpmetrics.RegisterOrReuse(m.reaction)
 	m.dbSize = qcpmetrics.RegisterOrReuse(m.dbSize)
+	m.backupLastSuccess = qcpmetrics.RegisterOrReuse(m.backupLastSuccess)
+	m.backupDuration = qcpmetrics.RegisterOrReuse(m.backupDuration)
+	m.backupSize = qcpmetrics.RegisterOrReuse(m.backupSize)
+	m.backupFailures = qcpmetrics.RegisterOrReuse(m.backupFailures)
 	m.dbSizeInUse = qcpmetrics.RegisterOrReuse(m.dbSizeInUse)
 	m.dbSizeQuota = qcpmetrics.RegisterOrReuse(m.dbSizeQuota)
 	m.revision = qcpmetrics.RegisterOrReuse(m.revision)
@@ -124,6 +143,29 @@ func (m *Metrics) ObserveCertificates(owner client.Object, expiries []controlpla
 
 // memberGauge is a gauge by member: the owner, and the member's ID in
 // hexadecimal as status.etcd.members gives it.
+func ownerGauge(name, help string) *prometheus.GaugeVec {
+	return prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: name, Help: help}, []string{"namespace", "name"})
+}
+
+// backupSucceeded records a verified snapshot of owner that took took.
+func (m *Metrics) backupSucceeded(owner client.Object, man backup.Manifest, took time.Duration) {
+	if m == nil {
+		return
+	}
+	ns, name := owner.GetNamespace(), owner.GetName()
+	m.backupLastSuccess.WithLabelValues(ns, name).Set(float64(man.Started.Unix()))
+	m.backupDuration.WithLabelValues(ns, name).Set(took.Seconds())
+	m.backupSize.WithLabelValues(ns, name).Set(float64(man.Size))
+}
+
+// backupFailed counts a failed snapshot of owner.
+func (m *Metrics) backupFailed(owner client.Object) {
+	if m == nil {
+		return
+	}
+	m.backupFailures.WithLabelValues(owner.GetNamespace(), owner.GetName()).Inc()
+}
+
 func memberGauge(name, help string) *prometheus.GaugeVec {
 	return prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: name, Help: help}, []string{"namespace", "name", "member"})
 }

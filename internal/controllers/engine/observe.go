@@ -56,6 +56,11 @@ type Observation struct {
 	Authority     *agent.Authority
 	AuthorityKind agent.AuthorityKind
 	AuthorityWant string
+	// Backup is the owner's backup configuration with its Secrets read;
+	// BackupErr is why it cannot be used. Both are nil without
+	// spec.backup.
+	Backup    *BackupConfig
+	BackupErr error
 }
 
 // PlannerMachine is what every owner's machine tells the planner: where it

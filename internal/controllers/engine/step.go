@@ -81,7 +81,7 @@ func (s *Stepper) Take(ctx context.Context, st Step) (acted, replan bool, err er
 	if d.Kind == quorum.CreateMachine {
 		err = st.CreateMachine(ctx, fresh)
 	} else {
-		err = Executor{Client: s.Client, Etcd: fresh.Etcd, AgentTLS: fresh.AgentTLS, EtcdClientPair: fresh.EtcdClientPair, Authority: fresh.Authority, AuthorityKind: fresh.AuthorityKind, Owner: st.Owner, Now: s.Now, Failpoints: s.Failpoints}.Execute(ctx, d, fresh.Machine(d.Machine))
+		err = Executor{Client: s.Client, Etcd: fresh.Etcd, AgentTLS: fresh.AgentTLS, EtcdClientPair: fresh.EtcdClientPair, Authority: fresh.Authority, AuthorityKind: fresh.AuthorityKind, Owner: st.Owner, Now: s.Now, Failpoints: s.Failpoints, Backup: fresh.Backup, Metrics: s.Metrics}.Execute(ctx, d, fresh.Machine(d.Machine))
 	}
 	var learnerAdded time.Time
 	if m := fresh.Machine(d.Machine); m != nil {

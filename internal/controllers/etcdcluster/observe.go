@@ -46,6 +46,7 @@ func (r *Reconciler) observe(ctx context.Context, cluster *clusterv1.Cluster, ec
 		obs.AgentTLS = obs.Etcd.TLSConfig()
 	}
 	obs.Members = r.catchUp.Observe(obs.Members, r.Now())
+	obs.Backup, obs.BackupErr = engine.LoadBackup(ctx, r.Client, ec, "EtcdCluster", ec.Spec.Backup)
 	obs.build(ec, cluster, r.Now(), r.tunables(ec))
 	return obs, nil
 }
@@ -79,6 +80,7 @@ func (o *observation) build(ec *etcdv1.EtcdCluster, cluster *clusterv1.Cluster, 
 		Tunables:          tun,
 	}
 	engine.ReadCompaction(ec, &s)
+	engine.ReadBackupDue(ec, o.Backup, &s)
 	for _, m := range o.Machines {
 		pm := engine.PlannerMachine(m, len(o.rollout.outdated(m)) == 0)
 		mb, ok := o.MemberOn(m)

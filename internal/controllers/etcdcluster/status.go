@@ -61,6 +61,7 @@ func setStatus(ec *etcdv1.EtcdCluster, obs *observation, d quorum.Decision, acte
 	engine.SetEtcdHealthy(ec, &obs.Observation, d)
 	engine.SetScaling(ec, &obs.Observation, desired, d)
 	engine.SetRollingOut(ec, &obs.Observation, obs.rollout.outdated, d)
+	engine.SetBackupStatus(ec, ec.Spec.Backup, &obs.Observation, &ec.Status.Backup)
 	conditions.Set(ec, metav1.Condition{Type: etcdv1.DeletingCondition, Status: metav1.ConditionFalse, Reason: controlplanev1.NotDeletingReason})
 }
 
