@@ -56,6 +56,10 @@ func raiseQuota(w *world) {
 	}
 }
 
+// backupsConfigured turns backups on, with no recent snapshot: risky steps
+// take one first.
+func backupsConfigured(w *world) { w.backupConfigured = true }
+
 // backupDue has the backup schedule ask for a snapshot.
 func backupDue(w *world) { w.backupDue = true }
 
@@ -155,6 +159,13 @@ func initialWorlds(n int) map[string]world {
 		// Issue 7 item 3: a scale-down victim must wait while another
 		// voter is down, or one more failure loses quorum.
 		ws["scale down from 5 with a member down"] = healthyWorld(3, 5).with(crash(4)).with(func(w *world) { w.machines[1].deleting = true })
+		ws["scale down from 5, backups configured"] = healthyWorld(3, 5).with(backupsConfigured)
+		ws["outdated machines, maxSurge 0, backups configured"] = healthy.with(backupsConfigured).with(func(w *world) {
+			w.strategy = RemoveFirst
+			for i := range w.machines {
+				w.machines[i].upToDate = false
+			}
+		})
 	}
 	if n >= 3 {
 		ws["one failure domain becomes three"] = healthy.with(func(w *world) {

@@ -62,6 +62,37 @@ func (p planner) takeSnapshot() (Decision, bool) {
 		Reason: fmt.Sprintf("taking a scheduled backup from member %s (%s)", p.memberName(m), role)}, true
 }
 
+// backupBeforeRisky holds a risky step (what) until a verified snapshot
+// younger than Backup.MaxAgeBeforeRisky exists, and takes one if none
+// does. It returns false, letting the step go, when backups are not
+// configured or the snapshot is recent enough.
+func (p planner) backupBeforeRisky(what string) (Decision, bool) {
+	b := p.Backup
+	if !b.Configured || (!b.LastVerified.IsZero() && p.since(b.LastVerified) < b.MaxAgeBeforeRisky) {
+		return Decision{}, false
+	}
+	age := "there is none"
+	if !b.LastVerified.IsZero() {
+		age = fmt.Sprintf("the newest verified one is %s old (maxAgeBeforeRiskyChangeSeconds: %s)", roundDuration(p.since(b.LastVerified)), b.MaxAgeBeforeRisky)
+	}
+	switch {
+	case b.Problem != "":
+		return waitf("waiting for a backup before %s (%s), and none can be taken: %s", what, age, b.Problem), true
+	case p.Now.Before(b.RetryAt):
+		return waitf("waiting for a backup before %s (%s); the last attempt failed, the next is at %s", what, age, b.RetryAt.UTC().Format(time.RFC3339)), true
+	}
+	if d, ok := p.waitForDisrupted("taking a backup before " + what); ok {
+		return d, true
+	}
+	m, ok := p.snapshotSource()
+	if !ok {
+		return waitf("waiting for a healthy follower to take a backup from before %s (%s)", what, age), true
+	}
+	mc, _ := p.machineOf(m)
+	return Decision{Kind: Snapshot, MemberID: m.ID, Machine: mc.Name,
+		Reason: fmt.Sprintf("taking a backup from member %s before %s: %s", p.memberName(m), what, age)}, true
+}
+
 // snapshotSource is the member a snapshot is taken from: a healthy,
 // started follower on a machine (the first by name), or the only voter.
 func (v view) snapshotSource() (Member, bool) {

@@ -384,3 +384,50 @@ func TestTakeSnapshot(t *testing.T) {
 			cluster(3, 3), Wait, "", "nothing to do"},
 	})
 }
+
+// TestBackupBeforeRiskyChange is issue 35's second table: with backups
+// configured, a rollout's first machine and a scale-down wait for a
+// verified snapshot younger than MaxAgeBeforeRisky, taking one if none is;
+// remediation never waits; and a wait names why no snapshot can be had.
+func TestBackupBeforeRiskyChange(t *testing.T) {
+	configured := func(s *State) { s.Backup.Configured, s.Backup.MaxAgeBeforeRisky = true, time.Hour }
+	outdated := func(s *State) {
+		for i := range s.Machines {
+			s.Machines[i].UpToDate = false
+		}
+	}
+	fresh := func(s *State) { s.Backup.LastVerified = s.Now.Add(-10 * time.Minute) }
+	stale := func(s *State) { s.Backup.LastVerified = s.Now.Add(-2 * time.Hour) }
+	runPlanCases(t, []planCase{
+		{"a rollout's first machine waits for a snapshot, taken from a follower",
+			edit(cluster(3, 3), func(s *State) { configured(s); outdated(s) }), Snapshot, "2", "before rolling out the first machine: there is none"},
+		{"a snapshot too old is taken again",
+			edit(cluster(3, 3), func(s *State) { configured(s); outdated(s); stale(s) }), Snapshot, "2", "the newest verified one is 2h0m0s old"},
+		{"a recent snapshot lets the rollout go",
+			edit(cluster(3, 3), func(s *State) { configured(s); outdated(s); fresh(s) }), CreateMachine, "", "replacing outdated machine"},
+		{"without backups the rollout goes",
+			edit(cluster(3, 3), outdated), CreateMachine, "", "replacing outdated machine"},
+		{"maxSurge 0: the first deletion waits too",
+			edit(cluster(3, 3), func(s *State) { configured(s); outdated(s); s.Strategy = RemoveFirst }), Snapshot, "2", "before rolling out the first machine"},
+		{"a later machine of the rollout does not wait",
+			edit(cluster(3, 4), func(s *State) {
+				configured(s)
+				outdated(s)
+				s.Machines[3].UpToDate = true
+				s.Members[0].Leader, s.Members[1].Leader = false, true
+			}),
+			DeleteMachine, "m-01", "outdated"},
+		{"a scale-down waits for a snapshot",
+			edit(cluster(3, 5), configured), Snapshot, "2", "before scaling down"},
+		{"a scale-down with a recent snapshot goes",
+			edit(cluster(3, 5), func(s *State) { configured(s); fresh(s) }), MoveLeader, "2", "before m-01 leaves"},
+		{"remediation never waits for a backup",
+			edit(cluster(3, 3), func(s *State) { configured(s); s.Machines[2].Remediate = true }), CreateMachine, "", "remediating"},
+		{"no snapshot can be taken: the wait says why",
+			edit(cluster(3, 3), func(s *State) { configured(s); outdated(s); s.Backup.Problem = "Secret ns/s3 does not exist" }),
+			Wait, "", "none can be taken: Secret ns/s3 does not exist"},
+		{"after a failure the next attempt waits its turn",
+			edit(cluster(3, 3), func(s *State) { configured(s); outdated(s); s.Backup.RetryAt = s.Now.Add(30 * time.Second) }),
+			Wait, "", "the last attempt failed, the next is at"},
+	})
+}

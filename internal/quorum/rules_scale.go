@@ -27,6 +27,11 @@ func (p planner) createMachine() (Decision, bool) {
 			reason = fmt.Sprintf("rebalancing: moving machine %s, as %s", victim.Name, misplaced)
 		}
 		if p.Strategy == RemoveFirst {
+			if !victim.Remediate && len(outdated) == len(keep) {
+				if d, ok := p.backupBeforeRisky("rolling out the first machine"); ok {
+					return d, true
+				}
+			}
 			return p.deleteVoterMachine(victim, reason+", deleting it first (maxSurge 0)")
 		}
 	default:
@@ -34,6 +39,13 @@ func (p planner) createMachine() (Decision, bool) {
 	}
 	if d, ok := p.waitForMachineBudget(leaving != nil); ok {
 		return d, true
+	}
+	// A rollout's first machine waits for a recent backup; remediation
+	// never does (it is urgent, and keeps quorum by itself).
+	if leaving != nil && !leaving.Remediate && !slices.ContainsFunc(keep, func(mc Machine) bool { return !p.outdated(mc) }) {
+		if d, ok := p.backupBeforeRisky("rolling out the first machine"); ok {
+			return d, true
+		}
 	}
 	// I4: one creation at a time, and only one learner (etcd's own limit).
 	if prov := p.provisioning(); len(prov) > 0 {
@@ -129,6 +141,14 @@ func (p planner) scaleDown() (Decision, bool) {
 		return Decision{}, false
 	}
 	victim := p.scaleDownVictim(keep)
+	// A scale-down waits for a recent backup; the deletion that ends a
+	// rollout's surge (an outdated machine, once a machine is up to date)
+	// is the rollout's, which waited before its first machine.
+	if !victim.Remediate && (!p.outdated(victim) || !slices.ContainsFunc(keep, func(mc Machine) bool { return !p.outdated(mc) })) {
+		if d, ok := p.backupBeforeRisky("scaling down"); ok {
+			return d, true
+		}
+	}
 	return p.deleteVoterMachine(victim, fmt.Sprintf("scaling down: %d of %d machines; deleting %s (%s)", len(keep), p.Desired, victim.Name, p.victimClass(victim)))
 }
 

@@ -515,7 +515,22 @@ func (m Member) Voter() bool { return !m.Learner }
 
 // BackupState is the caller's verdict on the backups.
 type BackupState struct {
-	// Due: backups are configured, their store and Secrets can be read,
-	// and the schedule says a snapshot is due.
+	// Configured: spec.backup is set, so risky steps wait for a recent
+	// verified snapshot.
+	Configured bool
+	// Problem is why no snapshot can be taken now (a missing Secret, a
+	// schedule that does not parse); empty when one can.
+	Problem string
+	// Due: the schedule says a snapshot is due (and none can be without
+	// Configured and an empty Problem).
 	Due bool
+	// LastVerified is when the newest verified snapshot was started; zero
+	// when there is none.
+	LastVerified time.Time
+	// MaxAgeBeforeRisky is how old that snapshot may be for a risky step
+	// (the first machine of a rollout, a scale-down) to go ahead.
+	MaxAgeBeforeRisky time.Duration
+	// RetryAt is when a snapshot may be tried again after a failure; zero
+	// when the last attempt succeeded.
+	RetryAt time.Time
 }

@@ -34,8 +34,10 @@ type world struct {
 	// with oldQuota still run with worldQuota until QCP restarts them.
 	quotaRaised bool
 	// backupDue: the backup schedule says a snapshot is due
-	// (State.Backup.Due), until QCP takes one.
-	backupDue bool
+	// (State.Backup.Due), until QCP takes one. backupConfigured: risky
+	// steps wait for a recent verified snapshot, which backupFresh says
+	// exists (taken within the world's time, which never outlives it).
+	backupDue, backupConfigured, backupFresh bool
 }
 
 // The backend quota of the world's etcd, and the database sizes its
@@ -157,6 +159,10 @@ func (w world) state() State {
 		s.QuotaBackendBytes = worldRaisedQuota
 	}
 	s.Backup.Due = w.backupDue
+	s.Backup.Configured, s.Backup.MaxAgeBeforeRisky = w.backupConfigured, time.Hour
+	if w.backupFresh {
+		s.Backup.LastVerified = now.Add(-time.Minute)
+	}
 	if w.compacted {
 		s.CompactedRevision, s.CompactedAt = worldRevision-DefaultCompactionRetention, at(w.compactAt)
 	}
@@ -323,7 +329,7 @@ func (w world) apply(d Decision) world {
 	case Snapshot:
 		// Streamed, stored and verified within the step; the member
 		// serves on.
-		w.backupDue = false
+		w.backupDue, w.backupFresh = false, true
 	case AddHook:
 		w.machine(d.Machine).hook = true
 	case RemoveHook:
@@ -522,7 +528,7 @@ func (w world) key() string {
 	b = strconv.AppendBool(b, w.bootstrapped)
 	b = strconv.AppendBool(b, w.compacted)
 	b = strconv.AppendBool(b, w.quotaRaised)
-	b = strconv.AppendBool(b, w.backupDue)
+	b = append(b, bits(w.backupDue, w.backupConfigured, w.backupFresh)...)
 	b = append(b, strings.Join(w.domains, ",")...)
 	b = append(b, '|')
 	for _, mc := range w.machines {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"path/filepath"
@@ -43,11 +44,15 @@ const backupKeep = 2
 //     opened, and its ciphertext does not restore;
 //   - status.backup and BackupsHealthy report the last one;
 //   - a missing credentials Secret and a wrong bucket each turn
-//     BackupsHealthy False, naming the fault, and a fixed spec heals it.
+//     BackupsHealthy False, naming the fault, and a fixed spec heals it;
+//   - with the schedule at a day, a version upgrade creates its first new
+//     machine only after a snapshot started after the upgrade was asked
+//     for was verified, and a scale-down to one deletes its first machine
+//     only after another such snapshot.
 func TestBackups(t *testing.T) {
 	mgmt := requireShared(t)
-	testkit.RequireBinaries(t, "versitygw")
-	parallel(t, 3*time.Minute)
+	testkit.RequireBinaries(t, "versitygw", "kube-previous")
+	parallel(t, 5*time.Minute)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	name := "backup"
@@ -86,7 +91,10 @@ func TestBackups(t *testing.T) {
 		Retention:  controlplanev1.BackupRetention{KeepLast: ptr.To[int32](backupKeep)},
 		Encryption: &controlplanev1.BackupEncryption{KeySecret: name + "-key"},
 	}
-	s := newScenario(t, mgmt, name, 3, func(cp *controlplanev1.QuorumControlPlane) { cp.Spec.Backup = spec.DeepCopy() })
+	s := newScenario(t, mgmt, name, 3, withoutAutorepair, func(cp *controlplanev1.QuorumControlPlane) {
+		cp.Spec.Version = binaries.PreviousKubeVersion
+		cp.Spec.Backup = spec.DeepCopy()
+	})
 	s.waitAvailable(convergeTimeout, 3)
 	s.startTraffic(3)
 	s.waitWrites(20)
@@ -183,6 +191,123 @@ func TestBackups(t *testing.T) {
 	s.eventually(time.Minute, "BackupsHealthy naming the missing bucket", s.backupsHealthy(metav1.ConditionFalse, "NoSuchBucket"))
 	s.setBackup(ctx, func(b *controlplanev1.BackupSpec) { b.Target.Bucket = "backups" })
 	s.eventually(2*time.Minute, "BackupsHealthy True again", s.backupsHealthy(metav1.ConditionTrue, "was verified"))
+
+	// Risky steps: the schedule at a day, and a snapshot counts for them
+	// for 10 s, which the last scheduled one has outlived once the upgrade
+	// is asked for.
+	s.setBackup(ctx, func(b *controlplanev1.BackupSpec) {
+		b.Schedule.IntervalSeconds, b.MaxAgeBeforeRiskyChangeSeconds = ptr.To[int32](86400), ptr.To[int32](10)
+	})
+	s.startTraffic(3)
+	s.riskyStepAfterBackup(ctx, store, "upgrading", func() {
+		s.patchControlPlane(ctx, func(cp *controlplanev1.QuorumControlPlane) { cp.Spec.Version = version })
+	}, func(ctx context.Context, _ time.Time) (time.Time, error) {
+		ms, err := s.machines(ctx)
+		if err != nil {
+			return time.Time{}, err
+		}
+		var first time.Time
+		for _, m := range ms {
+			if at := m.CreationTimestamp.Time; m.Spec.Version == version && (first.IsZero() || at.Before(first)) {
+				first = at
+			}
+		}
+		if first.IsZero() {
+			return first, errors.New("no machine of the new version yet")
+		}
+		return first, nil
+	})
+	s.eventually(10*time.Minute, "every machine upgraded", func(ctx context.Context) error {
+		ms, err := s.machines(ctx)
+		if err != nil {
+			return err
+		}
+		for _, m := range ms {
+			if m.Spec.Version != version || !m.DeletionTimestamp.IsZero() {
+				return fmt.Errorf("machine %s runs %s (deleting: %v)", m.Name, m.Spec.Version, !m.DeletionTimestamp.IsZero())
+			}
+		}
+		if len(ms) != 3 {
+			return fmt.Errorf("%d machines", len(ms))
+		}
+		return nil
+	})
+	s.waitAvailable(3*time.Minute, 3)
+	s.riskyStepAfterBackup(ctx, store, "scaling down", func() { s.scale(ctx, 1) }, func(_ context.Context, asked time.Time) (time.Time, error) {
+		if at, ok := s.bound.firstDeletion(asked); ok {
+			return at, nil
+		}
+		return time.Time{}, errors.New("no machine deleted yet")
+	})
+	s.waitAvailable(3*time.Minute, 1)
+	s.stopTraffic(ctx)
+}
+
+// riskyStepAfterBackup waits until the newest verified snapshot is older
+// than the 10 s a risky step takes it for, asks for the step (act), and
+// checks that the step's first change to a machine (firstChange says
+// when, given when the step was asked for) came only after a snapshot
+// started after the ask was verified.
+func (s *scenario) riskyStepAfterBackup(ctx context.Context, store *s3store.Store, what string, act func(), firstChange func(context.Context, time.Time) (time.Time, error)) {
+	s.t.Helper()
+	s.eventually(time.Minute, "the last snapshot older than 10 s", func(ctx context.Context) error {
+		cp, err := s.controlPlane(ctx)
+		if err != nil {
+			return err
+		}
+		if st := cp.Status.Backup; st == nil || st.LastSuccessful == nil || time.Since(st.LastSuccessful.Time.Time) < 11*time.Second {
+			return fmt.Errorf("status.backup %+v", st)
+		}
+		return nil
+	})
+	asked := time.Now()
+	act()
+	var verified time.Time
+	s.eventually(3*time.Minute, "a snapshot taken before "+what, func(ctx context.Context) error {
+		cp, err := s.controlPlane(ctx)
+		if err != nil {
+			return err
+		}
+		last := cp.Status.Backup.LastSuccessful
+		if last == nil || last.Time.Time.Before(asked) {
+			return fmt.Errorf("the newest verified snapshot began before %s was asked for: %+v", what, last)
+		}
+		m, err := readStoredManifest(ctx, store, last.Object)
+		if err != nil {
+			return err
+		}
+		verified = m.Verified.Time
+		return nil
+	})
+	s.eventually(3*time.Minute, "a machine changed by "+what, func(ctx context.Context) error {
+		first, err := firstChange(ctx, asked)
+		if err != nil {
+			return err
+		}
+		// Machine timestamps have whole seconds.
+		if first.Before(verified.Truncate(time.Second)) {
+			s.t.Errorf("%s changed its first machine at %s, before the snapshot it waits for was verified at %s", what, first, verified)
+		}
+		return nil
+	})
+}
+
+// readStoredManifest reads the manifest of snapshot object name.
+func readStoredManifest(ctx context.Context, store *s3store.Store, name string) (backup.Manifest, error) {
+	r, err := store.Get(ctx, backup.ManifestName(name))
+	if err != nil {
+		return backup.Manifest{}, err
+	}
+	defer r.Close()
+	b, err := io.ReadAll(r)
+	if err != nil {
+		return backup.Manifest{}, err
+	}
+	m, err := backup.DecodeManifest(b)
+	if err == nil && m.Verified == nil {
+		err = fmt.Errorf("manifest of %s without a verification", name)
+	}
+	return m, err
 }
 
 // setBackup changes the control plane's spec.backup.

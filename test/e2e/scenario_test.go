@@ -558,8 +558,10 @@ type machineBound struct {
 	// machines are the Machines as the watch last told them.
 	machines map[string]*clusterv1.Machine
 	// departed are the machines in the order they were first seen
-	// deleting (or gone).
-	departed []string
+	// deleting (or gone), and deletedAt their deletion timestamps (when
+	// first seen gone, for one whose deletion the watch missed).
+	departed  []string
+	deletedAt map[string]time.Time
 	// seen counts every machine ever sampled.
 	seen map[string]bool
 	// disruptions are, per start record of a disruption
@@ -576,7 +578,7 @@ func startMachineBound(s *scenario, desired, surge int) *machineBound {
 	s.t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	b := &machineBound{desired: desired, surge: surge, bound: desired + surge, cancel: cancel, done: make(chan struct{}),
-		machines: map[string]*clusterv1.Machine{}, seen: map[string]bool{}, disruptions: map[string][]string{}, open: map[string]bool{}}
+		machines: map[string]*clusterv1.Machine{}, seen: map[string]bool{}, deletedAt: map[string]time.Time{}, disruptions: map[string][]string{}, open: map[string]bool{}}
 	c, err := cache.New(s.mgmt.env.Config, cache.Options{
 		Scheme:               s.mgmt.env.Scheme,
 		DefaultNamespaces:    map[string]cache.Config{ns: {}},
@@ -635,6 +637,10 @@ func (b *machineBound) observe(obj any, deleted bool) {
 	}
 	if (deleted || !m.DeletionTimestamp.IsZero()) && !slices.Contains(b.departed, m.Name) {
 		b.departed = append(b.departed, m.Name)
+		b.deletedAt[m.Name] = m.DeletionTimestamp.Time
+		if m.DeletionTimestamp.IsZero() {
+			b.deletedAt[m.Name] = time.Now()
+		}
 	}
 	b.sampleLocked()
 }
@@ -689,6 +695,20 @@ func (b *machineBound) disruptionsOf(record string) ([]string, int) {
 }
 
 // departures returns the machines seen leaving so far, in order.
+// firstDeletion is the earliest deletion timestamp of a machine deleted
+// at or after since (whole seconds, as the API server stamps them).
+func (b *machineBound) firstDeletion(since time.Time) (time.Time, bool) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	var first time.Time
+	for _, at := range b.deletedAt {
+		if !at.Before(since.Truncate(time.Second)) && (first.IsZero() || at.Before(first)) {
+			first = at
+		}
+	}
+	return first, !first.IsZero()
+}
+
 func (b *machineBound) departures() []string {
 	b.mu.Lock()
 	defer b.mu.Unlock()

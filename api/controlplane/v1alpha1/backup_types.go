@@ -20,6 +20,14 @@ type BackupSpec struct {
 	// always kept.
 	// +optional
 	Retention BackupRetention `json:"retention,omitempty,omitzero"`
+	// maxAgeBeforeRiskyChangeSeconds: a rollout's first machine (a version
+	// upgrade, a template change, an etcd upgrade) and every scale-down
+	// wait until a verified snapshot younger than this exists, and take
+	// one if none does. Remediation never waits. Defaults to 3600.
+	// +optional
+	// +kubebuilder:validation:Minimum=10
+	// +kubebuilder:validation:Maximum=2592000
+	MaxAgeBeforeRiskyChangeSeconds *int32 `json:"maxAgeBeforeRiskyChangeSeconds,omitempty"`
 	// encryption encrypts each snapshot on its way to the store (age,
 	// X25519). A snapshot holds every Secret of the cluster; without
 	// encryption, the store's own protection is all it has.

@@ -168,6 +168,11 @@ func (in *BackupSpec) DeepCopyInto(out *BackupSpec) {
 	out.Target = in.Target
 	in.Schedule.DeepCopyInto(&out.Schedule)
 	in.Retention.DeepCopyInto(&out.Retention)
+	if in.MaxAgeBeforeRiskyChangeSeconds != nil {
+		in, out := &in.MaxAgeBeforeRiskyChangeSeconds, &out.MaxAgeBeforeRiskyChangeSeconds
+		*out = new(int32)
+		**out = **in
+	}
 	if in.Encryption != nil {
 		in, out := &in.Encryption, &out.Encryption
 		*out = new(BackupEncryption)

@@ -178,7 +178,7 @@ func (o *observation) build(cp *controlplanev1.QuorumControlPlane, cluster *clus
 		s.ExternalEtcdProblem = o.external.problem
 	}
 	engine.ReadCompaction(cp, &s)
-	engine.ReadBackupDue(cp, o.Backup, &s)
+	engine.ReadBackup(cp, backupSpecOf(cp, o.external != nil), o.Backup, o.BackupErr, &s)
 	noSpace := quorum.NoSpaceRaised(s)
 	o.remediationRefused, o.remediationNext = map[string]string{}, map[string]remediationData{}
 	for _, m := range o.Machines {
@@ -261,4 +261,13 @@ func (o *observation) node(m *clusterv1.Machine) *corev1.Node {
 // watch. The reconciler then polls instead of waiting for one.
 func (o *observation) inFlight() bool {
 	return (o.external == nil && o.MembershipInFlight()) || o.nodesDirect || (o.initialized && o.nodes == nil)
+}
+
+// backupSpecOf is cp's spec.backup, which only stacked etcd has (the
+// webhook refuses it on external etcd).
+func backupSpecOf(cp *controlplanev1.QuorumControlPlane, external bool) *controlplanev1.BackupSpec {
+	if external {
+		return nil
+	}
+	return cp.Spec.Backup
 }

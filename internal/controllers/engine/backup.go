@@ -155,10 +155,37 @@ func latest(a, b time.Time) time.Time {
 	return b
 }
 
-// ReadBackupDue sets s.Backup.Due: backups are configured, their
-// Secrets read, and the schedule's time has come.
-func ReadBackupDue(owner client.Object, cfg *BackupConfig, s *quorum.State) {
-	s.Backup.Due = cfg != nil && !s.Now.Before(BackupNext(owner, cfg))
+// defaultMaxAgeBeforeRisky is spec.backup.maxAgeBeforeRiskyChangeSeconds
+// when unset.
+const defaultMaxAgeBeforeRisky = time.Hour
+
+// ReadBackup sets s.Backup from spec.backup (nil: no backups), its
+// configuration (cfg, or cfgErr why it cannot be used) and the owner's
+// records: whether a snapshot is due, the newest verified one, when a
+// failed one may be tried again, and how old one may be for a risky step.
+func ReadBackup(owner client.Object, spec *controlplanev1.BackupSpec, cfg *BackupConfig, cfgErr error, s *quorum.State) {
+	if spec == nil {
+		return
+	}
+	b := &s.Backup
+	b.Configured, b.MaxAgeBeforeRisky = true, defaultMaxAgeBeforeRisky
+	if v := spec.MaxAgeBeforeRiskyChangeSeconds; v != nil {
+		b.MaxAgeBeforeRisky = time.Duration(*v) * time.Second
+	}
+	if ok := backupRecord(owner, BackupSucceededAnnotation); ok != nil {
+		b.LastVerified = ok.Time.Time
+	}
+	if failed := backupRecord(owner, BackupFailedAnnotation); failed != nil && !failed.Time.Time.Before(b.LastVerified) {
+		b.RetryAt = failed.Time.Add(BackupRetry)
+	}
+	switch {
+	case cfgErr != nil:
+		b.Problem = cfgErr.Error()
+	case cfg == nil:
+		b.Problem = "the backup configuration was not read"
+	default:
+		b.Due = !s.Now.Before(BackupNext(owner, cfg))
+	}
 }
 
 // BackupStatus is status.backup and the BackupsHealthy condition of an

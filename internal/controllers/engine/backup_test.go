@@ -40,15 +40,19 @@ func TestBackupScheduleAndStatus(t *testing.T) {
 	}
 	due := func(at time.Time) bool {
 		s := quorum.State{Now: at}
-		ReadBackupDue(owner, cfg, &s)
+		ReadBackup(owner, spec, cfg, nil, &s)
 		return s.Backup.Due
 	}
 	if !due(now) {
 		t.Error("no snapshot yet, and none due")
 	}
 	s := quorum.State{Now: now}
-	if ReadBackupDue(owner, nil, &s); s.Backup.Due {
-		t.Error("due without a configuration")
+	if ReadBackup(owner, spec, nil, errors.New("no Secret"), &s); s.Backup.Due || s.Backup.Problem != "no Secret" || !s.Backup.Configured {
+		t.Errorf("with a broken configuration: %+v", s.Backup)
+	}
+	s = quorum.State{Now: now}
+	if ReadBackup(owner, nil, nil, nil, &s); s.Backup.Configured || s.Backup.Due {
+		t.Errorf("without spec.backup: %+v", s.Backup)
 	}
 	if st, c := BackupStatus(owner, spec, cfg, nil); c.Status != metav1.ConditionUnknown || st.LastSuccessful != nil {
 		t.Errorf("before the first: %+v, %+v", st, c)
@@ -68,6 +72,10 @@ func TestBackupScheduleAndStatus(t *testing.T) {
 	record(BackupFailedAnnotation, controlplanev1.BackupRecord{Time: metav1.NewTime(failedAt), Message: "NoSuchBucket: the bucket does not exist"})
 	if due(failedAt.Add(30*time.Second)) || !due(failedAt.Add(BackupRetry)) {
 		t.Error("a failure does not hold the next attempt back by BackupRetry")
+	}
+	s = quorum.State{Now: failedAt}
+	if ReadBackup(owner, spec, cfg, nil, &s); !s.Backup.RetryAt.Equal(failedAt.Add(BackupRetry)) || !s.Backup.LastVerified.Equal(now) || s.Backup.MaxAgeBeforeRisky != time.Hour {
+		t.Errorf("after a failure: %+v", s.Backup)
 	}
 	if _, c := BackupStatus(owner, spec, cfg, nil); c.Status != metav1.ConditionFalse || c.Reason != controlplanev1.BackupFailedReason || !strings.Contains(c.Message, "NoSuchBucket") {
 		t.Errorf("after a failure: %+v", c)

@@ -80,7 +80,7 @@ func (o *observation) build(ec *etcdv1.EtcdCluster, cluster *clusterv1.Cluster, 
 		Tunables:          tun,
 	}
 	engine.ReadCompaction(ec, &s)
-	engine.ReadBackupDue(ec, o.Backup, &s)
+	engine.ReadBackup(ec, ec.Spec.Backup, o.Backup, o.BackupErr, &s)
 	for _, m := range o.Machines {
 		pm := engine.PlannerMachine(m, len(o.rollout.outdated(m)) == 0)
 		mb, ok := o.MemberOn(m)
