@@ -14,7 +14,6 @@ import (
 	"github.com/qcp-dev/qcp/internal/backup"
 	"github.com/qcp-dev/qcp/internal/backup/s3store"
 	"github.com/qcp-dev/qcp/internal/binaries"
-	"github.com/qcp-dev/qcp/internal/objectstore"
 	"github.com/qcp-dev/qcp/internal/testkit"
 )
 
@@ -29,18 +28,7 @@ func TestSnapshotStoreAndScratchRestore(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Minute)
 	defer cancel()
 	cl, ps, cli := testkit.StartEtcdCluster(ctx, t, "bk", 3)
-	srv, err := objectstore.Start(ctx, objectstore.Options{Dir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = srv.Stop() })
-	store, err := s3store.Open(s3store.Target{Endpoint: srv.Endpoint, Bucket: "backups", AccessKeyID: srv.AccessKeyID, SecretAccessKey: srv.SecretAccessKey, CA: srv.CA})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := store.MakeBucket(ctx); err != nil {
-		t.Fatal(err)
-	}
+	srv, store := testkit.StartObjectStore(t, "backups")
 	w, err := testkit.StartWriter(cl.Config(ps[0].ClientURL(), ps[1].ClientURL(), ps[2].ClientURL()), testkit.WriterOptions{})
 	if err != nil {
 		t.Fatal(err)

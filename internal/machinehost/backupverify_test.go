@@ -9,9 +9,7 @@ import (
 
 	"github.com/qcp-dev/qcp/internal/agent"
 	"github.com/qcp-dev/qcp/internal/backup"
-	"github.com/qcp-dev/qcp/internal/backup/s3store"
 	"github.com/qcp-dev/qcp/internal/bootstrap"
-	"github.com/qcp-dev/qcp/internal/objectstore"
 	"github.com/qcp-dev/qcp/internal/testkit"
 )
 
@@ -40,18 +38,7 @@ func TestBackupVerifyOnTheMachine(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	srv, err := objectstore.Start(ctx, objectstore.Options{Dir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = srv.Stop() })
-	store, err := s3store.Open(s3store.Target{Endpoint: srv.Endpoint, Bucket: "backups", AccessKeyID: srv.AccessKeyID, SecretAccessKey: srv.SecretAccessKey, CA: srv.CA})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := store.MakeBucket(ctx); err != nil {
-		t.Fatal(err)
-	}
+	srv, store := testkit.StartObjectStore(t, "backups")
 	members, err := cli.Members(ctx)
 	if err != nil {
 		t.Fatal(err)

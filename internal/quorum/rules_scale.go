@@ -27,7 +27,7 @@ func (p planner) createMachine() (Decision, bool) {
 			reason = fmt.Sprintf("rebalancing: moving machine %s, as %s", victim.Name, misplaced)
 		}
 		if p.Strategy == RemoveFirst {
-			if !victim.Remediate && len(outdated) == len(keep) {
+			if !victim.Remediate && !slices.ContainsFunc(keep, upToDate) {
 				if d, ok := p.backupBeforeRisky("rolling out the first machine"); ok {
 					return d, true
 				}
@@ -42,7 +42,7 @@ func (p planner) createMachine() (Decision, bool) {
 	}
 	// A rollout's first machine waits for a recent backup; remediation
 	// never does (it is urgent, and keeps quorum by itself).
-	if leaving != nil && !leaving.Remediate && !slices.ContainsFunc(keep, func(mc Machine) bool { return !p.outdated(mc) }) {
+	if leaving != nil && !leaving.Remediate && !slices.ContainsFunc(keep, upToDate) {
 		if d, ok := p.backupBeforeRisky("rolling out the first machine"); ok {
 			return d, true
 		}
@@ -144,7 +144,7 @@ func (p planner) scaleDown() (Decision, bool) {
 	// A scale-down waits for a recent backup; the deletion that ends a
 	// rollout's surge (an outdated machine, once a machine is up to date)
 	// is the rollout's, which waited before its first machine.
-	if !victim.Remediate && (!p.outdated(victim) || !slices.ContainsFunc(keep, func(mc Machine) bool { return !p.outdated(mc) })) {
+	if !victim.Remediate && (victim.UpToDate || !slices.ContainsFunc(keep, upToDate)) {
 		if d, ok := p.backupBeforeRisky("scaling down"); ok {
 			return d, true
 		}
@@ -309,3 +309,7 @@ func flags(f map[string]bool) string {
 	slices.Sort(on)
 	return "(" + strings.Join(on, ",") + ")"
 }
+
+// upToDate reports whether mc's spec is current (where it stands aside):
+// a rollout has begun once one kept machine is.
+func upToDate(mc Machine) bool { return mc.UpToDate && !mc.Remediate }

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -24,7 +25,6 @@ import (
 	"github.com/qcp-dev/qcp/internal/backup/s3store"
 	"github.com/qcp-dev/qcp/internal/binaries"
 	"github.com/qcp-dev/qcp/internal/controllers/engine"
-	"github.com/qcp-dev/qcp/internal/objectstore"
 	"github.com/qcp-dev/qcp/internal/testkit"
 )
 
@@ -52,21 +52,15 @@ const backupKeep = 2
 func TestBackups(t *testing.T) {
 	mgmt := requireShared(t)
 	testkit.RequireBinaries(t, "versitygw", "kube-previous")
-	parallel(t, 5*time.Minute)
+	parallel(t, 3*time.Minute+15*time.Second)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	name := "backup"
-	srv, err := objectstore.Start(ctx, objectstore.Options{Dir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = srv.Stop() })
-	target := s3store.Target{Endpoint: srv.Endpoint, Bucket: "backups", Prefix: "e2e", AccessKeyID: srv.AccessKeyID, SecretAccessKey: srv.SecretAccessKey, CA: srv.CA}
+	srv, _ := testkit.StartObjectStore(t, "backups")
+	target := testkit.StoreTarget(srv, "backups")
+	target.Prefix = "e2e" // as spec.backup says below
 	store, err := s3store.Open(target)
 	if err != nil {
-		t.Fatal(err)
-	}
-	if err := store.MakeBucket(ctx); err != nil {
 		t.Fatal(err)
 	}
 	key, err := backup.NewKey()
@@ -195,8 +189,11 @@ func TestBackups(t *testing.T) {
 	// Risky steps: the schedule at a day, and a snapshot counts for them
 	// for 10 s, which the last scheduled one has outlived once the upgrade
 	// is asked for.
+	// Retention keeps them all now: the snapshot each step waited for must
+	// stay to be read.
 	s.setBackup(ctx, func(b *controlplanev1.BackupSpec) {
 		b.Schedule.IntervalSeconds, b.MaxAgeBeforeRiskyChangeSeconds = ptr.To[int32](86400), ptr.To[int32](10)
+		b.Retention.KeepLast = ptr.To[int32](100)
 	})
 	s.startTraffic(3)
 	s.riskyStepAfterBackup(ctx, store, "upgrading", func() {
@@ -241,6 +238,30 @@ func TestBackups(t *testing.T) {
 	})
 	s.waitAvailable(3*time.Minute, 1)
 	s.stopTraffic(ctx)
+	// Every status QCP wrote for the control plane passed the CRD's
+	// schema (status.lastOperation.kind once lacked Snapshot).
+	if lines := mgmt.invalidWrites("QuorumControlPlane " + ns + "/" + name); len(lines) > 0 {
+		t.Errorf("the API server refused %d writes of the control plane as invalid; the first: %s", len(lines), lines[0])
+	}
+}
+
+// invalidWrites are the lines of qcp-manager's logs where the API server
+// refused a write of object (kind namespace/name) as invalid.
+func (m *management) invalidWrites(object string) []string {
+	logs, _ := filepath.Glob(filepath.Join(m.env.Dir, "qcp-manager*.log"))
+	var found []string
+	for _, path := range logs {
+		b, err := os.ReadFile(path)
+		if err != nil {
+			continue
+		}
+		for line := range strings.Lines(string(b)) {
+			if strings.Contains(line, object) && strings.Contains(line, "is invalid") {
+				found = append(found, strings.TrimSpace(line))
+			}
+		}
+	}
+	return found
 }
 
 // riskyStepAfterBackup waits until the newest verified snapshot is older
@@ -262,21 +283,32 @@ func (s *scenario) riskyStepAfterBackup(ctx context.Context, store *s3store.Stor
 	})
 	asked := time.Now()
 	act()
+	// The first snapshot begun after the ask: a later one (the rollout's
+	// scale-down of its surge takes none, but a scale-down does) proves
+	// nothing about the order.
 	var verified time.Time
 	s.eventually(3*time.Minute, "a snapshot taken before "+what, func(ctx context.Context) error {
-		cp, err := s.controlPlane(ctx)
+		objs, err := store.List(ctx, backup.Dir(backup.ClusterRef{Namespace: ns, Kind: "QuorumControlPlane", Name: s.name}))
 		if err != nil {
 			return err
 		}
-		last := cp.Status.Backup.LastSuccessful
-		if last == nil || last.Time.Time.Before(asked) {
-			return fmt.Errorf("the newest verified snapshot began before %s was asked for: %+v", what, last)
+		var first *backup.Manifest
+		for _, o := range objs {
+			if !backup.IsManifest(o.Name) {
+				continue
+			}
+			m, err := readStoredManifest(ctx, store, strings.TrimSuffix(o.Name, ".json"))
+			if err != nil {
+				return err
+			}
+			if !m.Started.Before(asked) && (first == nil || m.Started.Before(first.Started)) {
+				first = &m
+			}
 		}
-		m, err := readStoredManifest(ctx, store, last.Object)
-		if err != nil {
-			return err
+		if first == nil {
+			return fmt.Errorf("no snapshot begun after %s was asked for at %s", what, asked)
 		}
-		verified = m.Verified.Time
+		verified = first.Verified.Time
 		return nil
 	})
 	s.eventually(3*time.Minute, "a machine changed by "+what, func(ctx context.Context) error {

@@ -181,7 +181,7 @@ type EtcdDatabaseStatus struct {
 
 // OperationKind is a step of the quorum engine. The values are the kinds of
 // internal/quorum's Decision.
-// +kubebuilder:validation:Enum=CreateMachine;AddLearner;Promote;MoveLeader;RemoveMember;AddHook;RemoveHook;DeleteMachine;DisarmAlarm;Defragment;Compact;RestartMember;RenewCertificates;SetAuthority;Wait;Degraded
+// +kubebuilder:validation:Enum=CreateMachine;AddLearner;Promote;MoveLeader;RemoveMember;AddHook;RemoveHook;DeleteMachine;DisarmAlarm;Defragment;Compact;RestartMember;RenewCertificates;SetAuthority;Snapshot;Wait;Degraded
 type OperationKind string
 
 // The quorum engine's steps; see internal/quorum for what each one does.
@@ -203,8 +203,10 @@ const (
 	// OperationSetAuthority brings a machine to a CA rotation's
 	// stage.
 	OperationSetAuthority OperationKind = "SetAuthority"
-	OperationWait         OperationKind = "Wait"
-	OperationDegraded     OperationKind = "Degraded"
+	// OperationSnapshot takes a verified etcd backup.
+	OperationSnapshot OperationKind = "Snapshot"
+	OperationWait     OperationKind = "Wait"
+	OperationDegraded OperationKind = "Degraded"
 )
 
 // LastOperation records the quorum engine's latest decision.

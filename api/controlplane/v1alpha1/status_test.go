@@ -29,6 +29,7 @@ func TestOperationKindsMatchQuorumKindsAndCRDEnum(t *testing.T) {
 		quorum.RestartMember:     controlplanev1.OperationRestartMember,
 		quorum.RenewCertificates: controlplanev1.OperationRenewCertificates,
 		quorum.SetAuthority:      controlplanev1.OperationSetAuthority,
+		quorum.Snapshot:          controlplanev1.OperationSnapshot,
 		quorum.Wait:              controlplanev1.OperationWait,
 		quorum.Degraded:          controlplanev1.OperationDegraded,
 	}
