@@ -190,7 +190,13 @@ func download(ctx context.Context, u string, ca []byte) (io.ReadCloser, error) {
 	}
 	resp, err := (&http.Client{Transport: tr}).Do(req)
 	if err != nil {
-		return nil, fmt.Errorf("downloading the snapshot: %w", err)
+		// Not the URL: its signature reads the snapshot, and the error
+		// ends up in the owner's status.
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		return nil, fmt.Errorf("downloading the snapshot from %s: %w", req.URL.Host, err)
 	}
 	if resp.StatusCode != http.StatusOK {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
