@@ -25,6 +25,7 @@ import (
 	"github.com/qcp-dev/qcp/internal/backup/s3store"
 	"github.com/qcp-dev/qcp/internal/binaries"
 	"github.com/qcp-dev/qcp/internal/controllers/engine"
+	"github.com/qcp-dev/qcp/internal/objectstore"
 	"github.com/qcp-dev/qcp/internal/testkit"
 )
 
@@ -43,12 +44,12 @@ const backupKeep = 2
 //     manifest's revision; without the key, or with another, it cannot be
 //     opened, and its ciphertext does not restore;
 //   - status.backup and BackupsHealthy report the last one;
-//   - a missing credentials Secret and a wrong bucket each turn
-//     BackupsHealthy False, naming the fault, and a fixed spec heals it;
 //   - with the schedule at a day, a version upgrade creates its first new
 //     machine only after a snapshot started after the upgrade was asked
 //     for was verified, and a scale-down to one deletes its first machine
-//     only after another such snapshot.
+//     only after another such snapshot;
+//   - a missing credentials Secret and a wrong bucket each turn
+//     BackupsHealthy False, naming the fault.
 func TestBackups(t *testing.T) {
 	mgmt := requireShared(t)
 	testkit.RequireBinaries(t, "versitygw", "kube-previous")
@@ -68,17 +69,12 @@ func TestBackups(t *testing.T) {
 		t.Fatal(err)
 	}
 	enc, _ := backup.ParseKey(key)
-	c := mgmt.env.Client
-	for _, sec := range []*corev1.Secret{
-		{ObjectMeta: metav1.ObjectMeta{Name: name + "-s3", Namespace: ns}, Data: map[string][]byte{
-			engine.BackupAccessKeyIDKey: []byte(srv.AccessKeyID), engine.BackupSecretAccessKeyKey: []byte(srv.SecretAccessKey), engine.BackupCAKey: srv.CA}},
-		{ObjectMeta: metav1.ObjectMeta{Name: name + "-key", Namespace: ns}, Data: map[string][]byte{engine.BackupEncryptionKeyKey: key}},
-	} {
-		if err := c.Create(ctx, sec); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = c.Delete(context.Background(), sec) })
+	storeSecret(t, mgmt, name+"-s3", srv)
+	keySecret := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name + "-key", Namespace: ns}, Data: map[string][]byte{engine.BackupEncryptionKeyKey: key}}
+	if err := mgmt.env.Client.Create(ctx, keySecret); err != nil {
+		t.Fatal(err)
 	}
+	t.Cleanup(func() { _ = mgmt.env.Client.Delete(context.Background(), keySecret) })
 	spec := &controlplanev1.BackupSpec{
 		Target:     controlplanev1.BackupTarget{Endpoint: srv.Endpoint, Bucket: "backups", Prefix: "e2e", CredentialsSecret: name + "-s3"},
 		Schedule:   controlplanev1.BackupSchedule{IntervalSeconds: ptr.To[int32](10)},
@@ -176,16 +172,6 @@ func TestBackups(t *testing.T) {
 		r.Close()
 	}
 
-	// Bad input: each fault is named in BackupsHealthy; a fixed spec heals.
-	s.setBackup(ctx, func(b *controlplanev1.BackupSpec) { b.Target.CredentialsSecret = name + "-missing" })
-	s.eventually(time.Minute, "BackupsHealthy naming the missing Secret", s.backupsHealthy(metav1.ConditionFalse, "Secret default/backup-missing (spec.backup.target.credentialsSecret) does not exist"))
-	s.setBackup(ctx, func(b *controlplanev1.BackupSpec) {
-		b.Target.CredentialsSecret, b.Target.Bucket, b.Schedule.IntervalSeconds = name+"-s3", "no-such-bucket", ptr.To[int32](10)
-	})
-	s.eventually(time.Minute, "BackupsHealthy naming the missing bucket", s.backupsHealthy(metav1.ConditionFalse, "NoSuchBucket"))
-	s.setBackup(ctx, func(b *controlplanev1.BackupSpec) { b.Target.Bucket = "backups" })
-	s.eventually(2*time.Minute, "BackupsHealthy True again", s.backupsHealthy(metav1.ConditionTrue, "was verified"))
-
 	// Risky steps: the schedule at a day, and a snapshot counts for them
 	// for 10 s, which the last scheduled one has outlived once the upgrade
 	// is asked for.
@@ -238,6 +224,15 @@ func TestBackups(t *testing.T) {
 	})
 	s.waitAvailable(3*time.Minute, 1)
 	s.stopTraffic(ctx)
+	// Bad input, last: each fault is named in BackupsHealthy, without
+	// waiting for the minute a failed attempt waits before the next (the
+	// recovery after a failure is TestBackupScheduleAndStatus's).
+	s.setBackup(ctx, func(b *controlplanev1.BackupSpec) { b.Target.CredentialsSecret = name + "-missing" })
+	s.eventually(time.Minute, "BackupsHealthy naming the missing Secret", s.backupsHealthy(metav1.ConditionFalse, "Secret default/backup-missing (spec.backup.target.credentialsSecret) does not exist"))
+	s.setBackup(ctx, func(b *controlplanev1.BackupSpec) {
+		b.Target.CredentialsSecret, b.Target.Bucket, b.Schedule.IntervalSeconds = name+"-s3", "no-such-bucket", ptr.To[int32](10)
+	})
+	s.eventually(time.Minute, "BackupsHealthy naming the missing bucket", s.backupsHealthy(metav1.ConditionFalse, "NoSuchBucket"))
 	// Every status QCP wrote for the control plane passed the CRD's
 	// schema (status.lastOperation.kind once lacked Snapshot).
 	if lines := mgmt.invalidWrites("QuorumControlPlane " + ns + "/" + name); len(lines) > 0 {
@@ -340,6 +335,18 @@ func readStoredManifest(ctx context.Context, store *s3store.Store, name string) 
 		err = fmt.Errorf("manifest of %s without a verification", name)
 	}
 	return m, err
+}
+
+// storeSecret creates Secret name with srv's credentials and CA, in
+// spec.backup.target.credentialsSecret's form, deleted when t ends.
+func storeSecret(t *testing.T, mgmt *management, name string, srv *objectstore.Server) {
+	t.Helper()
+	sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}, Data: map[string][]byte{
+		engine.BackupAccessKeyIDKey: []byte(srv.AccessKeyID), engine.BackupSecretAccessKeyKey: []byte(srv.SecretAccessKey), engine.BackupCAKey: srv.CA}}
+	if err := mgmt.env.Client.Create(t.Context(), sec); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = mgmt.env.Client.Delete(context.Background(), sec) })
 }
 
 // setBackup changes the control plane's spec.backup.

@@ -24,6 +24,7 @@ import (
 	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
 	etcdv1 "github.com/qcp-dev/qcp/api/etcd/v1alpha1"
 	infrav1 "github.com/qcp-dev/qcp/api/infrastructure/v1alpha1"
+	"github.com/qcp-dev/qcp/internal/backup/s3store"
 	"github.com/qcp-dev/qcp/internal/binaries"
 	"github.com/qcp-dev/qcp/internal/certs"
 	"github.com/qcp-dev/qcp/internal/cloudinit"
@@ -128,6 +129,32 @@ func (s *scenario) etcdCluster(ctx context.Context) (*etcdv1.EtcdCluster, error)
 	return ec, s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: s.name}, ec)
 }
 
+// etcdBackedUp waits for the EtcdCluster's first verified backup and checks
+// it: BackupsHealthy, status.backup, and its manifest in the store, taken
+// from a follower.
+func (s *scenario) etcdBackedUp(ctx context.Context, store *s3store.Store) {
+	s.t.Helper()
+	var last *controlplanev1.BackupRecord
+	s.eventually(2*time.Minute, "the EtcdCluster's first verified backup", func(ctx context.Context) error {
+		ec, err := s.etcdCluster(ctx)
+		if err != nil {
+			return err
+		}
+		if st := ec.Status.Backup; st == nil || st.LastSuccessful == nil || !conditions.IsTrue(ec, controlplanev1.BackupsHealthyCondition) {
+			return fmt.Errorf("status.backup %+v, BackupsHealthy %+v", ec.Status.Backup, conditions.Get(ec, controlplanev1.BackupsHealthyCondition))
+		}
+		last = ec.Status.Backup.LastSuccessful
+		return nil
+	})
+	m, err := readStoredManifest(ctx, store, last.Object)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	if m.Cluster.Kind != "EtcdCluster" || m.Cluster.Name != s.name || m.Revision != last.Revision || m.TakenFrom == m.Leader {
+		s.t.Errorf("manifest %+v; want the EtcdCluster's, at revision %d, from a follower", m, last.Revision)
+	}
+}
+
 // waitEtcdReady waits until the EtcdCluster is ready with replicas healthy
 // voters on as many machines, its endpoints listing each, and returns it.
 func (s *scenario) waitEtcdReady(timeout time.Duration, replicas int) *etcdv1.EtcdCluster {
@@ -187,8 +214,16 @@ func (s *scenario) scaleEtcd(ctx context.Context, replicas int32) {
 func TestEtcdClusterCreateAndScale(t *testing.T) {
 	mgmt := requireShared(t)
 	parallel(t, 55*time.Second)
+	// Backed up (issue 35): the EtcdCluster's own path through the
+	// engine, and its scale-down below waits for a recent snapshot.
+	srv, store := testkit.StartObjectStore(t, "etcd-backups")
+	storeSecret(t, mgmt, "etcd-scale-s3", srv)
 	s := newEtcdScenario(t, mgmt, "etcd-scale", 3, 1, func(ec *etcdv1.EtcdCluster) {
 		ec.Annotations = map[string]string{clusterv1.PausedAnnotation: ""}
+		ec.Spec.Backup = &controlplanev1.BackupSpec{
+			Target:   controlplanev1.BackupTarget{Endpoint: srv.Endpoint, Bucket: "etcd-backups", CredentialsSecret: "etcd-scale-s3"},
+			Schedule: controlplanev1.BackupSchedule{IntervalSeconds: ptr.To[int32](3600)},
+		}
 	})
 	s.controlPlaneWaitsForEtcd(5 * time.Minute)
 	s.startTraffic(3)
@@ -230,6 +265,8 @@ func TestEtcdClusterCreateAndScale(t *testing.T) {
 			t.Errorf("endpoints %q do not list machine %s (%s)", ec.Status.Endpoints, m.Name, ip)
 		}
 	}
+
+	s.etcdBackedUp(ctx, store)
 
 	available := s.watchAvailable()
 	s.scaleEtcd(ctx, 5)
