@@ -120,12 +120,18 @@ func up(ctx context.Context, out io.Writer, g *globals, sample bool, addressRang
 	if err := applySample(ctx, c); err != nil {
 		return fmt.Errorf("the sample cluster was not created: %w", err)
 	}
+	if err := enableSampleBackups(ctx, c, dir); err != nil {
+		return fmt.Errorf("the sample cluster's backups were not set up: %w", err)
+	}
 	wctx, cancel := context.WithTimeout(ctx, sampleTimeout)
 	defer cancel()
 	if err := waitForSample(wctx, out, c, start); err != nil {
 		return fmt.Errorf("the sample control plane is not Available after %s (%w); the management cluster "+
 			"keeps running: inspect it with 'qcpctl describe cluster %s', stop it with 'qcpctl down'",
 			sampleTimeout, err, sampleCluster)
+	}
+	if err := waitForFirstBackup(ctx, out, c); err != nil {
+		return fmt.Errorf("the sample control plane is Available, but %w; inspect it with 'qcpctl describe cluster %s'", err, sampleCluster)
 	}
 	phase.end()
 	fmt.Fprintf(out, `
@@ -135,8 +141,9 @@ The sample control plane is Available: 3 etcd voters, one machine per failure do
                    qcpctl describe cluster %[1]s --watch
                    qcpctl scale %[1]s --replicas 5
                    qcpctl machine kill <a machine from describe>
+  Its backups:     hourly, to bucket %[2]s of the object store qcpctl runs (status.backup)
   Stop it all:     qcpctl down
-`, sampleCluster)
+`, sampleCluster, storeBucket)
 	return nil
 }
 
@@ -264,12 +271,16 @@ func serve(ctx context.Context, dir, addressRange, repository string) (err error
 	if err := os.WriteFile(filepath.Join(dir, pidFile), []byte(strconv.Itoa(os.Getpid())), 0o600); err != nil {
 		return err
 	}
-	env, err := localenv.Start(ctx, localenv.Options{Dir: dir, WithKubeadmBootstrap: true, Repository: repository})
+	store, err := startStore(ctx, dir)
 	if err != nil {
 		return err
 	}
+	env, err := localenv.Start(ctx, localenv.Options{Dir: dir, WithKubeadmBootstrap: true, Repository: repository})
+	if err != nil {
+		return errors.Join(err, store.Stop())
+	}
 	defer func() {
-		err = errors.Join(err, env.Stop())
+		err = errors.Join(err, env.Stop(), store.Stop())
 		_ = os.Remove(filepath.Join(dir, readyFile))
 		_ = os.Remove(filepath.Join(dir, pidFile))
 	}()

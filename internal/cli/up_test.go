@@ -52,13 +52,18 @@ func TestNewcomerTour(t *testing.T) {
 	// Clear of the default range, which a newcomer's make up uses.
 	out := q.must(12*time.Minute, "up", "--address-range", "127.25.0.0/16")
 	mgmt := filepath.Join(q.state, "kubeconfig")
-	for _, want := range []string{"export KUBECONFIG=" + mgmt, "The sample control plane is Available", "qcpctl kubeconfig demo"} {
+	for _, want := range []string{"export KUBECONFIG=" + mgmt, "The sample control plane is Available", "qcpctl kubeconfig demo", "The first backup is verified"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("qcpctl up printed no %q:\n%s", want, out)
 		}
 	}
 	serve := q.servePID()
 	checkUp(t, mgmt, q.bin, q.processes(serve))
+	// The sample backs up to the management cluster's own object store,
+	// which qcpctl down stops with the rest (checked below).
+	if !slices.ContainsFunc(q.processes(serve), func(p machinehost.Proc) bool { return strings.HasPrefix(p.Comm, "versitygw") }) {
+		t.Errorf("qcpctl up runs no object store: %v", q.processes(serve))
+	}
 	checkInstalledByClusterctl(t, mgmt)
 	workload := filepath.Join(t.TempDir(), "demo.kubeconfig")
 	q.must(time.Minute, "kubeconfig", "demo", "-o", workload)
@@ -406,7 +411,7 @@ func binDir(t *testing.T) string {
 	if err := testkit.BuildQCP(bin, "qcpctl", "qcp-manager", "qcp-agent"); err != nil {
 		t.Fatal(err)
 	}
-	for _, b := range [][2]string{{"etcd", binaries.EtcdVersion}, {"kube", binaries.KubeVersion}, {"capi-manager", binaries.CAPIVersion}, {"cabpk-manager", binaries.CAPIVersion}, {"clusterctl", binaries.CAPIVersion}} {
+	for _, b := range [][2]string{{"etcd", binaries.EtcdVersion}, {"kube", binaries.KubeVersion}, {"capi-manager", binaries.CAPIVersion}, {"cabpk-manager", binaries.CAPIVersion}, {"clusterctl", binaries.CAPIVersion}, {"versitygw", binaries.ObjectStoreVersion}} {
 		path, err := binaries.Path(b[0], b[1])
 		if err != nil {
 			t.Fatal(err)
