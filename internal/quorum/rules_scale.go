@@ -310,6 +310,6 @@ func flags(f map[string]bool) string {
 	return "(" + strings.Join(on, ",") + ")"
 }
 
-// upToDate reports whether mc's spec is current (where it stands aside):
-// a rollout has begun once one kept machine is.
+// upToDate reports whether mc's spec is current and no health check marked
+// it: a rollout has begun once one kept machine is.
 func upToDate(mc Machine) bool { return mc.UpToDate && !mc.Remediate }

@@ -637,9 +637,12 @@ func (b *machineBound) observe(obj any, deleted bool) {
 	}
 	if (deleted || !m.DeletionTimestamp.IsZero()) && !slices.Contains(b.departed, m.Name) {
 		b.departed = append(b.departed, m.Name)
-		b.deletedAt[m.Name] = m.DeletionTimestamp.Time
-		if m.DeletionTimestamp.IsZero() {
-			b.deletedAt[m.Name] = time.Now()
+		// A machine gone without its deletion seen (the watch missed it,
+		// or the object the informer last had predates it) has no
+		// timestamp: it is stamped now.
+		b.deletedAt[m.Name] = time.Now()
+		if !m.DeletionTimestamp.IsZero() {
+			b.deletedAt[m.Name] = m.DeletionTimestamp.Time
 		}
 	}
 	b.sampleLocked()
