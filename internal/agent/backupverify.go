@@ -139,7 +139,7 @@ func (a *machineCtx) verifyBackup(ctx context.Context, req BackupVerifyRequest) 
 	if err != nil {
 		return BackupVerifyResult{}, err
 	}
-	restored, err := backup.ScratchRestore(ctx, a.bins["etcd"], dir, &checkAtEOF{r: plain, counted: counted, m: req.Manifest, body: body})
+	restored, err := backup.ScratchRestore(ctx, a.bins["etcd"], dir, &checkAtEOF{r: plain, counted: counted, m: req.Manifest})
 	if err != nil {
 		return BackupVerifyResult{}, err
 	}
@@ -157,7 +157,6 @@ type checkAtEOF struct {
 	r       io.Reader
 	counted *backup.Counter
 	m       backup.Manifest
-	body    io.Reader
 }
 
 func (c *checkAtEOF) Read(p []byte) (int, error) {
@@ -166,9 +165,8 @@ func (c *checkAtEOF) Read(p []byte) (int, error) {
 		if _, cerr := io.Copy(io.Discard, c.counted); cerr != nil {
 			return n, cerr
 		}
-		if c.counted.Size() != c.m.Size || c.counted.SHA256() != c.m.SHA256 {
-			return n, fmt.Errorf("snapshot %s downloaded is %d bytes with SHA-256 %s; its manifest says %d bytes with %s",
-				c.m.Snapshot, c.counted.Size(), c.counted.SHA256(), c.m.Size, c.m.SHA256)
+		if cerr := c.counted.Check(c.m); cerr != nil {
+			return n, cerr
 		}
 	}
 	return n, err

@@ -93,6 +93,9 @@ func Name(c ClusterRef, t time.Time, encrypted bool) string {
 // ManifestName is the name of the manifest of snapshot object name.
 func ManifestName(snapshot string) string { return snapshot + ".json" }
 
+// SnapshotOf is the snapshot object that manifest name describes.
+func SnapshotOf(manifest string) string { return strings.TrimSuffix(manifest, ".json") }
+
 // IsManifest reports whether object name is a manifest.
 func IsManifest(name string) bool { return strings.HasSuffix(name, ".json") }
 
@@ -215,6 +218,16 @@ func Open(r io.Reader, m Manifest, enc *Encryption) (io.Reader, error) {
 	return pr, nil
 }
 
+// Check compares the size and SHA-256 of what was read with the
+// manifest's.
+func (c *Counter) Check(m Manifest) error {
+	if c.Size() != m.Size || c.SHA256() != m.SHA256 {
+		return fmt.Errorf("snapshot %s read back is %d bytes with SHA-256 %s; its manifest says %d bytes with %s: the stored object is not what was written",
+			m.Snapshot, c.Size(), c.SHA256(), m.Size, m.SHA256)
+	}
+	return nil
+}
+
 // CheckStored reads a stored snapshot through and compares its size and
 // SHA-256 with the manifest's.
 func CheckStored(r io.Reader, m Manifest) error {
@@ -222,11 +235,7 @@ func CheckStored(r io.Reader, m Manifest) error {
 	if _, err := io.Copy(io.Discard, c); err != nil {
 		return fmt.Errorf("reading snapshot %s back: %w", m.Snapshot, err)
 	}
-	if c.Size() != m.Size || c.SHA256() != m.SHA256 {
-		return fmt.Errorf("snapshot %s read back is %d bytes with SHA-256 %s; its manifest says %d bytes with %s: the stored object is not what was written",
-			m.Snapshot, c.Size(), c.SHA256(), m.Size, m.SHA256)
-	}
-	return nil
+	return c.Check(m)
 }
 
 // Expired are the backups (manifests, any order) that retention removes:

@@ -283,20 +283,13 @@ func (s *scenario) riskyStepAfterBackup(ctx context.Context, store *s3store.Stor
 	// nothing about the order.
 	var verified time.Time
 	s.eventually(3*time.Minute, "a snapshot taken before "+what, func(ctx context.Context) error {
-		objs, err := store.List(ctx, backup.Dir(backup.ClusterRef{Namespace: ns, Kind: "QuorumControlPlane", Name: s.name}))
+		manifests, _, err := engine.StoredBackups(ctx, store, backup.ClusterRef{Namespace: ns, Kind: "QuorumControlPlane", Name: s.name})
 		if err != nil {
 			return err
 		}
 		var first *backup.Manifest
-		for _, o := range objs {
-			if !backup.IsManifest(o.Name) {
-				continue
-			}
-			m, err := readStoredManifest(ctx, store, strings.TrimSuffix(o.Name, ".json"))
-			if err != nil {
-				return err
-			}
-			if !m.Started.Before(asked) && (first == nil || m.Started.Before(first.Started)) {
+		for _, m := range manifests {
+			if !m.Started.Before(asked) && m.Verified != nil && (first == nil || m.Started.Before(first.Started)) {
 				first = &m
 			}
 		}
@@ -319,18 +312,10 @@ func (s *scenario) riskyStepAfterBackup(ctx context.Context, store *s3store.Stor
 	})
 }
 
-// readStoredManifest reads the manifest of snapshot object name.
+// readStoredManifest reads the manifest of snapshot object name, which
+// must record its verification.
 func readStoredManifest(ctx context.Context, store *s3store.Store, name string) (backup.Manifest, error) {
-	r, err := store.Get(ctx, backup.ManifestName(name))
-	if err != nil {
-		return backup.Manifest{}, err
-	}
-	defer r.Close()
-	b, err := io.ReadAll(r)
-	if err != nil {
-		return backup.Manifest{}, err
-	}
-	m, err := backup.DecodeManifest(b)
+	m, err := engine.ReadManifest(ctx, store, name)
 	if err == nil && m.Verified == nil {
 		err = fmt.Errorf("manifest of %s without a verification", name)
 	}
@@ -385,31 +370,13 @@ func (s *scenario) backupsHealthy(want metav1.ConditionStatus, says string) func
 // fails unless the store holds exactly backupKeep snapshots, each with its
 // manifest.
 func storedBackups(ctx context.Context, store *s3store.Store, name string) ([]backup.Manifest, error) {
-	objs, err := store.List(ctx, backup.Dir(backup.ClusterRef{Namespace: ns, Kind: "QuorumControlPlane", Name: name}))
+	manifests, objs, err := engine.StoredBackups(ctx, store, backup.ClusterRef{Namespace: ns, Kind: "QuorumControlPlane", Name: name})
 	if err != nil {
 		return nil, err
 	}
-	var manifests []backup.Manifest
 	var snapshots []string
 	for _, o := range objs {
-		if !backup.IsManifest(o.Name) {
-			snapshots = append(snapshots, o.Name)
-			continue
-		}
-		r, err := store.Get(ctx, o.Name)
-		if err != nil {
-			return nil, err
-		}
-		b, err := io.ReadAll(r)
-		r.Close()
-		if err != nil {
-			return nil, err
-		}
-		m, err := backup.DecodeManifest(b)
-		if err != nil {
-			return nil, fmt.Errorf("%s: %w", o.Name, err)
-		}
-		manifests = append(manifests, m)
+		snapshots = append(snapshots, o.Name)
 	}
 	if len(manifests) != backupKeep || len(snapshots) != backupKeep {
 		return nil, fmt.Errorf("the store holds %d manifests and the snapshots %v; retention keeps %d of each", len(manifests), snapshots, backupKeep)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"time"
 
@@ -330,29 +331,12 @@ func (x Executor) takeSnapshot(ctx context.Context, d quorum.Decision, machine *
 // removes snapshots without a manifest (uploads cut short) once they are
 // an hour old. It returns how many snapshots are kept.
 func prune(ctx context.Context, store *s3store.Store, cfg *BackupConfig, now time.Time) (int32, error) {
-	objs, err := store.List(ctx, backup.Dir(cfg.Owner))
-	if err != nil {
-		return 0, err
-	}
-	names := map[string]bool{}
-	for _, o := range objs {
-		names[o.Name] = true
-	}
-	var manifests []backup.Manifest
-	var errs []error
-	for _, o := range objs {
-		if !backup.IsManifest(o.Name) {
-			if !names[backup.ManifestName(o.Name)] && now.Sub(o.LastModified) > time.Hour {
-				errs = append(errs, store.Remove(ctx, o.Name))
-			}
-			continue
+	manifests, snapshots, err := StoredBackups(ctx, store, cfg.Owner)
+	errs := []error{err}
+	for _, o := range snapshots {
+		if !slices.ContainsFunc(manifests, func(m backup.Manifest) bool { return m.Snapshot == o.Name }) && now.Sub(o.LastModified) > time.Hour {
+			errs = append(errs, store.Remove(ctx, o.Name))
 		}
-		m, err := readManifest(ctx, store, o.Name)
-		if err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		manifests = append(manifests, m)
 	}
 	keep := int(0)
 	if k := cfg.Spec.Retention.KeepLast; k != nil {
@@ -374,7 +358,35 @@ func prune(ctx context.Context, store *s3store.Store, cfg *BackupConfig, now tim
 	return int32(len(manifests) - len(expired)), errors.Join(errs...)
 }
 
-func readManifest(ctx context.Context, store *s3store.Store, name string) (backup.Manifest, error) {
+// StoredBackups lists owner's backups in the store: the manifests, read,
+// and the snapshot objects, with a manifest or not. A manifest that cannot
+// be read is left out and named in the error.
+func StoredBackups(ctx context.Context, store *s3store.Store, owner backup.ClusterRef) ([]backup.Manifest, []s3store.Object, error) {
+	objs, err := store.List(ctx, backup.Dir(owner))
+	if err != nil {
+		return nil, nil, err
+	}
+	var manifests []backup.Manifest
+	var snapshots []s3store.Object
+	var errs []error
+	for _, o := range objs {
+		if !backup.IsManifest(o.Name) {
+			snapshots = append(snapshots, o)
+			continue
+		}
+		m, err := ReadManifest(ctx, store, backup.SnapshotOf(o.Name))
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		manifests = append(manifests, m)
+	}
+	return manifests, snapshots, errors.Join(errs...)
+}
+
+// ReadManifest reads the manifest of snapshot object snapshot.
+func ReadManifest(ctx context.Context, store *s3store.Store, snapshot string) (backup.Manifest, error) {
+	name := backup.ManifestName(snapshot)
 	r, err := store.Get(ctx, name)
 	if err != nil {
 		return backup.Manifest{}, err
