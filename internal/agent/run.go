@@ -245,6 +245,10 @@ func (a *machineCtx) startComponents(ctx context.Context) error {
 				return fmt.Errorf("joining etcd: %w", err)
 			}
 			state = "existing"
+		} else if a.doc.Etcd.Local.Restore != nil {
+			if err := a.restoreEtcd(ctx, initial); err != nil {
+				return fmt.Errorf("restoring etcd from a snapshot: %w", err)
+			}
 		}
 		a.sup.Start(ctx, a.etcdProcess(initial, state))
 		if state == "existing" {

@@ -59,7 +59,19 @@ type Manifest struct {
 	Finished time.Time `json:"finished"`
 	// Verified is set once the snapshot was read back and restored.
 	Verified *Verification `json:"verified,omitempty"`
+	// Authorities names the object that holds the cluster's certificate
+	// authorities (AuthoritiesName), stored only beside an encrypted
+	// snapshot, encrypted to the same key; AuthoritiesSHA256 is its
+	// SHA-256.
+	Authorities       string `json:"authorities,omitempty"`
+	AuthoritiesSHA256 string `json:"authoritiesSHA256,omitempty"`
 }
+
+// Authorities are a cluster's certificate authorities as a backup holds
+// them: each authority's Secret data, by its purpose (CAPI's Secret name
+// suffix: ca, etcd, proxy, sa), so that a cluster of another name can be
+// given them.
+type Authorities map[string]map[string][]byte
 
 // ClusterRef names the owner of a backup.
 type ClusterRef struct {
@@ -98,6 +110,13 @@ func SnapshotOf(manifest string) string { return strings.TrimSuffix(manifest, ".
 
 // IsManifest reports whether object name is a manifest.
 func IsManifest(name string) bool { return strings.HasSuffix(name, ".json") }
+
+// AuthoritiesName is the name of the authorities stored beside snapshot
+// object snapshot.
+func AuthoritiesName(snapshot string) string { return snapshot + ".authorities.age" }
+
+// IsAuthorities reports whether object name holds a backup's authorities.
+func IsAuthorities(name string) bool { return strings.HasSuffix(name, ".authorities.age") }
 
 // Encode is the manifest as stored.
 func (m Manifest) Encode() []byte {

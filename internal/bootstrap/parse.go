@@ -214,6 +214,9 @@ func (d *Document) validateEtcd() []FieldError {
 				add("etcd.local.initialCluster", err.Error(), "use name=https://host:2380,... as etcd's --initial-cluster")
 			}
 		}
+		if r := local.Restore; r != nil {
+			checkRestore(r, local.Mode, add)
+		}
 		if local.QuotaBackendBytes < 0 {
 			add("etcd.local.quotaBackendBytes", fmt.Sprintf("%d is negative", local.QuotaBackendBytes), "set etcd's backend quota in bytes, e.g. 8589934592 for 8 GiB, or remove the field for etcd's default of 2 GiB")
 		}
@@ -383,4 +386,25 @@ func checkInitialCluster(s string) error {
 		}
 	}
 	return nil
+}
+
+// checkRestore checks etcd.local.restore.
+func checkRestore(r *EtcdRestore, mode EtcdMode, add func(field, problem, fix string)) {
+	if mode != EtcdModeNew {
+		add("etcd.local.restore", "a restore is set, but mode is "+string(mode)+": only a new cluster starts from a snapshot", "set mode new, or remove etcd.local.restore")
+	}
+	if u, err := url.Parse(r.URL); err != nil || (u.Scheme != "https" && u.Scheme != "http") || u.Host == "" {
+		add("etcd.local.restore.url", "not an http(s) URL", "give the presigned URL of the snapshot object")
+	}
+	if r.CA != "" {
+		if _, err := certs.CertPool([]byte(r.CA)); err != nil {
+			add("etcd.local.restore.ca", err.Error(), "give the PEM certificates of the store's CA")
+		}
+	}
+	if r.Size <= 0 || len(r.SHA256) != 64 {
+		add("etcd.local.restore", "size and sha256 are required", "copy both from the snapshot's manifest")
+	}
+	if r.Revision <= 0 || r.BumpRevision <= 0 {
+		add("etcd.local.restore.bumpRevision", "revision and bumpRevision must be positive", "copy revision from the manifest, and bump it by 1000000000")
+	}
 }

@@ -111,6 +111,36 @@ type LocalEtcd struct {
 	// default (2 GiB). The agent's etcd settings file, written when the
 	// manager changes the quota of a running member, overrides it.
 	QuotaBackendBytes int64 `json:"quotaBackendBytes,omitempty"`
+	// Restore, with mode new, starts the cluster from a stored snapshot
+	// instead of empty: the agent restores it into the data directory
+	// before etcd's first start.
+	Restore *EtcdRestore `json:"restore,omitempty"`
+}
+
+// EtcdRestore is the snapshot a new etcd cluster starts from, and how to
+// read it. It carries no object-store credentials: URL is presigned, and
+// valid for a short time; a machine that starts after that fails its
+// bootstrap and is replaced, with a new URL.
+type EtcdRestore struct {
+	// URL reads the snapshot object (a presigned GET).
+	URL string `json:"url"`
+	// CA is the PEM bundle to trust for the store's certificate, if the
+	// host's roots do not cover it.
+	CA string `json:"ca,omitempty"`
+	// Snapshot names the object, for messages.
+	Snapshot string `json:"snapshot"`
+	// Size and SHA256 are the stored object's, from its manifest: the
+	// download must match both.
+	Size   int64  `json:"size"`
+	SHA256 string `json:"sha256"`
+	// Revision is the snapshot's revision, from its manifest.
+	Revision int64 `json:"revision"`
+	// Key is the age identity of an encrypted snapshot; empty when the
+	// snapshot is not encrypted.
+	Key string `json:"key,omitempty"`
+	// BumpRevision is added to the snapshot's revision (etcdutl snapshot
+	// restore --bump-revision, with --mark-compacted).
+	BumpRevision int64 `json:"bumpRevision"`
 }
 
 // ExternalEtcd is an etcd cluster the API server uses but this machine does

@@ -16,6 +16,7 @@ func Check(before State, d Decision, after State) error {
 	checks := []func(view, Decision, view) error{
 		checkQuorum, checkBounded, checkLearnersFirst, checkOneAtATime,
 		checkHooks, checkLeader, checkNoHeroics, checkRenewal, checkAuthority, checkSnapshotSource,
+		checkRestoreSource,
 	}
 	var errs []error
 	for _, c := range checks {
@@ -390,4 +391,14 @@ func checkSnapshotSource(b view, d Decision, _ view) error {
 		return fmt.Errorf("snapshot source: member %s is the leader, and the cluster has %d voters", idString(d.MemberID), len(b.voters()))
 	}
 	return nil
+}
+
+// checkRestoreSource: the first machine of a cluster that restores a
+// snapshot is created only once the snapshot was found and checked; one
+// created earlier would start from nothing, or from bad data.
+func checkRestoreSource(b view, d Decision, _ view) error {
+	if d.Kind != CreateMachine || !b.Restore.Requested || b.Restore.Problem == "" || len(b.members) > 0 || b.Bootstrapped {
+		return nil
+	}
+	return fmt.Errorf("restore source: the first machine was created while the snapshot cannot be restored (%s)", b.Restore.Problem)
 }

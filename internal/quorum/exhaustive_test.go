@@ -137,6 +137,11 @@ func initialWorlds(n int) map[string]world {
 	// a leaf move is like a renewal.
 	ws["etcd CA rotation: trust"] = healthy.with(rotationStage(AuthorityTrust))
 	ws["etcd CA rotation: leaves, a member down"] = healthy.with(rotationStage(AuthorityLeaves)).with(crash(n))
+	if n <= 3 {
+		// Issue 35: the first machine restores a snapshot, which it may
+		// only once the snapshot was found and checked.
+		ws["fresh, restoring a snapshot that cannot be used yet"] = world{desired: n, domains: threeDomains, epoch: 1, restore: true, restoreBad: true}
+	}
 	if n == 1 {
 		// Issue 28, hole 4: the first machine bootstrapped etcd, and is
 		// being deleted, before QCP ever read the member list (nothing
@@ -296,6 +301,8 @@ func TestExhaustiveCatchesBrokenPlanners(t *testing.T) {
 			"certificates due during a defragmentation"},
 		// Issue 35: a snapshot spares the leader.
 		{"taking snapshots from the leader", options{snapshotFromLeader: true}, []string{"snapshot source: member"}, "backup due"},
+		{"creating the first machine from a snapshot that cannot be used", options{restoreUnchecked: true}, []string{"restore source"},
+			"fresh, restoring a snapshot that cannot be used yet"},
 	}
 	t.Run("deleting a marked API server first while it serves again", func(t *testing.T) {
 		t.Parallel()

@@ -76,6 +76,9 @@ type options struct {
 	renewUnchecked bool
 	// snapshotFromLeader takes scheduled snapshots from the leader.
 	snapshotFromLeader bool
+	// restoreUnchecked creates a restoring first machine while its
+	// snapshot has a problem.
+	restoreUnchecked bool
 }
 
 // planner holds one observation; its methods are the rules.
@@ -212,6 +215,13 @@ func (p planner) bootstrap() (Decision, bool) {
 	switch live := p.keep(); len(live) {
 	case 0:
 		fd := p.nextFailureDomain(nil)
+		if r := p.Restore; r.Requested {
+			if r.Problem != "" && !p.opts.restoreUnchecked {
+				return waitf("waiting for a snapshot to restore before creating the first machine: %s", r.Problem), true
+			}
+			return Decision{Kind: CreateMachine, FailureDomain: fd,
+				Reason: "creating the first machine in failure domain " + quoteFD(fd) + "; it restores etcd from snapshot " + r.Snapshot}, true
+		}
 		return Decision{Kind: CreateMachine, FailureDomain: fd,
 			Reason: "creating the first machine in failure domain " + quoteFD(fd) + "; it bootstraps a new etcd cluster"}, true
 	case 1:

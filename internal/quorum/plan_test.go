@@ -40,6 +40,13 @@ func TestPlanDecisions(t *testing.T) {
 	runPlanCases(t, []planCase{
 		{"fresh cluster creates the first machine in the first domain",
 			cluster(3, 0, abc...), CreateMachine, "fd-a", "bootstraps a new etcd cluster"},
+		{"a restoring cluster's first machine waits for a snapshot it can use",
+			edit(cluster(3, 0, abc...), func(s *State) {
+				s.Restore = RestoreState{Requested: true, Problem: "Secret ns/creds does not exist"}
+			}), Wait, "", "waiting for a snapshot to restore before creating the first machine: Secret ns/creds does not exist"},
+		{"a restoring cluster's first machine restores the checked snapshot",
+			edit(cluster(3, 0, abc...), func(s *State) { s.Restore = RestoreState{Requested: true, Snapshot: "ns/x/old/1.db"} }),
+			CreateMachine, "fd-a", "it restores etcd from snapshot ns/x/old/1.db"},
 		{"first machine bootstraps on its own",
 			edit(cluster(3, 0), func(s *State) {
 				s.Machines = []Machine{{Name: "m-01", PeerURL: "https://x:2380", CreatedAt: s.Now.Add(-time.Minute)}}

@@ -255,6 +255,9 @@ type State struct {
 	CompactedAt       time.Time
 	// Now is the caller's clock; the planner never reads the system clock.
 	Now time.Time
+	// Restore is the snapshot a new cluster's first machine restores;
+	// zero when etcd starts empty.
+	Restore RestoreState
 	// Backup is what the caller knows of the backups; zero when none are
 	// configured.
 	Backup BackupState
@@ -512,6 +515,19 @@ func (m Member) Started() bool { return m.Name != "" }
 
 // Voter reports whether the member votes.
 func (m Member) Voter() bool { return !m.Learner }
+
+// RestoreState is the caller's verdict on the snapshot a new cluster
+// restores (spec.restore).
+type RestoreState struct {
+	// Requested: etcd is to start from a snapshot, not empty.
+	Requested bool
+	// Snapshot names the snapshot found and checked.
+	Snapshot string
+	// Problem is why the snapshot cannot be restored now (a missing
+	// Secret, no verified snapshot, a checksum or a key that does not
+	// match); empty when it can.
+	Problem string
+}
 
 // BackupState is the caller's verdict on the backups.
 type BackupState struct {

@@ -38,6 +38,10 @@ type world struct {
 	// steps wait for a recent verified snapshot, which backupFresh says
 	// exists (taken within the world's time, which never outlives it).
 	backupDue, backupConfigured, backupFresh bool
+	// restore: the first machine restores a snapshot (State.Restore),
+	// until etcd has a member; restoreBad: the snapshot cannot be used
+	// yet, until the user fixes it while QCP waits.
+	restore, restoreBad bool
 }
 
 // The backend quota of the world's etcd, and the database sizes its
@@ -159,6 +163,12 @@ func (w world) state() State {
 		s.QuotaBackendBytes = worldRaisedQuota
 	}
 	s.Backup.Due = w.backupDue
+	if w.restore {
+		s.Restore = RestoreState{Requested: true, Snapshot: "ns/quorumcontrolplane/old/20261130T000000.000Z.db.age"}
+		if w.restoreBad {
+			s.Restore.Problem = "snapshot read back is not what its manifest says"
+		}
+	}
 	s.Backup.Configured, s.Backup.MaxAgeBeforeRisky = w.backupConfigured, time.Hour
 	if w.backupFresh {
 		s.Backup.LastVerified = now.Add(-time.Minute)
@@ -345,6 +355,7 @@ func (w world) apply(d Decision) world {
 // progress is what the rest of the world does while QCP waits.
 func (w *world) progress() {
 	w.epoch++
+	w.restoreBad = false
 	for i := range w.members {
 		m := &w.members[i]
 		mc := w.machine(machineName(m.host))
@@ -404,6 +415,7 @@ func (w *world) bootstrap() {
 	if mc.addr && !mc.broken && !mc.deleting && !mc.failed && !mc.slow && mc.memberID == 0 {
 		w.nextMember++
 		mc.memberID, w.bootstrapped = w.nextMember, true
+		w.restore, w.restoreBad = false, false // the caller resolves a restore only before etcd has a member
 		w.members = append(w.members, wMember{id: w.nextMember, host: mc.id, started: true, healthy: true, caughtUp: true, leader: true})
 	}
 }
@@ -528,7 +540,7 @@ func (w world) key() string {
 	b = strconv.AppendBool(b, w.bootstrapped)
 	b = strconv.AppendBool(b, w.compacted)
 	b = strconv.AppendBool(b, w.quotaRaised)
-	b = append(b, bits(w.backupDue, w.backupConfigured, w.backupFresh)...)
+	b = append(b, bits(w.backupDue, w.backupConfigured, w.backupFresh, w.restore, w.restoreBad)...)
 	b = append(b, strings.Join(w.domains, ",")...)
 	b = append(b, '|')
 	for _, mc := range w.machines {

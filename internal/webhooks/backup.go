@@ -1,6 +1,7 @@
 package webhooks
 
 import (
+	"k8s.io/apimachinery/pkg/api/equality"
 	"k8s.io/apimachinery/pkg/util/validation"
 	"k8s.io/apimachinery/pkg/util/validation/field"
 
@@ -47,4 +48,48 @@ func validateBackupStacked(qcp *controlplanev1.QuorumControlPlane) field.ErrorLi
 	}
 	return field.ErrorList{field.Forbidden(specPath.Child("backup"),
 		"this control plane's etcd is external, and its data belongs to whoever runs it: set spec.backup on its EtcdCluster, or back up the endpoints where they run; remove spec.backup here")}
+}
+
+// validateRestore checks spec.restore of a control plane: only with
+// stacked etcd, a store to read from (its own or spec.backup's), and no
+// change once the control plane exists. A restore is what etcd starts
+// from; added later it would mean nothing, and removed it would hide what
+// the cluster was built from.
+func validateRestore(old, qcp *controlplanev1.QuorumControlPlane) field.ErrorList {
+	path := specPath.Child("restore")
+	if old != nil && !equality.Semantic.DeepEqual(old.Spec.Restore, qcp.Spec.Restore) {
+		return field.ErrorList{field.Forbidden(path,
+			"spec.restore is fixed when the control plane is created: to build a cluster from a snapshot, create a new QuorumControlPlane with spec.restore.from")}
+	}
+	r := qcp.Spec.Restore
+	if r == nil || old != nil {
+		return nil
+	}
+	if !qcp.Spec.Etcd.IsStacked() {
+		return field.ErrorList{field.Forbidden(path,
+			"this control plane's etcd is external: restore its EtcdCluster (spec.restore there), or the endpoints where they run; remove spec.restore here")}
+	}
+	return validateRestoreSource(path.Child("from"), r.From, qcp.Spec.Backup)
+}
+
+// validateRestoreSource checks a restore's source against the owner's
+// spec.backup, whose target and key it falls back to.
+func validateRestoreSource(path *field.Path, from controlplanev1.RestoreSource, b *controlplanev1.BackupSpec) field.ErrorList {
+	var errs field.ErrorList
+	if (from.Cluster == "") == (from.Object == "") {
+		errs = append(errs, field.Required(path, "set exactly one of from.cluster (the newest verified snapshot of that cluster) and from.object (one snapshot, as status.backup names it)"))
+	}
+	switch t := from.Target; {
+	case t != nil:
+		if _, err := s3store.Open(s3store.Target{Endpoint: t.Endpoint, Bucket: t.Bucket, AccessKeyID: "-", SecretAccessKey: "-"}); err != nil {
+			errs = append(errs, field.Invalid(path.Child("target", "endpoint"), t.Endpoint, err.Error()))
+		}
+		errs = append(errs, secretName(path.Child("target", "credentialsSecret"), t.CredentialsSecret)...)
+	case b == nil:
+		errs = append(errs, field.Required(path.Child("target"), "name the object store to restore from, here or in spec.backup.target"))
+	}
+	if from.Encryption != nil {
+		errs = append(errs, secretName(path.Child("encryption", "keySecret"), from.Encryption.KeySecret)...)
+	}
+	return errs
 }

@@ -36,6 +36,7 @@ func Validate(old, qcp *controlplanev1.QuorumControlPlane) field.ErrorList {
 	errs = append(errs, validateRotation(old, qcp)...)
 	errs = append(errs, validateBackupStacked(qcp)...)
 	errs = append(errs, validateBackup(specPath.Child("backup"), spec.Backup)...)
+	errs = append(errs, validateRestore(old, qcp)...)
 	if old != nil {
 		errs = append(errs, validateVersionChange(old, qcp)...)
 		errs = append(errs, validateEtcdChange(old.Spec.Etcd, spec.Etcd)...)

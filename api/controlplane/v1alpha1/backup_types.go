@@ -154,3 +154,78 @@ type BackupRecord struct {
 	// +kubebuilder:validation:MaxLength=10240
 	Message string `json:"message,omitempty"`
 }
+
+// RestoreSpec builds a new cluster's etcd from a stored snapshot instead of
+// an empty one. It is read only until etcd has its first member: the
+// first machine restores the snapshot, the others join it as learners.
+type RestoreSpec struct {
+	// from names the snapshot.
+	// +required
+	From RestoreSource `json:"from"`
+}
+
+// RestoreSource is a snapshot in an object store: the newest verified
+// snapshot of a named cluster, or one object.
+// +kubebuilder:validation:XValidation:rule="has(self.cluster) != has(self.object)",message="set exactly one of cluster (the newest verified snapshot of that cluster) and object (one snapshot, as status.backup names it)"
+type RestoreSource struct {
+	// target is the object store; empty: spec.backup.target.
+	// +optional
+	Target *BackupTarget `json:"target,omitempty"`
+	// cluster restores the newest verified snapshot that the control
+	// plane (for an EtcdCluster: the EtcdCluster) of this name in this
+	// namespace stored under the target.
+	// +optional
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=253
+	Cluster string `json:"cluster,omitempty"`
+	// object restores this snapshot, named as status.backup names it
+	// (below the target's prefix). Its manifest must exist: only a
+	// verified snapshot is restored.
+	// +optional
+	// +kubebuilder:validation:MinLength=1
+	// +kubebuilder:validation:MaxLength=1024
+	Object string `json:"object,omitempty"`
+	// encryption is the key of an encrypted snapshot; empty:
+	// spec.backup.encryption.
+	// +optional
+	Encryption *BackupEncryption `json:"encryption,omitempty"`
+}
+
+// Authorities of a restored cluster: the ones in the backup (existing
+// credentials keep working), or new ones (the backup was not encrypted, so
+// it holds none).
+const (
+	RestoredAuthorities = "FromBackup"
+	NewAuthorities      = "New"
+)
+
+// RestoreStatus is what a restore restored.
+type RestoreStatus struct {
+	// object is the snapshot restored, below the target's prefix.
+	// +optional
+	// +kubebuilder:validation:MaxLength=1024
+	Object string `json:"object,omitempty"`
+	// revision is etcd's revision in the snapshot.
+	// +optional
+	Revision int64 `json:"revision,omitempty"`
+	// startRevision is the revision the restored cluster starts from: the
+	// snapshot's, bumped, so that a client watching from before the
+	// restore is told its revision was compacted instead of missing
+	// events.
+	// +optional
+	StartRevision int64 `json:"startRevision,omitempty"`
+	// authorities says where the certificate authorities came from:
+	// FromBackup or New.
+	// +optional
+	// +kubebuilder:validation:Enum=FromBackup;New
+	Authorities string `json:"authorities,omitempty"`
+	// time is when the first machine was created to restore it.
+	// +optional
+	Time *metav1.Time `json:"time,omitempty"`
+	// nodesRemoved are the Nodes of machines that no longer exist that
+	// QCP deleted once the restored cluster ran.
+	// +optional
+	// +kubebuilder:validation:MaxItems=100
+	// +kubebuilder:validation:items:MaxLength=253
+	NodesRemoved []string `json:"nodesRemoved,omitempty"`
+}

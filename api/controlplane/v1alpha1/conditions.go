@@ -181,3 +181,16 @@ const (
 	BackupFailedReason        = "BackupFailed"
 	BackupPendingReason       = "NoBackupYet"
 )
+
+// Restored: with spec.restore set, whether etcd was restored from the
+// snapshot. False names why the snapshot cannot be used yet (a Secret, the
+// store, no verified snapshot, a checksum or a key that does not match);
+// no machine is created until it can. True says whether the certificate
+// authorities came from the backup or are new.
+const (
+	RestoredCondition            = "Restored"
+	RestoreSourceInvalidReason   = "RestoreSourceInvalid"
+	RestoringReason              = "Restoring"
+	RestoredReason               = "Restored"
+	RestoredNewAuthoritiesReason = "RestoredWithNewAuthorities"
+)

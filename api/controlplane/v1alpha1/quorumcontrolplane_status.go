@@ -79,6 +79,10 @@ type QuorumControlPlaneStatus struct {
 	// +optional
 	Backup *BackupStatus `json:"backup,omitempty"`
 
+	// restore reports what spec.restore restored.
+	// +optional
+	Restore *RestoreStatus `json:"restore,omitempty"`
+
 	// lastOperation is the quorum engine's latest step: what, on what, why,
 	// and when it started and finished.
 	// +optional

@@ -64,6 +64,12 @@ type QuorumControlPlaneSpec struct {
 	// +optional
 	Backup *BackupSpec `json:"backup,omitempty"`
 
+	// restore builds a new control plane's etcd from a snapshot instead
+	// of an empty one; only with stacked etcd. It cannot be added, changed
+	// or removed once the control plane exists.
+	// +optional
+	Restore *RestoreSpec `json:"restore,omitempty"`
+
 	// The rest of the spec is how the components run, which a
 	// QuorumControlPlaneTemplate carries too.
 	QuorumControlPlaneConfig `json:",inline"`

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -67,6 +68,10 @@ type BackupConfig struct {
 	Key        []byte
 	Encryption *backup.Encryption
 	Owner      backup.ClusterRef
+	// Authorities are the Secrets (in the owner's namespace) of the
+	// certificate authorities an encrypted backup holds, by purpose;
+	// the owner's controller sets them.
+	Authorities map[string]string
 }
 
 // LoadBackup reads spec (nil: no backups) and the Secrets it names in
@@ -301,10 +306,16 @@ func (x Executor) takeSnapshot(ctx context.Context, d quorum.Decision, machine *
 	// From here on, a failure takes the object back out: a snapshot
 	// without a verified manifest is no backup.
 	fail := func(err error) (backup.Manifest, int32, error) {
-		if rerr := store.Remove(context.WithoutCancel(ctx), m.Snapshot); rerr != nil {
+		rerr := errors.Join(store.Remove(context.WithoutCancel(ctx), m.Snapshot), removeAuthorities(context.WithoutCancel(ctx), store, m))
+		if rerr != nil {
 			err = fmt.Errorf("%w (and removing the unverified snapshot: %v)", err, rerr)
 		}
 		return m, 0, err
+	}
+	if cfg.Encryption != nil && len(cfg.Authorities) > 0 {
+		if err := x.storeAuthorities(ctx, store, cfg, &m); err != nil {
+			return fail(err)
+		}
 	}
 	u, err := store.PresignGet(ctx, m.Snapshot, backupURLLifetime)
 	if err != nil {
@@ -327,6 +338,40 @@ func (x Executor) takeSnapshot(ctx context.Context, d quorum.Decision, machine *
 	return m, stored, nil
 }
 
+// storeAuthorities stores the owner's certificate authorities beside
+// snapshot m, encrypted to its key, and names them in m. Only an encrypted
+// backup holds them: the authorities' keys sign every credential of the
+// cluster.
+func (x Executor) storeAuthorities(ctx context.Context, store *s3store.Store, cfg *BackupConfig, m *backup.Manifest) error {
+	cas := backup.Authorities{}
+	for purpose, name := range cfg.Authorities {
+		var s corev1.Secret
+		if err := x.Client.Get(ctx, client.ObjectKey{Namespace: cfg.Owner.Namespace, Name: name}, &s); err != nil {
+			return fmt.Errorf("reading certificate authority Secret %s to store beside the snapshot: %w", name, err)
+		}
+		cas[purpose] = s.Data
+	}
+	b, err := json.Marshal(cas)
+	if err != nil {
+		return err
+	}
+	name := backup.AuthoritiesName(m.Snapshot)
+	_, sum, err := backup.Upload(ctx, store, name, bytes.NewReader(b), cfg.Encryption)
+	if err != nil {
+		return fmt.Errorf("storing the certificate authorities beside the snapshot: %w", err)
+	}
+	m.Authorities, m.AuthoritiesSHA256 = name, sum
+	return nil
+}
+
+// removeAuthorities removes the authorities stored beside m, if any.
+func removeAuthorities(ctx context.Context, store *s3store.Store, m backup.Manifest) error {
+	if m.Authorities == "" {
+		return nil
+	}
+	return store.Remove(ctx, m.Authorities)
+}
+
 // prune applies retention to the owner's snapshots in the store, and
 // removes snapshots without a manifest (uploads cut short) once they are
 // an hour old. It returns how many snapshots are kept.
@@ -335,7 +380,7 @@ func prune(ctx context.Context, store *s3store.Store, cfg *BackupConfig, now tim
 	errs := []error{err}
 	for _, o := range snapshots {
 		if !slices.ContainsFunc(manifests, func(m backup.Manifest) bool { return m.Snapshot == o.Name }) && now.Sub(o.LastModified) > time.Hour {
-			errs = append(errs, store.Remove(ctx, o.Name))
+			errs = append(errs, store.Remove(ctx, o.Name), store.Remove(ctx, backup.AuthoritiesName(o.Name)))
 		}
 	}
 	keep := int(0)
@@ -353,7 +398,7 @@ func prune(ctx context.Context, store *s3store.Store, cfg *BackupConfig, now tim
 	for _, m := range expired {
 		// The manifest goes last: a snapshot without one is cleaned up
 		// later, a manifest without its snapshot would be a lie.
-		errs = append(errs, store.Remove(ctx, m.Snapshot), store.Remove(ctx, backup.ManifestName(m.Snapshot)))
+		errs = append(errs, store.Remove(ctx, m.Snapshot), removeAuthorities(ctx, store, m), store.Remove(ctx, backup.ManifestName(m.Snapshot)))
 	}
 	return int32(len(manifests) - len(expired)), errors.Join(errs...)
 }
@@ -370,6 +415,9 @@ func StoredBackups(ctx context.Context, store *s3store.Store, owner backup.Clust
 	var snapshots []s3store.Object
 	var errs []error
 	for _, o := range objs {
+		if backup.IsAuthorities(o.Name) {
+			continue // removed with its snapshot
+		}
 		if !backup.IsManifest(o.Name) {
 			snapshots = append(snapshots, o)
 			continue
