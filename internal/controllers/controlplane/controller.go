@@ -249,10 +249,19 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Clu
 			return ctrl.Result{RequeueAfter: externalEtcdPoll}, nil
 		}
 	}
+	// A restore's snapshot comes first: its authorities, when the backup
+	// holds them, must be in place before any are generated, and nothing
+	// is made while it cannot be used (the Restored condition says why).
+	restore, err := r.resolveRestore(ctx, cluster, cp)
+	if err != nil {
+		ctrl.LoggerFrom(ctx).Info("Waiting for a snapshot to restore", "why", err.Error())
+		return ctrl.Result{RequeueAfter: restorePoll}, nil
+	}
 	secrets, err := r.ensureSecrets(ctx, cluster, cp, ext)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
+	secrets.restore = restore
 	if wait, err := r.ensureHealthCheck(ctx, cluster, cp); err != nil {
 		return ctrl.Result{}, err
 	} else if wait != "" {
@@ -298,6 +307,9 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Clu
 	r.watchNodes(ctx, cluster, cp, obs)
 	linking := r.linkNodes(ctx, cluster, cp, obs)
 	r.ensureWorkloadObjects(ctx, cluster, cp, secrets, obs)
+	if err := r.removeDepartedNodes(ctx, cluster, cp, obs); err != nil {
+		ctrl.LoggerFrom(ctx).Error(err, "Removing the Nodes of machines from before the restore")
+	}
 	if rt := secrets.rotation; rt != nil {
 		advanced, err := r.advanceRotation(ctx, cluster, cp, rt, obs.Machines)
 		if err != nil {

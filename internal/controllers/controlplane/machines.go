@@ -29,6 +29,12 @@ import (
 func (r *Reconciler) createMachine(ctx context.Context, cluster *clusterv1.Cluster, cp *controlplanev1.QuorumControlPlane,
 	secrets *clusterSecrets, obs *observation, d quorum.Decision) error {
 	tmpl := cp.Spec.MachineTemplate
+	doc := r.bootstrapDocument(cluster, cp, secrets, obs)
+	if doc.Etcd.Local != nil && doc.Etcd.Local.Restore != nil {
+		if err := r.recordRestore(ctx, cp, secrets.restore); err != nil {
+			return err
+		}
+	}
 	machine, err := engine.CreateMachine(ctx, r.Client, r.APIReader, r.Failpoints, engine.NewMachine{
 		Owner: cp, OwnerRef: controlPlaneOwnerRef(cp), Cluster: cluster,
 		Name:             cp.Name + "-" + util.RandomString(5),
@@ -38,7 +44,7 @@ func (r *Reconciler) createMachine(ctx context.Context, cluster *clusterv1.Clust
 		InfraTemplate:    tmpl.Spec.InfrastructureRef, InfraTemplatePath: "spec.machineTemplate.spec.infrastructureRef",
 		Version:         cp.Spec.Version,
 		FailureDomain:   d.FailureDomain,
-		Bootstrap:       r.bootstrapDocument(cluster, cp, secrets, obs),
+		Bootstrap:       doc,
 		BootstrapFormat: r.BootstrapFormat,
 		Deletion:        machineDeletion(cp),
 		ReadinessGates:  tmpl.Spec.ReadinessGates,
@@ -63,6 +69,9 @@ func (r *Reconciler) bootstrapDocument(cluster *clusterv1.Cluster, cp *controlpl
 	} else {
 		doc = bootstrap.NewStacked(cluster.Name, secrets.cas, address, obs.LocalMember())
 		doc.Etcd.Local.QuotaBackendBytes = obs.State.QuotaBackendBytes
+		if secrets.restore != nil && doc.Etcd.Local.Mode == bootstrap.EtcdModeNew {
+			doc.Etcd.Local.Restore = secrets.restore.Bootstrap()
+		}
 	}
 	doc.Versions.Kubernetes = cp.Spec.Version
 	if v := cp.Spec.Etcd.Stacked.Version; v != "" {

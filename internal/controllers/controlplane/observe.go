@@ -69,6 +69,9 @@ type observation struct {
 	initialized bool
 	// external is the external etcd; nil when etcd is stacked.
 	external *externalEtcd
+	// restore is the snapshot the first machine restores; nil when etcd
+	// starts empty, or has data already.
+	restore *engine.Restore
 	// rollout judges which machines are outdated.
 	rollout rollout
 	// remediation judges the marked machines; remediationRefused says why
@@ -99,7 +102,7 @@ func (r *Reconciler) observe(ctx context.Context, cluster *clusterv1.Cluster, cp
 	if obs.initialized {
 		obs.nodes, obs.nodesDirect, obs.nodesErr = r.workloadNodes(ctx, cluster)
 	}
-	obs.external = secrets.external
+	obs.external, obs.restore = secrets.external, secrets.restore
 	if obs.external == nil {
 		obs.Etcd, obs.Members, obs.DepartedAlarms, obs.MembersErr = r.observeEtcd(ctx, cluster, secrets, obs.Machines)
 		if obs.Etcd != nil {
@@ -118,6 +121,9 @@ func (r *Reconciler) observe(ctx context.Context, cluster *clusterv1.Cluster, cp
 	}
 	if obs.external == nil {
 		obs.Backup, obs.BackupErr = engine.LoadBackup(ctx, r.Client, cp, "QuorumControlPlane", cp.Spec.Backup)
+		if obs.Backup != nil {
+			obs.Backup.Authorities = authoritySecrets(cluster.Name)
+		}
 	}
 	obs.rollout = r.newRollout(ctx, cp)
 	obs.remediation = newRemediationPolicy(cp, r.Now())
@@ -179,6 +185,9 @@ func (o *observation) build(cp *controlplanev1.QuorumControlPlane, cluster *clus
 	}
 	engine.ReadCompaction(cp, &s)
 	engine.ReadBackup(cp, backupSpecOf(cp, o.external != nil), o.Backup, o.BackupErr, &s)
+	if o.restore != nil && !s.Bootstrapped {
+		s.Restore = quorum.RestoreState{Requested: true, Snapshot: o.restore.Manifest.Snapshot}
+	}
 	noSpace := quorum.NoSpaceRaised(s)
 	o.remediationRefused, o.remediationNext = map[string]string{}, map[string]remediationData{}
 	for _, m := range o.Machines {

@@ -234,6 +234,10 @@ type clusterSecrets struct {
 	renewAt time.Time
 	// rotation is the CA rotation that runs; nil if none.
 	rotation *rotation
+	// restore is the snapshot the first machine restores, found and
+	// checked before the authorities; nil when etcd starts empty, or
+	// has data already.
+	restore *engine.Restore
 }
 
 // ensureSecrets keeps the authorities and the kubeconfig, owned by cp, and
