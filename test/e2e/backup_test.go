@@ -49,12 +49,22 @@ const backupKeep = 2
 //     for was verified, and a scale-down to one deletes its first machine
 //     only after another such snapshot;
 //   - a missing credentials Secret and a wrong bucket each turn
-//     BackupsHealthy False, naming the fault.
+//     BackupsHealthy False, naming the fault;
+//   - restore: after a last snapshot the cluster is deleted, machines and
+//     all, and a new 3-machine cluster is built from it with
+//     spec.restore.from.cluster. A missing credentials Secret, a bucket
+//     that does not exist, the wrong key and a corrupt snapshot (a byte
+//     flipped) are each named in its Restored condition while no machine
+//     is created. Then it holds every key of the snapshot's revision,
+//     serves a revision above the bumped one, runs on new addresses,
+//     takes the old kubeconfig's credentials at its new endpoint, and
+//     lists no Node of the old machines; a writer and the monitor run
+//     while it grows from one machine to three.
 func TestBackups(t *testing.T) {
 	mgmt := requireShared(t)
 	testkit.RequireBinaries(t, "versitygw", "kube-previous")
-	parallel(t, 3*time.Minute+15*time.Second)
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	parallel(t, 6*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
 	defer cancel()
 	name := "backup"
 	srv, _ := testkit.StartObjectStore(t, "backups")
@@ -233,10 +243,22 @@ func TestBackups(t *testing.T) {
 		b.Target.CredentialsSecret, b.Target.Bucket, b.Schedule.IntervalSeconds = name+"-s3", "no-such-bucket", ptr.To[int32](10)
 	})
 	s.eventually(time.Minute, "BackupsHealthy naming the missing bucket", s.backupsHealthy(metav1.ConditionFalse, "NoSuchBucket"))
-	// Every status QCP wrote for the control plane passed the CRD's
+	s.setBackup(ctx, func(b *controlplanev1.BackupSpec) { b.Target.Bucket = "backups" })
+
+	// Restore: the cluster is lost, machines and all, after a last
+	// snapshot; a new one is built from it, through bad input first.
+	lost := s.loseCluster(ctx, store)
+	restored := restoreWithBadInput(ctx, t, mgmt, name+"-restored", srv, store, lost, key)
+	restored.checkRestoredData(ctx, lost)
+	restored.startTraffic(3)
+	restored.checkRestoredCluster(ctx, lost)
+	restored.stopTraffic(ctx)
+	// Every status QCP wrote for the control planes passed the CRD's
 	// schema (status.lastOperation.kind once lacked Snapshot).
-	if lines := mgmt.invalidWrites("QuorumControlPlane " + ns + "/" + name); len(lines) > 0 {
-		t.Errorf("the API server refused %d writes of the control plane as invalid; the first: %s", len(lines), lines[0])
+	for _, cp := range []string{name, restored.name} {
+		if lines := mgmt.invalidWrites("QuorumControlPlane " + ns + "/" + cp); len(lines) > 0 {
+			t.Errorf("the API server refused %d writes of control plane %s as invalid; the first: %s", len(lines), cp, lines[0])
+		}
 	}
 }
 
