@@ -92,6 +92,12 @@ func TestParseRejects(t *testing.T) {
 		{"existing without endpoints", edit(func(d *Document) { d.Etcd.Local.Mode = EtcdModeExisting }), []string{"etcd.local.existingEndpoints", "mode existing"}},
 		{"http endpoint", edit(func(d *Document) { *d.Etcd.Local = JoinMember("http://127.0.0.1:2379") }), []string{"etcd.local.existingEndpoints[0]", "https://"}},
 		{"negative quota", edit(func(d *Document) { d.Etcd.Local.QuotaBackendBytes = -1 }), []string{"etcd.local.quotaBackendBytes", "-1 is negative", "8589934592"}},
+		{"a restore without its checksum", edit(func(d *Document) {
+			d.Etcd.Local.Restore = &EtcdRestore{URL: "https://s3.example.com/b/x.db?X-Amz-Signature=1", Snapshot: "x.db", Size: 10, Revision: 5, BumpRevision: 1_000_000_000}
+		}), []string{"etcd.local.restore", "size and sha256 are required", "copy both from the snapshot's manifest"}},
+		{"a restore that is not a URL", edit(func(d *Document) {
+			d.Etcd.Local.Restore = &EtcdRestore{URL: "s3.example.com/x.db", Snapshot: "x.db", Size: 10, SHA256: strings.Repeat("a", 64), Revision: 5, BumpRevision: 1_000_000_000}
+		}), []string{"etcd.local.restore.url", "not an http(s) URL"}},
 		{"bad initial cluster", edit(func(d *Document) { d.Etcd.Local.InitialCluster = "m1" }), []string{"etcd.local.initialCluster", "name=peerURL"}},
 		{"etcd without local", edit(func(d *Document) { d.Etcd.Local = nil }), []string{"etcd.local", "components include etcd"}},
 		{"no etcd at all", edit(func(d *Document) { d.Etcd.Local = nil; d.Components = d.Components[1:] }), []string{"kube-apiserver needs etcd"}},

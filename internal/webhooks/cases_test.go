@@ -91,6 +91,17 @@ func backup(edits ...func(*controlplanev1.BackupSpec)) func(*controlplanev1.Quor
 	}
 }
 
+func restore(edits ...func(*controlplanev1.RestoreSource)) func(*controlplanev1.QuorumControlPlane) {
+	return func(q *controlplanev1.QuorumControlPlane) {
+		r := &controlplanev1.RestoreSpec{From: controlplanev1.RestoreSource{Cluster: "lost",
+			Target: &controlplanev1.BackupTarget{Endpoint: "https://s3.example.com", Bucket: "backups", CredentialsSecret: "s3-credentials"}}}
+		for _, edit := range edits {
+			edit(&r.From)
+		}
+		q.Spec.Restore = r
+	}
+}
+
 func rotating(trigger string, stage controlplanev1.CertificateRotationStage) func(*controlplanev1.QuorumControlPlane) {
 	return func(q *controlplanev1.QuorumControlPlane) {
 		q.Status.CertificateRotation = &controlplanev1.CertificateRotationStatus{Kind: controlplanev1.CertificateAuthorityEtcdCA, Trigger: trigger, Stage: stage}
@@ -187,6 +198,19 @@ func admissionCases() []admissionCase {
 		{name: "the backend quota flag added by an update", old: qcp(quota(4 << 30)),
 			new:   qcp(quota(4<<30), etcdArgs(controlplanev1.Arg{Name: "quota-backend-bytes", Value: "8589934592"})),
 			field: "spec.etcd.stacked.extraArgs[0].name", fix: "set spec.etcd.stacked.quotaBackendBytes instead"},
+		{name: "a restore of external etcd", new: qcp(external("https://10.0.0.1:2379"), restore()),
+			field: "spec.restore", fix: "restore its EtcdCluster (spec.restore there)"},
+		{name: "a restore of both a cluster and an object", pureOnly: true, new: qcp(restore(func(r *controlplanev1.RestoreSource) { r.Object = "x.db" })),
+			field: "spec.restore.from", fix: "set exactly one of from.cluster"},
+		{name: "a restore without a store", new: qcp(restore(func(r *controlplanev1.RestoreSource) { r.Target = nil })),
+			field: "spec.restore.from.target", fix: "here or in spec.backup.target"},
+		{name: "a restore key Secret that is no name", new: qcp(restore(func(r *controlplanev1.RestoreSource) {
+			r.Encryption = &controlplanev1.BackupEncryption{KeySecret: "Key!"}
+		})), field: "spec.restore.from.encryption.keySecret", fix: "name a Secret in this object's namespace"},
+		{name: "a restore added to a control plane that exists", old: qcp(), new: qcp(restore()),
+			field: "spec.restore", fix: "create a new QuorumControlPlane with spec.restore.from"},
+		{name: "a restore removed", old: qcp(restore()), new: qcp(),
+			field: "spec.restore", fix: "spec.restore is fixed when the control plane is created"},
 		{name: "valid upgrade together with even replicas", old: qcp(), new: qcp(version("v1.37.0"), replicas(4)),
 			field: "spec.replicas", fix: "use 3 or 5"},
 
@@ -215,6 +239,9 @@ func admissionCases() []admissionCase {
 			b.Schedule = controlplanev1.BackupSchedule{Cron: "0 */6 * * *"}
 			b.Retention = controlplanev1.BackupRetention{KeepLast: ptr.To[int32](5), MaxAgeSeconds: ptr.To[int64](7 * 86400)}
 			b.Encryption = &controlplanev1.BackupEncryption{KeySecret: "backup-key"}
+		}))},
+		{name: "a restore from the store spec.backup names", new: qcp(backup(), restore(func(r *controlplanev1.RestoreSource) {
+			r.Target, r.Cluster, r.Object = nil, "", "default/quorumcontrolplane/lost/20261130T000000.000Z.db"
 		}))},
 		{name: "one replica by default", new: qcp(func(q *controlplanev1.QuorumControlPlane) { q.Spec.Replicas = nil })},
 		{name: "version without its v", new: qcp(version("1.36.3"))},

@@ -58,9 +58,10 @@ func templateCases() []templateCase {
 			continue
 		}
 		c := templateCase{name: "as the object: " + tc.name, tmpl: templateOf(tc.new)}
-		// A template carries no certificate operation and no backups: they
-		// belong to one cluster.
-		if rest, ok := strings.CutPrefix(tc.field, "spec."); ok && !topologyOwned(rest) && !strings.HasPrefix(rest, "certificates.") && !strings.HasPrefix(rest, "backup") {
+		// A template carries no certificate operation, no backups and no
+		// restore: they belong to one cluster.
+		if rest, ok := strings.CutPrefix(tc.field, "spec."); ok && !topologyOwned(rest) && !strings.HasPrefix(rest, "certificates.") &&
+			!strings.HasPrefix(rest, "backup") && !strings.HasPrefix(rest, "restore") {
 			c.field = "spec.template.spec." + rest
 			c.fix = strings.ReplaceAll(tc.fix, "set spec.", "set spec.template.spec.")
 		}
