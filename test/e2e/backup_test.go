@@ -346,7 +346,7 @@ func readStoredManifest(ctx context.Context, store *s3store.Store, name string) 
 
 // storeSecret creates Secret name with srv's credentials and CA, in
 // spec.backup.target.credentialsSecret's form, deleted when t ends.
-func storeSecret(t *testing.T, mgmt *management, name string, srv *objectstore.Server) {
+func storeSecret(t testing.TB, mgmt *management, name string, srv *objectstore.Server) {
 	t.Helper()
 	sec := &corev1.Secret{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns}, Data: map[string][]byte{
 		engine.BackupAccessKeyIDKey: []byte(srv.AccessKeyID), engine.BackupSecretAccessKeyKey: []byte(srv.SecretAccessKey), engine.BackupCAKey: srv.CA}}

@@ -3,8 +3,11 @@ package e2e
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -38,8 +41,9 @@ type lostCluster struct {
 	snapshot   backup.Manifest
 	keys       map[string]string // the writer's keys at the snapshot's revision
 	kubeconfig []byte
-	addresses  []string
-	nodes      []string
+	// addresses are the machines' and the load balancer's.
+	addresses []string
+	nodes     []string
 }
 
 // loseCluster takes a last snapshot of s (its traffic stopped, so that
@@ -85,6 +89,11 @@ func (s *scenario) loseCluster(ctx context.Context, store *s3store.Store) lostCl
 		s.t.Fatal(err)
 	}
 	lost.kubeconfig = kc.Data[secret.KubeconfigDataName]
+	var c clusterv1.Cluster
+	if err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: s.name}, &c); err != nil {
+		s.t.Fatal(err)
+	}
+	lost.addresses = append(lost.addresses, c.Spec.ControlPlaneEndpoint.Host)
 	ms, err := s.machines(ctx)
 	if err != nil {
 		s.t.Fatal(err)
@@ -103,17 +112,7 @@ func (s *scenario) loseCluster(ctx context.Context, store *s3store.Store) lostCl
 	for _, n := range nodes.Items {
 		lost.nodes = append(lost.nodes, n.Name)
 	}
-	s.release()
-	s.eventually(3*time.Minute, "the cluster deleted, machines and all", func(ctx context.Context) error {
-		var c clusterv1.Cluster
-		if err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: s.name}, &c); !isNotFound(err) {
-			return fmt.Errorf("Cluster %s still there (%v)", s.name, err)
-		}
-		if ms, err := s.machines(ctx); err != nil || len(ms) > 0 {
-			return fmt.Errorf("%d machines left (%v)", len(ms), err)
-		}
-		return nil
-	})
+	s.deleteCluster()
 	return lost
 }
 
@@ -124,6 +123,7 @@ func (s *scenario) loseCluster(ctx context.Context, store *s3store.Store) lostCl
 // and returns the restoring scenario.
 func restoreWithBadInput(ctx context.Context, t *testing.T, mgmt *management, name string, srv *objectstore.Server, from *s3store.Store, lost lostCluster, key []byte) *scenario {
 	bucket := "restore-" + name
+	holdAddresses(t, mgmt, lost.addresses)
 	s := newScenario(t, mgmt, name, 3, withoutAutorepair, func(cp *controlplanev1.QuorumControlPlane) {
 		cp.Spec.Restore = &controlplanev1.RestoreSpec{From: controlplanev1.RestoreSource{
 			Target:     &controlplanev1.BackupTarget{Endpoint: srv.Endpoint, Bucket: bucket, Prefix: "e2e", CredentialsSecret: name + "-s3"},
@@ -247,6 +247,9 @@ func (s *scenario) checkRestoredCluster(ctx context.Context, lost lostCluster) {
 	if err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: s.name}, &c); err != nil {
 		s.t.Fatal(err)
 	}
+	if slices.Contains(lost.addresses, c.Spec.ControlPlaneEndpoint.Host) {
+		s.t.Errorf("the restored cluster's endpoint %s is the lost one's", c.Spec.ControlPlaneEndpoint.Host)
+	}
 	for _, cl := range cfg.Clusters {
 		cl.Server = fmt.Sprintf("https://%s:%d", c.Spec.ControlPlaneEndpoint.Host, c.Spec.ControlPlaneEndpoint.Port)
 	}
@@ -283,6 +286,25 @@ func (s *scenario) checkRestoredCluster(ctx context.Context, lost lostCluster) {
 		if !slices.Contains(cp.Status.Restore.NodesRemoved, n) {
 			s.t.Errorf("status.restore.nodesRemoved %v lacks old Node %s", cp.Status.Restore.NodesRemoved, n)
 		}
+	}
+}
+
+// holdAddresses keeps the process provider from giving addrs to new
+// machines or load balancers until t ends, as another infrastructure would
+// hand out other addresses: it reserves them in the provider's address
+// directory, as an allocation does.
+func holdAddresses(t testing.TB, mgmt *management, addrs []string) {
+	dir := filepath.Join(mgmt.machines(), ".addresses")
+	for _, a := range addrs {
+		f, err := os.OpenFile(filepath.Join(dir, a), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+		if err != nil {
+			t.Fatalf("holding address %s: %v", a, err)
+		}
+		_, werr := f.WriteString("e2e: an address of a lost cluster")
+		if err := errors.Join(werr, f.Close()); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = os.Remove(filepath.Join(dir, a)) })
 	}
 }
 
