@@ -51,25 +51,37 @@ func validateBackupStacked(qcp *controlplanev1.QuorumControlPlane) field.ErrorLi
 }
 
 // validateRestore checks spec.restore of a control plane: only with
-// stacked etcd, a store to read from (its own or spec.backup's), and no
-// change once the control plane exists. A restore is what etcd starts
-// from; added later it would mean nothing, and removed it would hide what
-// the cluster was built from.
+// stacked etcd, and as validateRestoreSpec says.
 func validateRestore(old, qcp *controlplanev1.QuorumControlPlane) field.ErrorList {
-	path := specPath.Child("restore")
-	if old != nil && !equality.Semantic.DeepEqual(old.Spec.Restore, qcp.Spec.Restore) {
-		return field.ErrorList{field.Forbidden(path,
-			"spec.restore is fixed when the control plane is created: to build a cluster from a snapshot, create a new QuorumControlPlane with spec.restore.from")}
+	var was *controlplanev1.RestoreSpec
+	if old != nil {
+		was = old.Spec.Restore
 	}
-	r := qcp.Spec.Restore
-	if r == nil || old != nil {
-		return nil
-	}
-	if !qcp.Spec.Etcd.IsStacked() {
-		return field.ErrorList{field.Forbidden(path,
+	if qcp.Spec.Restore != nil && old == nil && !qcp.Spec.Etcd.IsStacked() {
+		return field.ErrorList{field.Forbidden(specPath.Child("restore"),
 			"this control plane's etcd is external: restore its EtcdCluster (spec.restore there), or the endpoints where they run; remove spec.restore here")}
 	}
-	return validateRestoreSource(path.Child("from"), r.From, qcp.Spec.Backup)
+	return validateRestoreSpec(old != nil, was, qcp.Spec.Restore, qcp.Spec.Backup, "QuorumControlPlane")
+}
+
+// validateRestoreSpec checks an owner's spec.restore r (was: the stored
+// one, on an update): a store to read from (its own or spec.backup's),
+// and no change once the owner exists. A restore is what etcd starts
+// from; added later it would mean nothing, and removed it would hide what
+// the cluster was built from.
+func validateRestoreSpec(update bool, was, r *controlplanev1.RestoreSpec, b *controlplanev1.BackupSpec, kind string) field.ErrorList {
+	path := specPath.Child("restore")
+	if update {
+		if !equality.Semantic.DeepEqual(was, r) {
+			return field.ErrorList{field.Forbidden(path,
+				"spec.restore is fixed when the "+kind+" is created: to build a cluster from a snapshot, create a new "+kind+" with spec.restore.from")}
+		}
+		return nil
+	}
+	if r == nil {
+		return nil
+	}
+	return validateRestoreSource(path.Child("from"), r.From, b)
 }
 
 // validateRestoreSource checks a restore's source against the owner's

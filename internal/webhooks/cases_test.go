@@ -210,7 +210,7 @@ func admissionCases() []admissionCase {
 		{name: "a restore added to a control plane that exists", old: qcp(), new: qcp(restore()),
 			field: "spec.restore", fix: "create a new QuorumControlPlane with spec.restore.from"},
 		{name: "a restore removed", old: qcp(restore()), new: qcp(),
-			field: "spec.restore", fix: "spec.restore is fixed when the control plane is created"},
+			field: "spec.restore", fix: "spec.restore is fixed when the QuorumControlPlane is created"},
 		{name: "valid upgrade together with even replicas", old: qcp(), new: qcp(version("v1.37.0"), replicas(4)),
 			field: "spec.replicas", fix: "use 3 or 5"},
 

@@ -55,7 +55,10 @@ func ValidateEtcdCluster(old, ec *etcdv1.EtcdCluster) field.ErrorList {
 	}
 	errs = append(errs, validateBackup(specPath.Child("backup"), spec.Backup)...)
 	if old != nil {
+		errs = append(errs, validateRestoreSpec(true, old.Spec.Restore, spec.Restore, spec.Backup, "EtcdCluster")...)
 		errs = append(errs, validateEtcdVersionChange(old, ec)...)
+	} else {
+		errs = append(errs, validateRestoreSpec(false, nil, spec.Restore, spec.Backup, "EtcdCluster")...)
 	}
 	return errs
 }

@@ -84,6 +84,11 @@ func etcdClusterCases() []etcdCase {
 				Schedule: controlplanev1.BackupSchedule{Cron: "* * *"},
 			}
 		}), field: "spec.backup.schedule", fix: "give five fields"},
+		{name: "a restore from the newest snapshot of another EtcdCluster", new: etcdCluster(etcdRestore(nil))},
+		{name: "a restore without a store", new: etcdCluster(etcdRestore(func(r *controlplanev1.RestoreSource) { r.Target = nil })),
+			field: "spec.restore.from.target", fix: "here or in spec.backup.target"},
+		{name: "a restore added to an EtcdCluster that exists", old: etcdCluster(), new: etcdCluster(etcdRestore(nil)),
+			field: "spec.restore", fix: "create a new EtcdCluster with spec.restore.from"},
 		{name: "an even member count", new: etcdCluster(members(4)),
 			field: "spec.replicas", fix: "etcd needs an odd number of members (1, 3, 5 or 7): an even number tolerates no more failures than one member fewer; use 3 or 5"},
 		{name: "2 members", new: etcdCluster(members(2)), field: "spec.replicas", fix: "use 1 or 3"},
@@ -257,4 +262,15 @@ func testEtcdClusterAdmission(ctx context.Context, t *testing.T, c client.Client
 			t.Errorf("after scaling to 5, spec.replicas = %d", *got.Spec.Replicas)
 		}
 	})
+}
+
+func etcdRestore(edit func(*controlplanev1.RestoreSource)) func(*etcdv1.EtcdCluster) {
+	return func(ec *etcdv1.EtcdCluster) {
+		r := &controlplanev1.RestoreSpec{From: controlplanev1.RestoreSource{Cluster: "lost",
+			Target: &controlplanev1.BackupTarget{Endpoint: "https://s3.example.com", Bucket: "etcd", CredentialsSecret: "s3"}}}
+		if edit != nil {
+			edit(&r.From)
+		}
+		ec.Spec.Restore = r
+	}
 }

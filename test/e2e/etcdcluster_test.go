@@ -24,10 +24,12 @@ import (
 	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
 	etcdv1 "github.com/qcp-dev/qcp/api/etcd/v1alpha1"
 	infrav1 "github.com/qcp-dev/qcp/api/infrastructure/v1alpha1"
+	"github.com/qcp-dev/qcp/internal/backup"
 	"github.com/qcp-dev/qcp/internal/backup/s3store"
 	"github.com/qcp-dev/qcp/internal/binaries"
 	"github.com/qcp-dev/qcp/internal/certs"
 	"github.com/qcp-dev/qcp/internal/cloudinit"
+	"github.com/qcp-dev/qcp/internal/controllers/engine"
 	"github.com/qcp-dev/qcp/internal/etcd"
 	"github.com/qcp-dev/qcp/internal/machinehost"
 	"github.com/qcp-dev/qcp/internal/testkit"
@@ -283,6 +285,8 @@ func TestEtcdClusterCreateAndScale(t *testing.T) {
 		t.Errorf("membership went to %d voters and %d learners at once; want at most 5 voters and 1 learner", mr.MaxVoters, mr.MaxLearners)
 	}
 	s.finish()
+	// A marker, then a snapshot after it, for the restore below.
+	marker := s.etcdSnapshotAfterMarker(ctx, store)
 
 	// Deleting the EtcdCluster waits for the control plane that stores
 	// its data there; once that is deleted, it releases its machines'
@@ -317,6 +321,75 @@ func TestEtcdClusterCreateAndScale(t *testing.T) {
 		}
 		return nil
 	})
+
+	// Restore (issue 35): a new EtcdCluster of one member from the lost
+	// one's newest snapshot, under a new control plane. The backup was not
+	// encrypted, so the restore has a new etcd CA, and says so.
+	r := newEtcdScenario(t, mgmt, "etcd-restored", 1, 1, func(ec *etcdv1.EtcdCluster) {
+		ec.Spec.Restore = &controlplanev1.RestoreSpec{From: controlplanev1.RestoreSource{Cluster: s.name,
+			Target: &controlplanev1.BackupTarget{Endpoint: srv.Endpoint, Bucket: "etcd-backups", CredentialsSecret: "etcd-scale-s3"}}}
+	})
+	r.waitEtcdReady(convergeTimeout, 1)
+	r.waitExternalAvailable(convergeTimeout, etcdScenarioControlPlane)
+	resp, err := r.workloadEtcd(ctx).Raw().Get(ctx, restoreMarkerKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.Kvs) != 1 || string(resp.Kvs[0].Value) != s.name {
+		t.Errorf("the restored EtcdCluster holds %v at %s; the snapshot held %q", resp.Kvs, restoreMarkerKey, s.name)
+	}
+	if min := marker.Revision + backup.BumpRevision; resp.Header.Revision < min {
+		t.Errorf("the restored EtcdCluster serves revision %d; the snapshot's was %d, bumped it must be at least %d", resp.Header.Revision, marker.Revision, min)
+	}
+	ec, err = r.etcdCluster(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := conditions.Get(ec, controlplanev1.RestoredCondition); c == nil || c.Status != metav1.ConditionTrue || c.Reason != controlplanev1.RestoredNewAuthoritiesReason {
+		t.Errorf("Restored is %+v; want True, with new authorities", c)
+	}
+	if st := ec.Status.Restore; st == nil || st.Object != marker.Snapshot || st.Authorities != controlplanev1.NewAuthorities {
+		t.Errorf("status.restore is %+v; want snapshot %s, with new authorities", st, marker.Snapshot)
+	}
+}
+
+// restoreMarkerKey is a key a scenario writes before its last snapshot,
+// to find in the restore.
+const restoreMarkerKey = "/e2e/restore-marker"
+
+// etcdSnapshotAfterMarker writes restoreMarkerKey (the scenario's name)
+// into the EtcdCluster, then has it take a snapshot, and returns that
+// snapshot's manifest.
+func (s *scenario) etcdSnapshotAfterMarker(ctx context.Context, store *s3store.Store) backup.Manifest {
+	s.t.Helper()
+	if _, err := s.workloadEtcd(ctx).Raw().Put(ctx, restoreMarkerKey, s.name); err != nil {
+		s.t.Fatal(err)
+	}
+	asked := time.Now()
+	ec, err := s.etcdCluster(ctx)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	before := ec.DeepCopy()
+	ec.Spec.Backup.Schedule.IntervalSeconds = ptr.To[int32](10)
+	if err := s.c.Patch(ctx, ec, client.MergeFrom(before)); err != nil {
+		s.t.Fatal(err)
+	}
+	var m backup.Manifest
+	s.eventually(2*time.Minute, "a snapshot after the marker", func(ctx context.Context) error {
+		manifests, _, err := engine.StoredBackups(ctx, store, backup.ClusterRef{Namespace: ns, Kind: "EtcdCluster", Name: s.name})
+		if err != nil {
+			return err
+		}
+		for _, mf := range manifests {
+			if mf.Verified != nil && mf.Started.After(asked) {
+				m = mf
+				return nil
+			}
+		}
+		return fmt.Errorf("none begun after %s", asked)
+	})
+	return m
 }
 
 // TestEtcdClusterFlappingAndReplacement: a member frozen for less than

@@ -85,6 +85,12 @@ type EtcdClusterSpec struct {
 	// object store.
 	// +optional
 	Backup *controlplanev1.BackupSpec `json:"backup,omitempty"`
+
+	// restore builds a new EtcdCluster from a snapshot instead of an
+	// empty etcd: the first member restores it, the others join. It
+	// cannot be added, changed or removed once the EtcdCluster exists.
+	// +optional
+	Restore *controlplanev1.RestoreSpec `json:"restore,omitempty"`
 }
 
 // EtcdRolloutSpec controls rollouts of an EtcdCluster.
@@ -167,6 +173,10 @@ type EtcdClusterStatus struct {
 	// backup reports the backups, when spec.backup is set.
 	// +optional
 	Backup *controlplanev1.BackupStatus `json:"backup,omitempty"`
+
+	// restore reports what spec.restore restored.
+	// +optional
+	Restore *controlplanev1.RestoreStatus `json:"restore,omitempty"`
 
 	// observedGeneration is the generation last reconciled.
 	// +optional

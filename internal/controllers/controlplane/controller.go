@@ -255,7 +255,7 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Clu
 	restore, err := r.resolveRestore(ctx, cluster, cp)
 	if err != nil {
 		ctrl.LoggerFrom(ctx).Info("Waiting for a snapshot to restore", "why", err.Error())
-		return ctrl.Result{RequeueAfter: restorePoll}, nil
+		return ctrl.Result{RequeueAfter: engine.RestorePoll}, nil
 	}
 	secrets, err := r.ensureSecrets(ctx, cluster, cp, ext)
 	if err != nil {

@@ -31,7 +31,7 @@ func (r *Reconciler) createMachine(ctx context.Context, cluster *clusterv1.Clust
 	tmpl := cp.Spec.MachineTemplate
 	doc := r.bootstrapDocument(cluster, cp, secrets, obs)
 	if doc.Etcd.Local != nil && doc.Etcd.Local.Restore != nil {
-		if err := r.recordRestore(ctx, cp, secrets.restore); err != nil {
+		if err := engine.RecordRestore(ctx, r.Client, r.Recorder, cp, secrets.restore, r.Now()); err != nil {
 			return err
 		}
 	}

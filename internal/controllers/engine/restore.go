@@ -1,17 +1,25 @@
 package engine
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"slices"
 	"sync"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/record"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/conditions"
+	"sigs.k8s.io/cluster-api/util/secret"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
@@ -78,6 +86,10 @@ type restoreCheck struct {
 }
 
 const restoreRecheck = 30 * time.Second
+
+// RestorePoll is how often an owner whose snapshot cannot be used looks
+// again: no watch tells of a fixed store or Secret.
+const RestorePoll = 15 * time.Second
 
 // ResolveRestore finds and checks the snapshot spec names for owner (of
 // kind, with backup spec b, whose target and key it falls back to). The
@@ -243,4 +255,122 @@ func ReadRestoreRecord(owner client.Object) *controlplanev1.RestoreStatus {
 		return nil
 	}
 	return &st
+}
+
+// RestoreAuthorities creates the authority Secrets of cluster from a
+// backup's, so that the restored cluster keeps its credentials: CAPI's
+// names, type and label, owned by owner, as LookupOrGenerate makes them.
+// A Secret that exists must hold the backup's authority: a restore never
+// replaces one, nor starts beside another. It returns the Secrets it
+// created.
+func RestoreAuthorities(ctx context.Context, c client.Client, cluster *clusterv1.Cluster, owner metav1.OwnerReference, cas backup.Authorities) ([]string, error) {
+	var created []string
+	for _, purpose := range slices.Sorted(maps.Keys(cas)) {
+		name := secret.Name(cluster.Name, secret.Purpose(purpose))
+		var have corev1.Secret
+		err := c.Get(ctx, client.ObjectKey{Namespace: cluster.Namespace, Name: name}, &have)
+		switch {
+		case err == nil:
+			if !bytes.Equal(have.Data[secret.TLSCrtDataName], cas[purpose][secret.TLSCrtDataName]) {
+				return created, fmt.Errorf("Secret %s/%s holds another certificate authority than the backup's: the restore would cut the old credentials off; delete the Secret, and QCP puts the backup's in its place",
+					cluster.Namespace, name)
+			}
+			continue
+		case !apierrors.IsNotFound(err):
+			return created, err
+		}
+		s := &corev1.Secret{
+			ObjectMeta: metav1.ObjectMeta{Namespace: cluster.Namespace, Name: name,
+				Labels:          map[string]string{clusterv1.ClusterNameLabel: cluster.Name},
+				OwnerReferences: []metav1.OwnerReference{owner}},
+			Type: clusterv1.ClusterSecretType,
+			Data: cas[purpose],
+		}
+		if err := c.Create(ctx, s); err != nil {
+			return created, fmt.Errorf("creating Secret %s/%s from the backup's certificate authority: %w", cluster.Namespace, name, err)
+		}
+		created = append(created, name)
+	}
+	return created, nil
+}
+
+// SetRestoreSourceCondition sets owner's Restored condition from a
+// resolution of its snapshot, before the first machine: False naming the
+// fault (nothing is made until it is fixed), or the snapshot found.
+func SetRestoreSourceCondition(owner interface {
+	client.Object
+	conditions.Setter
+}, res *Restore, err error) {
+	switch {
+	case err != nil:
+		conditions.Set(owner, metav1.Condition{Type: controlplanev1.RestoredCondition, Status: metav1.ConditionFalse,
+			Reason: controlplanev1.RestoreSourceInvalidReason, Message: "No machine is created until the snapshot can be restored: " + err.Error()})
+	case res != nil && ReadRestoreRecord(owner) == nil:
+		conditions.Set(owner, metav1.Condition{Type: controlplanev1.RestoredCondition, Status: metav1.ConditionFalse, Reason: controlplanev1.RestoringReason,
+			Message: fmt.Sprintf("Snapshot %s (revision %d) is found and checked; the first machine restores it", res.Manifest.Snapshot, res.Manifest.Revision)})
+	}
+}
+
+// SetRestoreStatus sets status.restore (through status) and the Restored
+// condition from owner's record, once its first machine was created to
+// restore; before that, SetRestoreSourceCondition set the condition.
+// requested: spec.restore is set; initialized: the restored cluster runs.
+func SetRestoreStatus(owner interface {
+	client.Object
+	conditions.Setter
+}, requested, initialized bool, status **controlplanev1.RestoreStatus) {
+	rec := ReadRestoreRecord(owner)
+	*status = rec
+	switch {
+	case !requested:
+		conditions.Delete(owner, controlplanev1.RestoredCondition)
+	case rec == nil:
+	case !initialized:
+		conditions.Set(owner, metav1.Condition{Type: controlplanev1.RestoredCondition, Status: metav1.ConditionFalse, Reason: controlplanev1.RestoringReason,
+			Message: fmt.Sprintf("The first machine restores snapshot %s (revision %d) and starts at revision %d", rec.Object, rec.Revision, rec.StartRevision)})
+	case rec.Authorities == controlplanev1.RestoredAuthorities:
+		conditions.Set(owner, metav1.Condition{Type: controlplanev1.RestoredCondition, Status: metav1.ConditionTrue, Reason: controlplanev1.RestoredReason,
+			Message: fmt.Sprintf("Restored snapshot %s (revision %d), starting at revision %d, with the certificate authorities from the backup: existing credentials keep working",
+				rec.Object, rec.Revision, rec.StartRevision)})
+	default:
+		conditions.Set(owner, metav1.Condition{Type: controlplanev1.RestoredCondition, Status: metav1.ConditionTrue, Reason: controlplanev1.RestoredNewAuthoritiesReason,
+			Message: fmt.Sprintf("Restored snapshot %s (revision %d), starting at revision %d, with new certificate authorities: the backup was not encrypted, so it holds none; credentials issued before the restore (client certificates, service-account tokens) no longer work",
+				rec.Object, rec.Revision, rec.StartRevision)})
+	}
+}
+
+// PrepareRestore is what an owner does each round while its etcd is still
+// to be restored from spec: it finds and checks the snapshot
+// (ResolveRestore), puts the backup's certificate authorities in place
+// before any are generated (RestoreAuthorities, owned by ownerRef), and
+// sets the Restored condition. An error is the source's fault: the owner
+// then makes nothing.
+func PrepareRestore(ctx context.Context, c client.Client, recorder record.EventRecorder, owner interface {
+	client.Object
+	conditions.Setter
+}, ownerRef metav1.OwnerReference, kind string, cluster *clusterv1.Cluster, spec *controlplanev1.RestoreSpec, b *controlplanev1.BackupSpec, now time.Time) (*Restore, error) {
+	res, err := ResolveRestore(ctx, c, owner, kind, spec, b, now)
+	if err == nil && res.Authorities != nil {
+		var created []string
+		created, err = RestoreAuthorities(ctx, c, cluster, ownerRef, res.Authorities)
+		for _, name := range created {
+			recorder.Eventf(owner, corev1.EventTypeNormal, "AuthorityRestored", "Created Secret %s from the certificate authority in the backup", name)
+		}
+	}
+	SetRestoreSourceCondition(owner, res, err)
+	return res, err
+}
+
+// RecordRestore records on owner, before its first machine is created,
+// the restore that machine starts from.
+func RecordRestore(ctx context.Context, c client.Client, recorder record.EventRecorder, owner client.Object, res *Restore, now time.Time) error {
+	b, err := json.Marshal(res.Record(now))
+	if err != nil {
+		return err
+	}
+	if err := (Executor{Client: c, Owner: owner}).recordOnOwner(ctx, RestoreRecordAnnotation, string(b)); err != nil {
+		return fmt.Errorf("recording the restore of snapshot %s before creating the first machine: %w", res.Manifest.Snapshot, err)
+	}
+	recorder.Eventf(owner, corev1.EventTypeNormal, "Restoring", "Creating the first machine from snapshot %s (revision %d)", res.Manifest.Snapshot, res.Manifest.Revision)
+	return nil
 }

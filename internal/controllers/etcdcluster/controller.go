@@ -213,11 +213,22 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Clu
 			Message: fmt.Sprintf("Waiting for Cluster %s's infrastructure to be provisioned", cluster.Name)})
 		return ctrl.Result{}, nil
 	}
+	// A restore's snapshot comes first: its etcd CA, when the backup holds
+	// it, must be in place before one is generated, and nothing is made
+	// while it cannot be used (the Restored condition says why).
+	var restore *engine.Restore
+	if ec.Spec.Restore != nil && !ec.Status.Initialized {
+		var err error
+		if restore, err = engine.PrepareRestore(ctx, r.Client, r.Recorder, ec, ownerRef(ec), "EtcdCluster", cluster, ec.Spec.Restore, ec.Spec.Backup, r.Now()); err != nil {
+			ctrl.LoggerFrom(ctx).Info("Waiting for a snapshot to restore", "why", err.Error())
+			return ctrl.Result{RequeueAfter: engine.RestorePoll}, nil
+		}
+	}
 	ca, err := r.ensureSecrets(ctx, cluster, ec)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	obs, err := r.observe(ctx, cluster, ec, ca)
+	obs, err := r.observe(ctx, cluster, ec, ca, restore)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
@@ -232,7 +243,7 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Clu
 		Owner: ec, LastOperation: &ec.Status.LastOperation, Decision: d, Learned: learned,
 		Observe: func(ctx context.Context) (*engine.Observation, error) {
 			var err error
-			if fresh, err = r.observe(ctx, cluster, ec, ca); err != nil {
+			if fresh, err = r.observe(ctx, cluster, ec, ca, restore); err != nil {
 				return nil, err
 			}
 			return &fresh.Observation, nil

@@ -9,6 +9,7 @@ import (
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/collections"
+	"sigs.k8s.io/cluster-api/util/secret"
 
 	etcdv1 "github.com/qcp-dev/qcp/api/etcd/v1alpha1"
 	"github.com/qcp-dev/qcp/internal/certs"
@@ -21,6 +22,9 @@ import (
 type observation struct {
 	engine.Observation
 	rollout rollout
+	// restore is the snapshot the first member restores; nil when etcd
+	// starts empty, or has data already.
+	restore *engine.Restore
 }
 
 // machines lists ec's Machines, live (never from the cache), by name.
@@ -35,18 +39,23 @@ func (r *Reconciler) machines(ctx context.Context, cluster *clusterv1.Cluster, e
 
 // observe reads everything the planner needs: the machines and the members
 // (over TLS, with a client certificate QCP issues itself from ca).
-func (r *Reconciler) observe(ctx context.Context, cluster *clusterv1.Cluster, ec *etcdv1.EtcdCluster, ca *certs.KeyPair) (*observation, error) {
+func (r *Reconciler) observe(ctx context.Context, cluster *clusterv1.Cluster, ec *etcdv1.EtcdCluster, ca *certs.KeyPair, restore *engine.Restore) (*observation, error) {
 	machines, err := r.machines(ctx, cluster, ec)
 	if err != nil {
 		return nil, err
 	}
-	obs := &observation{Observation: engine.Observation{Machines: machines}, rollout: newRollout(ec, r.Now())}
+	obs := &observation{Observation: engine.Observation{Machines: machines}, rollout: newRollout(ec, r.Now()), restore: restore}
 	obs.Etcd, obs.Members, obs.DepartedAlarms, obs.MembersErr = engine.ObserveEtcd(ctx, r.Etcd, poolKey(ec), ca, nil, r.EtcdClientLifetime, machines)
 	if obs.Etcd != nil {
 		obs.AgentTLS = obs.Etcd.TLSConfig()
 	}
 	obs.Members = r.catchUp.Observe(obs.Members, r.Now())
 	obs.Backup, obs.BackupErr = engine.LoadBackup(ctx, r.Client, ec, "EtcdCluster", ec.Spec.Backup)
+	if obs.Backup != nil {
+		// An encrypted backup holds the etcd CA, so that the API servers'
+		// client certificate keeps working against a restore.
+		obs.Backup.Authorities = map[string]string{string(secret.EtcdCA): secret.Name(cluster.Name, secret.EtcdCA)}
+	}
 	obs.build(ec, cluster, r.Now(), r.tunables(ec))
 	return obs, nil
 }
@@ -81,6 +90,9 @@ func (o *observation) build(ec *etcdv1.EtcdCluster, cluster *clusterv1.Cluster, 
 	}
 	engine.ReadCompaction(ec, &s)
 	engine.ReadBackup(ec, ec.Spec.Backup, o.Backup, o.BackupErr, &s)
+	if o.restore != nil && !s.Bootstrapped {
+		s.Restore = quorum.RestoreState{Requested: true, Snapshot: o.restore.Manifest.Snapshot}
+	}
 	for _, m := range o.Machines {
 		pm := engine.PlannerMachine(m, len(o.rollout.outdated(m)) == 0)
 		mb, ok := o.MemberOn(m)
