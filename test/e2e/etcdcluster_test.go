@@ -29,7 +29,6 @@ import (
 	"github.com/qcp-dev/qcp/internal/binaries"
 	"github.com/qcp-dev/qcp/internal/certs"
 	"github.com/qcp-dev/qcp/internal/cloudinit"
-	"github.com/qcp-dev/qcp/internal/controllers/engine"
 	"github.com/qcp-dev/qcp/internal/etcd"
 	"github.com/qcp-dev/qcp/internal/machinehost"
 	"github.com/qcp-dev/qcp/internal/testkit"
@@ -375,21 +374,7 @@ func (s *scenario) etcdSnapshotAfterMarker(ctx context.Context, store *s3store.S
 	if err := s.c.Patch(ctx, ec, client.MergeFrom(before)); err != nil {
 		s.t.Fatal(err)
 	}
-	var m backup.Manifest
-	s.eventually(2*time.Minute, "a snapshot after the marker", func(ctx context.Context) error {
-		manifests, _, err := engine.StoredBackups(ctx, store, backup.ClusterRef{Namespace: ns, Kind: "EtcdCluster", Name: s.name})
-		if err != nil {
-			return err
-		}
-		for _, mf := range manifests {
-			if mf.Verified != nil && mf.Started.After(asked) {
-				m = mf
-				return nil
-			}
-		}
-		return fmt.Errorf("none begun after %s", asked)
-	})
-	return m
+	return s.snapshotAfter(store, backup.ClusterRef{Namespace: ns, Kind: "EtcdCluster", Name: s.name}, asked)
 }
 
 // TestEtcdClusterFlappingAndReplacement: a member frozen for less than

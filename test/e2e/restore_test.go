@@ -54,19 +54,7 @@ func (s *scenario) loseCluster(ctx context.Context, store *s3store.Store) lostCl
 	var lost lostCluster
 	asked := time.Now()
 	s.setBackup(ctx, func(b *controlplanev1.BackupSpec) { b.Schedule.IntervalSeconds = ptr.To[int32](10) })
-	s.eventually(2*time.Minute, "a snapshot after the writes", func(ctx context.Context) error {
-		manifests, _, err := engine.StoredBackups(ctx, store, backup.ClusterRef{Namespace: ns, Kind: "QuorumControlPlane", Name: s.name})
-		if err != nil {
-			return err
-		}
-		for _, m := range manifests {
-			if m.Verified != nil && m.Started.After(asked) {
-				lost.snapshot = m
-				return nil
-			}
-		}
-		return fmt.Errorf("none begun after %s", asked)
-	})
+	lost.snapshot = s.snapshotAfter(store, backup.ClusterRef{Namespace: ns, Kind: "QuorumControlPlane", Name: s.name}, asked)
 	s.setBackup(ctx, func(b *controlplanev1.BackupSpec) { b.Schedule.IntervalSeconds = ptr.To[int32](86400) })
 	cli, _, err := s.etcdClient(ctx)
 	if err != nil {
@@ -114,6 +102,27 @@ func (s *scenario) loseCluster(ctx context.Context, store *s3store.Store) lostCl
 	}
 	s.deleteCluster()
 	return lost
+}
+
+// snapshotAfter waits for a verified snapshot of owner begun after asked,
+// and returns its manifest.
+func (s *scenario) snapshotAfter(store *s3store.Store, owner backup.ClusterRef, asked time.Time) backup.Manifest {
+	s.t.Helper()
+	var m backup.Manifest
+	s.eventually(2*time.Minute, "a snapshot begun after "+asked.Format(time.TimeOnly), func(ctx context.Context) error {
+		manifests, _, err := engine.StoredBackups(ctx, store, owner)
+		if err != nil {
+			return err
+		}
+		for _, mf := range manifests {
+			if mf.Verified != nil && mf.Started.After(asked) {
+				m = mf
+				return nil
+			}
+		}
+		return fmt.Errorf("none of %d", len(manifests))
+	})
+	return m
 }
 
 // restoreWithBadInput builds cluster name from lost's snapshot, through a
