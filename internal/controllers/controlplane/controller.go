@@ -252,16 +252,21 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Clu
 	// A restore's snapshot comes first: its authorities, when the backup
 	// holds them, must be in place before any are generated, and nothing
 	// is made while it cannot be used (the Restored condition says why).
-	restore, err := r.resolveRestore(ctx, cluster, cp)
-	if err != nil {
-		ctrl.LoggerFrom(ctx).Info("Waiting for a snapshot to restore", "why", err.Error())
-		return ctrl.Result{RequeueAfter: engine.RestorePoll}, nil
+	// Once the first machine was created, a snapshot that can no longer
+	// be read stops only the creation of another first machine (the
+	// planner's wait), not the rounds.
+	restore, restoreErr := r.resolveRestore(ctx, cluster, cp)
+	if restoreErr != nil {
+		ctrl.LoggerFrom(ctx).Info("Waiting for a snapshot to restore", "why", restoreErr.Error())
+		if engine.ReadRestoreRecord(cp) == nil {
+			return ctrl.Result{RequeueAfter: engine.RestorePoll}, nil
+		}
 	}
 	secrets, err := r.ensureSecrets(ctx, cluster, cp, ext)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
-	secrets.restore = restore
+	secrets.restore, secrets.restoreErr = restore, restoreErr
 	if wait, err := r.ensureHealthCheck(ctx, cluster, cp); err != nil {
 		return ctrl.Result{}, err
 	} else if wait != "" {

@@ -70,8 +70,10 @@ type observation struct {
 	// external is the external etcd; nil when etcd is stacked.
 	external *externalEtcd
 	// restore is the snapshot the first machine restores; nil when etcd
-	// starts empty, or has data already.
-	restore *engine.Restore
+	// starts empty, or has data already, or when it cannot be used
+	// (restoreErr).
+	restore    *engine.Restore
+	restoreErr error
 	// rollout judges which machines are outdated.
 	rollout rollout
 	// remediation judges the marked machines; remediationRefused says why
@@ -102,7 +104,7 @@ func (r *Reconciler) observe(ctx context.Context, cluster *clusterv1.Cluster, cp
 	if obs.initialized {
 		obs.nodes, obs.nodesDirect, obs.nodesErr = r.workloadNodes(ctx, cluster)
 	}
-	obs.external, obs.restore = secrets.external, secrets.restore
+	obs.external, obs.restore, obs.restoreErr = secrets.external, secrets.restore, secrets.restoreErr
 	if obs.external == nil {
 		obs.Etcd, obs.Members, obs.DepartedAlarms, obs.MembersErr = r.observeEtcd(ctx, cluster, secrets, obs.Machines)
 		if obs.Etcd != nil {
@@ -185,8 +187,8 @@ func (o *observation) build(cp *controlplanev1.QuorumControlPlane, cluster *clus
 	}
 	engine.ReadCompaction(cp, &s)
 	engine.ReadBackup(cp, backupSpecOf(cp, o.external != nil), o.Backup, o.BackupErr, &s)
-	if o.restore != nil && !s.Bootstrapped {
-		s.Restore = quorum.RestoreState{Requested: true, Snapshot: o.restore.Manifest.Snapshot}
+	if !s.Bootstrapped {
+		s.Restore = engine.PlannerRestore(o.restore, o.restoreErr)
 	}
 	noSpace := quorum.NoSpaceRaised(s)
 	o.remediationRefused, o.remediationNext = map[string]string{}, map[string]remediationData{}

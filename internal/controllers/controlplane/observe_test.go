@@ -3,6 +3,7 @@ package controlplane
 import (
 	"errors"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -155,5 +156,25 @@ func TestBuildCarriesDepartedAlarmsAndQuota(t *testing.T) {
 	obs.build(cp, &clusterv1.Cluster{}, t0, quorum.Tunables{})
 	if obs.State.QuotaBackendBytes != 4294967296 {
 		t.Errorf("quota %d, want the spec's 4294967296", obs.State.QuotaBackendBytes)
+	}
+}
+
+// A restore the planner sees only until etcd has a member: the snapshot
+// found, or, once the first machine exists and the snapshot can no longer
+// be read, the problem, so that a replacement first machine waits for it.
+func TestBuildCarriesTheRestore(t *testing.T) {
+	cp := &controlplanev1.QuorumControlPlane{}
+	obs := &observation{restoreErr: errors.New("bucket \"b\" does not exist")}
+	obs.build(cp, &clusterv1.Cluster{}, t0, quorum.Tunables{})
+	if r := obs.State.Restore; !r.Requested || r.Problem != "bucket \"b\" does not exist" {
+		t.Errorf("State.Restore %+v; want it requested, with the problem", r)
+	}
+	if d := quorum.Plan(obs.State); d.Kind != quorum.Wait || !strings.Contains(d.Reason, "does not exist") {
+		t.Errorf("the plan is %s; want a wait naming the problem", d)
+	}
+	obs.Members = []quorum.Member{{ID: 0xa1, Name: "cp-1", Healthy: true}}
+	obs.build(cp, &clusterv1.Cluster{}, t0, quorum.Tunables{})
+	if r := obs.State.Restore; r.Requested {
+		t.Errorf("State.Restore %+v once etcd has a member; want none", r)
 	}
 }

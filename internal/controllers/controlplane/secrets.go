@@ -236,8 +236,10 @@ type clusterSecrets struct {
 	rotation *rotation
 	// restore is the snapshot the first machine restores, found and
 	// checked before the authorities; nil when etcd starts empty, or
-	// has data already.
-	restore *engine.Restore
+	// has data already. restoreErr is why it cannot be used, once the
+	// first machine was created.
+	restore    *engine.Restore
+	restoreErr error
 }
 
 // ensureSecrets keeps the authorities and the kubeconfig, owned by cp, and

@@ -26,6 +26,7 @@ import (
 	"github.com/qcp-dev/qcp/internal/backup"
 	"github.com/qcp-dev/qcp/internal/backup/s3store"
 	"github.com/qcp-dev/qcp/internal/bootstrap"
+	"github.com/qcp-dev/qcp/internal/quorum"
 )
 
 // RestoreRecordAnnotation records, on the owner, the restore its first
@@ -314,17 +315,21 @@ func SetRestoreSourceCondition(owner interface {
 // SetRestoreStatus sets status.restore (through status) and the Restored
 // condition from owner's record, once its first machine was created to
 // restore; before that, SetRestoreSourceCondition set the condition.
-// requested: spec.restore is set; initialized: the restored cluster runs.
+// requested: spec.restore is set; initialized: the restored cluster runs;
+// problem: why the snapshot cannot be read this round.
 func SetRestoreStatus(owner interface {
 	client.Object
 	conditions.Setter
-}, requested, initialized bool, status **controlplanev1.RestoreStatus) {
+}, requested, initialized bool, problem error, status **controlplanev1.RestoreStatus) {
 	rec := ReadRestoreRecord(owner)
 	*status = rec
 	switch {
 	case !requested:
 		conditions.Delete(owner, controlplanev1.RestoredCondition)
 	case rec == nil:
+	case !initialized && problem != nil:
+		conditions.Set(owner, metav1.Condition{Type: controlplanev1.RestoredCondition, Status: metav1.ConditionFalse, Reason: controlplanev1.RestoreSourceInvalidReason,
+			Message: fmt.Sprintf("The first machine restores snapshot %s; if it has to be replaced, the next one waits until the snapshot can be read again: %v", rec.Object, problem)})
 	case !initialized:
 		conditions.Set(owner, metav1.Condition{Type: controlplanev1.RestoredCondition, Status: metav1.ConditionFalse, Reason: controlplanev1.RestoringReason,
 			Message: fmt.Sprintf("The first machine restores snapshot %s (revision %d) and starts at revision %d", rec.Object, rec.Revision, rec.StartRevision)})
@@ -373,4 +378,19 @@ func RecordRestore(ctx context.Context, c client.Client, recorder record.EventRe
 	}
 	recorder.Eventf(owner, corev1.EventTypeNormal, "Restoring", "Creating the first machine from snapshot %s (revision %d)", res.Manifest.Snapshot, res.Manifest.Revision)
 	return nil
+}
+
+// PlannerRestore is the planner's view of a restore (State.Restore, while
+// etcd never had a member): the snapshot found, or why it cannot be used.
+// A problem that arises once the first machine was created no longer
+// stops the owner's rounds; the planner then waits only where it would
+// create a first machine again.
+func PlannerRestore(res *Restore, err error) quorum.RestoreState {
+	switch {
+	case err != nil:
+		return quorum.RestoreState{Requested: true, Problem: err.Error()}
+	case res != nil:
+		return quorum.RestoreState{Requested: true, Snapshot: res.Manifest.Snapshot}
+	}
+	return quorum.RestoreState{}
 }

@@ -216,12 +216,16 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Clu
 	// A restore's snapshot comes first: its etcd CA, when the backup holds
 	// it, must be in place before one is generated, and nothing is made
 	// while it cannot be used (the Restored condition says why).
-	var restore *engine.Restore
+	// Once the first machine was created, a snapshot that can no longer
+	// be read stops only the creation of another first machine.
+	var restore restoreSource
 	if ec.Spec.Restore != nil && !ec.Status.Initialized {
-		var err error
-		if restore, err = engine.PrepareRestore(ctx, r.Client, r.Recorder, ec, ownerRef(ec), "EtcdCluster", cluster, ec.Spec.Restore, ec.Spec.Backup, r.Now()); err != nil {
-			ctrl.LoggerFrom(ctx).Info("Waiting for a snapshot to restore", "why", err.Error())
-			return ctrl.Result{RequeueAfter: engine.RestorePoll}, nil
+		restore.res, restore.err = engine.PrepareRestore(ctx, r.Client, r.Recorder, ec, ownerRef(ec), "EtcdCluster", cluster, ec.Spec.Restore, ec.Spec.Backup, r.Now())
+		if restore.err != nil {
+			ctrl.LoggerFrom(ctx).Info("Waiting for a snapshot to restore", "why", restore.err.Error())
+			if engine.ReadRestoreRecord(ec) == nil {
+				return ctrl.Result{RequeueAfter: engine.RestorePoll}, nil
+			}
 		}
 	}
 	ca, err := r.ensureSecrets(ctx, cluster, ec)

@@ -107,9 +107,9 @@ func (r *Reconciler) createMachine(ctx context.Context, cluster *clusterv1.Clust
 	doc := bootstrap.NewEtcdOnly(ec.Name, ca, obs.LocalMember())
 	doc.Versions.Etcd = ec.Spec.Version
 	doc.Etcd.Local.QuotaBackendBytes = obs.State.QuotaBackendBytes
-	if obs.restore != nil && doc.Etcd.Local.Mode == bootstrap.EtcdModeNew {
-		doc.Etcd.Local.Restore = obs.restore.Bootstrap()
-		if err := engine.RecordRestore(ctx, r.Client, r.Recorder, ec, obs.restore, r.Now()); err != nil {
+	if res := obs.restore.res; res != nil && doc.Etcd.Local.Mode == bootstrap.EtcdModeNew {
+		doc.Etcd.Local.Restore = res.Bootstrap()
+		if err := engine.RecordRestore(ctx, r.Client, r.Recorder, ec, res, r.Now()); err != nil {
 			return err
 		}
 	}

@@ -22,9 +22,15 @@ import (
 type observation struct {
 	engine.Observation
 	rollout rollout
-	// restore is the snapshot the first member restores; nil when etcd
-	// starts empty, or has data already.
-	restore *engine.Restore
+	restore restoreSource
+}
+
+// restoreSource is the snapshot the first member restores (res), or why it
+// cannot be used (err); both nil when etcd starts empty, or has data
+// already.
+type restoreSource struct {
+	res *engine.Restore
+	err error
 }
 
 // machines lists ec's Machines, live (never from the cache), by name.
@@ -39,7 +45,7 @@ func (r *Reconciler) machines(ctx context.Context, cluster *clusterv1.Cluster, e
 
 // observe reads everything the planner needs: the machines and the members
 // (over TLS, with a client certificate QCP issues itself from ca).
-func (r *Reconciler) observe(ctx context.Context, cluster *clusterv1.Cluster, ec *etcdv1.EtcdCluster, ca *certs.KeyPair, restore *engine.Restore) (*observation, error) {
+func (r *Reconciler) observe(ctx context.Context, cluster *clusterv1.Cluster, ec *etcdv1.EtcdCluster, ca *certs.KeyPair, restore restoreSource) (*observation, error) {
 	machines, err := r.machines(ctx, cluster, ec)
 	if err != nil {
 		return nil, err
@@ -90,8 +96,8 @@ func (o *observation) build(ec *etcdv1.EtcdCluster, cluster *clusterv1.Cluster, 
 	}
 	engine.ReadCompaction(ec, &s)
 	engine.ReadBackup(ec, ec.Spec.Backup, o.Backup, o.BackupErr, &s)
-	if o.restore != nil && !s.Bootstrapped {
-		s.Restore = quorum.RestoreState{Requested: true, Snapshot: o.restore.Manifest.Snapshot}
+	if !s.Bootstrapped {
+		s.Restore = engine.PlannerRestore(o.restore.res, o.restore.err)
 	}
 	for _, m := range o.Machines {
 		pm := engine.PlannerMachine(m, len(o.rollout.outdated(m)) == 0)
