@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -422,6 +423,9 @@ func (r *Reconciler) healthCheckToControlPlane(ctx context.Context, o client.Obj
 // rotation waiting for it to become usable then takes. Other Secrets map
 // to none.
 func (r *Reconciler) secretToControlPlane(ctx context.Context, o client.Object) []ctrl.Request {
+	if reqs := r.backupSecretToControlPlanes(ctx, o); len(reqs) > 0 {
+		return reqs
+	}
 	name := o.GetLabels()[clusterv1.ClusterNameLabel]
 	if name == "" || o.GetName() != secret.Name(name, secret.APIServerEtcdClient) &&
 		o.GetName() != secret.Name(name, engine.NextPurpose(secret.EtcdCA)) && o.GetName() != secret.Name(name, engine.NextPurpose(secret.ClusterCA)) {
@@ -432,6 +436,24 @@ func (r *Reconciler) secretToControlPlane(ctx context.Context, o client.Object) 
 		return nil
 	}
 	return r.clusterToControlPlane(ctx, cluster)
+}
+
+// backupSecretToControlPlanes maps a Secret that spec.backup or
+// spec.restore of a control plane in its namespace names (the store's
+// credentials, the key) to those control planes, so that a fixed Secret
+// is seen at once rather than at the next poll.
+func (r *Reconciler) backupSecretToControlPlanes(ctx context.Context, o client.Object) []ctrl.Request {
+	var cps controlplanev1.QuorumControlPlaneList
+	if err := r.Client.List(ctx, &cps, client.InNamespace(o.GetNamespace())); err != nil {
+		return nil
+	}
+	var reqs []ctrl.Request
+	for _, cp := range cps.Items {
+		if slices.Contains(engine.BackupSecrets(cp.Spec.Backup, cp.Spec.Restore), o.GetName()) {
+			reqs = append(reqs, ctrl.Request{NamespacedName: client.ObjectKeyFromObject(&cp)})
+		}
+	}
+	return reqs
 }
 
 // classToControlPlanes maps a ClusterClass to the control planes of the

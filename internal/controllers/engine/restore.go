@@ -394,3 +394,24 @@ func PlannerRestore(res *Restore, err error) quorum.RestoreState {
 	}
 	return quorum.RestoreState{}
 }
+
+// BackupSecrets are the Secrets spec.backup b and spec.restore r name: the
+// stores' credentials and the keys.
+func BackupSecrets(b *controlplanev1.BackupSpec, r *controlplanev1.RestoreSpec) []string {
+	var out []string
+	if b != nil {
+		out = append(out, b.Target.CredentialsSecret)
+		if b.Encryption != nil {
+			out = append(out, b.Encryption.KeySecret)
+		}
+	}
+	if r != nil {
+		if t := r.From.Target; t != nil {
+			out = append(out, t.CredentialsSecret)
+		}
+		if e := r.From.Encryption; e != nil {
+			out = append(out, e.KeySecret)
+		}
+	}
+	return out
+}
