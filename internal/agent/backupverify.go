@@ -126,20 +126,12 @@ func (a *machineCtx) verifyBackup(ctx context.Context, req BackupVerifyRequest) 
 	if err := os.RemoveAll(dir); err != nil {
 		return BackupVerifyResult{}, err
 	}
-	if err := checkScratchSpace(a.dir, req.Manifest.Size); err != nil {
-		return BackupVerifyResult{}, err
-	}
-	body, err := download(ctx, req.URL, req.CA)
+	snap, body, err := openStored(ctx, a.dir, req.URL, req.CA, req.Manifest, enc)
 	if err != nil {
 		return BackupVerifyResult{}, err
 	}
 	defer body.Close()
-	counted := backup.NewCounter(body)
-	plain, err := backup.Open(counted, req.Manifest, enc)
-	if err != nil {
-		return BackupVerifyResult{}, err
-	}
-	restored, err := backup.ScratchRestore(ctx, a.bins["etcd"], dir, &checkAtEOF{r: plain, counted: counted, m: req.Manifest})
+	restored, err := backup.ScratchRestore(ctx, a.bins["etcd"], dir, snap)
 	if err != nil {
 		return BackupVerifyResult{}, err
 	}
@@ -147,6 +139,27 @@ func (a *machineCtx) verifyBackup(ctx context.Context, req BackupVerifyRequest) 
 		return BackupVerifyResult{}, fmt.Errorf("snapshot %s restored at revision %d; its manifest says %d", req.Manifest.Snapshot, restored.Revision, req.Manifest.Revision)
 	}
 	return BackupVerifyResult{Revision: restored.Revision, Keys: restored.Keys, Machine: a.machine.Name}, nil
+}
+
+// openStored checks that the disk of dir has room for a snapshot of m and
+// its restored copy, and opens a GET of u (trusting ca): the returned
+// reader is the plaintext (decrypted with enc), which fails at its end
+// unless the object's size and SHA-256 are m's. Close body when done.
+func openStored(ctx context.Context, dir, u string, ca []byte, m backup.Manifest, enc *backup.Encryption) (io.Reader, io.Closer, error) {
+	if err := checkScratchSpace(dir, m.Size); err != nil {
+		return nil, nil, err
+	}
+	body, err := download(ctx, u, ca)
+	if err != nil {
+		return nil, nil, err
+	}
+	counted := backup.NewCounter(body)
+	plain, err := backup.Open(counted, m, enc)
+	if err != nil {
+		body.Close()
+		return nil, nil, err
+	}
+	return &checkAtEOF{r: plain, counted: counted, m: m}, body, nil
 }
 
 // checkAtEOF reads the plaintext, and at its end reads what is left of the

@@ -46,20 +46,11 @@ func (a *machineCtx) restoreEtcd(ctx context.Context, initialCluster string) err
 		return err
 	}
 	defer os.RemoveAll(dir)
-	if err := checkScratchSpace(a.dir, r.Size); err != nil {
-		return err
-	}
-	body, err := download(ctx, r.URL, []byte(r.CA))
-	if err != nil {
-		return err
-	}
-	defer body.Close()
-	counted := backup.NewCounter(body)
-	plain, err := backup.Open(counted, m, enc)
+	snap, body, err := openStored(ctx, a.dir, r.URL, []byte(r.CA), m, enc)
 	if err != nil {
 		return fmt.Errorf("snapshot %s: %w", r.Snapshot, err)
 	}
-	snap := &checkAtEOF{r: plain, counted: counted, m: m}
+	defer body.Close()
 	member := backup.Member{Name: a.machine.Name, InitialCluster: initialCluster, Token: a.doc.ClusterName, PeerURL: a.url("https", EtcdPeerPort)}
 	if err := backup.RestoreData(ctx, a.bins["etcd"], snap, dir, data, member, r.BumpRevision); err != nil {
 		return fmt.Errorf("snapshot %s: %w", r.Snapshot, err)
