@@ -6,7 +6,7 @@ import (
 	"time"
 )
 
-// Check reports every invariant (I1–I8) that taking decision d in state
+// Check reports every invariant (I1–I9) that taking decision d in state
 // before, ending in state after, breaks, and every RenewCertificates
 // taken when it is not due; nil if none. "after" is the state right after
 // the step; faults and progress of the world may also show in it, so
@@ -16,7 +16,7 @@ func Check(before State, d Decision, after State) error {
 	checks := []func(view, Decision, view) error{
 		checkQuorum, checkBounded, checkLearnersFirst, checkOneAtATime,
 		checkHooks, checkLeader, checkNoHeroics, checkRenewal, checkAuthority, checkSnapshotSource,
-		checkRestoreSource,
+		checkRestoreSource, checkOneCluster,
 	}
 	var errs []error
 	for _, c := range checks {

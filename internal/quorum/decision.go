@@ -82,6 +82,21 @@ const (
 	// restore it into a scratch etcd, and record it once verified. etcd
 	// is not disrupted: the member serves on while it streams.
 	Snapshot Kind = "Snapshot"
+	// Recover: etcd lost quorum for good, and member Decision.MemberID
+	// on Decision.Machine survives it with the highest applied index.
+	// Record the recovery on the owner first (a token naming it, the
+	// machine, the member and Decision.Revision), then have the
+	// machine's agent stop its etcd and restore its own database as the
+	// only member of a new cluster (etcdutl snapshot restore
+	// --skip-hash-check --bump-revision --mark-compacted, with the
+	// token as --initial-cluster-token), start it, and record the new
+	// member's ID as the machine's Machine.MemberID. Every other member
+	// is then gone from the list: their machines are spent, deleted and
+	// replaced by learners, the hooks released once they host no voter.
+	// The one step allowed to shrink the membership below quorum's
+	// rules (I7), and only once every lost voter's machine is confirmed
+	// lost (I9).
+	Recover Kind = "Recover"
 	// Wait: nothing to do until the world changes; Reason names what for.
 	Wait Kind = "Wait"
 	// Degraded: the planner refuses to act and a human is needed; Reason
@@ -91,7 +106,7 @@ const (
 
 // Kinds are every Kind a Decision may have.
 var Kinds = []Kind{CreateMachine, AddLearner, Promote, MoveLeader, RemoveMember, AddHook, RemoveHook, DeleteMachine,
-	DisarmAlarm, Compact, Defragment, RestartMember, RenewCertificates, SetAuthority, Snapshot, Wait, Degraded}
+	DisarmAlarm, Compact, Defragment, RestartMember, RenewCertificates, SetAuthority, Snapshot, Recover, Wait, Degraded}
 
 // Decision is exactly one next step. Only the fields its Kind names are set.
 type Decision struct {
@@ -112,7 +127,8 @@ type Decision struct {
 	PeerURL string
 	// Alarm is the alarm DisarmAlarm disarms (NOSPACE).
 	Alarm string
-	// Revision is the revision Compact compacts to.
+	// Revision is the revision Compact compacts to; for Recover, the
+	// survivor's revision, which the recovery keeps.
 	Revision int64
 	// QuotaBackendBytes is the backend quota RestartMember gives the member.
 	QuotaBackendBytes int64
@@ -173,6 +189,11 @@ type Expectation struct {
 	// lead. Moving leadership away from it, and removing or deleting a voter
 	// that was not the leader (I6), depend on it.
 	Leader uint64
+	// Survivors are the members that answered on their own (State.Survivors)
+	// when the plan was made, sorted; a recovery is taken only while the
+	// same members answer, so that a lost member that answers again stops
+	// it.
+	Survivors []uint64
 }
 
 // Verify checks d's preconditions against a fresh observation, made right
@@ -214,7 +235,12 @@ func (d Decision) Verify(fresh State) error {
 	if healthy := healthyIDs(v.members); e.Members != nil && !slices.Equal(healthy, e.Healthy) {
 		return fmt.Errorf("member health changed since the plan: healthy %s, planned with %s", idList(healthy), idList(e.Healthy))
 	}
+	if s := survivorIDs(fresh.Survivors); e.Survivors != nil && !slices.Equal(s, e.Survivors) {
+		return fmt.Errorf("the members that answer on their own changed since the plan: %s, planned with %s", idList(s), idList(e.Survivors))
+	}
 	switch d.Kind {
+	case Recover:
+		return v.verifyRecovery(d)
 	case RenewCertificates:
 		return v.verifyRenewal(d.Machine)
 	case SetAuthority:
@@ -323,6 +349,8 @@ func (d Decision) String() string {
 		target = fmt.Sprintf("(%s %s)", d.Machine, d.PeerURL)
 	case Promote, MoveLeader, RemoveMember, Defragment, Snapshot:
 		target = fmt.Sprintf("(%x on %s)", d.MemberID, orNone(d.Machine))
+	case Recover:
+		target = fmt.Sprintf("(from %x on %s, revision %d)", d.MemberID, d.Machine, d.Revision)
 	case RestartMember:
 		target = fmt.Sprintf("(%x on %s, quota %d)", d.MemberID, orNone(d.Machine), d.QuotaBackendBytes)
 	case DisarmAlarm:

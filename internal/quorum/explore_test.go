@@ -159,7 +159,7 @@ func (e *explorer) successor(n node, w world, fault, stale int, step string) nod
 }
 
 // act carries out d in w, as a caller that enforces d's preconditions
-// would, and checks the transition: the invariants I1–I8 (Check, against
+// would, and checks the transition: the invariants I1–I9 (Check, against
 // the world as it really was), the member bound, and the world invariant.
 // A step whose preconditions fail is dropped; the caller plans again.
 func (e *explorer) act(n node, w world, d Decision, how string) (world, bool) {
@@ -203,6 +203,24 @@ func worldInvariant(before world, d Decision, after world) string {
 	probe.progress()
 	if before.margin() >= 1 && baseline.margin() >= 0 && probe.margin() < 0 {
 		return fmt.Sprintf("world: %s turned a cluster that survives one more failure into one without quorum", d)
+	}
+	if d.Kind == Recover {
+		// I9 by what it does: the old members that may still run, the
+		// survivor that became the new cluster apart, must never again be
+		// a majority of the old voters.
+		voters, alive := 0, 0
+		for _, m := range before.members {
+			if m.learner {
+				continue
+			}
+			voters++
+			if mc := before.machine(machineName(m.host)); m.id != d.MemberID && mc != nil && !mc.lost {
+				alive++
+			}
+		}
+		if 2*alive > voters {
+			return fmt.Sprintf("world: %s leaves %d of the old cluster's %d voters that may still run: it could serve beside the recovered one", d, alive, voters)
+		}
 	}
 	if why := strategyInvariant(before, d); why != "" {
 		return "world: " + why
@@ -324,7 +342,7 @@ func needsRestore(w world) bool {
 	}
 	alive := 0
 	for _, m := range voters {
-		if m.healthy || w.machine(machineName(m.host)) != nil {
+		if mc := w.machine(machineName(m.host)); m.healthy || mc != nil && !mc.lost {
 			alive++
 		}
 	}
@@ -339,7 +357,7 @@ func recoverAll(w world) world {
 	for i := range w.members {
 		m := &w.members[i]
 		mc := w.machine(machineName(m.host))
-		if m.started && !m.healthy && mc != nil {
+		if m.started && !m.healthy && mc != nil && !mc.lost {
 			m.finishDisruption()
 			m.healthy, m.caughtUp = true, true
 		}

@@ -22,12 +22,20 @@ func faults() []fault {
 		})},
 		{"member recovers", eachMember(func(m *wMember, w *world) bool {
 			mc := w.machine(machineName(m.host))
-			if !m.started || m.healthy || mc == nil {
+			if !m.started || m.healthy || mc == nil || mc.lost {
 				return false
 			}
 			m.finishDisruption()
 			m.healthy, m.caughtUp = true, true
 			w.elect()
+			return true
+		})},
+		{"a down member's machine is confirmed lost (its infrastructure reports it stopped, or a user says so)", eachMachine(func(mc *wMachine, w *world) bool {
+			m := w.memberOn(mc.id)
+			if w.recovery == RecoverManually && !w.triggered || mc.lost || m == nil || m.healthy || !m.started {
+				return false // only where a recovery may come of it, and only of a machine whose member is down
+			}
+			mc.lost = true
 			return true
 		})},
 		{"leader changes without a crash", eachMember(func(m *wMember, w *world) bool {

@@ -79,6 +79,9 @@ type options struct {
 	// restoreUnchecked creates a restoring first machine while its
 	// snapshot has a problem.
 	restoreUnchecked bool
+	// recoverUnfenced recovers from a survivor while lost voters' machines
+	// are not confirmed lost.
+	recoverUnfenced bool
 }
 
 // planner holds one observation; its methods are the rules.
@@ -96,6 +99,7 @@ func planWith(s State, o options) Decision {
 	}
 	p := planner{view: newView(s), opts: o}
 	rules := []rule{
+		planner.recoverQuorum,
 		planner.refuseUnknownMembership,
 		planner.bootstrap,
 		planner.protectVoters,
@@ -118,10 +122,10 @@ func planWith(s State, o options) Decision {
 		planner.defragment,
 	}
 	if o.defragFirst {
-		rules = slices.Insert(rules[:len(rules)-1], 6, planner.defragment)
+		rules = slices.Insert(rules[:len(rules)-1], 7, planner.defragment)
 	}
 	if o.protectVotersLast {
-		rules = append(slices.Delete(rules, 2, 3), planner.protectVoters)
+		rules = append(slices.Delete(rules, 3, 4), planner.protectVoters)
 	}
 	steady := func() Decision {
 		return waitf("nothing to do: %d healthy, up-to-date voters as desired", len(p.voters()))

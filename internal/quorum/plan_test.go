@@ -232,7 +232,7 @@ func targets(d Decision, target string) bool {
 	switch d.Kind {
 	case CreateMachine:
 		return target == "" || d.FailureDomain == target
-	case Promote, MoveLeader, RemoveMember, Defragment, RestartMember, Snapshot:
+	case Promote, MoveLeader, RemoveMember, Defragment, RestartMember, Snapshot, Recover:
 		return idString(d.MemberID) == target
 	case Wait, Degraded:
 		return target == ""
@@ -266,5 +266,78 @@ func TestPlanIgnoresOrder(t *testing.T) {
 func TestPlanRefusesBadDesired(t *testing.T) {
 	if d := Plan(State{}); d.Kind != Degraded || !strings.Contains(d.Reason, "at least 1") {
 		t.Fatalf("Plan(desired=0) = %s", d)
+	}
+}
+
+// lostWorld is n voters whose last n/2+1 went down in epoch 1; the clock
+// is `later` epochs on. confirmed marks their machines confirmed lost.
+func lostWorld(n, later int, confirmed bool, f func(*world)) State {
+	w := healthyWorld(n, n)
+	for id := n/2 + 1; id <= n; id++ {
+		crash(id)(&w)
+		w.machine(machineName(id)).lost = confirmed
+	}
+	w.epoch += later
+	if f != nil {
+		f(&w)
+	}
+	return w.state()
+}
+
+func TestPlanRecovery(t *testing.T) {
+	fromSurvivor := func(w *world) { w.recovery = RecoverFromSurvivor }
+	runPlanCases(t, []planCase{
+		{"quorum lost past the policy's wait, lost machines confirmed: recover from the survivor with the highest applied index",
+			lostWorld(5, 1, true, func(w *world) { fromSurvivor(w); w.members[0].lagging = true }),
+			Recover, "2", "recovering from survivor m-02, the highest applied index (5000), as a new cluster of one that keeps revision 4000"},
+		{"the same survivors, none lagging: the lowest ID",
+			lostWorld(5, 1, true, fromSurvivor), Recover, "1", "voters m-03, m-04, m-05 of 5 do not answer"},
+		{"quorum lost for less than the policy's wait",
+			lostWorld(3, 0, true, fromSurvivor), Wait, "", "recovering from survivor m-01 (applied index 5000) at 2026-01-01T00:15:00Z, after the loss has lasted 5m0s, unless they answer again"},
+		{"a trigger recovers at once",
+			lostWorld(3, 0, true, func(w *world) { w.triggered = true }), Recover, "1", "recovering from survivor m-01"},
+		{"lost machines not confirmed lost (frozen, or behind a partition): no recovery, whatever the policy",
+			lostWorld(3, 1, false, func(w *world) { w.triggered = true }), Degraded, "",
+			"recovering from survivor m-01 waits until machines m-02, m-03 are confirmed lost"},
+		{"one lost machine confirmed, the other not",
+			lostWorld(3, 1, true, func(w *world) { fromSurvivor(w); w.machine(machineName(3)).lost = false }), Degraded, "", "until machines m-03 are confirmed lost"},
+		{"Manual: the loss is reported, nothing recovered",
+			lostWorld(3, 1, true, nil), Degraded, "", "etcd has lost quorum"},
+		{"survivors that disagree on the membership",
+			edit(lostWorld(5, 1, true, fromSurvivor), func(s *State) {
+				s.Survivors = append([]Survivor(nil), s.Survivors...)
+				s.Survivors[1].View = s.Survivors[1].View[:4]
+			}), Degraded, "", "the members that answer disagree on the membership"},
+		{"a majority answers, but the list cannot be read: no recovery",
+			edit(lostWorld(3, 1, true, fromSurvivor), func(s *State) {
+				s.Survivors = append(s.Survivors, Survivor{Member: Member{ID: 2, Name: "m-02", AppliedIndex: 5000}, View: s.Survivors[0].View})
+			}), Degraded, "", "the etcd member list cannot be read"},
+		{"a survivor whose machine is deleting is not kept",
+			lostWorld(3, 1, true, func(w *world) { fromSurvivor(w); w.machines[0].deleting = true }), Degraded, "",
+			"no voter that answers runs on a machine that stays"},
+	})
+}
+
+func TestRecoverVerify(t *testing.T) {
+	s := lostWorld(5, 1, true, func(w *world) { w.recovery = RecoverFromSurvivor })
+	d := Plan(s)
+	if d.Kind != Recover {
+		t.Fatalf("planned %s", d)
+	}
+	if err := d.Verify(s); err != nil {
+		t.Fatalf("Verify on the same state: %v", err)
+	}
+	for name, f := range map[string]func(*State){
+		"a lost member answers again": func(s *State) {
+			s.Survivors = append(s.Survivors, Survivor{Member: Member{ID: 3, Name: "m-03", AppliedIndex: 5000}, View: s.Survivors[0].View})
+		},
+		"a lost machine is no longer confirmed lost": func(s *State) { s.Machines[4].ConfirmedLost = false },
+		"the list can be read again":                 func(s *State) { s.MembersUnknown = false },
+		"the kept survivor stopped answering":        func(s *State) { s.Survivors = s.Survivors[1:] },
+	} {
+		fresh := edit(s, f)
+		if err := d.Verify(fresh); err == nil {
+			t.Errorf("%s: Verify passed", name)
+		}
 	}
 }

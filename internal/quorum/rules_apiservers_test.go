@@ -137,7 +137,7 @@ func (w apiWorld) serving(except string) int {
 }
 
 // apiInvariant is what a step of the APIServersOnly planner must never do,
-// besides I1–I8 (Check): create while a kept machine starts (I4) or beyond
+// besides I1–I9 (Check): create while a kept machine starts (I4) or beyond
 // the machine budget (I2: desired, and desired + 1 only to replace a kept
 // machine surge-first), delete a serving machine while another machine
 // is deleting or starting, or leave fewer serving machines than desired
@@ -242,7 +242,7 @@ func apiStarts() []apiWorld {
 
 // TestAPIServersOnlyExhaustive walks every state reachable from apiStarts,
 // the world advancing any one machine between steps, and checks every
-// step against I1–I8 and apiInvariant; from every state, the planner left
+// step against I1–I9 and apiInvariant; from every state, the planner left
 // alone with a progressing world must converge.
 func TestAPIServersOnlyExhaustive(t *testing.T) {
 	states, kinds, err := exploreAPIServers(Plan)

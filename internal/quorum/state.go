@@ -1,6 +1,6 @@
 // Package quorum is QCP's quorum engine: a pure planner that looks at a
 // snapshot of a control plane's machines and etcd members and returns exactly
-// one next step, plus the safety invariants I1–I8 that every step must keep.
+// one next step, plus the safety invariants I1–I9 that every step must keep.
 //
 // The package does no I/O and imports only the standard library. Like etcd's
 // raft package, it is a state machine whose caller (a reconciler, or the
@@ -123,6 +123,18 @@
 //     topology, that serves), the earliest due first, one machine at a
 //     time, and never beside a member's disruption: a defragmentation
 //     or restart waits for a renewal in flight, and the other way round.
+//   - Quorum loss. QCP never loses quorum by its own steps (I1, I7), but
+//     the world can take it. With the policy RecoverFromSurvivor, or a
+//     human's trigger, the planner then rebuilds etcd from the survivor
+//     with the highest applied index (Recover): a new cluster of one
+//     that keeps the survivor's data, its revision bumped, which grows
+//     back with learners. It waits until the loss has lasted
+//     Recovery.After (a trigger does not), and until every voter that
+//     does not answer runs on a machine confirmed lost (I9): a member
+//     alive behind a partition must never serve beside the recovered
+//     cluster. The survivors are read from each member alone
+//     (State.Survivors), since the member list cannot be read without
+//     quorum.
 //   - Failure domains. A new machine goes to the domain with the fewest
 //     machines that will remain (every kept machine except the one a
 //     rollout replaces), ties broken alphabetically; scale-down takes the
@@ -258,6 +270,14 @@ type State struct {
 	// Restore is the snapshot a new cluster's first machine restores;
 	// zero when etcd starts empty.
 	Restore RestoreState
+	// Recovery is what to do once etcd has lost quorum for good; the zero
+	// value is Manual: report it and wait for a human.
+	Recovery RecoveryState
+	// Survivors are the members that answered on their own while the
+	// member list could not be read (MembersUnknown), each with the member
+	// list it has applied; the caller fills them in only then. A recovery
+	// from a survivor (RecoverFromSurvivor) chooses among them.
+	Survivors []Survivor
 	// Backup is what the caller knows of the backups; zero when none are
 	// configured.
 	Backup BackupState
@@ -432,6 +452,12 @@ type Machine struct {
 	// younger than Tunables.RenewTimeout is a renewal in flight; an older
 	// one finished or failed.
 	RenewStartedAt time.Time
+	// ConfirmedLost is true when the machine is known not to run: its
+	// infrastructure reports it stopped or gone (a process machine whose
+	// agent exited), or a user annotated the Machine as lost for good. A
+	// recovery from a survivor fences on it: it never starts while a lost
+	// member's machine may still run behind a partition.
+	ConfirmedLost bool
 	// AuthorityUpdate is what the machine lacks of the current stage of
 	// a CA rotation (of the etcd CA or the cluster CA), by the caller's comparison of what its agent
 	// reports with what the stage wants; AuthorityCurrent (the zero value)
@@ -549,4 +575,46 @@ type BackupState struct {
 	// RetryAt is when a snapshot may be tried again after a failure; zero
 	// when the last attempt succeeded.
 	RetryAt time.Time
+}
+
+// RecoveryPolicy says what QCP does once etcd has lost quorum for good.
+type RecoveryPolicy string
+
+const (
+	// RecoverManually (the default) reports the loss and waits for a
+	// human, who may trigger a recovery (RecoveryState.Triggered).
+	RecoverManually RecoveryPolicy = ""
+	// RecoverFromSurvivor rebuilds etcd from the surviving member with
+	// the highest applied index, once the loss has lasted
+	// RecoveryState.After and every lost voter's machine is confirmed
+	// lost (Machine.ConfirmedLost).
+	RecoverFromSurvivor RecoveryPolicy = "FromSurvivor"
+)
+
+// RecoveryState is the caller's recovery policy and what it knows of the
+// loss.
+type RecoveryState struct {
+	// Policy is spec.quorumLossRecovery.policy.
+	Policy RecoveryPolicy
+	// After is how long the loss must last before Policy recovers.
+	After time.Duration
+	// Triggered: a human asked for one recovery from a survivor now
+	// (the one-shot trigger), whatever Policy and After say. Fencing
+	// still applies.
+	Triggered bool
+	// LostSince is when the caller first saw etcd without quorum, in
+	// this loss; zero counts as Now (the caller persists what it first
+	// saw).
+	LostSince time.Time
+}
+
+// Survivor is a member that answered on its own while etcd had no quorum:
+// its status, and the member list it has applied.
+type Survivor struct {
+	// Member is the member as its own status reports it: ID, Name,
+	// PeerURL, AppliedIndex and Revision; Learner as its view lists it.
+	Member
+	// View is the member list the survivor has applied (ID, Name,
+	// PeerURL, Learner), read from it alone.
+	View []Member
 }

@@ -42,7 +42,17 @@ type world struct {
 	// until etcd has a member; restoreBad: the snapshot cannot be used
 	// yet, until the user fixes it while QCP waits.
 	restore, restoreBad bool
+	// recovery is the quorum-loss policy, and triggered a human's
+	// one-shot recovery (State.Recovery). With either, a world without
+	// quorum is observed as a driver does: the member list cannot be
+	// read, and the members that answer are survivors.
+	recovery  RecoveryPolicy
+	triggered bool
 }
+
+// worldRecoveryAfter is how long a loss lasts before the policy recovers:
+// less than an epoch.
+const worldRecoveryAfter = 5 * time.Minute
 
 // The backend quota of the world's etcd, and the database sizes its
 // members report: below it, or above it for a member that raised NOSPACE.
@@ -87,13 +97,14 @@ type wMachine struct {
 	renewOpen   bool // a certificate renewal record is open (started at epoch renewAt, end not recorded)
 	renewAt     int
 	authority   AuthorityUpdate // what it lacks of an etcd CA rotation's stage
+	lost        bool            // confirmed lost: it does not run, and never will again
 }
 
 // version stands in for the Machine's resourceVersion: it changes whenever
 // anything the API server stores about the machine changes.
 func (m wMachine) version() string {
 	return m.fd + "/" + bits(m.addr, m.upToDate, m.deleting, m.annotated, m.hook, m.failed, m.remediate, m.joinStarted, m.defragOpen, m.defragged, m.restartOpen,
-		m.certsDue, m.renewOpen) + string(m.authority) +
+		m.certsDue, m.renewOpen, m.lost) + string(m.authority) +
 		"/" + strconv.FormatUint(m.memberID, 10) + "/" + strconv.Itoa(m.defragAt) + "/" + strconv.Itoa(m.restartAt) + "/" + strconv.Itoa(m.renewAt)
 }
 
@@ -118,6 +129,9 @@ type wMember struct {
 	// restarting: it is restarting with the new one, and answers nothing
 	// until it is back.
 	oldQuota, restarting bool
+	// lagging: its applied index trails the others' (a survivor a
+	// recovery must not keep while a current one survives too).
+	lagging bool
 }
 
 var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -170,6 +184,7 @@ func (w world) state() State {
 		}
 	}
 	s.Backup.Configured, s.Backup.MaxAgeBeforeRisky = w.backupConfigured, time.Hour
+	s.Recovery = RecoveryState{Policy: w.recovery, After: worldRecoveryAfter, Triggered: w.triggered}
 	if w.backupFresh {
 		s.Backup.LastVerified = now.Add(-time.Minute)
 	}
@@ -184,7 +199,7 @@ func (w world) state() State {
 			CreatedAt: at(m.born).Add(time.Duration(m.id) * time.Second),
 			Deleting:  m.deleting, DeleteAnnotated: m.annotated, HasHook: m.hook,
 			NodeReady: !m.remediate, ComponentsHealthy: !m.remediate, CreationFailed: m.failed, MemberID: m.memberID,
-			JoinStarted: m.joinStarted, Remediate: m.remediate, ResourceVersion: m.version(),
+			JoinStarted: m.joinStarted, Remediate: m.remediate, ResourceVersion: m.version(), ConfirmedLost: m.lost,
 		}
 		if m.addr {
 			mc.PeerURL = peerURL(m.id)
@@ -245,9 +260,43 @@ func (w world) state() State {
 		if m.alarm != "" {
 			mm.Alarms = []string{m.alarm}
 		}
+		if m.lagging {
+			mm.AppliedIndex = 4000
+		}
 		s.Members = append(s.Members, mm)
 	}
+	if (w.recovery != RecoverManually || w.triggered) && len(w.members) > 0 && w.margin() < 0 {
+		w.observeLoss(&s, at)
+	}
 	return s
+}
+
+// observeLoss renders a world without quorum as a driver observes it: the
+// member list cannot be read; the members that are up answer on their own
+// (survivors), each with the whole list as its view; the loss began when
+// the voter that broke the majority went down.
+func (w world) observeLoss(s *State, at func(int) time.Time) {
+	view := make([]Member, 0, len(s.Members))
+	for _, m := range s.Members {
+		view = append(view, Member{ID: m.ID, Name: m.Name, PeerURL: m.PeerURL, Learner: m.Learner})
+	}
+	var down []int
+	for _, m := range w.members {
+		if !m.learner && !m.healthy {
+			down = append(down, m.since)
+		}
+	}
+	slices.Sort(down)
+	voters := len(s.Members) - len(filter(s.Members, func(m Member) bool { return m.Learner }))
+	s.Recovery.LostSince = at(down[min(tolerance(voters), len(down)-1)])
+	for i, m := range w.members {
+		if m.started && m.healthy {
+			sv := s.Members[i]
+			sv.Healthy, sv.Leader, sv.Alarms = false, false, nil
+			s.Survivors = append(s.Survivors, Survivor{Member: sv, View: view})
+		}
+	}
+	s.MembersUnknown, s.Members = true, nil
 }
 
 func (w *world) machine(name string) *wMachine {
@@ -340,6 +389,15 @@ func (w world) apply(d Decision) world {
 		// Streamed, stored and verified within the step; the member
 		// serves on.
 		w.backupDue, w.backupFresh = false, true
+	case Recover:
+		// The survivor's agent restores its own data as the only member
+		// of a new cluster; the caller records its new ID. The old
+		// members, and the alarms they raised, belong to the old cluster.
+		mc := w.machine(d.Machine)
+		w.nextMember++
+		mc.memberID = w.nextMember
+		w.members = []wMember{{id: w.nextMember, host: mc.id, started: true, healthy: true, caughtUp: true, leader: true}}
+		w.departed, w.triggered = nil, false
 	case AddHook:
 		w.machine(d.Machine).hook = true
 	case RemoveHook:
@@ -540,7 +598,8 @@ func (w world) key() string {
 	b = strconv.AppendBool(b, w.bootstrapped)
 	b = strconv.AppendBool(b, w.compacted)
 	b = strconv.AppendBool(b, w.quotaRaised)
-	b = append(b, bits(w.backupDue, w.backupConfigured, w.backupFresh, w.restore, w.restoreBad)...)
+	b = append(b, bits(w.backupDue, w.backupConfigured, w.backupFresh, w.restore, w.restoreBad, w.triggered)...)
+	b = append(b, w.recovery...)
 	b = append(b, strings.Join(w.domains, ",")...)
 	b = append(b, '|')
 	for _, mc := range w.machines {
@@ -557,7 +616,7 @@ func (w world) key() string {
 		b = append(b, bits(w.epoch > mc.readyAt, mc.addr, mc.upToDate, mc.deleting, mc.annotated, mc.hook, mc.failed, mc.broken,
 			mc.noInfra, mc.slow, mc.remediate, mc.joinStarted, mc.memberID != 0, mc.stalled, mc.defragOpen, mc.defragged && mc.defragAt == w.epoch,
 			mc.defragged && w.compacted && mc.defragAt >= w.compactAt, mc.restartOpen && mc.restartAt == w.epoch,
-			mc.certsDue, mc.renewOpen, mc.renewOpen && mc.renewAt == w.epoch)...)
+			mc.certsDue, mc.renewOpen, mc.renewOpen && mc.renewAt == w.epoch, mc.lost)...)
 		b = append(b, mc.authority...)
 		b = append(b, ',')
 		b = strconv.AppendInt(b, int64(mid), 10)
@@ -572,7 +631,7 @@ func (w world) key() string {
 		b = strconv.AppendInt(b, int64(host), 10)
 		b = append(b, ',')
 		b = append(b, bits(m.learner, m.started, m.healthy, m.caughtUp, m.leader, w.epoch > m.since, m.fragmented, m.defragmenting, m.overQuota, m.liveOverQuota,
-			m.oldQuota, m.restarting)...)
+			m.oldQuota, m.restarting, m.lagging)...)
 		b = append(b, m.alarm...)
 		b = append(b, ';')
 	}

@@ -1,0 +1,198 @@
+package quorum
+
+import (
+	"fmt"
+	"slices"
+	"time"
+)
+
+// quorumLoss is what the survivors of a quorum loss show: the membership
+// they applied, the voters that do not answer, and the survivor a
+// recovery would keep.
+type quorumLoss struct {
+	// voters are the voters of the survivors' common view.
+	voters []Member
+	// lost are the voters that do not answer; unfenced those of them
+	// whose machine exists and is not confirmed lost.
+	lost, unfenced []Member
+	// unfencedMachines names the machines of unfenced.
+	unfencedMachines []string
+	// keep is the answering voter with the highest applied index whose
+	// machine stays; ok is false when there is none.
+	keep Survivor
+	ok   bool
+	// machine hosts keep.
+	machine Machine
+}
+
+// quorumLoss reads the survivors. lost is false when they show no loss:
+// the members that answer are a majority of their view (an election, or
+// a manager that cannot read the list), or none answers. problem says
+// why no recovery can be planned from what they show.
+func (v view) quorumLoss() (q quorumLoss, lost bool, problem string) {
+	if !v.MembersUnknown || len(v.Survivors) == 0 {
+		return q, false, ""
+	}
+	first := v.Survivors[0]
+	want, wantLearners := memberIDs(first.View)
+	for _, s := range v.Survivors[1:] {
+		if ids, learners := memberIDs(s.View); !slices.Equal(ids, want) || !slices.Equal(learners, wantLearners) {
+			return q, true, fmt.Sprintf("the members that answer disagree on the membership (%s lists %s, %s lists %s)",
+				v.survivorName(first), idList(want), v.survivorName(s), idList(ids))
+		}
+	}
+	q.voters = filter(first.View, Member.Voter)
+	answering := func(m Member) bool {
+		return slices.ContainsFunc(v.Survivors, func(s Survivor) bool { return s.ID == m.ID })
+	}
+	if 2*len(filter(q.voters, answering)) > len(q.voters) {
+		return q, false, ""
+	}
+	q.lost = filter(q.voters, func(m Member) bool { return !answering(m) })
+	for _, m := range q.lost {
+		if mc, ok := v.machineOf(m); ok && !mc.ConfirmedLost {
+			q.unfenced = append(q.unfenced, m)
+			q.unfencedMachines = append(q.unfencedMachines, mc.Name)
+		}
+	}
+	for _, s := range v.Survivors {
+		mc, ok := v.machineOf(s.Member)
+		if !ok || mc.Deleting || mc.ConfirmedLost || mc.PeerURL == "" || !slices.ContainsFunc(q.voters, func(m Member) bool { return m.ID == s.ID }) {
+			continue
+		}
+		if !q.ok || s.AppliedIndex > q.keep.AppliedIndex || (s.AppliedIndex == q.keep.AppliedIndex && s.ID < q.keep.ID) {
+			q.keep, q.machine, q.ok = s, mc, true
+		}
+	}
+	if !q.ok {
+		return q, true, "no voter that answers runs on a machine that stays"
+	}
+	return q, true, ""
+}
+
+// ShowsQuorumLoss reports whether the survivors in s show etcd without
+// quorum: the member list could not be read, and the members that answer
+// on their own are no majority of the voters they list.
+func ShowsQuorumLoss(s State) bool {
+	_, lost, _ := newView(s).quorumLoss()
+	return lost
+}
+
+// survivorName names a survivor for humans.
+func (v view) survivorName(s Survivor) string { return v.memberName(s.Member) }
+
+// recoveryAsked reports whether the policy or a trigger asks for a
+// recovery from a survivor.
+func (v view) recoveryAsked() bool {
+	return v.Recovery.Policy == RecoverFromSurvivor || v.Recovery.Triggered
+}
+
+// recoveryDue is when the policy recovers (a trigger at once).
+func (v view) recoveryDue() time.Time {
+	if v.Recovery.Triggered {
+		return time.Time{}
+	}
+	since := v.Recovery.LostSince
+	if since.IsZero() {
+		since = v.Now
+	}
+	return since.Add(v.Recovery.After)
+}
+
+// recoverQuorum rebuilds etcd from a survivor once quorum is lost for
+// good (Recover), when the policy or a trigger asks for it: the loss has
+// lasted Recovery.After (a trigger skips that wait), the members that
+// answer agree on the membership, and every voter that does not answer
+// runs on a machine confirmed lost (I9: a member that may still run
+// behind a partition could serve beside the recovered cluster). It runs
+// before refuseUnknownMembership, which reports the loss otherwise.
+func (p planner) recoverQuorum() (Decision, bool) {
+	if !p.recoveryAsked() || p.Topology == APIServersOnly {
+		return Decision{}, false
+	}
+	q, lost, problem := p.quorumLoss()
+	switch {
+	case !lost:
+		return Decision{}, false
+	case problem != "":
+		return degradedf("etcd lost quorum, and QCP cannot recover from a survivor: %s; recover etcd by hand, or restore it from a backup", problem), true
+	case len(q.unfenced) > 0 && !p.opts.recoverUnfenced:
+		return degradedf("etcd lost quorum: voters %s of %d do not answer; recovering from survivor %s waits until machines %s are confirmed lost (their infrastructure reports them stopped or gone, or the Machine is annotated %s), since a member that still runs behind a partition would serve beside the recovered cluster",
+			names(q.lost, p.memberName), len(q.voters), p.survivorName(q.keep), joinNames(q.unfencedMachines), ConfirmedLostAnnotation), true
+	}
+	if due := p.recoveryDue(); p.Now.Before(due) {
+		return waitf("etcd lost quorum: voters %s of %d do not answer; recovering from survivor %s (applied index %d) at %s, after the loss has lasted %s, unless they answer again",
+			names(q.lost, p.memberName), len(q.voters), p.survivorName(q.keep), q.keep.AppliedIndex, due.UTC().Format(time.RFC3339), p.Recovery.After), true
+	}
+	d := Decision{Kind: Recover, Machine: q.machine.Name, MemberID: q.keep.ID, Revision: q.keep.Revision,
+		Reason: fmt.Sprintf("etcd lost quorum: voters %s of %d do not answer and their machines are confirmed lost; recovering from survivor %s, the highest applied index (%d), as a new cluster of one that keeps revision %d",
+			names(q.lost, p.memberName), len(q.voters), p.survivorName(q.keep), q.keep.AppliedIndex, q.keep.Revision)}
+	d.Expect.Survivors = survivorIDs(p.Survivors)
+	return d, true
+}
+
+// verifyRecovery checks a Recover step against a fresh view: quorum is
+// still lost, the same survivor is the one to keep, and every lost
+// voter's machine is still confirmed lost.
+func (v view) verifyRecovery(d Decision) error {
+	q, lost, problem := v.quorumLoss()
+	switch {
+	case !lost:
+		return fmt.Errorf("etcd no longer shows a quorum loss")
+	case problem != "":
+		return fmt.Errorf("no recovery can be planned: %s", problem)
+	case len(q.unfenced) > 0:
+		return fmt.Errorf("machines %s are no longer confirmed lost", joinNames(q.unfencedMachines))
+	case q.keep.ID != d.MemberID:
+		return fmt.Errorf("survivor %s is no longer the one to keep (%s is)", idString(d.MemberID), idString(q.keep.ID))
+	case !v.recoveryAsked():
+		return fmt.Errorf("no recovery is asked for any more")
+	case v.Now.Before(v.recoveryDue()):
+		return fmt.Errorf("the loss has not lasted %s yet", v.Recovery.After)
+	}
+	return nil
+}
+
+// checkOneCluster is I9, one cluster: etcd is rebuilt from a survivor
+// (Recover) only when the policy or a trigger asked, after the loss lasted
+// what the policy says, while the survivors show quorum lost and every
+// voter that does not answer runs on a machine confirmed lost, and from
+// the survivor with the highest applied index. The old members that may
+// still run are then fewer than a majority of the old voters, so the old
+// cluster can never serve again beside the new one.
+func checkOneCluster(b view, d Decision, _ view) error {
+	if d.Kind != Recover {
+		return nil
+	}
+	q, lost, problem := b.quorumLoss()
+	switch {
+	case !b.recoveryAsked():
+		return fmt.Errorf("I9 one cluster: recovering from %s while the policy is Manual and no recovery was triggered", idString(d.MemberID))
+	case !lost || problem != "":
+		return fmt.Errorf("I9 one cluster: recovering from %s while the survivors show no quorum loss to recover from%s", idString(d.MemberID), why(problem != "", " ("+problem+")", ""))
+	case len(q.unfenced) > 0:
+		return fmt.Errorf("I9 one cluster: recovering from %s while machines %s, whose members do not answer, are not confirmed lost", idString(d.MemberID), joinNames(q.unfencedMachines))
+	case q.keep.ID != d.MemberID:
+		return fmt.Errorf("I9 one cluster: recovering from %s, not from %s, the survivor with the highest applied index", idString(d.MemberID), idString(q.keep.ID))
+	case b.Now.Before(b.recoveryDue()):
+		return fmt.Errorf("I9 one cluster: recovering from %s before the loss lasted %s", idString(d.MemberID), b.Recovery.After)
+	}
+	return nil
+}
+
+// survivorIDs are the survivors' IDs, sorted and non-nil.
+func survivorIDs(ss []Survivor) []uint64 {
+	ids := make([]uint64, 0, len(ss))
+	for _, s := range ss {
+		ids = append(ids, s.ID)
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+func joinNames(ns []string) string { return names(ns, func(n string) string { return n }) }
+
+// ConfirmedLostAnnotation, set on a Machine by a user, confirms that the
+// machine does not run and never will again: a recovery from a survivor
+// may then count its member as fenced.
+const ConfirmedLostAnnotation = "controlplane.cluster.x-k8s.io/qcp-confirmed-lost"
