@@ -183,6 +183,7 @@ func (a *machineCtx) serveAgentEndpoint(ctx context.Context) error {
 		mux.HandleFunc("PUT "+EtcdSettingsPath, a.putEtcdSettings)
 		mux.HandleFunc("PUT "+EtcdAuthorityKind.Path(), func(w http.ResponseWriter, r *http.Request) { a.putAuthority(ctx, EtcdAuthorityKind, w, r) })
 		mux.HandleFunc("POST "+BackupVerifyPath, func(w http.ResponseWriter, r *http.Request) { a.postBackupVerify(ctx, w, r) })
+		mux.HandleFunc("POST "+EtcdRecoverPath, a.etcdRecoverHandler(ctx))
 	}
 	mux.HandleFunc("GET "+PKIPath, a.getPKI)
 	if a.doc.RunsKubernetes() {

@@ -36,9 +36,9 @@ type supervisor struct {
 
 	mu     sync.Mutex
 	states map[bootstrap.Component]*ComponentState
-	// restarts carries a reason to a running component's supervisor to
+	// restarts carries a request to a running component's supervisor to
 	// stop it and start it again at once.
-	restarts map[bootstrap.Component]chan string
+	restarts map[bootstrap.Component]chan restartRequest
 	wg       sync.WaitGroup
 }
 
@@ -62,7 +62,7 @@ func newSupervisor(logDir string, log *slog.Logger, stableRun time.Duration) *su
 		stableRun = defaultStableRun
 	}
 	return &supervisor{logDir: logDir, log: log, stableRun: stableRun,
-		states: map[bootstrap.Component]*ComponentState{}, restarts: map[bootstrap.Component]chan string{}}
+		states: map[bootstrap.Component]*ComponentState{}, restarts: map[bootstrap.Component]chan restartRequest{}}
 }
 
 // setWaiting records what a component waits for before it can start.
@@ -95,7 +95,7 @@ func (s *supervisor) Snapshot() map[bootstrap.Component]ComponentState {
 // Start supervises p until ctx ends, then stops it.
 func (s *supervisor) Start(ctx context.Context, p Process) {
 	s.mu.Lock()
-	s.restarts[p.Name] = make(chan string, 1)
+	s.restarts[p.Name] = make(chan restartRequest, 1)
 	s.mu.Unlock()
 	s.update(p.Name, func(st *ComponentState) { st.Waiting = "" })
 	s.wg.Add(1)
@@ -108,24 +108,60 @@ func (s *supervisor) Start(ctx context.Context, p Process) {
 // Restart stops component c and starts it again at once, without backoff.
 // It returns false if c is not supervised or a restart is already pending.
 func (s *supervisor) Restart(c bootstrap.Component, why string) bool {
+	_, ok := s.RestartWith(c, why, nil)
+	return ok
+}
+
+// RestartWith is Restart with prepare run while c is stopped, for work on
+// files that c holds open. The channel receives prepare's error once it
+// returns, and c starts again whatever it returned: prepare must leave
+// what c starts from usable when it fails. A component that is not running
+// (waiting out its backoff) is stopped as soon as it starts. The channel
+// receives nothing if the supervisor stops first: select on its context
+// too. prepare runs on c's supervising thread, at c's niceness, as do the
+// processes it starts. It returns false if c is not supervised or a
+// restart is already pending.
+func (s *supervisor) RestartWith(c bootstrap.Component, why string, prepare func(context.Context) error) (<-chan error, bool) {
 	s.mu.Lock()
 	ch := s.restarts[c]
 	s.mu.Unlock()
 	if ch == nil {
-		return false
+		return nil, false
 	}
+	req := restartRequest{why: why, prepare: prepare, done: make(chan error, 1)}
 	select {
-	case ch <- why:
-		return true
+	case ch <- req:
+		return req.done, true
 	default:
-		return false
+		return nil, false
 	}
 }
 
-// restarted is runOnce's error when Restart stopped the process.
-type restarted struct{ why string }
+// restartRequest is a restart asked for, and where its outcome goes.
+type restartRequest struct {
+	why     string
+	prepare func(context.Context) error
+	done    chan error
+}
+
+// restarted is runOnce's error when a restart request stopped the process.
+type restarted struct{ restartRequest }
 
 func (r restarted) Error() string { return "restarted by qcp-agent: " + r.why }
+
+// prepareRestart runs a restart's prepare while p is stopped, shown as
+// what p waits for, and reports its outcome.
+func (s *supervisor) prepareRestart(ctx context.Context, c bootstrap.Component, r restartRequest) {
+	var err error
+	if r.prepare != nil {
+		s.setWaiting(c, "qcp-agent, "+r.why)
+		if err = r.prepare(ctx); err != nil {
+			s.log.Error("the work before a restart failed; the component starts as it was", "component", c, "why", r.why, "err", err)
+		}
+		s.setWaiting(c, "")
+	}
+	r.done <- err
+}
 
 // Wait returns once every supervised process has stopped.
 func (s *supervisor) Wait() { s.wg.Wait() }
@@ -148,7 +184,12 @@ func (s *supervisor) loop(ctx context.Context, p Process) {
 	for ctx.Err() == nil {
 		started := time.Now()
 		err := s.runOnce(ctx, p)
+		var r restarted
+		isRestart := errors.As(err, &r)
 		if ctx.Err() != nil {
+			if isRestart {
+				r.done <- ctx.Err()
+			}
 			return
 		}
 		if time.Since(started) > s.stableRun {
@@ -158,7 +199,8 @@ func (s *supervisor) loop(ctx context.Context, p Process) {
 			st.Running, st.PID, st.LastError = false, 0, fmt.Sprint(err)
 			st.Restarts++
 		})
-		if errors.As(err, new(restarted)) {
+		if isRestart {
+			s.prepareRestart(ctx, p.Name, r.restartRequest)
 			continue
 		}
 		s.log.Warn("component exited; restarting", "component", p.Name, "err", err, "backoff", backoff)
@@ -211,10 +253,10 @@ func (s *supervisor) runOnce(ctx context.Context, p Process) error {
 			err = errors.New("exited with status 0")
 		}
 		return err
-	case why := <-restart:
-		s.log.Warn("restarting component", "component", p.Name, "why", why)
+	case r := <-restart:
+		s.log.Warn("restarting component", "component", p.Name, "why", r.why)
 		stop()
-		return restarted{why}
+		return restarted{r}
 	case <-ctx.Done():
 		stop()
 		s.update(p.Name, func(st *ComponentState) { st.Running, st.PID = false, 0 })

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"os"
@@ -274,5 +275,69 @@ func TestDynamicArgsAtEachStart(t *testing.T) {
 	second := started("a new process after the restart", first.PID)
 	if got, want := read(second.PID), "/bin/sleep 601 1"; got != want {
 		t.Errorf("command line after the restart %q, want %q", got, want)
+	}
+}
+
+// TestRestartWithPreparesWhileStopped: RestartWith runs its prepare once
+// the process has stopped, while the state says so and names the reason,
+// reports prepare's error, and starts the process again whether prepare
+// failed or not.
+func TestRestartWithPreparesWhileStopped(t *testing.T) {
+	s := newSupervisor(t.TempDir(), slog.New(slog.NewTextHandler(t.Output(), nil)), 0)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer func() {
+		cancel()
+		s.Wait()
+	}()
+	if _, ok := s.RestartWith(bootstrap.Etcd, "not supervised yet", func(context.Context) error { return nil }); ok {
+		t.Error("RestartWith of a component that is not supervised reported true")
+	}
+	s.Start(ctx, Process{Name: bootstrap.Etcd, Path: "/bin/sleep", Args: []string{"600"}})
+	started := func(what string, pid int) ComponentState {
+		t.Helper()
+		var st ComponentState
+		wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
+		defer wcancel()
+		if err := testkit.Eventually(wctx, 10*time.Millisecond, what, func(context.Context) error {
+			st = s.Snapshot()[bootstrap.Etcd]
+			if !st.Running || st.PID == pid {
+				return fmt.Errorf("state %+v", st)
+			}
+			return nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	prev := started("the process to run", 0)
+	for i, fail := range []error{nil, errors.New("prepare failed")} {
+		var during ComponentState
+		var alive error
+		done, ok := s.RestartWith(bootstrap.Etcd, "testing", func(context.Context) error {
+			during, alive = s.Snapshot()[bootstrap.Etcd], syscall.Kill(prev.PID, 0)
+			return fail
+		})
+		if !ok {
+			t.Fatalf("restart %d: RestartWith of a running component reported false", i+1)
+		}
+		select {
+		case err := <-done:
+			if err != fail {
+				t.Errorf("restart %d: reported %v, want prepare's %v", i+1, err, fail)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatalf("restart %d: no outcome within 30 s", i+1)
+		}
+		if alive == nil {
+			t.Errorf("restart %d: the process (pid %d) still ran during prepare", i+1, prev.PID)
+		}
+		if during.Running || during.Waiting != "qcp-agent, testing" {
+			t.Errorf("restart %d: state during prepare %+v, want not running and waiting for the restart's reason", i+1, during)
+		}
+		next := started("a new process after the restart", prev.PID)
+		if next.Restarts != i+1 || next.Waiting != "" {
+			t.Errorf("restart %d: state after %+v, want %d restarts and nothing waited for", i+1, next, i+1)
+		}
+		prev = next
 	}
 }

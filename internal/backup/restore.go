@@ -2,6 +2,7 @@ package backup
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"os"
@@ -36,19 +37,86 @@ type Member struct {
 // dataDir appears only once the restore is whole; work is left for the
 // caller to remove.
 func RestoreData(ctx context.Context, etcdBin string, snapshot io.Reader, work, dataDir string, m Member, bump int64) error {
+	_, err := restore(ctx, etcdBin, snapshot, work, dataDir, m, bump, true)
+	return err
+}
+
+// RestoreDB is RestoreData for db, the bbolt file of a stopped member's
+// data directory (<data-dir>/member/snap/db), as when a cluster that lost
+// its quorum starts again from a survivor's data. It copies db into work
+// first, so that neither etcdutl nor a failed restore touches the
+// member's own files, and returns the copy's status: its revision is the
+// one kept, before the bump. Such a file carries no appended hash, so
+// etcdutl's hash check is skipped (--skip-hash-check); ReadDBStatus checks
+// bbolt's pages instead, before the restore.
+//
+// The member must have stopped: a running one changes the file as it is
+// copied. One killed (SIGKILL) leaves a whole file, which may lack the
+// writes of its last backend batch (etcd commits bbolt every 100 ms; the
+// WAL holds the rest, and only etcd itself replays it).
+func RestoreDB(ctx context.Context, etcdBin, db, work, dataDir string, m Member, bump int64) (DBStatus, error) {
+	f, err := os.Open(db)
+	if err != nil {
+		return DBStatus{}, err
+	}
+	defer f.Close()
+	return restore(ctx, etcdBin, f, work, dataDir, m, bump, false)
+}
+
+// restore writes src into work, reads its status unless it is a snapshot
+// with its hash, and restores it into dataDir through work.
+func restore(ctx context.Context, etcdBin string, src io.Reader, work, dataDir string, m Member, bump int64, hashed bool) (DBStatus, error) {
 	if err := os.MkdirAll(work, 0o700); err != nil {
-		return err
+		return DBStatus{}, err
 	}
 	file := filepath.Join(work, "snapshot.db")
-	if err := writeFile(file, snapshot); err != nil {
-		return err
+	if err := writeFile(file, src); err != nil {
+		return DBStatus{}, err
 	}
-	restored := filepath.Join(work, "data")
-	cmd := exec.CommandContext(ctx, etcdBin, "etcdutl", "snapshot", "restore", file, "--data-dir", restored,
+	var st DBStatus
+	args := []string{"etcdutl", "snapshot", "restore", file, "--data-dir", filepath.Join(work, "data"),
 		"--name", m.Name, "--initial-cluster", m.InitialCluster, "--initial-cluster-token", m.Token,
-		"--initial-advertise-peer-urls", m.PeerURL, "--bump-revision", strconv.FormatInt(bump, 10), "--mark-compacted")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("etcdutl snapshot restore refused the snapshot: %w: %s", err, lastLine(out))
+		"--initial-advertise-peer-urls", m.PeerURL, "--bump-revision", strconv.FormatInt(bump, 10), "--mark-compacted"}
+	if !hashed {
+		var err error
+		if st, err = ReadDBStatus(ctx, etcdBin, file); err != nil {
+			return DBStatus{}, err
+		}
+		args = append(args, "--skip-hash-check")
 	}
-	return os.Rename(restored, dataDir)
+	cmd := exec.CommandContext(ctx, etcdBin, args...)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return DBStatus{}, fmt.Errorf("etcdutl snapshot restore refused the snapshot: %w: %s", err, lastLine(out))
+	}
+	return st, os.Rename(filepath.Join(work, "data"), dataDir)
+}
+
+// DBStatus is what `etcdutl snapshot status` reads of a snapshot, or of a
+// member's bbolt file.
+type DBStatus struct {
+	// Hash is a CRC of every bucket's keys and values, not of the file.
+	// Revision is the highest revision among the stored keys (a
+	// compaction may have dropped the tombstone of a later delete), and
+	// TotalKey the number of live keys. TotalSize is the bbolt file's size
+	// in bytes.
+	Hash      uint32 `json:"hash"`
+	Revision  int64  `json:"revision"`
+	TotalKey  int64  `json:"totalKey"`
+	TotalSize int64  `json:"totalSize"`
+}
+
+// ReadDBStatus reads the status of file, a snapshot or a bbolt file, with
+// etcdBin's etcdutl, which opens it read-only and checks bbolt's pages
+// first: a file that fails the check is an error, as is one without a
+// single key, which has no revision.
+func ReadDBStatus(ctx context.Context, etcdBin, file string) (DBStatus, error) {
+	out, err := exec.CommandContext(ctx, etcdBin, "etcdutl", "snapshot", "status", file, "-w", "json").Output()
+	if err != nil {
+		return DBStatus{}, fmt.Errorf("etcdutl snapshot status refused %s: %w: %s", file, err, lastLine(stderrOf(err)))
+	}
+	var st DBStatus
+	if err := json.Unmarshal(out, &st); err != nil || st.Revision <= 0 {
+		return DBStatus{}, fmt.Errorf("etcdutl snapshot status gave no revision for %s (%v): %s", file, err, lastLine(out))
+	}
+	return st, nil
 }
