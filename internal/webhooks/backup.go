@@ -105,3 +105,13 @@ func validateRestoreSource(path *field.Path, from controlplanev1.RestoreSource, 
 	}
 	return errs
 }
+
+// validateRecovery refuses spec.quorumLossRecovery on a control plane
+// whose etcd is external: its members run elsewhere.
+func validateRecovery(qcp *controlplanev1.QuorumControlPlane) field.ErrorList {
+	if qcp.Spec.QuorumLossRecovery == nil || qcp.Spec.Etcd.IsStacked() {
+		return nil
+	}
+	return field.ErrorList{field.Forbidden(specPath.Child("quorumLossRecovery"),
+		"this control plane's etcd is external, and its members run elsewhere: recover the EtcdCluster or the endpoints where they run; remove spec.quorumLossRecovery here")}
+}

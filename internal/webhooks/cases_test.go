@@ -214,6 +214,9 @@ func admissionCases() []admissionCase {
 		{name: "valid upgrade together with even replicas", old: qcp(), new: qcp(version("v1.37.0"), replicas(4)),
 			field: "spec.replicas", fix: "use 3 or 5"},
 
+		{name: "a quorum-loss recovery policy on external etcd", new: qcp(external("https://10.0.0.1:2379"), func(q *controlplanev1.QuorumControlPlane) {
+			q.Spec.QuorumLossRecovery = &controlplanev1.QuorumLossRecovery{Policy: controlplanev1.RecoveryFromSurvivor}
+		}), field: "spec.quorumLossRecovery", fix: "remove spec.quorumLossRecovery here"},
 		{name: "backups of external etcd", new: qcp(external("https://10.0.0.1:2379"), backup()),
 			field: "spec.backup", fix: "set spec.backup on its EtcdCluster"},
 		{name: "backups of an EtcdCluster's etcd", new: qcp(clusterRef("etcd-a"), backup()),

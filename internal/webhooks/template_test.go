@@ -58,10 +58,11 @@ func templateCases() []templateCase {
 			continue
 		}
 		c := templateCase{name: "as the object: " + tc.name, tmpl: templateOf(tc.new)}
-		// A template carries no certificate operation, no backups and no
-		// restore: they belong to one cluster.
+		// A template carries no certificate operation, no backups, no
+		// restore and no quorum-loss policy: they belong to one cluster.
 		if rest, ok := strings.CutPrefix(tc.field, "spec."); ok && !topologyOwned(rest) && !strings.HasPrefix(rest, "certificates.") &&
-			!strings.HasPrefix(rest, "backup") && !strings.HasPrefix(rest, "restore") {
+			!strings.HasPrefix(rest, "backup") && !strings.HasPrefix(rest, "restore") &&
+			!strings.HasPrefix(rest, "quorumLossRecovery") {
 			c.field = "spec.template.spec." + rest
 			c.fix = strings.ReplaceAll(tc.fix, "set spec.", "set spec.template.spec.")
 		}

@@ -37,6 +37,7 @@ func Validate(old, qcp *controlplanev1.QuorumControlPlane) field.ErrorList {
 	errs = append(errs, validateBackupStacked(qcp)...)
 	errs = append(errs, validateBackup(specPath.Child("backup"), spec.Backup)...)
 	errs = append(errs, validateRestore(old, qcp)...)
+	errs = append(errs, validateRecovery(qcp)...)
 	if old != nil {
 		errs = append(errs, validateVersionChange(old, qcp)...)
 		errs = append(errs, validateEtcdChange(old.Spec.Etcd, spec.Etcd)...)

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -26,8 +27,8 @@ import (
 // says why, and waits; once one is thawed, it remediates the other.
 func TestFrozenMachines(t *testing.T) {
 	mgmt := requireShared(t)
-	parallel(t, 6*time.Minute+55*time.Second)
-	s := newScenario(t, mgmt, "frozen", 3)
+	parallel(t, 9*time.Minute+30*time.Second)
+	s := newScenario(t, mgmt, "frozen", 3, recoverFromSurvivor)
 	s.startTraffic(3)
 	cp := s.waitAvailable(convergeTimeout, 3)
 	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
@@ -91,9 +92,17 @@ func TestFrozenMachines(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("with %s and %s frozen: %s", thawed, stays, cp.Status.LastOperation.Reason)
-	// Nothing destructive for longer than the health check's timeout: no
-	// machine deleted, and after the thaw every member still there.
-	s.holds(time.Minute+controlplane.DefaultHealthCheckTimeout, "no machine deleted while etcd has no quorum", s.machinesStay(3))
+	if !strings.Contains(cp.Status.LastOperation.Reason, "confirmed lost") {
+		t.Errorf("QCP, whose policy is FromSurvivor, does not say that the recovery waits for the frozen machines to be confirmed lost: %s", cp.Status.LastOperation.Reason)
+	}
+	// Nothing destructive for longer than the health check's timeout, and
+	// a minute past the recovery policy's wait (split brain: the frozen
+	// members are alive, and a recovery beside them would make two
+	// clusters): no machine deleted, no recovery, and after the thaw every
+	// member still there.
+	stay := s.machinesStay(3)
+	s.holds(max(time.Minute+controlplane.DefaultHealthCheckTimeout, recoveryAfter+time.Minute), "no machine deleted and no recovery while etcd has no quorum, its lost members alive",
+		func(ctx context.Context) error { return errors.Join(stay(ctx), s.noRecovery(ctx)) })
 	if err := host.Thaw(ns, thawed); err != nil {
 		t.Fatal(err)
 	}
@@ -106,6 +115,8 @@ func TestFrozenMachines(t *testing.T) {
 	}
 	s.waitRemediated(stays)
 	s.finish()
+	// Issue 35: the majority lost for good this time.
+	s.loseMajorityAndRecover(ctx, host)
 }
 
 // leaderMachine is the machine of the etcd leader in cp's status.

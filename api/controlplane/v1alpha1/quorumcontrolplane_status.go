@@ -83,6 +83,10 @@ type QuorumControlPlaneStatus struct {
 	// +optional
 	Restore *RestoreStatus `json:"restore,omitempty"`
 
+	// recovery reports the last recovery from a quorum loss.
+	// +optional
+	Recovery *RecoveryStatus `json:"recovery,omitempty"`
+
 	// lastOperation is the quorum engine's latest step: what, on what, why,
 	// and when it started and finished.
 	// +optional
@@ -185,7 +189,7 @@ type EtcdDatabaseStatus struct {
 
 // OperationKind is a step of the quorum engine. The values are the kinds of
 // internal/quorum's Decision.
-// +kubebuilder:validation:Enum=CreateMachine;AddLearner;Promote;MoveLeader;RemoveMember;AddHook;RemoveHook;DeleteMachine;DisarmAlarm;Defragment;Compact;RestartMember;RenewCertificates;SetAuthority;Snapshot;Wait;Degraded
+// +kubebuilder:validation:Enum=CreateMachine;AddLearner;Promote;MoveLeader;RemoveMember;AddHook;RemoveHook;DeleteMachine;DisarmAlarm;Defragment;Compact;RestartMember;RenewCertificates;SetAuthority;Snapshot;Recover;Wait;Degraded
 type OperationKind string
 
 // The quorum engine's steps; see internal/quorum for what each one does.
@@ -209,6 +213,8 @@ const (
 	OperationSetAuthority OperationKind = "SetAuthority"
 	// OperationSnapshot takes a verified etcd backup.
 	OperationSnapshot OperationKind = "Snapshot"
+	// OperationRecover rebuilds etcd from a survivor of a quorum loss.
+	OperationRecover  OperationKind = "Recover"
 	OperationWait     OperationKind = "Wait"
 	OperationDegraded OperationKind = "Degraded"
 )

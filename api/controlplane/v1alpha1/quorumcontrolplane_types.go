@@ -70,6 +70,11 @@ type QuorumControlPlaneSpec struct {
 	// +optional
 	Restore *RestoreSpec `json:"restore,omitempty"`
 
+	// quorumLossRecovery says what QCP does when a majority of the
+	// stacked etcd members is lost for good; only with stacked etcd.
+	// +optional
+	QuorumLossRecovery *QuorumLossRecovery `json:"quorumLossRecovery,omitempty"`
+
 	// The rest of the spec is how the components run, which a
 	// QuorumControlPlaneTemplate carries too.
 	QuorumControlPlaneConfig `json:",inline"`

@@ -281,6 +281,20 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Clu
 	if err != nil {
 		return ctrl.Result{}, err
 	}
+	// A recovery from a survivor that was recorded but not finished comes
+	// first: until it is, the survivor's machine names a member of the
+	// lost cluster, and the planner would take it for spent.
+	x := engine.Executor{Client: r.Client, Etcd: obs.Etcd, AgentTLS: obs.AgentTLS, Owner: cp, Now: r.Now}
+	if open, err := engine.FinishOpenRecovery(ctx, x, r.Recorder, obs.Machines); open {
+		cp.Status.Recovery = engine.ReadRecovery(cp)
+		if err != nil {
+			return ctrl.Result{}, err
+		}
+		return ctrl.Result{RequeueAfter: engine.FastPoll}, nil
+	}
+	if err := engine.TrackQuorumLoss(ctx, r.Client, cp, &obs.State, r.Now()); err != nil {
+		return ctrl.Result{}, err
+	}
 	if ok, err := r.ensureClusterNetwork(ctx, cluster, cp, len(obs.Machines) > 0); err != nil || !ok {
 		// A fixed Cluster wakes the control plane.
 		return ctrl.Result{}, err
@@ -300,6 +314,13 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Clu
 	}
 	if obs.State.Topology != quorum.APIServersOnly {
 		if at := r.Now().Add(engine.MaintenancePoll); at.Before(wake) {
+			wake = at
+		}
+	}
+	if quorum.ShowsQuorumLoss(obs.State) {
+		// Whether the lost members answer again, or a recovery's wait
+		// ends, no watch says.
+		if at := r.Now().Add(engine.RecoveryPoll); at.Before(wake) {
 			wake = at
 		}
 	}

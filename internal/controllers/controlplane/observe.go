@@ -131,6 +131,7 @@ func (r *Reconciler) observe(ctx context.Context, cluster *clusterv1.Cluster, cp
 	obs.remediation = newRemediationPolicy(cp, r.Now())
 	obs.certificates = observeCertificates(ctx, secrets, obs)
 	obs.build(cp, cluster, r.Now(), r.Tunables)
+	obs.ObserveSurvivors(ctx, &obs.State)
 	return obs, nil
 }
 
@@ -189,6 +190,9 @@ func (o *observation) build(cp *controlplanev1.QuorumControlPlane, cluster *clus
 	engine.ReadBackup(cp, backupSpecOf(cp, o.external != nil), o.Backup, o.BackupErr, &s)
 	if !s.Bootstrapped {
 		s.Restore = engine.PlannerRestore(o.restore, o.restoreErr)
+	}
+	if o.external == nil {
+		s.Recovery = engine.PlannerRecovery(cp, cp.Spec.QuorumLossRecovery)
 	}
 	noSpace := quorum.NoSpaceRaised(s)
 	o.remediationRefused, o.remediationNext = map[string]string{}, map[string]remediationData{}

@@ -71,6 +71,7 @@ func setStatus(cp *controlplanev1.QuorumControlPlane, obs *observation, d quorum
 	engine.SetRollingOut(cp, &obs.Observation, obs.rollout.outdated, d)
 	setRemediating(cp, obs, d)
 	engine.SetBackupStatus(cp, cp.Spec.Backup, &obs.Observation, &cp.Status.Backup)
+	cp.Status.Recovery = engine.ReadRecovery(cp)
 	engine.SetRestoreStatus(cp, cp.Spec.Restore != nil, ptr.Deref(cp.Status.Initialization.ControlPlaneInitialized, false), obs.restoreErr, &cp.Status.Restore)
 	conditions.Set(cp, metav1.Condition{Type: controlplanev1.DeletingCondition, Status: metav1.ConditionFalse, Reason: controlplanev1.NotDeletingReason})
 }

@@ -54,13 +54,16 @@ type Executor struct {
 	// Metrics record its outcome.
 	Backup  *BackupConfig
 	Metrics *Metrics
+	// State is the fresh observation the step was checked against;
+	// Recover records what its survivors show.
+	State quorum.State
 }
 
 // Execute takes decision d. machine is the Machine d names, as observed (nil
 // for steps that name none).
 func (x Executor) Execute(ctx context.Context, d quorum.Decision, machine *clusterv1.Machine) error {
 	switch d.Kind {
-	case quorum.AddHook, quorum.RemoveHook, quorum.DeleteMachine, quorum.AddLearner, quorum.Defragment, quorum.RestartMember, quorum.RenewCertificates, quorum.SetAuthority, quorum.Snapshot:
+	case quorum.AddHook, quorum.RemoveHook, quorum.DeleteMachine, quorum.AddLearner, quorum.Defragment, quorum.RestartMember, quorum.RenewCertificates, quorum.SetAuthority, quorum.Snapshot, quorum.Recover:
 		if machine == nil || machine.Name != d.Machine {
 			return fmt.Errorf("%s: machine %s was not observed", d.Kind, d.Machine)
 		}
@@ -109,6 +112,8 @@ func (x Executor) Execute(ctx context.Context, d quorum.Decision, machine *clust
 		return x.setAuthority(ctx, d, machine)
 	case quorum.Snapshot:
 		return x.snapshot(ctx, d, machine)
+	case quorum.Recover:
+		return x.recover(ctx, d, machine, x.State)
 	case quorum.Compact:
 		if err := x.Etcd.Compact(ctx, d.Revision); err != nil {
 			return err
@@ -234,6 +239,16 @@ func (x Executor) recordOwn(ctx context.Context, machine *clusterv1.Machine, cha
 // changing in memory and patches at the end of the round, is left alone;
 // and set on the owner in memory too, so that the round's patch agrees.
 func (x Executor) recordOnOwner(ctx context.Context, key, value string) error {
+	if err := x.patchOwnerAnnotations(ctx, map[string]any{key: value}); err != nil {
+		return err
+	}
+	SetRecord(x.Owner, key, value)
+	return nil
+}
+
+// patchOwnerAnnotations merges annotations (a nil value removes one) into
+// the owner's metadata alone.
+func (x Executor) patchOwnerAnnotations(ctx context.Context, annotations map[string]any) error {
 	gvk, err := apiutil.GVKForObject(x.Owner, x.Client.Scheme())
 	if err != nil {
 		return err
@@ -242,14 +257,13 @@ func (x Executor) recordOnOwner(ctx context.Context, key, value string) error {
 	meta.SetGroupVersionKind(gvk)
 	meta.SetNamespace(x.Owner.GetNamespace())
 	meta.SetName(x.Owner.GetName())
-	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{key: value}}})
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": annotations}})
 	if err != nil {
 		return err
 	}
 	if err := x.Client.Patch(ctx, meta, client.RawPatch(types.MergePatchType, patch)); err != nil {
 		return fmt.Errorf("annotating %s %s: %w", gvk.Kind, klog.KObj(x.Owner), err)
 	}
-	SetRecord(x.Owner, key, value)
 	return nil
 }
 

@@ -80,6 +80,7 @@ func PlannerMachine(machine *clusterv1.Machine, upToDate bool) quorum.Machine {
 		Deleting:        !machine.DeletionTimestamp.IsZero(),
 		DeleteAnnotated: deleteMe,
 		HasHook:         hook,
+		ConfirmedLost:   ConfirmedLost(machine),
 	}
 	ReadRecords(machine).Apply(&m)
 	return m

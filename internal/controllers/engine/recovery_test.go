@@ -1,0 +1,59 @@
+package engine
+
+import (
+	"testing"
+	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/ptr"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/cluster-api/util/conditions"
+
+	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
+	"github.com/qcp-dev/qcp/internal/quorum"
+)
+
+func TestConfirmedLost(t *testing.T) {
+	infra := func(status metav1.ConditionStatus, reason string) *clusterv1.Machine {
+		m := &clusterv1.Machine{}
+		conditions.Set(m, metav1.Condition{Type: clusterv1.MachineInfrastructureReadyCondition, Status: status, Reason: reason})
+		return m
+	}
+	for _, tc := range []struct {
+		name string
+		m    *clusterv1.Machine
+		want bool
+	}{
+		{"running", infra(metav1.ConditionTrue, "Running"), false},
+		{"not ready for another reason (frozen, starting)", infra(metav1.ConditionFalse, "WaitingForBootstrapData"), false},
+		{"no condition yet", &clusterv1.Machine{}, false},
+		{"the process provider's agent exited", infra(metav1.ConditionFalse, "AgentExited"), true},
+		{"its infrastructure object deleted", infra(metav1.ConditionFalse, clusterv1.MachineInfrastructureDeletedReason), true},
+		{"a user's mark", &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{quorum.ConfirmedLostAnnotation: ""}}}, true},
+	} {
+		if got := ConfirmedLost(tc.m); got != tc.want {
+			t.Errorf("%s: ConfirmedLost = %v, want %v", tc.name, got, tc.want)
+		}
+		if got := PlannerMachine(tc.m, true).ConfirmedLost; got != tc.want {
+			t.Errorf("%s: the planner's machine has ConfirmedLost = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+func TestPlannerRecovery(t *testing.T) {
+	at := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	cp := &controlplanev1.QuorumControlPlane{}
+	if got := PlannerRecovery(cp, nil); got.Policy != quorum.RecoverManually || got.Triggered || got.After != 5*time.Minute || !got.LostSince.IsZero() {
+		t.Errorf("no policy: %+v, want Manual, after 5m, nothing recorded", got)
+	}
+	SetRecord(cp, QuorumLostSinceAnnotation, FormatTime(at))
+	SetRecord(cp, controlplanev1.RecoverAnnotation, controlplanev1.RecoverFromSurvivorValue)
+	got := PlannerRecovery(cp, &controlplanev1.QuorumLossRecovery{Policy: controlplanev1.RecoveryFromSurvivor, AfterSeconds: ptr.To[int32](30)})
+	if got.Policy != quorum.RecoverFromSurvivor || !got.Triggered || got.After != 30*time.Second || !got.LostSince.Equal(at) {
+		t.Errorf("FromSurvivor, 30 s, triggered, lost at %s: %+v", at, got)
+	}
+	SetRecord(cp, controlplanev1.RecoverAnnotation, "backup")
+	if PlannerRecovery(cp, nil).Triggered {
+		t.Error("a trigger asking for another source than a survivor counts as a trigger from a survivor")
+	}
+}

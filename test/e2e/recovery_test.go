@@ -1,0 +1,157 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"strconv"
+	"time"
+
+	clientv3 "go.etcd.io/etcd/client/v3"
+	"k8s.io/utils/ptr"
+	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+
+	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
+	"github.com/qcp-dev/qcp/internal/backup"
+	"github.com/qcp-dev/qcp/internal/controllers/engine"
+	"github.com/qcp-dev/qcp/internal/etcd"
+	"github.com/qcp-dev/qcp/internal/machinehost"
+	"github.com/qcp-dev/qcp/internal/testkit"
+)
+
+// recoveryAfter is the scenarios' quorumLossRecovery.afterSeconds: the
+// schema's least, so that the wait costs the suite little.
+const recoveryAfter = 10 * time.Second
+
+// recoverFromSurvivor sets the quorum-loss policy FromSurvivor, with
+// recoveryAfter.
+func recoverFromSurvivor(cp *controlplanev1.QuorumControlPlane) {
+	cp.Spec.QuorumLossRecovery = &controlplanev1.QuorumLossRecovery{
+		Policy: controlplanev1.RecoveryFromSurvivor, AfterSeconds: ptr.To(int32(recoveryAfter / time.Second)),
+	}
+}
+
+// noRecovery is a check for holds: no recovery from a survivor started.
+func (s *scenario) noRecovery(ctx context.Context) error {
+	cp, err := s.controlPlane(ctx)
+	if err != nil {
+		return nil // the management cluster's answer, not the control plane's
+	}
+	if r := cp.Status.Recovery; r != nil {
+		return fmt.Errorf("a recovery from %s on %s started at %v", r.FromMember, r.Machine, r.StartTime)
+	}
+	if _, ok := cp.Annotations[engine.RecoveryAnnotation]; ok {
+		return fmt.Errorf("a recovery was recorded: %s", cp.Annotations[engine.RecoveryAnnotation])
+	}
+	return nil
+}
+
+// loseMajorityAndRecover kills all of a 3-machine control plane's machines
+// but one, a writer running, and checks that QCP, whose policy is
+// FromSurvivor, rebuilds etcd from the survivor once the process provider
+// reports the others' agents gone (confirmed lost): the survivor's data
+// kept with its revision bumped, the lost machines deleted, and 3 voters
+// again. The acknowledged writes the survivor lacked are counted, not
+// failed on: a member that was not in the last commits' majority cannot
+// have them, which is what a recovery from a survivor gives up.
+func (s *scenario) loseMajorityAndRecover(ctx context.Context, host *machinehost.Host) {
+	s.t.Helper()
+	machines := s.settled(5*time.Minute, 3)
+	cfg, err := s.etcdConfig(ctx)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	w, err := testkit.StartWriter(cfg, testkit.WriterOptions{Pause: scenarioWriterPause})
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	if err := w.WaitAcknowledged(ctx, 20); err != nil {
+		s.t.Fatal(err)
+	}
+	survivor := machines[0].Name
+	var lost []string
+	for _, m := range machines[1:] {
+		lost = append(lost, m.Name)
+	}
+	killed := time.Now()
+	for _, name := range lost {
+		if err := host.Kill(ns, name); err != nil {
+			s.t.Fatal(err)
+		}
+	}
+	s.t.Logf("killed %v, leaving %s", lost, survivor)
+	var rec *controlplanev1.RecoveryStatus
+	s.eventually(4*time.Minute, "QCP recovering etcd from survivor "+survivor, func(ctx context.Context) error {
+		cp, err := s.controlPlane(ctx)
+		if err != nil {
+			return err
+		}
+		if rec = cp.Status.Recovery; rec == nil || rec.FinishTime == nil {
+			return fmt.Errorf("no finished recovery; last operation %s: %s", cp.Status.LastOperation.Kind, cp.Status.LastOperation.Reason)
+		}
+		return nil
+	})
+	recovered := time.Now()
+	if rec.Machine != survivor {
+		s.t.Errorf("recovered from machine %s, want the survivor %s", rec.Machine, survivor)
+	}
+	if rec.Trigger != "Policy" || len(rec.LostMembers) != 2 || rec.Revision <= 0 || rec.StartRevision != rec.Revision+backup.BumpRevision {
+		s.t.Errorf("the recovery's record is not what it should be: %+v", rec)
+	}
+	if started := rec.StartTime.Time; started.Before(killed.Add(recoveryAfter)) {
+		s.t.Errorf("the recovery started %s after the kill, before the policy's %s", started.Sub(killed), recoveryAfter)
+	}
+	s.waitAvailable(convergeTimeout, 3)
+	wr := w.Stop(ctx)
+	now, err := s.machines(ctx)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	for _, m := range now {
+		if slices.Contains(lost, m.Name) {
+			s.t.Errorf("lost machine %s is still there after the recovery", m.Name)
+		}
+	}
+	if !slices.ContainsFunc(now, func(m clusterv1.Machine) bool { return m.Name == survivor }) {
+		s.t.Errorf("the survivor %s is gone", survivor)
+	}
+	s.checkRecoveredEtcd(ctx, rec)
+	s.t.Logf("recovered from %s (member %s, now %s) in %s after the kill, Available %s later; kept revision %d, starts at %d; writer: %s; acknowledged writes lost: %d (%v)",
+		survivor, rec.FromMember, rec.Member, rec.FinishTime.Sub(killed).Round(time.Millisecond), time.Since(recovered).Round(time.Second),
+		rec.Revision, rec.StartRevision, wr, len(wr.LostWrites), wr.LostWrites)
+}
+
+// checkRecoveredEtcd checks the recovered etcd: 3 voters, the first of them
+// the recovered member, a revision above the kept one bumped, and a read
+// at the kept revision refused as compacted.
+func (s *scenario) checkRecoveredEtcd(ctx context.Context, rec *controlplanev1.RecoveryStatus) {
+	s.t.Helper()
+	cli, _, err := s.etcdClient(ctx)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	defer cli.Close()
+	var members []etcd.Member
+	if err := retry(ctx, func(ctx context.Context) (err error) { members, err = cli.Members(ctx); return err }); err != nil {
+		s.t.Fatal(err)
+	}
+	voters := slices.DeleteFunc(slices.Clone(members), func(m etcd.Member) bool { return m.IsLearner })
+	if len(voters) != 3 || !slices.ContainsFunc(voters, func(m etcd.Member) bool { return strconv.FormatUint(m.ID, 16) == rec.Member }) {
+		s.t.Errorf("after the recovery etcd lists %v, want 3 voters, recovered member %s among them", members, rec.Member)
+	}
+	for _, m := range members {
+		if slices.Contains(rec.LostMembers, strconv.FormatUint(m.ID, 16)) {
+			s.t.Errorf("lost member %x is listed after the recovery", m.ID)
+		}
+	}
+	resp, err := cli.Raw().Get(ctx, writerPrefix, clientv3.WithPrefix())
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	if resp.Header.Revision < rec.StartRevision {
+		s.t.Errorf("the recovered etcd serves revision %d, below its start %d", resp.Header.Revision, rec.StartRevision)
+	}
+	if _, err := cli.Raw().Get(ctx, writerPrefix, clientv3.WithPrefix(), clientv3.WithRev(rec.Revision)); err == nil {
+		s.t.Errorf("a read at the kept revision %d succeeded; the recovery marks it compacted, so that watchers from before relist", rec.Revision)
+	}
+}
