@@ -15,6 +15,7 @@ import (
 
 	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
 	"github.com/qcp-dev/qcp/internal/machinehost"
+	"github.com/qcp-dev/qcp/internal/quorum"
 )
 
 func newKubeconfigCommand(g *globals) *cobra.Command {
@@ -127,7 +128,7 @@ func newMachineCommand(g *globals) *cobra.Command {
 	var namespace string
 	machine := &cobra.Command{
 		Use:   "machine",
-		Short: "Delete, kill, freeze or thaw a machine, by its CAPI Machine name",
+		Short: "Delete, kill, freeze, thaw or confirm lost a machine, by its CAPI Machine name",
 	}
 	machine.PersistentFlags().StringVarP(&namespace, "namespace", "n", "default", "namespace of the machine")
 	// signal acts on the process machine behind m.
@@ -162,6 +163,15 @@ func newMachineCommand(g *globals) *cobra.Command {
 			oneOrAll((*machinehost.Host).FreezeProcess, (*machinehost.Host).Freeze), true},
 		{"thaw", "Thaw a frozen machine: SIGCONT to its process group, or with --process to one process", "thawed",
 			oneOrAll((*machinehost.Host).ThawProcess, (*machinehost.Host).Thaw), true},
+		{"confirm-lost", "Confirm that a machine does not run and never will again, so that a quorum-loss recovery may count its member as fenced (any provider)", "confirmed lost",
+			func(ctx context.Context, c client.Client, m *clusterv1.Machine) error {
+				patch := client.MergeFrom(m.DeepCopy())
+				if m.Annotations == nil {
+					m.Annotations = map[string]string{}
+				}
+				m.Annotations[quorum.ConfirmedLostAnnotation] = ""
+				return c.Patch(ctx, m, patch)
+			}, false},
 	}
 	for _, l := range levers {
 		cmd := &cobra.Command{

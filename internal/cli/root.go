@@ -46,7 +46,7 @@ func NewRoot() *cobra.Command {
 	root.PersistentFlags().StringVar(&g.kubeconfig, "kubeconfig", "",
 		"kubeconfig of the management cluster (default $KUBECONFIG, else the one in --state-dir)")
 	root.AddCommand(newUpCommand(g), newServeCommand(g), newDownCommand(g), newKubeconfigCommand(g),
-		newScaleCommand(g), newMachineCommand(g), newDescribeRoot(g))
+		newScaleCommand(g), newMachineCommand(g), newRecoverCommand(g), newDescribeRoot(g))
 	return root
 }
 

@@ -26,11 +26,13 @@ import (
 	clusterctlv1 "sigs.k8s.io/cluster-api/cmd/clusterctl/api/v1alpha3"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 
+	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
 	"github.com/qcp-dev/qcp/internal/binaries"
 	"github.com/qcp-dev/qcp/internal/cli"
 	"github.com/qcp-dev/qcp/internal/controllers/engine"
 	"github.com/qcp-dev/qcp/internal/localenv"
 	"github.com/qcp-dev/qcp/internal/machinehost"
+	"github.com/qcp-dev/qcp/internal/quorum"
 	"github.com/qcp-dev/qcp/internal/release"
 	"github.com/qcp-dev/qcp/internal/scheme"
 	"github.com/qcp-dev/qcp/internal/testkit"
@@ -88,6 +90,7 @@ func TestNewcomerTour(t *testing.T) {
 	}
 	q.must(time.Minute, "machine", "kill", victim)
 	q.waitForVoters(3, victim)
+	q.checkRecoverLevers(mgmt)
 
 	q.checkScaleUpDescribed()
 
@@ -105,6 +108,46 @@ func TestNewcomerTour(t *testing.T) {
 	}
 	if out := q.must(time.Minute, "down"); !strings.Contains(out, "nothing to do") {
 		t.Errorf("a second qcpctl down printed %q", out)
+	}
+}
+
+// checkRecoverLevers asks for a recovery while etcd has quorum, which QCP
+// drops instead of keeping it for a later loss, and confirms a machine
+// lost, which only marks it.
+func (q *tour) checkRecoverLevers(kubeconfig string) {
+	t := q.t
+	c := managementClient(t, kubeconfig)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if out, err := q.command(ctx, "recover", "demo", "--from", "backup").CombinedOutput(); err == nil || !strings.Contains(string(out), "only --from survivor") {
+		t.Errorf("qcpctl recover --from backup: %v, %s; want a refusal naming the one source built", err, out)
+	}
+	q.must(time.Minute, "recover", "demo", "--from", "survivor")
+	if err := testkit.Eventually(ctx, time.Second, "the recovery asked for while etcd has quorum dropped", func(ctx context.Context) error {
+		var list controlplanev1.QuorumControlPlaneList
+		if err := c.List(ctx, &list); err != nil {
+			return err
+		}
+		for _, cp := range list.Items {
+			if _, ok := cp.Annotations[controlplanev1.RecoverAnnotation]; ok {
+				return fmt.Errorf("%s still carries %s", cp.Name, controlplanev1.RecoverAnnotation)
+			}
+			if cp.Status.Recovery != nil {
+				t.Errorf("%s recovered etcd that had quorum: %+v", cp.Name, cp.Status.Recovery)
+			}
+		}
+		return nil
+	}); err != nil {
+		t.Error(err)
+	}
+	machine := q.describe().ControlPlane.Machines[0].Name
+	q.must(time.Minute, "machine", "confirm-lost", machine)
+	var m clusterv1.Machine
+	if err := c.Get(ctx, client.ObjectKey{Namespace: "default", Name: machine}, &m); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := m.Annotations[quorum.ConfirmedLostAnnotation]; !ok {
+		t.Errorf("qcpctl machine confirm-lost %s did not annotate it: %v", machine, m.Annotations)
 	}
 }
 

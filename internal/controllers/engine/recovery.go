@@ -117,7 +117,8 @@ func (o *Observation) ObserveSurvivors(ctx context.Context, s *quorum.State) {
 
 // TrackQuorumLoss keeps QuorumLostSinceAnnotation on owner: set when the
 // survivors first show quorum lost, removed once the member list can be
-// read again; and gives the planner the time it holds.
+// read again, with a recovery trigger (controlplanev1.RecoverAnnotation);
+// and gives the planner the time it holds.
 func TrackQuorumLoss(ctx context.Context, c client.Client, owner client.Object, s *quorum.State, now time.Time) error {
 	_, recorded := owner.GetAnnotations()[QuorumLostSinceAnnotation]
 	x := Executor{Client: c, Owner: owner}
@@ -127,8 +128,11 @@ func TrackQuorumLoss(ctx context.Context, c client.Client, owner client.Object, 
 			return err
 		}
 		s.Recovery.LostSince = now
-	case !s.MembersUnknown && recorded:
-		return x.forgetOnOwner(ctx, QuorumLostSinceAnnotation)
+	case !s.MembersUnknown:
+		// etcd has quorum: the loss, if one was recorded, is over, and a
+		// trigger is dropped rather than kept for a later loss, which it
+		// would recover without the policy's wait.
+		return x.forgetOnOwner(ctx, QuorumLostSinceAnnotation, controlplanev1.RecoverAnnotation)
 	}
 	return nil
 }

@@ -1,0 +1,58 @@
+package cli
+
+import (
+	"fmt"
+
+	"github.com/spf13/cobra"
+	"sigs.k8s.io/controller-runtime/pkg/client"
+
+	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
+)
+
+// newRecoverCommand sets the one-shot trigger of a recovery from a quorum
+// loss on a cluster's control plane.
+func newRecoverCommand(g *globals) *cobra.Command {
+	var namespace, from string
+	cmd := &cobra.Command{
+		Use:   "recover CLUSTER --from survivor",
+		Short: "Recover, once, a control plane's etcd that lost quorum for good",
+		Long: `Asks QCP for one recovery of the cluster's etcd from the surviving member with the
+highest applied index, whatever spec.quorumLossRecovery says and without its wait
+(it sets the annotation ` + controlplanev1.RecoverAnnotation + `).
+QCP still recovers only once every member that does not answer runs on a machine
+confirmed lost (its infrastructure reports it stopped or gone, or 'qcpctl machine
+confirm-lost'), and drops the request once done, or at once if etcd has quorum.
+The writes the survivor had not applied are lost; status.recovery says which
+revision was kept.`,
+		Example: "  qcpctl recover demo --from survivor",
+		Args:    cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if from != controlplanev1.RecoverFromSurvivorValue {
+				return fmt.Errorf("--from %q: only --from %s is built; to start from a backup, create a new control plane with spec.restore.from",
+					from, controlplanev1.RecoverFromSurvivorValue)
+			}
+			c, err := g.connect()
+			if err != nil {
+				return err
+			}
+			cp, err := controlPlaneOf(cmd.Context(), c, namespace, args[0])
+			if err != nil {
+				return err
+			}
+			patch := client.MergeFrom(cp.DeepCopy())
+			if cp.Annotations == nil {
+				cp.Annotations = map[string]string{}
+			}
+			cp.Annotations[controlplanev1.RecoverAnnotation] = from
+			if err := c.Patch(cmd.Context(), cp, patch); err != nil {
+				return fmt.Errorf("asking %s/%s for a recovery: %w", namespace, cp.Name, err)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "control plane %s/%s: one recovery from a survivor asked for; 'qcpctl describe cluster %s' shows what it waits for\n",
+				namespace, cp.Name, args[0])
+			return nil
+		},
+	}
+	cmd.Flags().StringVarP(&namespace, "namespace", "n", "default", "namespace of the cluster")
+	cmd.Flags().StringVar(&from, "from", "", "where the data comes from: survivor")
+	return cmd
+}
