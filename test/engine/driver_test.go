@@ -8,6 +8,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strconv"
@@ -15,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/qcp-dev/qcp/internal/backup"
+	"github.com/qcp-dev/qcp/internal/binaries"
 	"github.com/qcp-dev/qcp/internal/etcd"
 	"github.com/qcp-dev/qcp/internal/quorum"
 	"github.com/qcp-dev/qcp/internal/testkit"
@@ -36,6 +40,8 @@ type machine struct {
 	joinStarted bool
 	// suppressed: its learner's start was suppressed (suppressStarts).
 	suppressed bool
+	// lost: the test confirmed the machine lost (quorum.Machine.ConfirmedLost).
+	lost bool
 	// version stands in for the Machine's resourceVersion: every change
 	// bumps it, and a step planned on an older version is dropped.
 	version int
@@ -51,6 +57,9 @@ type driverOptions struct {
 	tunables quorum.Tunables
 	// failureDomains are passed to the planner.
 	failureDomains []string
+	// recovery is the quorum-loss policy passed to the planner; the driver
+	// keeps LostSince itself.
+	recovery quorum.RecoveryState
 }
 
 // driver is the reconciler stand-in: observe → plan → act, one step at a time.
@@ -85,6 +94,10 @@ type driver struct {
 	// leaderRemovals counts RemoveMember steps whose member led when it was
 	// removed.
 	leaderRemovals int
+	// lostSince is when the driver first saw quorum lost (State.Recovery.LostSince);
+	// kept is the revision the last Recover kept.
+	lostSince time.Time
+	kept      int64
 }
 
 func newDriver(t testing.TB, name string, opts driverOptions) *driver {
@@ -230,10 +243,33 @@ func (d *driver) observe(ctx context.Context) quorum.State {
 			Name: mc.name, FailureDomain: mc.fd, PeerURL: mc.proc.PeerURL(), UpToDate: mc.upToDate,
 			CreatedAt: mc.createdAt, InfraReadyAt: mc.createdAt, Deleting: mc.deleting, HasHook: mc.hasHook, NodeReady: true,
 			ComponentsHealthy: running, MemberID: mc.memberID, JoinStarted: mc.joinStarted, Remediate: mc.remediate,
-			ResourceVersion: strconv.Itoa(mc.version),
+			ResourceVersion: strconv.Itoa(mc.version), ConfirmedLost: mc.lost,
 		})
 	}
+	d.observeLoss(ctx, &s, now)
 	return s
+}
+
+// observeLoss gives the planner the recovery policy and, while the member
+// list cannot be read, the members that answer on their own, as the
+// controllers do (engine.Observation.ObserveSurvivors, TrackQuorumLoss).
+func (d *driver) observeLoss(ctx context.Context, s *quorum.State, now time.Time) {
+	s.Recovery = d.opts.recovery
+	if d.cli == nil || !s.MembersUnknown || s.Recovery.Policy == quorum.RecoverManually && !s.Recovery.Triggered {
+		if !s.MembersUnknown {
+			d.lostSince = time.Time{}
+		}
+		return
+	}
+	var endpoints []string
+	for _, mc := range d.machines {
+		endpoints = append(endpoints, mc.proc.ClientURL())
+	}
+	s.Survivors = d.cli.Survivors(ctx, endpoints)
+	if quorum.ShowsQuorumLoss(*s) && d.lostSince.IsZero() {
+		d.lostSince = now
+	}
+	s.Recovery.LostSince = d.lostSince
 }
 
 // recordMembers keeps the caller's records a reconciler would persist: when
@@ -386,6 +422,8 @@ func (d *driver) act(ctx context.Context, dec quorum.Decision) error {
 		return retry(ctx, 20*time.Second, func(ctx context.Context) error { return d.cli.Remove(ctx, dec.MemberID) })
 	case quorum.DisarmAlarm:
 		return retry(ctx, 20*time.Second, func(ctx context.Context) error { return d.cli.DisarmAlarm(ctx, dec.MemberID, dec.Alarm) })
+	case quorum.Recover:
+		return d.recover(ctx, dec)
 	case quorum.AddHook, quorum.RemoveHook, quorum.DeleteMachine:
 		mc := d.machineByName(dec.Machine)
 		if mc == nil {
@@ -466,4 +504,49 @@ func (d *driver) addLearner(ctx context.Context, dec quorum.Decision) error {
 		}
 	}
 	return mc.proc.Start(strings.Join(ic, ","), "existing")
+}
+
+// recover plays the survivor's agent (agent.EtcdRecoverPath): it stops the
+// member gracefully, restores its database as the only member of a new
+// cluster, its revision bumped and marked compacted, and starts it on the
+// result; then records the new member's ID as the controllers do.
+func (d *driver) recover(ctx context.Context, dec quorum.Decision) error {
+	mc := d.machineByName(dec.Machine)
+	if mc == nil {
+		return fmt.Errorf("no machine %s", dec.Machine)
+	}
+	if err := mc.proc.Stop(); err != nil {
+		return err
+	}
+	bin, err := binaries.Path("etcd", binaries.EtcdVersion)
+	if err != nil {
+		return err
+	}
+	work, restored := d.t.TempDir(), mc.proc.DataDir+".recovered"
+	member := backup.Member{Name: mc.name, InitialCluster: mc.name + "=" + mc.proc.PeerURL(), Token: d.name + "-recovered", PeerURL: mc.proc.PeerURL()}
+	st, err := backup.RestoreDB(ctx, bin, filepath.Join(mc.proc.DataDir, "member", "snap", "db"), work, restored, member, backup.BumpRevision)
+	if err != nil {
+		return err
+	}
+	if err := os.Rename(mc.proc.DataDir, mc.proc.DataDir+".before-recovery"); err != nil {
+		return err
+	}
+	if err := os.Rename(restored, mc.proc.DataDir); err != nil {
+		return err
+	}
+	if err := mc.proc.Restart(); err != nil {
+		return err
+	}
+	d.cli.SetEndpoints(mc.proc.ClientURL())
+	d.endpoints = []string{mc.proc.ClientURL()}
+	if err := testkit.WaitHealthy(ctx, d.cli, mc.proc); err != nil {
+		return err
+	}
+	view, err := d.cli.LocalView(ctx, mc.proc.ClientURL())
+	if err != nil {
+		return err
+	}
+	mc.memberID, d.kept, d.lostSince = view.ID, st.Revision, time.Time{}
+	mc.version++
+	return nil
 }

@@ -160,3 +160,77 @@ func (d *driver) nonLeaders(n int) []*machine {
 	}
 	return out
 }
+
+// TestRecoverFromTheCurrentSurvivor loses three of five members for good,
+// leaving two: one that lagged (frozen while the others wrote on) and one
+// current. With the policy FromSurvivor, and the three machines confirmed
+// lost, the planner recovers from the current one, whose revision is the
+// higher, and grows back to five voters; the lagging one's machine is
+// replaced. Writes acknowledged before the loss that the current survivor
+// lacks would be lost: they are counted and logged.
+func TestRecoverFromTheCurrentSurvivor(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 6*phaseTimeout)
+	defer cancel()
+	d := newDriver(t, "survivor", driverOptions{recovery: quorum.RecoveryState{Policy: quorum.RecoverFromSurvivor, After: 2 * time.Second}})
+	d.converge(ctx, 1, phaseTimeout)
+	d.converge(ctx, 5, 2*phaseTimeout)
+	w, err := testkit.StartWriter(d.cl.Config(d.endpoints...), testkit.WriterOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.WaitAcknowledged(ctx, 4); err != nil {
+		t.Fatal(err)
+	}
+	followers := d.nonLeaders(2)
+	lagging, current := followers[0], followers[1]
+	if err := lagging.proc.Freeze(); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.WaitAcknowledged(ctx, 50); err != nil {
+		t.Fatal(err)
+	}
+	var lost []*machine
+	for _, mc := range d.machines {
+		if mc != lagging && mc != current {
+			lost = append(lost, mc)
+		}
+	}
+	for _, mc := range lost {
+		if err := mc.proc.Kill(); err != nil {
+			t.Fatal(err)
+		}
+		mc.lost = true
+		mc.version++
+	}
+	if err := lagging.proc.Thaw(); err != nil {
+		t.Fatal(err)
+	}
+	revs := map[*machine]int64{}
+	for _, mc := range []*machine{lagging, current} {
+		if err := testkit.Eventually(ctx, 100*time.Millisecond, "the revision of "+mc.name, func(ctx context.Context) error {
+			st, err := d.cli.Status(ctx, mc.proc.ClientURL())
+			revs[mc] = st.Revision
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if revs[lagging] >= revs[current] {
+		t.Fatalf("the frozen member is at revision %d, the current one at %d: it did not lag", revs[lagging], revs[current])
+	}
+	from := len(d.steps)
+	d.converge(ctx, 5, 4*phaseTimeout)
+	wr := w.Stop(ctx)
+	logSteps(t, d)
+	if i := stepIndex(d, from, "Recover(from "+fmt.Sprintf("%x", current.memberID)); i < 0 && d.kept == 0 {
+		t.Errorf("no recovery from the current survivor %s", current.name)
+	}
+	if d.kept != revs[current] {
+		t.Errorf("the recovery kept revision %d; the current survivor was at %d, the lagging one at %d", d.kept, revs[current], revs[lagging])
+	}
+	if d.machineByName(lagging.name) != nil {
+		t.Errorf("the lagging survivor's machine %s is still there: its member belongs to the lost cluster", lagging.name)
+	}
+	t.Logf("kept revision %d of the survivors' %d and %d; writer: %s; acknowledged writes lost: %d %v", d.kept, revs[current], revs[lagging], wr, len(wr.LostWrites), wr.LostWrites)
+}
