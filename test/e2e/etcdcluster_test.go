@@ -380,14 +380,19 @@ func (s *scenario) etcdSnapshotAfterMarker(ctx context.Context, store *s3store.S
 // TestEtcdClusterFlappingAndReplacement: a member frozen for less than
 // unhealthyMemberTimeoutSeconds and thawed is left alone; a killed member
 // is removed once the timeout passes, and only then replaced (never more
-// than 3 machines), back to 3 healthy members. Deleting the Cluster alone
-// then takes the EtcdCluster and every machine with it.
+// than 3 machines), back to 3 healthy members. Then two of three are
+// killed: with quorumLossRecovery FromSurvivor, QCP rebuilds etcd from the
+// one left (issue 35). Deleting the Cluster alone then takes the
+// EtcdCluster and every machine with it.
 func TestEtcdClusterFlappingAndReplacement(t *testing.T) {
 	mgmt := requireShared(t)
-	parallel(t, 2*time.Minute+20*time.Second)
+	parallel(t, 3*time.Minute+50*time.Second)
 	const timeout = 30 * time.Second
 	s := newEtcdScenario(t, mgmt, "etcd-replace", 3, 0, func(ec *etcdv1.EtcdCluster) {
 		ec.Spec.UnhealthyMemberTimeoutSeconds = ptr.To(int32(timeout / time.Second))
+		ec.Spec.QuorumLossRecovery = &controlplanev1.QuorumLossRecovery{
+			Policy: controlplanev1.RecoveryFromSurvivor, AfterSeconds: ptr.To(int32(recoveryAfter / time.Second)),
+		}
 	})
 	s.startTraffic(3)
 	s.waitEtcdReady(convergeTimeout, 3)
@@ -468,6 +473,8 @@ func TestEtcdClusterFlappingAndReplacement(t *testing.T) {
 		t.Error(err)
 	}
 	s.finish()
+	// Issue 35: two of three lost for good; the policy recovers.
+	s.loseEtcdMajorityAndRecover(ctx, host)
 	s.deleteOnlyTheCluster(ctx)
 }
 

@@ -24,7 +24,10 @@ import (
 // of a machine's processes). First the etcd leader's machine (#8465): the
 // others elect a new leader and QCP remediates the frozen machine. Then 2
 // of 3 (scenario 2): etcd has no quorum, so QCP takes no destructive step,
-// says why, and waits; once one is thawed, it remediates the other.
+// says why, and waits; its quorum-loss policy (FromSurvivor) recovers
+// nothing either, the frozen machines not being confirmed lost; once one is
+// thawed, it remediates the other. Last, two of three are killed, and the
+// policy recovers from the survivor (issue 35).
 func TestFrozenMachines(t *testing.T) {
 	mgmt := requireShared(t)
 	parallel(t, 9*time.Minute+30*time.Second)

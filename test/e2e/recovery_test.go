@@ -56,6 +56,33 @@ func (s *scenario) noRecovery(ctx context.Context) error {
 // have them, which is what a recovery from a survivor gives up.
 func (s *scenario) loseMajorityAndRecover(ctx context.Context, host *machinehost.Host) {
 	s.t.Helper()
+	s.loseMajority(ctx, host, func(ctx context.Context) (*controlplanev1.RecoveryStatus, controlplanev1.LastOperation, error) {
+		cp, err := s.controlPlane(ctx)
+		if err != nil {
+			return nil, controlplanev1.LastOperation{}, err
+		}
+		return cp.Status.Recovery, cp.Status.LastOperation, nil
+	}, func() { s.waitAvailable(convergeTimeout, 3) })
+}
+
+// loseEtcdMajorityAndRecover is loseMajorityAndRecover for an EtcdCluster.
+func (s *scenario) loseEtcdMajorityAndRecover(ctx context.Context, host *machinehost.Host) {
+	s.t.Helper()
+	s.loseMajority(ctx, host, func(ctx context.Context) (*controlplanev1.RecoveryStatus, controlplanev1.LastOperation, error) {
+		ec, err := s.etcdCluster(ctx)
+		if err != nil {
+			return nil, controlplanev1.LastOperation{}, err
+		}
+		return ec.Status.Recovery, ec.Status.LastOperation, nil
+	}, func() { s.waitEtcdReady(convergeTimeout, 3) })
+}
+
+// loseMajority is what both owners' scenarios do: recovery reads the
+// owner's status.recovery and last operation, ready waits for 3 healthy
+// members again.
+func (s *scenario) loseMajority(ctx context.Context, host *machinehost.Host,
+	recovery func(context.Context) (*controlplanev1.RecoveryStatus, controlplanev1.LastOperation, error), ready func()) {
+	s.t.Helper()
 	machines := s.settled(5*time.Minute, 3)
 	cfg, err := s.etcdConfig(ctx)
 	if err != nil {
@@ -82,12 +109,12 @@ func (s *scenario) loseMajorityAndRecover(ctx context.Context, host *machinehost
 	s.t.Logf("killed %v, leaving %s", lost, survivor)
 	var rec *controlplanev1.RecoveryStatus
 	s.eventually(4*time.Minute, "QCP recovering etcd from survivor "+survivor, func(ctx context.Context) error {
-		cp, err := s.controlPlane(ctx)
+		r, op, err := recovery(ctx)
 		if err != nil {
 			return err
 		}
-		if rec = cp.Status.Recovery; rec == nil || rec.FinishTime == nil {
-			return fmt.Errorf("no finished recovery; last operation %s: %s", cp.Status.LastOperation.Kind, cp.Status.LastOperation.Reason)
+		if rec = r; rec == nil || rec.FinishTime == nil {
+			return fmt.Errorf("no finished recovery; last operation %s: %s", op.Kind, op.Reason)
 		}
 		return nil
 	})
@@ -101,7 +128,7 @@ func (s *scenario) loseMajorityAndRecover(ctx context.Context, host *machinehost
 	if started := rec.StartTime.Time; started.Before(killed.Add(recoveryAfter)) {
 		s.t.Errorf("the recovery started %s after the kill, before the policy's %s", started.Sub(killed), recoveryAfter)
 	}
-	s.waitAvailable(convergeTimeout, 3)
+	ready()
 	wr := w.Stop(ctx)
 	now, err := s.machines(ctx)
 	if err != nil {

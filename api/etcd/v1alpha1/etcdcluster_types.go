@@ -91,6 +91,11 @@ type EtcdClusterSpec struct {
 	// cannot be added, changed or removed once the EtcdCluster exists.
 	// +optional
 	Restore *controlplanev1.RestoreSpec `json:"restore,omitempty"`
+
+	// quorumLossRecovery says what QCP does when a majority of the members
+	// is lost for good.
+	// +optional
+	QuorumLossRecovery *controlplanev1.QuorumLossRecovery `json:"quorumLossRecovery,omitempty"`
 }
 
 // EtcdRolloutSpec controls rollouts of an EtcdCluster.
@@ -177,6 +182,10 @@ type EtcdClusterStatus struct {
 	// restore reports what spec.restore restored.
 	// +optional
 	Restore *controlplanev1.RestoreStatus `json:"restore,omitempty"`
+
+	// recovery reports the last recovery from a quorum loss.
+	// +optional
+	Recovery *controlplanev1.RecoveryStatus `json:"recovery,omitempty"`
 
 	// observedGeneration is the generation last reconciled.
 	// +optional

@@ -236,6 +236,19 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Clu
 	if err != nil {
 		return ctrl.Result{}, err
 	}
+	// An unfinished recovery from a survivor first, as for a control
+	// plane: until it is, the survivor's machine names a lost member.
+	x := engine.Executor{Client: r.Client, Etcd: obs.Etcd, AgentTLS: obs.AgentTLS, Owner: ec, Now: r.Now}
+	if open, err := engine.FinishOpenRecovery(ctx, x, r.Recorder, obs.Machines); open {
+		ec.Status.Recovery = engine.ReadRecovery(ec)
+		if err != nil {
+			return ctrl.Result{}, err
+		}
+		return ctrl.Result{RequeueAfter: engine.FastPoll}, nil
+	}
+	if err := engine.TrackQuorumLoss(ctx, r.Client, ec, &obs.State, r.Now()); err != nil {
+		return ctrl.Result{}, err
+	}
 	r.wakeups.Looked(client.ObjectKeyFromObject(ec), r.Now())
 	if err := r.tendMachines(ctx, cluster, ec, obs); err != nil {
 		return ctrl.Result{}, err
@@ -276,6 +289,9 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Clu
 	}
 	if linking {
 		wake = min(wake, engine.NodeLinkPoll)
+	}
+	if quorum.ShowsQuorumLoss(obs.State) {
+		wake = min(wake, engine.RecoveryPoll)
 	}
 	return ctrl.Result{RequeueAfter: wake}, nil
 }

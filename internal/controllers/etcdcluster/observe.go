@@ -63,6 +63,7 @@ func (r *Reconciler) observe(ctx context.Context, cluster *clusterv1.Cluster, ec
 		obs.Backup.Authorities = map[string]string{string(secret.EtcdCA): secret.Name(cluster.Name, secret.EtcdCA)}
 	}
 	obs.build(ec, cluster, r.Now(), r.tunables(ec))
+	obs.ObserveSurvivors(ctx, &obs.State)
 	return obs, nil
 }
 
@@ -99,6 +100,7 @@ func (o *observation) build(ec *etcdv1.EtcdCluster, cluster *clusterv1.Cluster, 
 	if !s.Bootstrapped {
 		s.Restore = engine.PlannerRestore(o.restore.res, o.restore.err)
 	}
+	s.Recovery = engine.PlannerRecovery(ec, ec.Spec.QuorumLossRecovery)
 	for _, m := range o.Machines {
 		pm := engine.PlannerMachine(m, len(o.rollout.outdated(m)) == 0)
 		mb, ok := o.MemberOn(m)

@@ -62,6 +62,7 @@ func setStatus(ec *etcdv1.EtcdCluster, obs *observation, d quorum.Decision, acte
 	engine.SetScaling(ec, &obs.Observation, desired, d)
 	engine.SetRollingOut(ec, &obs.Observation, obs.rollout.outdated, d)
 	engine.SetBackupStatus(ec, ec.Spec.Backup, &obs.Observation, &ec.Status.Backup)
+	ec.Status.Recovery = engine.ReadRecovery(ec)
 	engine.SetRestoreStatus(ec, ec.Spec.Restore != nil, ec.Status.Initialized, obs.restore.err, &ec.Status.Restore)
 	conditions.Set(ec, metav1.Condition{Type: etcdv1.DeletingCondition, Status: metav1.ConditionFalse, Reason: controlplanev1.NotDeletingReason})
 }
