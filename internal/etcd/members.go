@@ -281,6 +281,9 @@ func (c *Client) Compact(ctx context.Context, rev int64) error {
 type MemberStatus struct {
 	ID       uint64
 	Endpoint string
+	// ClusterID is the cluster the member belongs to: a recovery from a
+	// survivor makes a new one.
+	ClusterID uint64
 	// Revision is the key-value store revision; RaftIndex the last log
 	// index the member has; AppliedIndex the last one it has applied.
 	Revision     int64
@@ -312,7 +315,7 @@ func (c *Client) Status(ctx context.Context, endpoint string) (MemberStatus, err
 		return MemberStatus{}, fmt.Errorf("status of %s: %w", endpoint, err)
 	}
 	return MemberStatus{
-		ID: r.Header.MemberId, Endpoint: endpoint, Revision: r.Header.Revision, RaftIndex: r.RaftIndex,
+		ID: r.Header.MemberId, Endpoint: endpoint, ClusterID: r.Header.ClusterId, Revision: r.Header.Revision, RaftIndex: r.RaftIndex,
 		AppliedIndex: r.RaftAppliedIndex, RaftTerm: r.RaftTerm, Leader: r.Leader, IsLearner: r.IsLearner,
 		DBSize: r.DbSize, DBSizeInUse: r.DbSizeInUse, DBSizeQuota: r.DbSizeQuota, Errors: r.Errors, Version: r.Version,
 	}, nil
@@ -550,11 +553,13 @@ func (c *Client) serializableMembers(ctx context.Context, endpoint string) ([]Me
 	return fromPB(resp.Members), nil
 }
 
-// LocalView is one member's own view: the members it has applied and the
-// leader it follows (0 for none).
+// LocalView is one member's own view: the members it has applied, the
+// leader it follows (0 for none) and its cluster.
 type LocalView struct {
 	ID, Leader uint64
-	Members    []uint64
+	// ClusterID is the cluster the member belongs to.
+	ClusterID uint64
+	Members   []uint64
 }
 
 // LocalView reads the member at endpoint's own view, from it alone and
@@ -573,7 +578,7 @@ func (c *Client) LocalView(ctx context.Context, endpoint string) (LocalView, err
 	if err != nil {
 		return LocalView{}, err
 	}
-	v := LocalView{ID: s.ID, Leader: s.Leader}
+	v := LocalView{ID: s.ID, Leader: s.Leader, ClusterID: s.ClusterID}
 	for _, m := range members {
 		v.Members = append(v.Members, m.ID)
 	}

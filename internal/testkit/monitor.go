@@ -206,16 +206,22 @@ func (m *Monitor) probe(ctx context.Context, done chan<- struct{}) {
 	defer t.Stop()
 	for {
 		var wg sync.WaitGroup
+		var mu sync.Mutex
+		var round []etcd.LocalView
 		for _, ep := range m.client.Endpoints() {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
 				if v, err := m.client.LocalView(ctx, ep); err == nil {
 					m.recordView(time.Now(), v)
+					mu.Lock()
+					round = append(round, v)
+					mu.Unlock()
 				}
 			}()
 		}
 		wg.Wait()
+		m.recordRound(time.Now(), round)
 		select {
 		case <-ctx.Done():
 			return
@@ -236,6 +242,31 @@ func (m *Monitor) recordView(at time.Time, v etcd.LocalView) {
 		m.followedGone[v.Leader] = fmt.Sprintf("%s: member %x still followed %x after applying its removal (members %x)",
 			at.Format("15:04:05.000"), v.ID, v.Leader, v.Members)
 	}
+}
+
+// recordRound checks one probe round's views for I9 (one cluster): the
+// members that follow a leader all belong to one cluster. A recovery from a
+// survivor makes a new cluster; a member of the old one that still ran
+// and followed a leader beside it would be a second cluster serving the
+// same data.
+func (m *Monitor) recordRound(at time.Time, views []etcd.LocalView) {
+	clusters := map[uint64][]uint64{}
+	for _, v := range views {
+		if v.Leader != 0 {
+			clusters[v.ClusterID] = append(clusters[v.ClusterID], v.ID)
+		}
+	}
+	if len(clusters) < 2 {
+		return
+	}
+	var parts []string
+	for _, id := range slices.Sorted(maps.Keys(clusters)) {
+		parts = append(parts, fmt.Sprintf("cluster %x: members %x", id, clusters[id]))
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.report.Violations = append(m.report.Violations, Violation{At: at, Members: strings.Join(parts, "; "),
+		Err: fmt.Errorf("I9 one cluster: %d etcd clusters follow a leader at once", len(clusters))})
 }
 
 func (m *Monitor) run(ctx context.Context) {

@@ -266,3 +266,20 @@ func TestMonitorProbesLeaderRemovals(t *testing.T) {
 		t.Errorf("leaders gone in gaps %q, want none: the probe judged the removal", r.LeadersGoneInGaps)
 	}
 }
+
+// TestMonitorFlagsTwoClusters: members of two clusters that each follow a
+// leader in one probe round are two clusters serving (I9); a member
+// without a leader, or one cluster, is not.
+func TestMonitorFlagsTwoClusters(t *testing.T) {
+	m := newMonitor(3)
+	now := time.Now()
+	m.recordRound(now, []etcd.LocalView{{ID: 1, Leader: 1, ClusterID: 0xa}, {ID: 2, Leader: 1, ClusterID: 0xa}, {ID: 9, ClusterID: 0xb}})
+	if err := m.result().Err(); err != nil {
+		t.Fatalf("one cluster with a leader and a member of another without one: %v", err)
+	}
+	m.recordRound(now, []etcd.LocalView{{ID: 1, Leader: 1, ClusterID: 0xa}, {ID: 9, Leader: 9, ClusterID: 0xb}})
+	err := m.result().Err()
+	if err == nil || !strings.Contains(err.Error(), "I9 one cluster") {
+		t.Fatalf("two clusters each with a leader: %v; want an I9 violation", err)
+	}
+}

@@ -47,7 +47,7 @@ func (s *scenario) noRecovery(ctx context.Context) error {
 }
 
 // loseMajorityAndRecover kills all of a 3-machine control plane's machines
-// but one, a writer running, and checks that QCP, whose policy is
+// but one, a writer and the invariant monitor running, and checks that QCP, whose policy is
 // FromSurvivor, rebuilds etcd from the survivor once the process provider
 // reports the others' agents gone (confirmed lost): the survivor's data
 // kept with its revision bumped, the lost machines deleted, and 3 voters
@@ -95,6 +95,17 @@ func (s *scenario) loseMajority(ctx context.Context, host *machinehost.Host,
 	if err := w.WaitAcknowledged(ctx, 20); err != nil {
 		s.t.Fatal(err)
 	}
+	// The monitor follows the membership through the loss and the growth
+	// back: pairs of samples across the loss, when nothing can be read, are
+	// too far apart to judge (reported as gaps), every other pair is.
+	mcfg := cfg
+	mcfg.AutoSyncInterval = 500 * time.Millisecond
+	mcli, err := etcd.New(mcfg)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	defer mcli.Close()
+	mon := testkit.StartMonitor(mcli, 3, 0)
 	survivor := machines[0].Name
 	var lost []string
 	for _, m := range machines[1:] {
@@ -130,6 +141,12 @@ func (s *scenario) loseMajority(ctx context.Context, host *machinehost.Host,
 	}
 	ready()
 	wr := w.Stop(ctx)
+	mr := mon.Stop()
+	s.t.Logf("monitor: %d samples (%d unobserved, %d pairs too far apart to judge), at most %d voters and %d learners",
+		mr.Samples, mr.Unobserved, len(mr.Gaps), mr.MaxVoters, mr.MaxLearners)
+	if err := mr.Err(); err != nil {
+		s.t.Error(err)
+	}
 	now, err := s.machines(ctx)
 	if err != nil {
 		s.t.Fatal(err)
