@@ -238,22 +238,7 @@ func TestDynamicArgsAtEachStart(t *testing.T) {
 			defer mu.Unlock()
 			return []string{seconds}
 		}})
-	started := func(what string, pid int) ComponentState {
-		t.Helper()
-		var st ComponentState
-		wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
-		defer wcancel()
-		if err := testkit.Eventually(wctx, 10*time.Millisecond, what, func(context.Context) error {
-			st = s.Snapshot()[bootstrap.Etcd]
-			if !st.Running || st.PID == pid {
-				return fmt.Errorf("state %+v", st)
-			}
-			return nil
-		}); err != nil {
-			t.Fatal(err)
-		}
-		return st
-	}
+	started := func(what string, pid int) ComponentState { t.Helper(); return waitStarted(ctx, t, s, what, pid) }
 	read := func(pid int) string {
 		t.Helper()
 		data, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
@@ -293,22 +278,7 @@ func TestRestartWithPreparesWhileStopped(t *testing.T) {
 		t.Error("RestartWith of a component that is not supervised reported true")
 	}
 	s.Start(ctx, Process{Name: bootstrap.Etcd, Path: "/bin/sleep", Args: []string{"600"}})
-	started := func(what string, pid int) ComponentState {
-		t.Helper()
-		var st ComponentState
-		wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
-		defer wcancel()
-		if err := testkit.Eventually(wctx, 10*time.Millisecond, what, func(context.Context) error {
-			st = s.Snapshot()[bootstrap.Etcd]
-			if !st.Running || st.PID == pid {
-				return fmt.Errorf("state %+v", st)
-			}
-			return nil
-		}); err != nil {
-			t.Fatal(err)
-		}
-		return st
-	}
+	started := func(what string, pid int) ComponentState { t.Helper(); return waitStarted(ctx, t, s, what, pid) }
 	prev := started("the process to run", 0)
 	for i, fail := range []error{nil, errors.New("prepare failed")} {
 		var during ComponentState
@@ -340,4 +310,23 @@ func TestRestartWithPreparesWhileStopped(t *testing.T) {
 		}
 		prev = next
 	}
+}
+
+// waitStarted waits until s runs etcd in a process other than pid (0: any),
+// and returns its state.
+func waitStarted(ctx context.Context, t *testing.T, s *supervisor, what string, pid int) ComponentState {
+	t.Helper()
+	var st ComponentState
+	wctx, wcancel := context.WithTimeout(ctx, 30*time.Second)
+	defer wcancel()
+	if err := testkit.Eventually(wctx, 10*time.Millisecond, what, func(context.Context) error {
+		st = s.Snapshot()[bootstrap.Etcd]
+		if !st.Running || st.PID == pid {
+			return fmt.Errorf("state %+v", st)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return st
 }

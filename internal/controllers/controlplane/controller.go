@@ -284,16 +284,12 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Clu
 	// A recovery from a survivor that was recorded but not finished comes
 	// first: until it is, the survivor's machine names a member of the
 	// lost cluster, and the planner would take it for spent.
-	x := engine.Executor{Client: r.Client, Etcd: obs.Etcd, AgentTLS: obs.AgentTLS, Owner: cp, Now: r.Now}
-	if open, err := engine.FinishOpenRecovery(ctx, x, r.Recorder, obs.Machines); open {
+	if open, err := engine.TendRecovery(ctx, r.Client, r.Recorder, cp, &obs.Observation, r.Now); open || err != nil {
 		cp.Status.Recovery = engine.ReadRecovery(cp)
 		if err != nil {
 			return ctrl.Result{}, err
 		}
 		return ctrl.Result{RequeueAfter: engine.FastPoll}, nil
-	}
-	if err := engine.TrackQuorumLoss(ctx, r.Client, cp, &obs.State, r.Now()); err != nil {
-		return ctrl.Result{}, err
 	}
 	if ok, err := r.ensureClusterNetwork(ctx, cluster, cp, len(obs.Machines) > 0); err != nil || !ok {
 		// A fixed Cluster wakes the control plane.

@@ -244,6 +244,18 @@ func FinishOpenRecovery(ctx context.Context, x Executor, recorder record.EventRe
 	return true, nil
 }
 
+// TendRecovery is every owner's round's first word on quorum loss, right
+// after it observed: it finishes a recovery recorded but not finished
+// (FinishOpenRecovery; open says there was one, and the owner then plans
+// nothing this round), else keeps the loss's record (TrackQuorumLoss).
+func TendRecovery(ctx context.Context, c client.Client, recorder record.EventRecorder, owner client.Object, obs *Observation, now func() time.Time) (open bool, err error) {
+	x := Executor{Client: c, Etcd: obs.Etcd, AgentTLS: obs.AgentTLS, Owner: owner, Now: now}
+	if open, err := FinishOpenRecovery(ctx, x, recorder, obs.Machines); open {
+		return true, err
+	}
+	return false, TrackQuorumLoss(ctx, c, owner, &obs.State, now())
+}
+
 // RecordRecoveryEvent announces a finished recovery.
 func RecordRecoveryEvent(recorder record.EventRecorder, owner client.Object, st *controlplanev1.RecoveryStatus) {
 	recorder.Eventf(owner, corev1.EventTypeWarning, "QuorumRecovered",

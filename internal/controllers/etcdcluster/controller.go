@@ -238,16 +238,12 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Clu
 	}
 	// An unfinished recovery from a survivor first, as for a control
 	// plane: until it is, the survivor's machine names a lost member.
-	x := engine.Executor{Client: r.Client, Etcd: obs.Etcd, AgentTLS: obs.AgentTLS, Owner: ec, Now: r.Now}
-	if open, err := engine.FinishOpenRecovery(ctx, x, r.Recorder, obs.Machines); open {
+	if open, err := engine.TendRecovery(ctx, r.Client, r.Recorder, ec, &obs.Observation, r.Now); open || err != nil {
 		ec.Status.Recovery = engine.ReadRecovery(ec)
 		if err != nil {
 			return ctrl.Result{}, err
 		}
 		return ctrl.Result{RequeueAfter: engine.FastPoll}, nil
-	}
-	if err := engine.TrackQuorumLoss(ctx, r.Client, ec, &obs.State, r.Now()); err != nil {
-		return ctrl.Result{}, err
 	}
 	r.wakeups.Looked(client.ObjectKeyFromObject(ec), r.Now())
 	if err := r.tendMachines(ctx, cluster, ec, obs); err != nil {
