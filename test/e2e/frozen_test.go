@@ -30,7 +30,7 @@ import (
 // policy recovers from the survivor (issue 35).
 func TestFrozenMachines(t *testing.T) {
 	mgmt := requireShared(t)
-	parallel(t, 9*time.Minute+30*time.Second)
+	parallel(t, 7*time.Minute+40*time.Second)
 	s := newScenario(t, mgmt, "frozen", 3, recoverFromSurvivor)
 	s.startTraffic(3)
 	cp := s.waitAvailable(convergeTimeout, 3)
