@@ -30,6 +30,7 @@ func TestOperationKindsMatchQuorumKindsAndCRDEnum(t *testing.T) {
 		quorum.RenewCertificates: controlplanev1.OperationRenewCertificates,
 		quorum.SetAuthority:      controlplanev1.OperationSetAuthority,
 		quorum.Snapshot:          controlplanev1.OperationSnapshot,
+		quorum.Recover:           controlplanev1.OperationRecover,
 		quorum.Wait:              controlplanev1.OperationWait,
 		quorum.Degraded:          controlplanev1.OperationDegraded,
 	}
