@@ -165,12 +165,7 @@ func newMachineCommand(g *globals) *cobra.Command {
 			oneOrAll((*machinehost.Host).ThawProcess, (*machinehost.Host).Thaw), true},
 		{"confirm-lost", "Confirm that a machine does not run and never will again, so that a quorum-loss recovery may count its member as fenced (any provider)", "confirmed lost",
 			func(ctx context.Context, c client.Client, m *clusterv1.Machine) error {
-				patch := client.MergeFrom(m.DeepCopy())
-				if m.Annotations == nil {
-					m.Annotations = map[string]string{}
-				}
-				m.Annotations[quorum.ConfirmedLostAnnotation] = ""
-				return c.Patch(ctx, m, patch)
+				return setAnnotation(ctx, c, m, quorum.ConfirmedLostAnnotation, "")
 			}, false},
 	}
 	for _, l := range levers {

@@ -1,6 +1,7 @@
 package cli
 
 import (
+	"context"
 	"fmt"
 
 	"github.com/spf13/cobra"
@@ -39,12 +40,7 @@ revision was kept.`,
 			if err != nil {
 				return err
 			}
-			patch := client.MergeFrom(cp.DeepCopy())
-			if cp.Annotations == nil {
-				cp.Annotations = map[string]string{}
-			}
-			cp.Annotations[controlplanev1.RecoverAnnotation] = from
-			if err := c.Patch(cmd.Context(), cp, patch); err != nil {
+			if err := setAnnotation(cmd.Context(), c, cp, controlplanev1.RecoverAnnotation, from); err != nil {
 				return fmt.Errorf("asking %s/%s for a recovery: %w", namespace, cp.Name, err)
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "control plane %s/%s: one recovery from a survivor asked for; 'qcpctl describe cluster %s' shows what it waits for\n",
@@ -55,4 +51,16 @@ revision was kept.`,
 	cmd.Flags().StringVarP(&namespace, "namespace", "n", "default", "namespace of the cluster")
 	cmd.Flags().StringVar(&from, "from", "", "where the data comes from: survivor")
 	return cmd
+}
+
+// setAnnotation sets one annotation on obj with a merge patch.
+func setAnnotation(ctx context.Context, c client.Client, obj client.Object, key, value string) error {
+	patch := client.MergeFrom(obj.DeepCopyObject().(client.Object))
+	a := obj.GetAnnotations()
+	if a == nil {
+		a = map[string]string{}
+	}
+	a[key] = value
+	obj.SetAnnotations(a)
+	return c.Patch(ctx, obj, patch)
 }
