@@ -2,6 +2,7 @@ package quorum
 
 import (
 	"fmt"
+	"hash/maphash"
 	"slices"
 	"strings"
 )
@@ -9,6 +10,20 @@ import (
 // convergeSteps bounds how many planner steps, once faults stop, the
 // planner may take to reach the desired state.
 const convergeSteps = 80
+
+// digest stands for a world's key in the explorer's sets: two 64-bit hashes
+// with independent seeds. The keys themselves (a few hundred bytes each, for
+// millions of states) held most of the explorer's 1.3 GB, and the garbage
+// collector's scans of them took most of its CPU. Two distinct keys share a
+// digest with a chance of about n²/2¹²⁹: below 10⁻²⁶ for the 2 million
+// states of a run.
+type digest [2]uint64
+
+var digestSeeds = [2]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed()}
+
+func digestOf(key string) digest {
+	return digest{maphash.String(digestSeeds[0], key), maphash.String(digestSeeds[1], key)}
+}
 
 // explorer walks every state reachable from some initial worlds, under the
 // planner plan and at most maxFaults faults per path. A fault is a world
@@ -18,8 +33,8 @@ type explorer struct {
 	plan      func(State) Decision
 	maxFaults int
 	maxStale  int // how many of a path's faults may be stale ones
-	seen      map[string]bool
-	outcome   map[string]string // fault-free run from a key: "" converged, else why not
+	seen      map[digest]bool
+	outcome   map[digest]string // fault-free run from a key: "" converged, else why not
 	states    int
 	degr      int
 	dropped   int          // stale or misobserved steps the preconditions stopped
@@ -32,7 +47,7 @@ type explorer struct {
 }
 
 func newExplorer(plan func(State) Decision, maxFaults int) *explorer {
-	return &explorer{plan: plan, maxFaults: maxFaults, maxStale: 1, seen: map[string]bool{}, outcome: map[string]string{}, kinds: map[Kind]int{}, waits: map[string]int{}, maxErrs: 5}
+	return &explorer{plan: plan, maxFaults: maxFaults, maxStale: 1, seen: map[digest]bool{}, outcome: map[digest]string{}, kinds: map[Kind]int{}, waits: map[string]int{}, maxErrs: 5}
 }
 
 type node struct {
@@ -67,7 +82,7 @@ func (e *explorer) explore(start world, name string) {
 	for len(queue) > 0 && len(e.errs) < e.maxErrs {
 		n := queue[0]
 		queue = queue[1:]
-		k := fmt.Sprintf("%d%d|%s", n.faults, n.stale, n.w.key())
+		k := digestOf(fmt.Sprintf("%d%d|%s", n.faults, n.stale, n.w.key()))
 		if e.seen[k] {
 			continue
 		}
@@ -286,7 +301,7 @@ func strategyInvariant(before world, d Decision) string {
 // members whose machines are gone are needed for quorum: then only a
 // restore from backup can help, and Degraded is the right answer.
 func (e *explorer) converges(w world) string {
-	var visited []string
+	var visited []digest
 	result := func(r string) string {
 		for _, k := range visited {
 			e.outcome[k] = r
@@ -295,10 +310,10 @@ func (e *explorer) converges(w world) string {
 	}
 	for range convergeSteps {
 		k := w.key()
-		if r, ok := e.outcome[k]; ok {
+		if r, ok := e.outcome[digestOf(k)]; ok {
 			return result(r)
 		}
-		visited = append(visited, k)
+		visited = append(visited, digestOf(k))
 		if w.converged() {
 			return result("")
 		}

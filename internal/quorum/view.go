@@ -198,8 +198,13 @@ func (v view) componentsOK(mc Machine) bool {
 
 func filter[T any](xs []T, keep func(T) bool) []T {
 	var out []T
-	for _, x := range xs {
+	for i, x := range xs {
 		if keep(x) {
+			if out == nil {
+				// One allocation, not a growth per element: the
+				// exhaustive exploration calls this millions of times.
+				out = make([]T, 0, len(xs)-i)
+			}
 			out = append(out, x)
 		}
 	}
