@@ -301,6 +301,14 @@ func (e *Env) Stop() error {
 		e.gc = nil
 	}
 	if e.env != nil {
+		// The API server's data goes with the environment, so nothing needs
+		// its graceful stop, which outlasted envtest's one-minute timeout at
+		// the end of test/e2e (its in-flight requests draining): kill it.
+		if e.apiserverRunning() {
+			if err := e.StopAPIServer(context.Background()); err != nil {
+				errs = append(errs, err)
+			}
+		}
 		if err := e.env.Stop(); err != nil {
 			errs = append(errs, fmt.Errorf("stopping the management kube-apiserver and etcd: %w", err))
 		}
@@ -341,6 +349,13 @@ func (e *Env) StopAPIServer(ctx context.Context) error {
 	}
 	// envtest reaps it and forgets it.
 	return apiserver.Stop()
+}
+
+// apiserverRunning reports whether the management kube-apiserver was started
+// and has not exited since.
+func (e *Env) apiserverRunning() bool {
+	procs, err := machinehost.ProcessesMatching("--cert-dir=" + e.env.ControlPlane.GetAPIServer().CertDir)
+	return err == nil && len(procs) > 0
 }
 
 // StartAPIServer starts the management kube-apiserver again after
