@@ -39,8 +39,17 @@ func TestComponentAndOwner(t *testing.T) {
 			t.Errorf("ownerOf(%q) = %q, want %q", c.args, got, c.want)
 		}
 	}
-	if got := machineCluster([]string{"qcp-agent", "run", "--dir", "/m/default/scale-x7k2p", "--bin-dir", "/b"}); got != "scale" {
-		t.Errorf("machineCluster = %q, want scale", got)
+	for _, args := range [][]string{
+		{"qcp-agent", "run", "--dir", "/m/default/scale-x7k2p", "--bin-dir", "/b"},
+		{"qcp-agent", "run", "--dir=/m/default/scale-x7k2p/var/lib/qcp", "--bootstrap-file=/m/default/scale-x7k2p/etc/qcp/bootstrap.yaml"},
+		{"qcp-agent", "lb", "--dir", "/m/_lb/default/scale"},
+	} {
+		if got := machineCluster(args); got != "scale" {
+			t.Errorf("machineCluster(%q) = %q, want scale", args, got)
+		}
+	}
+	if got := machineCluster([]string{"qcp-agent", "lb", "--dir", "/m/_lb/default/moved-etcd"}); got != "moved-etcd" {
+		t.Errorf("a load balancer's cluster = %q, want moved-etcd", got)
 	}
 }
 

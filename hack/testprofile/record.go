@@ -291,17 +291,28 @@ func ownerOf(pid int, args []string) string {
 }
 
 // machineCluster is the cluster of a process machine's agent, from its
-// --dir <root>/<namespace>/<machine>: the machine name less its last part
-// (a Machine is named <cluster or template>-<suffix>).
+// --dir: <root>/<namespace>/<machine>/var/lib/qcp for a machine's agent,
+// <root>/_lb/<namespace>/<cluster> for a load balancer's. A machine's
+// cluster is its name less its last part (a Machine is named <cluster or
+// template>-<suffix>).
 func machineCluster(args []string) string {
 	for i, a := range args {
+		dir, ok := strings.CutPrefix(a, "--dir=")
 		if a == "--dir" && i+1 < len(args) {
-			name := filepath.Base(args[i+1])
-			if j := strings.LastIndex(name, "-"); j > 0 {
-				name = name[:j]
-			}
-			return name
+			dir, ok = args[i+1], true
 		}
+		if !ok {
+			continue
+		}
+		dir = strings.TrimSuffix(filepath.Clean(dir), "/var/lib/qcp")
+		if strings.Contains(dir, "/_lb/") {
+			return filepath.Base(dir)
+		}
+		name := filepath.Base(dir)
+		if j := strings.LastIndex(name, "-"); j > 0 {
+			name = name[:j]
+		}
+		return name
 	}
 	return "?"
 }
