@@ -12,7 +12,7 @@ import (
 // the step; faults and progress of the world may also show in it, so
 // Check only blames d for what d can cause.
 func Check(before State, d Decision, after State) error {
-	b := newView(before)
+	b, a := newView(before), newView(after)
 	checks := []func(view, Decision, view) error{
 		checkQuorum, checkBounded, checkLearnersFirst, checkOneAtATime,
 		checkHooks, checkLeader, checkNoHeroics, checkRenewal, checkAuthority, checkSnapshotSource,
@@ -20,7 +20,7 @@ func Check(before State, d Decision, after State) error {
 	}
 	var errs []error
 	for _, c := range checks {
-		if err := c(b, d, newView(after)); err != nil {
+		if err := c(b, d, a); err != nil {
 			errs = append(errs, err)
 		}
 	}
