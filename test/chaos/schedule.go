@@ -35,10 +35,36 @@ const (
 	EtcdCreate    Operation = "EtcdCreate"
 	EtcdScaleUp   Operation = "EtcdScaleUp"
 	EtcdScaleDown Operation = "EtcdScaleDown"
+	// LoseMajority kills a majority of a stacked control plane's machines
+	// at once as the operation starts, and Run.Policy says what QCP does
+	// then. Only loss runs (LossRunBit) draw it.
+	LoseMajority Operation = "LoseMajority"
 )
 
 // Operations are the operations a run may draw.
 var Operations = []Operation{Create, ScaleUp, ScaleDown, Rollout, Remediate, EtcdCreate, EtcdScaleUp, EtcdScaleDown}
+
+// The quorum-loss policies a loss run draws, by the API's names. FromBackup
+// joins them once QCP has it (issue 35).
+const (
+	// PolicyManual: QCP reports Degraded and takes no step; the harness
+	// then asks for a recovery from a survivor with the one-shot trigger,
+	// as a user would.
+	PolicyManual = "Manual"
+	// PolicyFromSurvivor: QCP recovers on its own, once the killed
+	// machines are confirmed lost and the policy's wait is over.
+	PolicyFromSurvivor = "FromSurvivor"
+)
+
+// LossRunBit marks a loss run's seed: from a seed with it set, NewRun
+// draws a LoseMajority run. Every other seed a campaign uses is a small
+// number, so each keeps drawing the run it always did.
+const LossRunBit uint64 = 1 << 40
+
+// lossFaultKinds are the faults a loss run may add: the management side's.
+// A machine fault could take the survivors too, and with no survivor
+// nothing but a backup can rebuild etcd.
+var lossFaultKinds = []FaultKind{KillManager, KillCAPI, RestartAPIServer}
 
 // Etcd reports whether op is an EtcdCluster's.
 func (op Operation) Etcd() bool { return op == EtcdCreate || op == EtcdScaleUp || op == EtcdScaleDown }
@@ -83,8 +109,10 @@ type Run struct {
 	Replicas  int       `json:"replicas"`
 	Operation Operation `json:"operation"`
 	// Desired is the replica count the operation sets.
-	Desired int     `json:"desired"`
-	Faults  []Fault `json:"faults"`
+	Desired int `json:"desired"`
+	// Policy is a loss run's spec.quorumLossRecovery.policy.
+	Policy string  `json:"policy,omitempty"`
+	Faults []Fault `json:"faults"`
 }
 
 // Window is how long after the operation starts faults may strike.
@@ -95,6 +123,9 @@ const Window = 90 * time.Second
 // 1, no scale up from 5, no remediation of the only machine: QCP refuses
 // it), and 1–3 faults at random times within Window, in time order.
 func NewRun(seed uint64) Run {
+	if seed&LossRunBit != 0 {
+		return newLossRun(seed)
+	}
 	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 	r := Run{Seed: seed, Replicas: []int{1, 3, 5}[rng.IntN(3)]}
 	ops := slices.DeleteFunc(slices.Clone(Operations), func(op Operation) bool {
@@ -129,6 +160,25 @@ func NewRun(seed uint64) Run {
 	return r
 }
 
+// newLossRun draws a loss run from seed: a control plane of 3 or 5
+// machines loses a majority of them (LoseMajority) under a policy drawn
+// from the two QCP has, with 0–2 management faults within Window.
+func newLossRun(seed uint64) Run {
+	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	r := Run{Seed: seed, Replicas: []int{3, 5}[rng.IntN(2)], Operation: LoseMajority}
+	r.Desired = r.Replicas
+	r.Policy = []string{PolicyManual, PolicyFromSurvivor}[rng.IntN(2)]
+	for range rng.IntN(3) {
+		r.Faults = append(r.Faults, Fault{Kind: lossFaultKinds[rng.IntN(len(lossFaultKinds))],
+			At: time.Duration(rng.Int64N(int64(Window))), For: time.Duration(rng.Int64N(int64(10 * time.Second)))})
+	}
+	slices.SortStableFunc(r.Faults, func(a, b Fault) int { return int(a.At - b.At) })
+	return r
+}
+
+// Killed is how many machines a loss run kills: a majority.
+func (r Run) Killed() int { return r.Replicas/2 + 1 }
+
 // RegressionSeeds are the seeds of runs that found a bug, each kept after
 // its fix; a campaign runs them before its new seeds. A seed means its
 // schedule only while NewRun draws the same one from it:
@@ -154,7 +204,7 @@ var RegressionSeeds = []uint64{3, 629922, 483954}
 
 // SmokeSeeds are the runs `make test` makes (TestChaosSmoke): between
 // them, every fault this host can inject, during a remediation and a
-// rollout of 3 machines and an EtcdCluster's scale up.
+// rollout of 3 machines and an EtcdCluster's scale up, and a loss run.
 // TestSmokeSeedsCoverEveryFault checks they still do.
 //
 //   - 401: a remediation asked for on 3 machines; qcp-manager killed
@@ -163,30 +213,45 @@ var RegressionSeeds = []uint64{3, 629922, 483954}
 //     (+13 s), a machine frozen (+19 s), a machine killed (+26 s).
 //   - 442: an EtcdCluster of 3 scaled up to 5; a machine frozen (+18 s),
 //     a machine deleted by hand (+39 s).
-var SmokeSeeds = []uint64{401, 61, 442}
+//   - LossRunBit|17: 2 of 3 machines killed at once, under the policy
+//     FromSurvivor; the management API server restarted (+13 s, +28 s)
+//     while QCP waits out the policy and recovers.
+var SmokeSeeds = []uint64{401, 61, 442, LossRunBit | 17}
 
 // Seeds are a campaign's seeds: with replay set, runs seeds from first (a
 // failing run replayed); otherwise the regression seeds, then runs new
-// seeds from first.
+// seeds from first, one in lossEvery of them (those that are lossEvery-1
+// modulo lossEvery) with LossRunBit set: a loss run's.
 func Seeds(first, runs uint64, replay bool) []uint64 {
 	var out []uint64
 	if !replay {
 		out = slices.Clone(RegressionSeeds)
 	}
 	for i := range runs {
-		out = append(out, first+i)
+		seed := first + i
+		if !replay && seed%lossEvery == lossEvery-1 {
+			seed |= LossRunBit
+		}
+		out = append(out, seed)
 	}
 	return out
 }
 
+// lossEvery: one new seed of a campaign in lossEvery is a loss run's.
+const lossEvery = 8
+
 // MayLoseQuorum reports whether the run kills more machines than etcd
-// tolerates at its smallest size. Such a run cannot converge on its own:
+// tolerates at its smallest size, beside its operation (a loss run's
+// majority is its operation, which must end recovered: false). Such a run cannot converge on its own:
 // it passes only if QCP reports Degraded with the right reason and takes
 // no destructive step. (Machines deleted by hand are replaced the normal
 // way, their members removed first; they do not count. A remediation
 // does the same, but its member is removed before its replacement joins:
 // the membership is one smaller meanwhile.)
 func (r Run) MayLoseQuorum() bool {
+	if r.Operation == LoseMajority {
+		return false // it loses quorum by design, and must recover
+	}
 	kills := 0
 	for _, f := range r.Faults {
 		if f.Kind == KillMachine {
@@ -212,6 +277,9 @@ type Outcome struct {
 	ConvergedAfter time.Duration `json:"convergedAfter,omitempty"`
 	// Degraded is QCP's reason when it did not converge.
 	Degraded string `json:"degraded,omitempty"`
+	// LostWrites counts, in a loss run, the acknowledged writes the
+	// recovery gave up: those the survivor it kept had not applied.
+	LostWrites int `json:"lostWrites,omitempty"`
 	// Violations are the checks that failed: linearizability, a lost
 	// write, I1–I7, more than desired + 1 machines, something left behind.
 	Violations []string `json:"violations,omitempty"`
@@ -294,7 +362,7 @@ func (s Summary) Table() string {
 		fmt.Fprintf(&b, "%-28s %8d %8d\n", k, s.Faults[k], s.Skipped[k])
 	}
 	fmt.Fprintf(&b, "%-28s %8s\n", "operation", "runs")
-	for _, op := range Operations {
+	for _, op := range append(slices.Clone(Operations), LoseMajority) {
 		fmt.Fprintf(&b, "%-28s %8d\n", op, s.Operations[op])
 	}
 	return b.String()

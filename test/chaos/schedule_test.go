@@ -20,6 +20,55 @@ func TestRunsReplayFromTheirSeed(t *testing.T) {
 	if reflect.DeepEqual(NewRun(1), NewRun(2)) {
 		t.Error("seeds 1 and 2 gave the same run")
 	}
+	for seed := range uint64(200) {
+		if a, b := NewRun(LossRunBit|seed), NewRun(LossRunBit|seed); !reflect.DeepEqual(a, b) {
+			t.Fatalf("loss seed %d gave %+v and then %+v", seed, a, b)
+		}
+	}
+}
+
+// TestLossRuns: a seed with LossRunBit draws a loss run: a majority of 3
+// or 5 machines lost under each policy QCP has, with only management faults
+// beside it (a machine fault could take the survivors too); a campaign
+// makes one run in lossEvery a loss run, and a replay runs its seeds as
+// given.
+func TestLossRuns(t *testing.T) {
+	sizes, policies, kinds := map[int]int{}, map[string]int{}, map[FaultKind]int{}
+	for seed := range uint64(2000) {
+		r := NewRun(LossRunBit | seed)
+		sizes[r.Replicas]++
+		policies[r.Policy]++
+		switch {
+		case r.Operation != LoseMajority || r.Desired != r.Replicas || r.MayLoseQuorum():
+			t.Fatalf("loss seed %d draws %+v", seed, r)
+		case r.Killed() <= r.Replicas/2 || r.Killed() >= r.Replicas:
+			t.Fatalf("loss seed %d kills %d of %d: not a majority with a survivor", seed, r.Killed(), r.Replicas)
+		case len(r.Faults) > 2:
+			t.Fatalf("loss seed %d: %d faults", seed, len(r.Faults))
+		}
+		for i, f := range r.Faults {
+			kinds[f.Kind]++
+			if !slices.Contains(lossFaultKinds, f.Kind) || f.At < 0 || f.At >= Window || (i > 0 && f.At < r.Faults[i-1].At) {
+				t.Fatalf("loss seed %d: fault %+v", seed, f)
+			}
+		}
+	}
+	if len(sizes) != 2 || sizes[3] == 0 || sizes[5] == 0 || policies[PolicyManual] == 0 || policies[PolicyFromSurvivor] == 0 || len(policies) != 2 ||
+		len(kinds) != len(lossFaultKinds) {
+		t.Errorf("loss runs: sizes %v, policies %v, faults %v", sizes, policies, kinds)
+	}
+	losses := 0
+	for _, seed := range Seeds(0, 4*lossEvery, false)[len(RegressionSeeds):] {
+		if NewRun(seed).Operation == LoseMajority {
+			losses++
+		}
+	}
+	if losses != 4 {
+		t.Errorf("a campaign of %d new seeds makes %d loss runs, want 4", 4*lossEvery, losses)
+	}
+	if got := Seeds(LossRunBit|17, 1, true); !reflect.DeepEqual(got, []uint64{LossRunBit | 17}) {
+		t.Errorf("a replay of a loss seed runs %v", got)
+	}
 }
 
 // TestRunsAreValidAndCoverEverything: over many seeds every run is one the
@@ -93,7 +142,7 @@ func TestSummary(t *testing.T) {
 		t.Errorf("p50 %s, p99 %s; want 20s and 30s", s.P50, s.P99)
 	}
 	if table := s.Table(); !strings.Contains(table, "runs 5, passed 4, violations 1") || !strings.Contains(table, "CutPeerTraffic") ||
-		!strings.Contains(table, "Remediate                           2") {
+		!strings.Contains(table, "Remediate                           2") || !strings.Contains(table, "LoseMajority") {
 		t.Errorf("table:\n%s", table)
 	}
 	var back Outcome
@@ -150,6 +199,7 @@ func TestMayLoseQuorum(t *testing.T) {
 		{Run{Replicas: 3, Desired: 3, Operation: Remediate, Faults: []Fault{{Kind: DeleteMachine}, {Kind: FreezeMachine}}}, false},
 		{Run{Replicas: 5, Desired: 5, Operation: Remediate, Faults: kills(1)}, false},
 		{Run{Replicas: 5, Desired: 5, Operation: Remediate, Faults: kills(2)}, true},
+		{Run{Replicas: 3, Desired: 3, Operation: LoseMajority}, false},
 	} {
 		if got := c.run.MayLoseQuorum(); got != c.want {
 			t.Errorf("%s of %d with %d faults: MayLoseQuorum = %v, want %v", c.run.Operation, c.run.Replicas, len(c.run.Faults), got, c.want)
@@ -166,7 +216,10 @@ func TestSmokeSeedsCoverEveryFault(t *testing.T) {
 	for _, seed := range SmokeSeeds {
 		r := NewRun(seed)
 		if r.Replicas != 3 || r.MayLoseQuorum() {
-			t.Errorf("smoke seed %d draws %+v: want 3 machines, and a run that cannot lose quorum", seed, r)
+			t.Errorf("smoke seed %d draws %+v: want 3 machines, and a run that cannot lose quorum beside its operation", seed, r)
+		}
+		if r.Operation == LoseMajority && r.Policy != PolicyFromSurvivor {
+			t.Errorf("the smoke's loss run is under %s: want FromSurvivor, the policy that recovers on its own", r.Policy)
 		}
 		ops[r.Operation] = true
 		for _, f := range r.Faults {
@@ -181,7 +234,7 @@ func TestSmokeSeedsCoverEveryFault(t *testing.T) {
 	if kinds[CutPeerTraffic] {
 		t.Error("a smoke seed draws CutPeerTraffic, which this host cannot inject")
 	}
-	if !ops[Remediate] || !ops[Rollout] || !ops[EtcdScaleUp] {
-		t.Errorf("the smoke seeds do %v; want a remediation, a rollout and an EtcdCluster scale up", ops)
+	if !ops[Remediate] || !ops[Rollout] || !ops[EtcdScaleUp] || !ops[LoseMajority] {
+		t.Errorf("the smoke seeds do %v; want a remediation, a rollout, an EtcdCluster scale up and a lost majority", ops)
 	}
 }

@@ -156,6 +156,23 @@ func runChaos(t *testing.T, mgmt *management, r chaos.Run) chaos.Outcome {
 		if err := s.c.Patch(ctx, cp, client.MergeFrom(before)); err != nil {
 			t.Fatal(err)
 		}
+	case chaos.LoseMajority:
+		lost := s.loseMachines(ctx, r)
+		converged = func(ctx context.Context) error {
+			cp, err := s.controlPlane(ctx)
+			if err != nil {
+				return err
+			}
+			if rec := cp.Status.Recovery; rec == nil || rec.FinishTime == nil {
+				return fmt.Errorf("etcd not recovered; last operation %s: %s", cp.Status.LastOperation.Kind, cp.Status.LastOperation.Reason)
+			}
+			for _, name := range lost {
+				if err := s.machineGone(name)(ctx); err != nil {
+					return fmt.Errorf("lost: %w", err)
+				}
+			}
+			return s.ready(target, r.Desired)(ctx)
+		}
 	case chaos.Remediate:
 		victim := s.requestRemediation(ctx)
 		converged = func(ctx context.Context) error {
@@ -188,7 +205,7 @@ func runChaos(t *testing.T, mgmt *management, r chaos.Run) chaos.Outcome {
 		o.Degraded = last.Reason
 		s.quorumLost = true
 		// The right reason: quorum lost, or a membership it cannot see.
-		if !strings.Contains(o.Degraded, "lost quorum") && !strings.Contains(o.Degraded, "until it can see the membership") {
+		if !reportsLostQuorum(o.Degraded) {
 			o.Violations = append(o.Violations, "Degraded for another reason than the lost quorum: "+o.Degraded)
 			t.Error(o.Violations[0])
 		}
@@ -198,7 +215,65 @@ func runChaos(t *testing.T, mgmt *management, r chaos.Run) chaos.Outcome {
 		t.Error(o.Violations[0])
 	}
 	s.finish()
+	o.LostWrites = len(s.lostWrites)
 	return o
+}
+
+// reportsLostQuorum reports whether a Degraded reason is the right one for
+// a lost quorum: the loss itself, or a membership QCP cannot see.
+func reportsLostQuorum(reason string) bool {
+	return strings.Contains(reason, "lost quorum") || strings.Contains(reason, "until it can see the membership")
+}
+
+// loseMachines kills a majority of the loss run r's machines at once (the
+// newest), and returns their names. Under the Manual policy it then
+// checks that QCP reports the lost quorum and takes no step for
+// degradedHold, and asks for a recovery from a survivor as a user does,
+// with the one-shot trigger; under FromSurvivor QCP recovers on its own.
+func (s *scenario) loseMachines(ctx context.Context, r chaos.Run) []string {
+	s.t.Helper()
+	s.recovery = true
+	ms, err := s.machines(ctx)
+	if err != nil || len(ms) != r.Replicas {
+		s.t.Fatalf("want %d machines to lose a majority of, have %d (%v)", r.Replicas, len(ms), err)
+	}
+	host := &machinehost.Host{Root: s.mgmt.env.MachineRoot()}
+	var lost []string
+	for _, m := range ms[len(ms)-r.Killed():] {
+		if err := host.Kill(ns, m.Name); err != nil {
+			s.t.Fatal(err)
+		}
+		lost = append(lost, m.Name)
+	}
+	s.t.Logf("killed %v of %d machines, policy %s", lost, len(ms), r.Policy)
+	if r.Policy != chaos.PolicyManual {
+		return lost
+	}
+	s.eventually(4*time.Minute, "QCP reporting the lost quorum", func(ctx context.Context) error {
+		cp, err := s.controlPlane(ctx)
+		if err != nil {
+			return err
+		}
+		if last := cp.Status.LastOperation; last.Kind != controlplanev1.OperationDegraded || !reportsLostQuorum(last.Reason) {
+			return fmt.Errorf("last operation %s: %s", last.Kind, last.Reason)
+		}
+		return nil
+	})
+	s.holdsNoDestructiveStep(degradedHold)
+	if err := s.noRecovery(ctx); err != nil {
+		s.t.Errorf("under the Manual policy, untriggered: %v", err)
+	}
+	cp, err := s.controlPlane(ctx)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	before := cp.DeepCopy()
+	metav1.SetMetaDataAnnotation(&cp.ObjectMeta, controlplanev1.RecoverAnnotation, controlplanev1.RecoverFromSurvivorValue)
+	if err := s.c.Patch(ctx, cp, client.MergeFrom(before)); err != nil {
+		s.t.Fatal(err)
+	}
+	s.t.Log("asked for a recovery from a survivor (the one-shot trigger)")
+	return lost
 }
 
 // chaosUnhealthyMember is the EtcdCluster runs' unhealthy member timeout:
@@ -296,7 +371,11 @@ func (s *scenario) votersServe(ctx context.Context, machines []string) error {
 func newChaosScenario(t *testing.T, mgmt *management, r chaos.Run, start int) (*scenario, chaosTarget) {
 	name := fmt.Sprintf("chaos-%d", r.Seed)
 	if !r.Operation.Etcd() {
-		s := newScenario(t, mgmt, name, int32(start))
+		s := newScenario(t, mgmt, name, int32(start), func(cp *controlplanev1.QuorumControlPlane) {
+			if r.Policy == chaos.PolicyFromSurvivor {
+				recoverFromSurvivor(cp)
+			}
+		})
 		return s, chaosTarget{state: func(ctx context.Context, replicas int) (targetState, error) {
 			cp, err := s.controlPlane(ctx)
 			if err != nil {
