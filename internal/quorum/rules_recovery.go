@@ -78,6 +78,14 @@ func ShowsQuorumLoss(s State) bool {
 	return lost
 }
 
+// ShowsTotalLoss reports whether s shows etcd with no member answering at
+// all: the member list cannot be read, none answers on its own, and
+// machines have hosted members.
+func ShowsTotalLoss(s State) bool {
+	_, _, lost := newView(s).totalLoss()
+	return lost
+}
+
 // survivorName names a survivor for humans.
 func (v view) survivorName(s Survivor) string { return v.memberName(s.Member) }
 

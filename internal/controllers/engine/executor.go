@@ -57,6 +57,9 @@ type Executor struct {
 	// State is the fresh observation the step was checked against;
 	// Recover records what its survivors show.
 	State quorum.State
+	// Restore is the snapshot RestoreFromBackup restores (see
+	// Observation).
+	Restore *Restore
 }
 
 // Execute takes decision d. machine is the Machine d names, as observed (nil
@@ -114,6 +117,8 @@ func (x Executor) Execute(ctx context.Context, d quorum.Decision, machine *clust
 		return x.snapshot(ctx, d, machine)
 	case quorum.Recover:
 		return x.recover(ctx, d, machine, x.State)
+	case quorum.RestoreFromBackup:
+		return x.recordRestoreFromBackup(ctx, d, x.Restore, x.State)
 	case quorum.Compact:
 		if err := x.Etcd.Compact(ctx, d.Revision); err != nil {
 			return err

@@ -61,6 +61,10 @@ type Observation struct {
 	// spec.backup.
 	Backup    *BackupConfig
 	BackupErr error
+	// Restore is the snapshot a recovery from a backup restores, found
+	// and checked while one may come of it or runs
+	// (ResolveRecoveryRestore); nil otherwise.
+	Restore *Restore
 }
 
 // PlannerMachine is what every owner's machine tells the planner: where it
