@@ -206,7 +206,8 @@ func (o *Observation) MembershipInFlight() bool {
 // new cluster when etcd never had a member, and otherwise a join through
 // the client URLs of the started voters.
 func (o *Observation) LocalMember() bootstrap.LocalEtcd {
-	if !o.State.Bootstrapped {
+	if !o.State.Bootstrapped || o.State.Recovery.Restoring {
+		// A new cluster, or the one a recovery from a backup restores.
 		return bootstrap.NewMember()
 	}
 	var endpoints []string
