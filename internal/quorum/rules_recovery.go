@@ -86,6 +86,19 @@ func ShowsTotalLoss(s State) bool {
 	return lost
 }
 
+// ShowsRecoverableLoss reports whether s shows a loss a recovery may come
+// of: the survivors show quorum lost (ShowsQuorumLoss), or no member answers
+// at all (ShowsTotalLoss) where a restore from a backup is asked for. The
+// caller keeps when such a loss began, and looks again while it lasts.
+func ShowsRecoverableLoss(s State) bool {
+	v := newView(s)
+	if _, lost, _ := v.quorumLoss(); lost {
+		return true
+	}
+	_, _, total := v.totalLoss()
+	return total && v.backupAsked()
+}
+
 // survivorName names a survivor for humans.
 func (v view) survivorName(s Survivor) string { return v.memberName(s.Member) }
 

@@ -155,14 +155,15 @@ func (o *Observation) ObserveSurvivors(ctx context.Context, s *quorum.State) {
 }
 
 // TrackQuorumLoss keeps QuorumLostSinceAnnotation on owner: set when the
-// survivors first show quorum lost, removed once the member list can be
+// survivors first show quorum lost (or, where a restore from a backup is
+// asked, no member answers at all), removed once the member list can be
 // read again, with a recovery trigger (controlplanev1.RecoverAnnotation);
 // and gives the planner the time it holds.
 func TrackQuorumLoss(ctx context.Context, c client.Client, owner client.Object, s *quorum.State, now time.Time) error {
 	_, recorded := owner.GetAnnotations()[QuorumLostSinceAnnotation]
 	x := Executor{Client: c, Owner: owner}
 	switch {
-	case quorum.ShowsQuorumLoss(*s) && !recorded:
+	case quorum.ShowsRecoverableLoss(*s) && !recorded:
 		if err := x.recordOnOwner(ctx, QuorumLostSinceAnnotation, FormatTime(now)); err != nil {
 			return err
 		}
