@@ -197,6 +197,10 @@ func (p planner) continueRestore() (Decision, bool) {
 			return waitf("restoring etcd from snapshot %s: waiting for machine %s of the lost cluster to finish deleting", p.Restore.Snapshot, mc.Name), true
 		}
 	}
+	if !p.Restore.Requested {
+		// Never an empty cluster in the place of a lost one.
+		return degradedf("a recovery from a backup is open, but no snapshot to restore is known: the recovery record on the owner may have been edited"), true
+	}
 	return p.bootstrap()
 }
 
@@ -305,7 +309,7 @@ func checkOneCluster(b view, d Decision, _ view) error {
 	case d.Kind == CreateMachine && len(b.members) == 0 && (b.Bootstrapped || slices.ContainsFunc(b.machines, func(mc Machine) bool { return mc.MemberID != 0 })):
 		// A first machine for a cluster that had members: only in an
 		// open recovery from a backup, once the lost machines are gone.
-		if !b.Recovery.Restoring {
+		if !b.Recovery.Restoring || !b.Restore.Requested {
 			return fmt.Errorf("I9 one cluster: creating a first machine although etcd was bootstrapped before, outside a recovery from a backup")
 		}
 		if left := filter(b.machines, func(mc Machine) bool { return slices.Contains(b.Recovery.LostMachines, mc.Name) }); len(left) > 0 {
