@@ -55,6 +55,7 @@ func TestRecoverFromBackup(t *testing.T) {
 			Policy: controlplanev1.RecoveryFromBackup, AfterSeconds: ptr.To(int32(recoveryAfter / time.Second)),
 		}
 	})
+	s.waitAvailable(convergeTimeout, 1)
 	lost := s.settled(convergeTimeout, 1)[0]
 	cfg, err := s.etcdConfig(ctx)
 	if err != nil {
