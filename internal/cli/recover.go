@@ -15,22 +15,25 @@ import (
 func newRecoverCommand(g *globals) *cobra.Command {
 	var namespace, from string
 	cmd := &cobra.Command{
-		Use:   "recover CLUSTER --from survivor",
+		Use:   "recover CLUSTER --from survivor|backup",
 		Short: "Recover, once, a control plane's etcd that lost quorum for good",
-		Long: `Asks QCP for one recovery of the cluster's etcd from the surviving member with the
-highest applied index, whatever spec.quorumLossRecovery says and without its wait
-(it sets the annotation ` + controlplanev1.RecoverAnnotation + `).
+		Long: `Asks QCP for one recovery of the cluster's etcd, whatever spec.quorumLossRecovery says
+and without its wait (it sets the annotation ` + controlplanev1.RecoverAnnotation + `):
+  --from survivor: from the surviving member with the highest applied index;
+  --from backup:   the same while a member survives (it holds newer data than any
+                   snapshot); once none answers, from the newest verified snapshot of
+                   spec.backup, onto a new machine.
 QCP still recovers only once every member that does not answer runs on a machine
 confirmed lost (its infrastructure reports it stopped or gone, or 'qcpctl machine
 confirm-lost'), and drops the request once done, or at once if etcd has quorum.
-The writes the survivor had not applied are lost; status.recovery says which
-revision was kept.`,
-		Example: "  qcpctl recover demo --from survivor",
+The writes the survivor had not applied, or written after the snapshot, are lost;
+status.recovery says which revision was kept.`,
+		Example: "  qcpctl recover demo --from survivor\n  qcpctl recover demo --from backup",
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			if from != controlplanev1.RecoverFromSurvivorValue {
-				return fmt.Errorf("--from %q: only --from %s is built; to start from a backup, create a new control plane with spec.restore.from",
-					from, controlplanev1.RecoverFromSurvivorValue)
+			if from != controlplanev1.RecoverFromSurvivorValue && from != controlplanev1.RecoverFromBackupValue {
+				return fmt.Errorf("--from %q: say where the data comes from, --from %s or --from %s",
+					from, controlplanev1.RecoverFromSurvivorValue, controlplanev1.RecoverFromBackupValue)
 			}
 			c, err := g.connect()
 			if err != nil {
@@ -43,13 +46,13 @@ revision was kept.`,
 			if err := setAnnotation(cmd.Context(), c, cp, controlplanev1.RecoverAnnotation, from); err != nil {
 				return fmt.Errorf("asking %s/%s for a recovery: %w", namespace, cp.Name, err)
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "control plane %s/%s: one recovery from a survivor asked for; 'qcpctl describe cluster %s' shows what it waits for\n",
-				namespace, cp.Name, args[0])
+			fmt.Fprintf(cmd.OutOrStdout(), "control plane %s/%s: one recovery from a %s asked for; 'qcpctl describe cluster %s' shows what it waits for\n",
+				namespace, cp.Name, from, args[0])
 			return nil
 		},
 	}
 	cmd.Flags().StringVarP(&namespace, "namespace", "n", "default", "namespace of the cluster")
-	cmd.Flags().StringVar(&from, "from", "", "where the data comes from: survivor")
+	cmd.Flags().StringVar(&from, "from", "", "where the data comes from: survivor or backup")
 	return cmd
 }
 

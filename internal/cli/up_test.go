@@ -119,10 +119,10 @@ func (q *tour) checkRecoverLevers(kubeconfig string) {
 	c := managementClient(t, kubeconfig)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	if out, err := q.command(ctx, "recover", "demo", "--from", "backup").CombinedOutput(); err == nil || !strings.Contains(string(out), "only --from survivor") {
-		t.Errorf("qcpctl recover --from backup: %v, %s; want a refusal naming the one source built", err, out)
+	if out, err := q.command(ctx, "recover", "demo", "--from", "elsewhere").CombinedOutput(); err == nil || !strings.Contains(string(out), "--from survivor or --from backup") {
+		t.Errorf("qcpctl recover --from elsewhere: %v, %s; want a refusal naming the sources", err, out)
 	}
-	q.must(time.Minute, "recover", "demo", "--from", "survivor")
+	q.must(time.Minute, "recover", "demo", "--from", "backup")
 	if err := testkit.Eventually(ctx, time.Second, "the recovery asked for while etcd has quorum dropped", func(ctx context.Context) error {
 		var list controlplanev1.QuorumControlPlaneList
 		if err := c.List(ctx, &list); err != nil {

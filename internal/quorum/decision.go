@@ -97,6 +97,15 @@ const (
 	// rules (I7), and only once every lost voter's machine is confirmed
 	// lost (I9).
 	Recover Kind = "Recover"
+	// RestoreFromBackup: etcd lost quorum for good, no member answers,
+	// and every machine that hosted one is confirmed lost. Record the
+	// recovery on the owner (the snapshot State.Restore names, its
+	// revision); the next steps delete the old cluster's machines,
+	// release their hooks (their members went with the cluster) and
+	// create a first machine that restores the snapshot, as a new
+	// cluster's does (Recovery.Restoring). Like Recover, allowed only
+	// as I9 says.
+	RestoreFromBackup Kind = "RestoreFromBackup"
 	// Wait: nothing to do until the world changes; Reason names what for.
 	Wait Kind = "Wait"
 	// Degraded: the planner refuses to act and a human is needed; Reason
@@ -106,7 +115,7 @@ const (
 
 // Kinds are every Kind a Decision may have.
 var Kinds = []Kind{CreateMachine, AddLearner, Promote, MoveLeader, RemoveMember, AddHook, RemoveHook, DeleteMachine,
-	DisarmAlarm, Compact, Defragment, RestartMember, RenewCertificates, SetAuthority, Snapshot, Recover, Wait, Degraded}
+	DisarmAlarm, Compact, Defragment, RestartMember, RenewCertificates, SetAuthority, Snapshot, Recover, RestoreFromBackup, Wait, Degraded}
 
 // Decision is exactly one next step. Only the fields its Kind names are set.
 type Decision struct {
@@ -130,6 +139,8 @@ type Decision struct {
 	// Revision is the revision Compact compacts to; for Recover, the
 	// survivor's revision, which the recovery keeps.
 	Revision int64
+	// Snapshot is the snapshot RestoreFromBackup restores.
+	Snapshot string
 	// QuotaBackendBytes is the backend quota RestartMember gives the member.
 	QuotaBackendBytes int64
 	// RestartsMember says that SetAuthority restarts the member.
@@ -241,6 +252,8 @@ func (d Decision) Verify(fresh State) error {
 	switch d.Kind {
 	case Recover:
 		return v.verifyRecovery(d)
+	case RestoreFromBackup:
+		return v.verifyRestoreFromBackup(d)
 	case RenewCertificates:
 		return v.verifyRenewal(d.Machine)
 	case SetAuthority:
@@ -351,6 +364,8 @@ func (d Decision) String() string {
 		target = fmt.Sprintf("(%x on %s)", d.MemberID, orNone(d.Machine))
 	case Recover:
 		target = fmt.Sprintf("(from %x on %s, revision %d)", d.MemberID, d.Machine, d.Revision)
+	case RestoreFromBackup:
+		target = fmt.Sprintf("(snapshot %s)", d.Snapshot)
 	case RestartMember:
 		target = fmt.Sprintf("(%x on %s, quota %d)", d.MemberID, orNone(d.Machine), d.QuotaBackendBytes)
 	case DisarmAlarm:

@@ -237,6 +237,15 @@ func worldInvariant(before world, d Decision, after world) string {
 			return fmt.Sprintf("world: %s leaves %d of the old cluster's %d voters that may still run: it could serve beside the recovered one", d, alive, voters)
 		}
 	}
+	if d.Kind == RestoreFromBackup {
+		// I9 by what it does: no member of the old cluster may ever run
+		// again beside the restored one.
+		for _, m := range before.members {
+			if mc := before.machine(machineName(m.host)); mc != nil && !mc.lost {
+				return fmt.Sprintf("world: %s while member %d's machine %s may still run: it could serve beside the restored cluster", d, m.id, machineName(mc.id))
+			}
+		}
+	}
 	if why := strategyInvariant(before, d); why != "" {
 		return "world: " + why
 	}
@@ -335,11 +344,29 @@ func (e *explorer) converges(w world) string {
 			if !needsRestore(w) {
 				return result(fmt.Sprintf("degraded with nothing to recover in %s: %s", s.describe(), d.Reason))
 			}
+			if restorable(w) {
+				return result(fmt.Sprintf("degraded although the policy FromBackup can restore a verified snapshot in %s: %s", s.describe(), d.Reason))
+			}
 			return result("") // only a restore from backup helps; Degraded is right
 		}
 		w = w.apply(d)
 	}
 	return result(fmt.Sprintf("no convergence in %d steps; stuck at %s: %s", convergeSteps, w.state().describe(), e.plan(w.state())))
+}
+
+// restorable reports whether QCP itself must restore w from a backup: its
+// policy is FromBackup, a verified snapshot can be read, and no member
+// answers, each on a machine confirmed lost.
+func restorable(w world) bool {
+	if w.recovery != RecoverFromBackup || !w.backupConfigured || w.restoreBad || len(w.members) == 0 {
+		return false
+	}
+	for _, m := range w.members {
+		if mc := w.machine(machineName(m.host)); m.healthy || mc == nil || !mc.lost {
+			return false
+		}
+	}
+	return true
 }
 
 // needsRestore reports whether quorum is lost for good: the healthy voters

@@ -79,8 +79,8 @@ type options struct {
 	// restoreUnchecked creates a restoring first machine while its
 	// snapshot has a problem.
 	restoreUnchecked bool
-	// recoverUnfenced recovers from a survivor while lost voters' machines
-	// are not confirmed lost.
+	// recoverUnfenced recovers from a survivor, or restores from a backup,
+	// while lost voters' machines are not confirmed lost.
 	recoverUnfenced bool
 }
 

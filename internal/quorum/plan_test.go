@@ -3,6 +3,7 @@ package quorum
 import (
 	"math/rand/v2"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -236,6 +237,8 @@ func targets(d Decision, target string) bool {
 		return idString(d.MemberID) == target
 	case Wait, Degraded:
 		return target == ""
+	case RestoreFromBackup:
+		return d.Snapshot == target
 	}
 	return d.Machine == target
 }
@@ -316,6 +319,84 @@ func TestPlanRecovery(t *testing.T) {
 			lostWorld(3, 1, true, func(w *world) { fromSurvivor(w); w.machines[0].deleting = true }), Degraded, "",
 			"no voter that answers runs on a machine that stays"},
 	})
+}
+
+// allLostWorld is a world of n machines none of whose members answers, the
+// machines of those in lost confirmed lost, later epochs after the loss,
+// with f applied.
+func allLostWorld(n, later int, lost []int, f func(*world)) world {
+	w := healthyWorld(n, n)
+	for id := 1; id <= n; id++ {
+		crash(id)(&w)
+		w.machine(machineName(id)).lost = slices.Contains(lost, id)
+	}
+	w.epoch += later
+	if f != nil {
+		f(&w)
+	}
+	return w
+}
+
+func TestPlanRestoreFromBackup(t *testing.T) {
+	fromBackup := func(w *world) { w.recovery, w.backupConfigured = RecoverFromBackup, true }
+	restoring := allLostWorld(3, 1, []int{1, 2, 3}, fromBackup).apply(Decision{Kind: RestoreFromBackup, Snapshot: worldSnapshot})
+	restoringState := restoring.state()
+	runPlanCases(t, []planCase{
+		{"every member lost past the wait, every machine confirmed lost: restore the newest snapshot",
+			allLostWorld(3, 1, []int{1, 2, 3}, fromBackup).state(), RestoreFromBackup, worldSnapshot,
+			"no member answers (machines m-01, m-02, m-03 hosted them), and their machines are confirmed lost; restoring etcd from snapshot"},
+		{"a single machine lost", allLostWorld(1, 1, []int{1}, fromBackup).state(), RestoreFromBackup, worldSnapshot, "machines m-01 hosted them"},
+		{"before the policy's wait", allLostWorld(1, 0, []int{1}, fromBackup).state(), Wait, "", "onto a new machine at 2026-01-01T00:15:00Z"},
+		{"a machine not confirmed lost: no restore",
+			allLostWorld(3, 1, []int{2, 3}, fromBackup).state(), Degraded, "", "restoring etcd from a backup waits until machines m-01 are confirmed lost"},
+		{"no snapshot that can be restored",
+			allLostWorld(1, 1, []int{1}, func(w *world) { fromBackup(w); w.restoreBad = true }).state(), Degraded, "",
+			"no verified snapshot can be restored: snapshot read back is not what its manifest says"},
+		{"a survivor answers: FromBackup recovers from it, which holds newer data",
+			lostWorld(3, 1, true, fromBackup), Recover, "1", "recovering from survivor m-01"},
+		{"Manual: no restore", allLostWorld(1, 1, []int{1}, func(w *world) { w.backupConfigured = true }).state(), Degraded, "", "etcd has lost quorum"},
+		{"restoring: the lost machines are deleted first", restoringState, DeleteMachine, "m-01", "hosted a member of the lost cluster"},
+		{"restoring: their drains released",
+			edit(restoringState, func(s *State) {
+				for i := range s.Machines {
+					s.Machines[i].Deleting = true
+				}
+			}), RemoveHook, "m-01", "its member went with the lost cluster"},
+		{"restoring: once they are gone, the first machine restores the snapshot",
+			edit(restoringState, func(s *State) { s.Machines = nil }), CreateMachine, "", "it restores etcd from snapshot " + worldSnapshot},
+	})
+	if got := Plan(edit(restoringState, func(s *State) { s.Machines = nil; s.Recovery.Restoring = false })); got.Kind != Degraded {
+		t.Errorf("a first machine for a cluster that had members, outside a recovery from a backup: %s", got)
+	}
+	outside := Decision{Kind: CreateMachine, Reason: "a first machine"}
+	if err := checkAlone(edit(restoringState, func(s *State) { s.Recovery.Restoring = false }), outside); err == nil || !strings.Contains(err.Error(), "I9") {
+		t.Errorf("Check let a first machine be created for a bootstrapped cluster outside a restore: %v", err)
+	}
+	if err := checkAlone(restoringState, outside); err == nil || !strings.Contains(err.Error(), "machines m-01, m-02, m-03 of the lost cluster remain") {
+		t.Errorf("Check let the restored cluster's first machine be created beside the lost machines: %v", err)
+	}
+}
+
+func TestRestoreFromBackupVerify(t *testing.T) {
+	s := allLostWorld(3, 1, []int{1, 2, 3}, func(w *world) { w.recovery, w.backupConfigured = RecoverFromBackup, true }).state()
+	d := Plan(s)
+	if d.Kind != RestoreFromBackup {
+		t.Fatalf("planned %s", d)
+	}
+	if err := d.Verify(s); err != nil {
+		t.Fatalf("Verify on the same state: %v", err)
+	}
+	for name, f := range map[string]func(*State){
+		"a member answers again":             func(s *State) { s.Survivors = []Survivor{{Member: Member{ID: 1, Name: "m-01"}}} },
+		"a machine no longer confirmed lost": func(s *State) { s.Machines[0].ConfirmedLost = false },
+		"another snapshot is the newest":     func(s *State) { s.Restore.Snapshot = "another" },
+		"the snapshot cannot be read":        func(s *State) { s.Restore.Problem = "gone" },
+		"the policy changed to Manual":       func(s *State) { s.Recovery.Policy = RecoverManually },
+	} {
+		if err := d.Verify(edit(s, f)); err == nil {
+			t.Errorf("%s: Verify passed", name)
+		}
+	}
 }
 
 func TestRecoverVerify(t *testing.T) {

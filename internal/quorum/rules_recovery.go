@@ -78,13 +78,150 @@ func ShowsQuorumLoss(s State) bool {
 	return lost
 }
 
+// ShowsTotalLoss reports whether s shows etcd with no member answering at
+// all: the member list cannot be read, none answers on its own, and
+// machines have hosted members.
+func ShowsTotalLoss(s State) bool {
+	_, _, lost := newView(s).totalLoss()
+	return lost
+}
+
+// ShowsRecoverableLoss reports whether s shows a loss a recovery may come
+// of: the survivors show quorum lost (ShowsQuorumLoss), or no member answers
+// at all (ShowsTotalLoss) where a restore from a backup is asked for. The
+// caller keeps when such a loss began, and looks again while it lasts.
+func ShowsRecoverableLoss(s State) bool {
+	v := newView(s)
+	if _, lost, _ := v.quorumLoss(); lost {
+		return true
+	}
+	_, _, total := v.totalLoss()
+	return total && v.backupAsked()
+}
+
 // survivorName names a survivor for humans.
 func (v view) survivorName(s Survivor) string { return v.memberName(s.Member) }
 
 // recoveryAsked reports whether the policy or a trigger asks for a
-// recovery from a survivor.
+// recovery from a survivor (FromBackup too: a survivor holds newer data
+// than any snapshot).
 func (v view) recoveryAsked() bool {
-	return v.Recovery.Policy == RecoverFromSurvivor || v.Recovery.Triggered
+	return v.Recovery.Policy == RecoverFromSurvivor || v.Recovery.Policy == RecoverFromBackup || v.Recovery.Triggered
+}
+
+// backupAsked reports whether the policy or a trigger asks for a restore
+// from a backup once no member answers.
+func (v view) backupAsked() bool {
+	return v.Recovery.Policy == RecoverFromBackup || v.Recovery.TriggerBackup
+}
+
+// totalLoss reads a cluster no member of which answers: the member list
+// cannot be read, no member answers on its own, and machines have hosted
+// members (recorded). unfenced names those of them not confirmed lost.
+func (v view) totalLoss() (recorded []Machine, unfenced []string, lost bool) {
+	if !v.MembersUnknown || len(v.Survivors) > 0 {
+		return nil, nil, false
+	}
+	recorded = filter(v.machines, func(mc Machine) bool { return mc.MemberID != 0 || mc.JoinStarted })
+	for _, mc := range recorded {
+		if !mc.ConfirmedLost {
+			unfenced = append(unfenced, mc.Name)
+		}
+	}
+	return recorded, unfenced, len(recorded) > 0
+}
+
+// restoreFromBackup rebuilds etcd from the newest verified snapshot once no
+// member answers (RestoreFromBackup), when the policy or a trigger asks:
+// every machine that hosted a member is confirmed lost (I9), the loss has
+// lasted Recovery.After (a trigger skips that wait), and State.Restore
+// names a checked snapshot. While that recovery is open
+// (Recovery.Restoring), it carries it on: the old cluster's machines go,
+// then the first machine of the new one restores the snapshot.
+func (p planner) restoreFromBackup() (Decision, bool) {
+	if p.Topology == APIServersOnly {
+		return Decision{}, false
+	}
+	if p.Recovery.Restoring {
+		return p.continueRestore()
+	}
+	if !p.backupAsked() {
+		return Decision{}, false
+	}
+	recorded, unfenced, lost := p.totalLoss()
+	if !lost {
+		return Decision{}, false
+	}
+	what := "etcd lost quorum and no member answers (machines " + names(recorded, func(m Machine) string { return m.Name }) + " hosted them)"
+	switch {
+	case len(unfenced) > 0 && !p.opts.recoverUnfenced:
+		return degradedf("%s; restoring etcd from a backup waits until machines %s are confirmed lost (their infrastructure reports them stopped or gone, or the Machine is annotated %s), since a member that still runs would serve beside the restored cluster",
+			what, joinNames(unfenced), ConfirmedLostAnnotation), true
+	case !p.Restore.Requested || p.Restore.Snapshot == "" || p.Restore.Problem != "":
+		problem := p.Restore.Problem
+		if problem == "" {
+			problem = "none was found"
+		}
+		return degradedf("%s; no verified snapshot can be restored: %s; fix the backup store, or bring a member back", what, problem), true
+	}
+	if due := p.recoveryDue(); p.Now.Before(due) {
+		return waitf("%s; restoring snapshot %s onto a new machine at %s, after the loss has lasted %s, unless a member answers again",
+			what, p.Restore.Snapshot, due.UTC().Format(time.RFC3339), p.Recovery.After), true
+	}
+	d := Decision{Kind: RestoreFromBackup, Snapshot: p.Restore.Snapshot,
+		Reason: fmt.Sprintf("%s, and their machines are confirmed lost; restoring etcd from snapshot %s onto a new machine, after which the lost machines are deleted",
+			what, p.Restore.Snapshot)}
+	d.Expect.Survivors = survivorIDs(p.Survivors)
+	return d, true
+}
+
+// continueRestore carries an open recovery from a backup on: it deletes
+// the lost cluster's machines and releases their hooks (their members went
+// with that cluster), then bootstraps a new cluster from the snapshot. Once
+// the new member is listed the caller closes the recovery, and the other
+// rules grow the cluster back.
+func (p planner) continueRestore() (Decision, bool) {
+	if len(p.members) > 0 {
+		return Decision{}, false
+	}
+	for _, mc := range p.machines {
+		switch {
+		case !slices.Contains(p.Recovery.LostMachines, mc.Name):
+		case !mc.Deleting:
+			return Decision{Kind: DeleteMachine, Machine: mc.Name,
+				Reason: fmt.Sprintf("restoring etcd from snapshot %s: machine %s hosted a member of the lost cluster; deleting it", p.Restore.Snapshot, mc.Name)}, true
+		case mc.HasHook:
+			return Decision{Kind: RemoveHook, Machine: mc.Name,
+				Reason: fmt.Sprintf("restoring etcd from snapshot %s: machine %s is being deleted, and its member went with the lost cluster; releasing its drain", p.Restore.Snapshot, mc.Name)}, true
+		default:
+			return waitf("restoring etcd from snapshot %s: waiting for machine %s of the lost cluster to finish deleting", p.Restore.Snapshot, mc.Name), true
+		}
+	}
+	if !p.Restore.Requested {
+		// Never an empty cluster in the place of a lost one.
+		return degradedf("a recovery from a backup is open, but no snapshot to restore is known: the recovery record on the owner may have been edited"), true
+	}
+	return p.bootstrap()
+}
+
+// verifyRestoreFromBackup checks a RestoreFromBackup step against a fresh
+// view: still no member answers, every machine that hosted one is still
+// confirmed lost, the same snapshot is checked, and the wait is over.
+func (v view) verifyRestoreFromBackup(d Decision) error {
+	_, unfenced, lost := v.totalLoss()
+	switch {
+	case !lost:
+		return fmt.Errorf("etcd no longer shows a loss with no member answering")
+	case len(unfenced) > 0:
+		return fmt.Errorf("machines %s are no longer confirmed lost", joinNames(unfenced))
+	case v.Restore.Snapshot != d.Snapshot || v.Restore.Problem != "":
+		return fmt.Errorf("snapshot %s is no longer the one to restore (now %q%s)", d.Snapshot, v.Restore.Snapshot, why(v.Restore.Problem != "", ": "+v.Restore.Problem, ""))
+	case !v.backupAsked():
+		return fmt.Errorf("no restore from a backup is asked for any more")
+	case v.Now.Before(v.recoveryDue()):
+		return fmt.Errorf("the loss has not lasted %s yet", v.Recovery.After)
+	}
+	return nil
 }
 
 // recoveryDue is when the policy recovers (a trigger at once).
@@ -104,9 +241,14 @@ func (v view) recoveryDue() time.Time {
 // lasted Recovery.After (a trigger skips that wait), the members that
 // answer agree on the membership, and every voter that does not answer
 // runs on a machine confirmed lost (I9: a member that may still run
-// behind a partition could serve beside the recovered cluster). It runs
-// before refuseUnknownMembership, which reports the loss otherwise.
+// behind a partition could serve beside the recovered cluster). Once no
+// member answers at all, it restores from a backup instead, if asked
+// (restoreFromBackup). It runs before refuseUnknownMembership, which
+// reports the loss otherwise.
 func (p planner) recoverQuorum() (Decision, bool) {
+	if d, ok := p.restoreFromBackup(); ok {
+		return d, true
+	}
 	if !p.recoveryAsked() || p.Topology == APIServersOnly {
 		return Decision{}, false
 	}
@@ -161,7 +303,20 @@ func (v view) verifyRecovery(d Decision) error {
 // still run are then fewer than a majority of the old voters, so the old
 // cluster can never serve again beside the new one.
 func checkOneCluster(b view, d Decision, _ view) error {
-	if d.Kind != Recover {
+	switch {
+	case d.Kind == RestoreFromBackup:
+		return checkRestoreFromBackup(b, d)
+	case d.Kind == CreateMachine && len(b.members) == 0 && (b.Bootstrapped || slices.ContainsFunc(b.machines, func(mc Machine) bool { return mc.MemberID != 0 })):
+		// A first machine for a cluster that had members: only in an
+		// open recovery from a backup, once the lost machines are gone.
+		if !b.Recovery.Restoring || !b.Restore.Requested {
+			return fmt.Errorf("I9 one cluster: creating a first machine although etcd was bootstrapped before, outside a recovery from a backup")
+		}
+		if left := filter(b.machines, func(mc Machine) bool { return slices.Contains(b.Recovery.LostMachines, mc.Name) }); len(left) > 0 {
+			return fmt.Errorf("I9 one cluster: creating the restored cluster's first machine while machines %s of the lost cluster remain", names(left, func(m Machine) string { return m.Name }))
+		}
+		return nil
+	case d.Kind != Recover:
 		return nil
 	}
 	q, lost, problem := b.quorumLoss()
@@ -176,6 +331,25 @@ func checkOneCluster(b view, d Decision, _ view) error {
 		return fmt.Errorf("I9 one cluster: recovering from %s, not from %s, the survivor with the highest applied index", idString(d.MemberID), idString(q.keep.ID))
 	case b.Now.Before(b.recoveryDue()):
 		return fmt.Errorf("I9 one cluster: recovering from %s before the loss lasted %s", idString(d.MemberID), b.Recovery.After)
+	}
+	return nil
+}
+
+// checkRestoreFromBackup is I9 for RestoreFromBackup: asked for, after the
+// wait, with no member answering, and every machine that hosted a member
+// confirmed lost, so that no old member can ever serve beside the restored
+// cluster.
+func checkRestoreFromBackup(b view, d Decision) error {
+	_, unfenced, lost := b.totalLoss()
+	switch {
+	case !b.backupAsked():
+		return fmt.Errorf("I9 one cluster: restoring snapshot %s while neither the policy nor a trigger asks for a restore from a backup", d.Snapshot)
+	case !lost:
+		return fmt.Errorf("I9 one cluster: restoring snapshot %s while a member answers, or none was ever recorded", d.Snapshot)
+	case len(unfenced) > 0:
+		return fmt.Errorf("I9 one cluster: restoring snapshot %s while machines %s, which hosted members, are not confirmed lost", d.Snapshot, joinNames(unfenced))
+	case b.Now.Before(b.recoveryDue()):
+		return fmt.Errorf("I9 one cluster: restoring snapshot %s before the loss lasted %s", d.Snapshot, b.Recovery.After)
 	}
 	return nil
 }

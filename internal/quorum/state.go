@@ -543,7 +543,9 @@ func (m Member) Started() bool { return m.Name != "" }
 func (m Member) Voter() bool { return !m.Learner }
 
 // RestoreState is the caller's verdict on the snapshot a new cluster
-// restores (spec.restore).
+// restores (spec.restore), or a recovery from a backup would restore
+// (the newest verified one, while RecoverFromBackup is asked and no member
+// answers, or while Recovery.Restoring).
 type RestoreState struct {
 	// Requested: etcd is to start from a snapshot, not empty.
 	Requested bool
@@ -589,6 +591,12 @@ const (
 	// RecoveryState.After and every lost voter's machine is confirmed
 	// lost (Machine.ConfirmedLost).
 	RecoverFromSurvivor RecoveryPolicy = "FromSurvivor"
+	// RecoverFromBackup recovers as RecoverFromSurvivor does while a
+	// member survives (it holds newer data than any snapshot); once none
+	// answers at all, and every machine that hosted a member is confirmed
+	// lost, it restores the newest verified snapshot (State.Restore) onto
+	// a new machine (the decision RestoreFromBackup).
+	RecoverFromBackup RecoveryPolicy = "FromBackup"
 )
 
 // RecoveryState is the caller's recovery policy and what it knows of the
@@ -606,6 +614,16 @@ type RecoveryState struct {
 	// this loss; zero counts as Now (the caller persists what it first
 	// saw).
 	LostSince time.Time
+	// TriggerBackup: the one-shot trigger asks for a restore from the
+	// newest verified snapshot (it sets Triggered too). It restores only
+	// once no member answers; while one does, it recovers from a survivor.
+	TriggerBackup bool
+	// Restoring: a recovery from a backup is recorded and not finished:
+	// the old cluster's machines (LostMachines, as the record names them)
+	// go, then a new first machine restores State.Restore's snapshot. The
+	// caller clears it once that machine's member is listed.
+	Restoring    bool
+	LostMachines []string
 }
 
 // Survivor is a member that answered on its own while etcd had no quorum:

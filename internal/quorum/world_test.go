@@ -48,6 +48,11 @@ type world struct {
 	// read, and the members that answer are survivors.
 	recovery  RecoveryPolicy
 	triggered bool
+	// restoring: a recovery from a backup is open (State.Recovery.
+	// Restoring) for the machines lostIDs of the old cluster, until the
+	// restored cluster's first member is listed.
+	restoring bool
+	lostIDs   []int
 }
 
 // worldRecoveryAfter is how long a loss lasts before the policy recovers:
@@ -164,6 +169,7 @@ func (w world) clone() world {
 	w.machines = slices.Clone(w.machines)
 	w.members = slices.Clone(w.members)
 	w.departed = slices.Clone(w.departed)
+	w.lostIDs = slices.Clone(w.lostIDs)
 	return w
 }
 
@@ -179,12 +185,18 @@ func (w world) state() State {
 	s.Backup.Due = w.backupDue
 	if w.restore {
 		s.Restore = RestoreState{Requested: true, Snapshot: "ns/quorumcontrolplane/old/20261130T000000.000Z.db.age"}
+		if w.restoring {
+			s.Restore.Snapshot = worldSnapshot
+		}
 		if w.restoreBad {
 			s.Restore.Problem = "snapshot read back is not what its manifest says"
 		}
 	}
 	s.Backup.Configured, s.Backup.MaxAgeBeforeRisky = w.backupConfigured, time.Hour
-	s.Recovery = RecoveryState{Policy: w.recovery, After: worldRecoveryAfter, Triggered: w.triggered}
+	s.Recovery = RecoveryState{Policy: w.recovery, After: worldRecoveryAfter, Triggered: w.triggered, Restoring: w.restoring}
+	for _, id := range w.lostIDs {
+		s.Recovery.LostMachines = append(s.Recovery.LostMachines, machineName(id))
+	}
 	if w.backupFresh {
 		s.Backup.LastVerified = now.Add(-time.Minute)
 	}
@@ -267,9 +279,21 @@ func (w world) state() State {
 	}
 	if (w.recovery != RecoverManually || w.triggered) && len(w.members) > 0 && w.margin() < 0 {
 		w.observeLoss(&s, at)
+		if w.recovery == RecoverFromBackup && len(s.Survivors) == 0 && w.backupConfigured {
+			// The caller finds the newest verified snapshot only where a
+			// restore may come of it.
+			s.Restore = RestoreState{Requested: true, Snapshot: worldSnapshot}
+			if w.restoreBad {
+				s.Restore.Problem = "snapshot read back is not what its manifest says"
+			}
+		}
 	}
 	return s
 }
+
+// worldSnapshot is the newest verified snapshot of the world's own
+// backups, which a recovery from a backup restores.
+const worldSnapshot = "ns/quorumcontrolplane/cp/20261201T000000.000Z.db"
 
 // observeLoss renders a world without quorum as a driver observes it: the
 // member list cannot be read; the members that are up answer on their own
@@ -398,6 +422,18 @@ func (w world) apply(d Decision) world {
 		mc.memberID = w.nextMember
 		w.members = []wMember{{id: w.nextMember, host: mc.id, started: true, healthy: true, caughtUp: true, leader: true}}
 		w.departed, w.triggered = nil, false
+	case RestoreFromBackup:
+		// The caller records the recovery: the old cluster, whose
+		// members all stopped on machines confirmed lost, is abandoned;
+		// its machines go, and a new first machine restores the snapshot.
+		w.lostIDs = nil
+		for _, mc := range w.machines {
+			if mc.memberID != 0 || mc.joinStarted {
+				w.lostIDs = append(w.lostIDs, mc.id)
+			}
+		}
+		w.members, w.departed, w.triggered = nil, nil, false
+		w.restoring, w.restore = true, true
 	case AddHook:
 		w.machine(d.Machine).hook = true
 	case RemoveHook:
@@ -474,6 +510,7 @@ func (w *world) bootstrap() {
 		w.nextMember++
 		mc.memberID, w.bootstrapped = w.nextMember, true
 		w.restore, w.restoreBad = false, false // the caller resolves a restore only before etcd has a member
+		w.restoring, w.lostIDs = false, nil      // and closes a recovery from a backup once the member is listed
 		w.members = append(w.members, wMember{id: w.nextMember, host: mc.id, started: true, healthy: true, caughtUp: true, leader: true})
 	}
 }
@@ -598,8 +635,16 @@ func (w world) key() string {
 	b = strconv.AppendBool(b, w.bootstrapped)
 	b = strconv.AppendBool(b, w.compacted)
 	b = strconv.AppendBool(b, w.quotaRaised)
-	b = append(b, bits(w.backupDue, w.backupConfigured, w.backupFresh, w.restore, w.restoreBad, w.triggered)...)
+	b = append(b, bits(w.backupDue, w.backupConfigured, w.backupFresh, w.restore, w.restoreBad, w.triggered, w.restoring)...)
 	b = append(b, w.recovery...)
+	for _, id := range w.lostIDs {
+		r, ok := rank[id]
+		if !ok {
+			r = -1 // deleted since
+		}
+		b = append(b, ',')
+		b = strconv.AppendInt(b, int64(r), 10)
+	}
 	b = append(b, strings.Join(w.domains, ",")...)
 	b = append(b, '|')
 	for _, mc := range w.machines {

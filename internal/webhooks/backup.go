@@ -109,9 +109,23 @@ func validateRestoreSource(path *field.Path, from controlplanev1.RestoreSource, 
 // validateRecovery refuses spec.quorumLossRecovery on a control plane
 // whose etcd is external: its members run elsewhere.
 func validateRecovery(qcp *controlplanev1.QuorumControlPlane) field.ErrorList {
-	if qcp.Spec.QuorumLossRecovery == nil || qcp.Spec.Etcd.IsStacked() {
+	r := qcp.Spec.QuorumLossRecovery
+	switch {
+	case r == nil:
+		return nil
+	case !qcp.Spec.Etcd.IsStacked():
+		return field.ErrorList{field.Forbidden(specPath.Child("quorumLossRecovery"),
+			"this control plane's etcd is external, and its members run elsewhere: recover the EtcdCluster or the endpoints where they run; remove spec.quorumLossRecovery here")}
+	}
+	return validateRecoveryFromBackup(r, qcp.Spec.Backup)
+}
+
+// validateRecoveryFromBackup refuses the policy FromBackup without
+// spec.backup, whose snapshots it restores.
+func validateRecoveryFromBackup(r *controlplanev1.QuorumLossRecovery, b *controlplanev1.BackupSpec) field.ErrorList {
+	if r.Policy != controlplanev1.RecoveryFromBackup || b != nil {
 		return nil
 	}
-	return field.ErrorList{field.Forbidden(specPath.Child("quorumLossRecovery"),
-		"this control plane's etcd is external, and its members run elsewhere: recover the EtcdCluster or the endpoints where they run; remove spec.quorumLossRecovery here")}
+	return field.ErrorList{field.Invalid(specPath.Child("quorumLossRecovery", "policy"), r.Policy,
+		"FromBackup restores the snapshots spec.backup takes, and spec.backup is not set: set spec.backup, or choose FromSurvivor")}
 }

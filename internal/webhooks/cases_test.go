@@ -217,6 +217,12 @@ func admissionCases() []admissionCase {
 		{name: "a quorum-loss recovery policy on external etcd", new: qcp(external("https://10.0.0.1:2379"), func(q *controlplanev1.QuorumControlPlane) {
 			q.Spec.QuorumLossRecovery = &controlplanev1.QuorumLossRecovery{Policy: controlplanev1.RecoveryFromSurvivor}
 		}), field: "spec.quorumLossRecovery", fix: "remove spec.quorumLossRecovery here"},
+		{name: "recovery from a backup without backups", new: qcp(func(q *controlplanev1.QuorumControlPlane) {
+			q.Spec.QuorumLossRecovery = &controlplanev1.QuorumLossRecovery{Policy: controlplanev1.RecoveryFromBackup}
+		}), field: "spec.quorumLossRecovery.policy", fix: "set spec.backup, or choose FromSurvivor"},
+		{name: "recovery from a backup, with backups", new: qcp(backup(), func(q *controlplanev1.QuorumControlPlane) {
+			q.Spec.QuorumLossRecovery = &controlplanev1.QuorumLossRecovery{Policy: controlplanev1.RecoveryFromBackup}
+		})},
 		{name: "backups of external etcd", new: qcp(external("https://10.0.0.1:2379"), backup()),
 			field: "spec.backup", fix: "set spec.backup on its EtcdCluster"},
 		{name: "backups of an EtcdCluster's etcd", new: qcp(clusterRef("etcd-a"), backup()),

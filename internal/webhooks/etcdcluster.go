@@ -54,6 +54,10 @@ func ValidateEtcdCluster(old, ec *etcdv1.EtcdCluster) field.ErrorList {
 		errs = append(errs, etcdArgErrors(specPath.Child("extraArgs").Index(i), a, specPath.Child("quotaBackendBytes"))...)
 	}
 	errs = append(errs, validateBackup(specPath.Child("backup"), spec.Backup)...)
+	if r := spec.QuorumLossRecovery; r != nil && r.Policy == controlplanev1.RecoveryFromBackup {
+		errs = append(errs, field.Invalid(specPath.Child("quorumLossRecovery", "policy"), r.Policy,
+			"an EtcdCluster does not recover from a backup yet: choose FromSurvivor, or restore a new EtcdCluster with spec.restore.from"))
+	}
 	if old != nil {
 		errs = append(errs, validateRestoreSpec(true, old.Spec.Restore, spec.Restore, spec.Backup, "EtcdCluster")...)
 		errs = append(errs, validateEtcdVersionChange(old, ec)...)

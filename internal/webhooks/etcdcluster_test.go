@@ -85,6 +85,9 @@ func etcdClusterCases() []etcdCase {
 			}
 		}), field: "spec.backup.schedule", fix: "give five fields"},
 		{name: "a restore from the newest snapshot of another EtcdCluster", new: etcdCluster(etcdRestore(nil))},
+		{name: "a recovery from a backup, not built for an EtcdCluster", new: etcdCluster(func(ec *etcdv1.EtcdCluster) {
+			ec.Spec.QuorumLossRecovery = &controlplanev1.QuorumLossRecovery{Policy: controlplanev1.RecoveryFromBackup}
+		}), field: "spec.quorumLossRecovery.policy", fix: "choose FromSurvivor"},
 		{name: "a restore without a store", new: etcdCluster(etcdRestore(func(r *controlplanev1.RestoreSource) { r.Target = nil })),
 			field: "spec.restore.from.target", fix: "here or in spec.backup.target"},
 		{name: "a restore added to an EtcdCluster that exists", old: etcdCluster(), new: etcdCluster(etcdRestore(nil)),

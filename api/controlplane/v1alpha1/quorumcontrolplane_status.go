@@ -189,7 +189,7 @@ type EtcdDatabaseStatus struct {
 
 // OperationKind is a step of the quorum engine. The values are the kinds of
 // internal/quorum's Decision.
-// +kubebuilder:validation:Enum=CreateMachine;AddLearner;Promote;MoveLeader;RemoveMember;AddHook;RemoveHook;DeleteMachine;DisarmAlarm;Defragment;Compact;RestartMember;RenewCertificates;SetAuthority;Snapshot;Recover;Wait;Degraded
+// +kubebuilder:validation:Enum=CreateMachine;AddLearner;Promote;MoveLeader;RemoveMember;AddHook;RemoveHook;DeleteMachine;DisarmAlarm;Defragment;Compact;RestartMember;RenewCertificates;SetAuthority;Snapshot;Recover;RestoreFromBackup;Wait;Degraded
 type OperationKind string
 
 // The quorum engine's steps; see internal/quorum for what each one does.
@@ -214,9 +214,12 @@ const (
 	// OperationSnapshot takes a verified etcd backup.
 	OperationSnapshot OperationKind = "Snapshot"
 	// OperationRecover rebuilds etcd from a survivor of a quorum loss.
-	OperationRecover  OperationKind = "Recover"
-	OperationWait     OperationKind = "Wait"
-	OperationDegraded OperationKind = "Degraded"
+	OperationRecover OperationKind = "Recover"
+	// OperationRestoreFromBackup records a recovery from a backup, once
+	// no member of a quorum loss answers.
+	OperationRestoreFromBackup OperationKind = "RestoreFromBackup"
+	OperationWait              OperationKind = "Wait"
+	OperationDegraded          OperationKind = "Degraded"
 )
 
 // LastOperation records the quorum engine's latest decision.

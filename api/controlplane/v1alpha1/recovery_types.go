@@ -4,7 +4,7 @@ import metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 // QuorumLossRecoveryPolicy is what QCP does once etcd has lost quorum for
 // good.
-// +kubebuilder:validation:Enum=Manual;FromSurvivor
+// +kubebuilder:validation:Enum=Manual;FromSurvivor;FromBackup
 type QuorumLossRecoveryPolicy string
 
 const (
@@ -15,6 +15,12 @@ const (
 	// the highest applied index, once the loss has lasted afterSeconds and
 	// every lost member's machine is confirmed lost.
 	RecoveryFromSurvivor QuorumLossRecoveryPolicy = "FromSurvivor"
+	// RecoveryFromBackup recovers as FromSurvivor while a member survives
+	// (it holds newer data than any snapshot). Once none answers, and
+	// every machine that hosted one is confirmed lost, it restores the
+	// newest verified snapshot of spec.backup onto a new machine; what
+	// was written after that snapshot is lost. Needs spec.backup.
+	RecoveryFromBackup QuorumLossRecoveryPolicy = "FromBackup"
 )
 
 // DefaultRecoveryAfterSeconds is how long a quorum loss lasts before
@@ -23,11 +29,16 @@ const DefaultRecoveryAfterSeconds = 300
 
 // RecoverAnnotation, set on the control plane to "survivor", triggers one
 // recovery from a survivor now, whatever the policy and afterSeconds say;
-// fencing still applies. QCP removes it once the recovery is done.
+// set to "backup", one recovery as FromBackup does (from a survivor while
+// one answers, else from the newest verified snapshot). Fencing still
+// applies. QCP removes it once the recovery is done.
 const RecoverAnnotation = "controlplane.cluster.x-k8s.io/qcp-recover"
 
-// RecoverFromSurvivorValue is RecoverAnnotation's value.
-const RecoverFromSurvivorValue = "survivor"
+// RecoverAnnotation's values.
+const (
+	RecoverFromSurvivorValue = "survivor"
+	RecoverFromBackupValue   = "backup"
+)
 
 // QuorumLossRecovery says what QCP does when a majority of etcd members is
 // lost for good. Whatever the policy, QCP recovers only once every member
@@ -38,13 +49,15 @@ const RecoverFromSurvivorValue = "survivor"
 // recovered cluster.
 type QuorumLossRecovery struct {
 	// policy is Manual (the default: report the loss and wait for a
-	// human) or FromSurvivor: rebuild etcd from the surviving member with
+	// human), FromSurvivor: rebuild etcd from the surviving member with
 	// the highest applied index, as a new cluster of one that keeps its
-	// data with the revision bumped, then grow back with learners.
+	// data with the revision bumped, then grow back with learners; or
+	// FromBackup: the same while a member survives, else restore the
+	// newest verified snapshot (spec.backup) onto a new machine.
 	// +optional
 	Policy QuorumLossRecoveryPolicy `json:"policy,omitempty"`
-	// afterSeconds is how long the loss must last before FromSurvivor
-	// recovers. Defaults to 300.
+	// afterSeconds is how long the loss must last before FromSurvivor or
+	// FromBackup recovers. Defaults to 300.
 	// +optional
 	// +kubebuilder:validation:Minimum=10
 	// +kubebuilder:validation:Maximum=604800
@@ -53,7 +66,8 @@ type QuorumLossRecovery struct {
 
 // RecoveryStatus reports the last recovery from a quorum loss.
 type RecoveryStatus struct {
-	// machine is the machine whose member survived and was kept.
+	// machine is the machine whose member survived and was kept; for a
+	// recovery from a backup, the new machine that restored it.
 	// +optional
 	// +kubebuilder:validation:MaxLength=253
 	Machine string `json:"machine,omitempty"`
@@ -65,6 +79,17 @@ type RecoveryStatus struct {
 	// +optional
 	// +kubebuilder:validation:MaxLength=16
 	Member string `json:"member,omitempty"`
+	// snapshot is the snapshot a recovery from a backup restored; empty
+	// for a recovery from a survivor.
+	// +optional
+	// +kubebuilder:validation:MaxLength=1024
+	Snapshot string `json:"snapshot,omitempty"`
+	// lostMachines are the machines a recovery from a backup deleted:
+	// those of the lost cluster.
+	// +optional
+	// +kubebuilder:validation:MaxItems=16
+	// +kubebuilder:validation:items:MaxLength=253
+	LostMachines []string `json:"lostMachines,omitempty"`
 	// lostMembers are the members, in hex, that did not answer and were
 	// dropped.
 	// +optional

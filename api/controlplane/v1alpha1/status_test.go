@@ -31,6 +31,7 @@ func TestOperationKindsMatchQuorumKindsAndCRDEnum(t *testing.T) {
 		quorum.SetAuthority:      controlplanev1.OperationSetAuthority,
 		quorum.Snapshot:          controlplanev1.OperationSnapshot,
 		quorum.Recover:           controlplanev1.OperationRecover,
+		quorum.RestoreFromBackup: controlplanev1.OperationRestoreFromBackup,
 		quorum.Wait:              controlplanev1.OperationWait,
 		quorum.Degraded:          controlplanev1.OperationDegraded,
 	}

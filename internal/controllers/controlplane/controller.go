@@ -313,7 +313,7 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Clu
 			wake = at
 		}
 	}
-	if quorum.ShowsQuorumLoss(obs.State) {
+	if quorum.ShowsRecoverableLoss(obs.State) {
 		// Whether the lost members answer again, or a recovery's wait
 		// ends, no watch says.
 		if at := r.Now().Add(engine.RecoveryPoll); at.Before(wake) {

@@ -30,7 +30,8 @@ func (r *Reconciler) createMachine(ctx context.Context, cluster *clusterv1.Clust
 	secrets *clusterSecrets, obs *observation, d quorum.Decision) error {
 	tmpl := cp.Spec.MachineTemplate
 	doc := r.bootstrapDocument(cluster, cp, secrets, obs)
-	if doc.Etcd.Local != nil && doc.Etcd.Local.Restore != nil {
+	if doc.Etcd.Local != nil && doc.Etcd.Local.Restore != nil && secrets.restore != nil {
+		// spec.restore's; a recovery from a backup has its own record.
 		if err := engine.RecordRestore(ctx, r.Client, r.Recorder, cp, secrets.restore, r.Now()); err != nil {
 			return err
 		}
@@ -69,8 +70,12 @@ func (r *Reconciler) bootstrapDocument(cluster *clusterv1.Cluster, cp *controlpl
 	} else {
 		doc = bootstrap.NewStacked(cluster.Name, secrets.cas, address, obs.LocalMember())
 		doc.Etcd.Local.QuotaBackendBytes = obs.State.QuotaBackendBytes
-		if secrets.restore != nil && doc.Etcd.Local.Mode == bootstrap.EtcdModeNew {
-			doc.Etcd.Local.Restore = secrets.restore.Bootstrap()
+		restore := secrets.restore
+		if restore == nil && obs.State.Recovery.Restoring {
+			restore = obs.Restore // a recovery from a backup's first machine
+		}
+		if restore != nil && doc.Etcd.Local.Mode == bootstrap.EtcdModeNew {
+			doc.Etcd.Local.Restore = restore.Bootstrap()
 		}
 	}
 	doc.Versions.Kubernetes = cp.Spec.Version

@@ -132,6 +132,9 @@ func (r *Reconciler) observe(ctx context.Context, cluster *clusterv1.Cluster, cp
 	obs.certificates = observeCertificates(ctx, secrets, obs)
 	obs.build(cp, cluster, r.Now(), r.Tunables)
 	obs.ObserveSurvivors(ctx, &obs.State)
+	if obs.external == nil {
+		obs.Restore = engine.ResolveRecoveryRestore(ctx, r.Client, cp, "QuorumControlPlane", cp.Spec.Backup, &obs.State, r.Now())
+	}
 	return obs, nil
 }
 

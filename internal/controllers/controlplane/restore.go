@@ -40,8 +40,14 @@ func (r *Reconciler) resolveRestore(ctx context.Context, cluster *clusterv1.Clus
 // has them. Their Leases in kube-node-lease go with them. The names are
 // added to the restore's record.
 func (r *Reconciler) removeDepartedNodes(ctx context.Context, cluster *clusterv1.Cluster, cp *controlplanev1.QuorumControlPlane, obs *observation) error {
-	rec := engine.ReadRestoreRecord(cp)
-	if rec == nil || rec.Time == nil || !obs.initialized || obs.nodes == nil {
+	var restoredAt *metav1.Time
+	if rec := engine.ReadRestoreRecord(cp); rec != nil {
+		restoredAt = rec.Time
+	}
+	if rec := engine.ReadRecovery(cp); rec != nil && rec.Snapshot != "" && rec.FinishTime != nil {
+		restoredAt = rec.StartTime // a recovery from a backup restored data from before it too
+	}
+	if restoredAt == nil || !obs.initialized || obs.nodes == nil {
 		return nil
 	}
 	var machines clusterv1.MachineList
@@ -57,7 +63,7 @@ func (r *Reconciler) removeDepartedNodes(ctx context.Context, cluster *clusterv1
 	}
 	var departed []string
 	for name, n := range obs.nodes {
-		if !kept[name] && n.CreationTimestamp.Before(rec.Time) {
+		if !kept[name] && n.CreationTimestamp.Before(restoredAt) {
 			departed = append(departed, name)
 		}
 	}
@@ -78,6 +84,10 @@ func (r *Reconciler) removeDepartedNodes(ctx context.Context, cluster *clusterv1
 		}
 		log.FromContext(ctx).Info("Deleted a Node of a machine from before the restore", "node", name)
 		r.Recorder.Eventf(cp, corev1.EventTypeNormal, "DepartedNodeRemoved", "Deleted Node %s: its machine is from before the restore, and no longer exists", name)
+	}
+	rec := engine.ReadRestoreRecord(cp)
+	if rec == nil {
+		return nil // a recovery's: its event and log name them
 	}
 	rec.NodesRemoved = append(rec.NodesRemoved, departed...)
 	if len(rec.NodesRemoved) > 100 {

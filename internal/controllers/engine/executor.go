@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/url"
+	"slices"
 	"strconv"
 	"time"
 
@@ -57,6 +58,9 @@ type Executor struct {
 	// State is the fresh observation the step was checked against;
 	// Recover records what its survivors show.
 	State quorum.State
+	// Restore is the snapshot RestoreFromBackup restores (see
+	// Observation).
+	Restore *Restore
 }
 
 // Execute takes decision d. machine is the Machine d names, as observed (nil
@@ -86,6 +90,17 @@ func (x Executor) Execute(ctx context.Context, d quorum.Decision, machine *clust
 			}
 		})
 	case quorum.DeleteMachine:
+		if x.State.Recovery.Restoring && slices.Contains(x.State.Recovery.LostMachines, machine.Name) {
+			// A machine of a cluster lost for good: its Node's API server
+			// is gone with it, so CAPI core could never drain it. The
+			// restored cluster removes the Node (its data brought it).
+			if err := x.annotate(ctx, machine, func(a map[string]string) {
+				a[clusterv1.ExcludeNodeDrainingAnnotation] = ""
+				a[clusterv1.ExcludeWaitForNodeVolumeDetachAnnotation] = ""
+			}); err != nil {
+				return err
+			}
+		}
 		rv, uid := machine.ResourceVersion, machine.UID
 		if err := x.Client.Delete(ctx, machine, client.Preconditions{ResourceVersion: &rv, UID: &uid}); err != nil {
 			return fmt.Errorf("deleting machine %s: %w", machine.Name, err)
@@ -114,6 +129,8 @@ func (x Executor) Execute(ctx context.Context, d quorum.Decision, machine *clust
 		return x.snapshot(ctx, d, machine)
 	case quorum.Recover:
 		return x.recover(ctx, d, machine, x.State)
+	case quorum.RestoreFromBackup:
+		return x.recordRestoreFromBackup(ctx, d, x.Restore, x.State)
 	case quorum.Compact:
 		if err := x.Etcd.Compact(ctx, d.Revision); err != nil {
 			return err

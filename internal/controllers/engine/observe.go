@@ -61,6 +61,10 @@ type Observation struct {
 	// spec.backup.
 	Backup    *BackupConfig
 	BackupErr error
+	// Restore is the snapshot a recovery from a backup restores, found
+	// and checked while one may come of it or runs
+	// (ResolveRecoveryRestore); nil otherwise.
+	Restore *Restore
 }
 
 // PlannerMachine is what every owner's machine tells the planner: where it
@@ -202,7 +206,8 @@ func (o *Observation) MembershipInFlight() bool {
 // new cluster when etcd never had a member, and otherwise a join through
 // the client URLs of the started voters.
 func (o *Observation) LocalMember() bootstrap.LocalEtcd {
-	if !o.State.Bootstrapped {
+	if !o.State.Bootstrapped || o.State.Recovery.Restoring {
+		// A new cluster, or the one a recovery from a backup restores.
 		return bootstrap.NewMember()
 	}
 	var endpoints []string

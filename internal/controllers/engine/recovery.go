@@ -86,17 +86,56 @@ func PlannerRecovery(owner client.Object, spec *controlplanev1.QuorumLossRecover
 	var s quorum.RecoveryState
 	s.After = time.Duration(controlplanev1.DefaultRecoveryAfterSeconds) * time.Second
 	if spec != nil {
-		if spec.Policy == controlplanev1.RecoveryFromSurvivor {
+		switch spec.Policy {
+		case controlplanev1.RecoveryFromSurvivor:
 			s.Policy = quorum.RecoverFromSurvivor
+		case controlplanev1.RecoveryFromBackup:
+			s.Policy = quorum.RecoverFromBackup
 		}
 		if spec.AfterSeconds != nil {
 			s.After = time.Duration(*spec.AfterSeconds) * time.Second
 		}
 	}
 	a := owner.GetAnnotations()
-	s.Triggered = a[controlplanev1.RecoverAnnotation] == controlplanev1.RecoverFromSurvivorValue
+	switch a[controlplanev1.RecoverAnnotation] {
+	case controlplanev1.RecoverFromSurvivorValue:
+		s.Triggered = true
+	case controlplanev1.RecoverFromBackupValue:
+		s.Triggered, s.TriggerBackup = true, true
+	}
 	s.LostSince = ParseTime(a[QuorumLostSinceAnnotation])
+	if rec := readRecoveryRecord(owner); rec != nil && rec.FinishTime == nil && rec.Snapshot != "" {
+		s.Restoring, s.LostMachines = true, rec.LostMachines
+	}
 	return s
+}
+
+// ResolveRecoveryRestore finds the snapshot a recovery from a backup
+// restores: the newest verified one of owner (of kind) while one may come of
+// it (the policy or a trigger asks, and no member answers), the recorded one
+// while it runs; nil otherwise. It gives the planner its verdict
+// (s.Restore): a missing Secret, an empty store or a snapshot that does not
+// read back whole stops the recovery, and says why.
+func ResolveRecoveryRestore(ctx context.Context, c client.Reader, owner client.Object, kind string, b *controlplanev1.BackupSpec, s *quorum.State, now time.Time) *Restore {
+	var from controlplanev1.RestoreSource
+	switch rec := readRecoveryRecord(owner); {
+	case s.Recovery.Restoring && rec != nil:
+		from.Object = rec.Snapshot
+	case (s.Recovery.Policy == quorum.RecoverFromBackup || s.Recovery.TriggerBackup) && quorum.ShowsTotalLoss(*s):
+		from.Cluster = owner.GetName()
+	default:
+		return nil
+	}
+	if b == nil {
+		s.Restore = quorum.RestoreState{Requested: true, Problem: "spec.backup is not set, and a recovery from a backup restores its snapshots: set spec.backup, or recover by hand"}
+		return nil
+	}
+	res, err := ResolveRestore(ctx, c, owner, kind, &controlplanev1.RestoreSpec{From: from}, b, now)
+	if err != nil {
+		err = fmt.Errorf("recovering from a backup: %w", err)
+	}
+	s.Restore = PlannerRestore(res, err)
+	return res
 }
 
 // ObserveSurvivors fills in s.Survivors, when the member list could not be
@@ -116,14 +155,15 @@ func (o *Observation) ObserveSurvivors(ctx context.Context, s *quorum.State) {
 }
 
 // TrackQuorumLoss keeps QuorumLostSinceAnnotation on owner: set when the
-// survivors first show quorum lost, removed once the member list can be
+// survivors first show quorum lost (or, where a restore from a backup is
+// asked, no member answers at all), removed once the member list can be
 // read again, with a recovery trigger (controlplanev1.RecoverAnnotation);
 // and gives the planner the time it holds.
 func TrackQuorumLoss(ctx context.Context, c client.Client, owner client.Object, s *quorum.State, now time.Time) error {
 	_, recorded := owner.GetAnnotations()[QuorumLostSinceAnnotation]
 	x := Executor{Client: c, Owner: owner}
 	switch {
-	case quorum.ShowsQuorumLoss(*s) && !recorded:
+	case quorum.ShowsRecoverableLoss(*s) && !recorded:
 		if err := x.recordOnOwner(ctx, QuorumLostSinceAnnotation, FormatTime(now)); err != nil {
 			return err
 		}
@@ -165,6 +205,61 @@ func (x Executor) recover(ctx context.Context, d quorum.Decision, machine *clust
 		return fmt.Errorf("recording the recovery from member %x before it starts: %w", d.MemberID, err)
 	}
 	return x.finishRecovery(ctx, rec, machine)
+}
+
+// recordRestoreFromBackup takes RestoreFromBackup: it records, on the
+// owner, the recovery from snapshot res (which the decision names) and the
+// lost cluster's machines and members; the planner then deletes those
+// machines and creates a first one that restores the snapshot.
+func (x Executor) recordRestoreFromBackup(ctx context.Context, d quorum.Decision, res *Restore, s quorum.State) error {
+	if res == nil || res.Manifest.Snapshot != d.Snapshot {
+		return fmt.Errorf("snapshot %s was not found and checked in this round", d.Snapshot)
+	}
+	rec := &recoveryRecord{}
+	rec.Snapshot, rec.Revision = d.Snapshot, res.Manifest.Revision
+	rec.StartTime = &metav1.Time{Time: x.Now()}
+	rec.Trigger = "Policy"
+	if s.Recovery.Triggered {
+		rec.Trigger = "Annotation"
+	}
+	for _, m := range s.Machines {
+		if m.MemberID != 0 || m.JoinStarted {
+			rec.LostMachines = append(rec.LostMachines, m.Name)
+			if m.MemberID != 0 {
+				rec.LostMembers = append(rec.LostMembers, FormatMemberID(m.MemberID))
+			}
+		}
+	}
+	b, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	if err := x.recordOnOwner(ctx, RecoveryAnnotation, string(b)); err != nil {
+		return fmt.Errorf("recording the recovery from snapshot %s: %w", d.Snapshot, err)
+	}
+	return nil
+}
+
+// finishRestoreFromBackup completes the open recovery from a backup rec
+// once the restored cluster's member is listed: its ID and machine, and the
+// revision it starts from; it drops the trigger and the loss's record.
+func finishRestoreFromBackup(ctx context.Context, x Executor, rec *recoveryRecord, s quorum.State) error {
+	m := s.Members[0]
+	rec.Member, rec.StartRevision = FormatMemberID(m.ID), rec.Revision+backup.BumpRevision
+	for _, mc := range s.Machines {
+		if mc.MemberID == m.ID || mc.Name == m.Name {
+			rec.Machine = mc.Name
+		}
+	}
+	rec.FinishTime = &metav1.Time{Time: x.Now()}
+	b, err := json.Marshal(rec)
+	if err != nil {
+		return err
+	}
+	if err := x.recordOnOwner(ctx, RecoveryAnnotation, string(b)); err != nil {
+		return err
+	}
+	return x.forgetOnOwner(ctx, controlplanev1.RecoverAnnotation, QuorumLostSinceAnnotation)
 }
 
 // RecoveryPoll is how often an owner looks at etcd while its survivors
@@ -230,8 +325,8 @@ func (x Executor) finishRecovery(ctx context.Context, rec *recoveryRecord, machi
 // member ID. It reports whether there was one.
 func FinishOpenRecovery(ctx context.Context, x Executor, recorder record.EventRecorder, machines []*clusterv1.Machine) (bool, error) {
 	rec := readRecoveryRecord(x.Owner)
-	if rec == nil || rec.FinishTime != nil {
-		return false, nil
+	if rec == nil || rec.FinishTime != nil || rec.Snapshot != "" {
+		return false, nil // a recovery from a backup goes on through the planner's steps
 	}
 	i := slices.IndexFunc(machines, func(m *clusterv1.Machine) bool { return m.Name == rec.Machine })
 	if i < 0 || x.Etcd == nil {
@@ -253,11 +348,30 @@ func TendRecovery(ctx context.Context, c client.Client, recorder record.EventRec
 	if open, err := FinishOpenRecovery(ctx, x, recorder, obs.Machines); open {
 		return true, err
 	}
+	if rec := readRecoveryRecord(owner); rec != nil && rec.FinishTime == nil && rec.Snapshot != "" {
+		// A recovery from a backup: done once the restored member is
+		// listed; until then the planner carries it on.
+		if obs.State.MembersUnknown || len(obs.State.Members) == 0 {
+			return false, nil
+		}
+		if err := finishRestoreFromBackup(ctx, x, rec, obs.State); err != nil {
+			return false, err
+		}
+		RecordRecoveryEvent(recorder, owner, &rec.RecoveryStatus)
+		obs.State.Recovery.Restoring, obs.State.Recovery.LostMachines = false, nil
+		return false, nil
+	}
 	return false, TrackQuorumLoss(ctx, c, owner, &obs.State, now())
 }
 
 // RecordRecoveryEvent announces a finished recovery.
 func RecordRecoveryEvent(recorder record.EventRecorder, owner client.Object, st *controlplanev1.RecoveryStatus) {
+	if st.Snapshot != "" {
+		recorder.Eventf(owner, corev1.EventTypeWarning, "QuorumRecovered",
+			"etcd restored from snapshot %s onto machine %s as new member %s, keeping revision %d (starts at %d); lost machines %v deleted, what was written after the snapshot is lost",
+			st.Snapshot, st.Machine, st.Member, st.Revision, st.StartRevision, st.LostMachines)
+		return
+	}
 	recorder.Eventf(owner, corev1.EventTypeWarning, "QuorumRecovered",
 		"etcd recovered from member %s on machine %s as new member %s, keeping revision %d (starts at %d); lost members %v dropped",
 		st.FromMember, st.Machine, st.Member, st.Revision, st.StartRevision, st.LostMembers)

@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -52,8 +53,20 @@ func TestPlannerRecovery(t *testing.T) {
 	if got.Policy != quorum.RecoverFromSurvivor || !got.Triggered || got.After != 30*time.Second || !got.LostSince.Equal(at) {
 		t.Errorf("FromSurvivor, 30 s, triggered, lost at %s: %+v", at, got)
 	}
-	SetRecord(cp, controlplanev1.RecoverAnnotation, "backup")
+	SetRecord(cp, controlplanev1.RecoverAnnotation, controlplanev1.RecoverFromBackupValue)
+	if got := PlannerRecovery(cp, &controlplanev1.QuorumLossRecovery{Policy: controlplanev1.RecoveryFromBackup}); got.Policy != quorum.RecoverFromBackup || !got.Triggered || !got.TriggerBackup || got.Restoring {
+		t.Errorf("FromBackup, triggered from a backup: %+v", got)
+	}
+	SetRecord(cp, controlplanev1.RecoverAnnotation, "elsewhere")
 	if PlannerRecovery(cp, nil).Triggered {
-		t.Error("a trigger asking for another source than a survivor counts as a trigger from a survivor")
+		t.Error("a trigger asking for a source there is not counts as a trigger")
+	}
+	SetRecord(cp, RecoveryAnnotation, `{"snapshot":"ns/x.db","lostMachines":["m-1"],"revision":7}`)
+	if got := PlannerRecovery(cp, nil); !got.Restoring || !slices.Equal(got.LostMachines, []string{"m-1"}) {
+		t.Errorf("an open recovery from a backup: %+v, want restoring, lost machine m-1", got)
+	}
+	SetRecord(cp, RecoveryAnnotation, `{"snapshot":"ns/x.db","lostMachines":["m-1"],"finishTime":"2026-12-01T10:00:00Z"}`)
+	if got := PlannerRecovery(cp, nil); got.Restoring {
+		t.Errorf("a finished recovery from a backup: %+v, want none open", got)
 	}
 }

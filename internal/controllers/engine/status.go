@@ -111,6 +111,8 @@ func target(d quorum.Decision) string {
 		return FormatMemberID(d.MemberID) + " on " + d.Machine
 	case quorum.Wait, quorum.Degraded:
 		return ""
+	case quorum.RestoreFromBackup:
+		return "snapshot " + d.Snapshot
 	}
 	return d.Machine
 }

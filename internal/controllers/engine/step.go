@@ -81,7 +81,7 @@ func (s *Stepper) Take(ctx context.Context, st Step) (acted, replan bool, err er
 	if d.Kind == quorum.CreateMachine {
 		err = st.CreateMachine(ctx, fresh)
 	} else {
-		err = Executor{Client: s.Client, Etcd: fresh.Etcd, AgentTLS: fresh.AgentTLS, EtcdClientPair: fresh.EtcdClientPair, Authority: fresh.Authority, AuthorityKind: fresh.AuthorityKind, Owner: st.Owner, Now: s.Now, Failpoints: s.Failpoints, Backup: fresh.Backup, Metrics: s.Metrics, State: fresh.State}.Execute(ctx, d, fresh.Machine(d.Machine))
+		err = Executor{Client: s.Client, Etcd: fresh.Etcd, AgentTLS: fresh.AgentTLS, EtcdClientPair: fresh.EtcdClientPair, Authority: fresh.Authority, AuthorityKind: fresh.AuthorityKind, Owner: st.Owner, Now: s.Now, Failpoints: s.Failpoints, Backup: fresh.Backup, Metrics: s.Metrics, State: fresh.State, Restore: fresh.Restore}.Execute(ctx, d, fresh.Machine(d.Machine))
 	}
 	var learnerAdded time.Time
 	if m := fresh.Machine(d.Machine); m != nil {
@@ -94,7 +94,7 @@ func (s *Stepper) Take(ctx context.Context, st Step) (acted, replan bool, err er
 	}
 	st.LastOperation.FinishTime = metav1.NewTime(s.Now())
 	s.Recorder.Event(st.Owner, corev1.EventTypeNormal, string(d.Kind), d.String())
-	if d.Kind == quorum.Recover {
+	if d.Kind == quorum.Recover { // a recovery from a backup is announced when it finishes
 		if rec := ReadRecovery(st.Owner); rec != nil {
 			RecordRecoveryEvent(s.Recorder, st.Owner, rec)
 		}

@@ -286,7 +286,7 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Clu
 	if linking {
 		wake = min(wake, engine.NodeLinkPoll)
 	}
-	if quorum.ShowsQuorumLoss(obs.State) {
+	if quorum.ShowsRecoverableLoss(obs.State) {
 		wake = min(wake, engine.RecoveryPoll)
 	}
 	return ctrl.Result{RequeueAfter: wake}, nil

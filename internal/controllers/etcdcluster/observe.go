@@ -101,6 +101,11 @@ func (o *observation) build(ec *etcdv1.EtcdCluster, cluster *clusterv1.Cluster, 
 		s.Restore = engine.PlannerRestore(o.restore.res, o.restore.err)
 	}
 	s.Recovery = engine.PlannerRecovery(ec, ec.Spec.QuorumLossRecovery)
+	if s.Recovery.TriggerBackup && s.Bootstrapped {
+		// The trigger recovers from a survivor here as anywhere; with none,
+		// the planner reports why it cannot restore instead.
+		s.Restore = quorum.RestoreState{Requested: true, Problem: "an EtcdCluster does not recover from a backup yet: restore a new EtcdCluster with spec.restore.from"}
+	}
 	for _, m := range o.Machines {
 		pm := engine.PlannerMachine(m, len(o.rollout.outdated(m)) == 0)
 		mb, ok := o.MemberOn(m)
