@@ -510,7 +510,7 @@ func (w *world) bootstrap() {
 		w.nextMember++
 		mc.memberID, w.bootstrapped = w.nextMember, true
 		w.restore, w.restoreBad = false, false // the caller resolves a restore only before etcd has a member
-		w.restoring, w.lostIDs = false, nil      // and closes a recovery from a backup once the member is listed
+		w.restoring, w.lostIDs = false, nil    // and closes a recovery from a backup once the member is listed
 		w.members = append(w.members, wMember{id: w.nextMember, host: mc.id, started: true, healthy: true, caughtUp: true, leader: true})
 	}
 }
