@@ -180,13 +180,9 @@ func TrackQuorumLoss(ctx context.Context, c client.Client, owner client.Object, 
 // recover takes Recover: it records the recovery on the owner, then has the
 // survivor's agent rebuild etcd from its own data (finishRecovery).
 func (x Executor) recover(ctx context.Context, d quorum.Decision, machine *clusterv1.Machine, s quorum.State) error {
-	rec := &recoveryRecord{Token: fmt.Sprintf("%s-recovered-%d", x.Owner.GetName(), x.Now().Unix())}
+	rec := x.newRecoveryRecord(s)
+	rec.Token = fmt.Sprintf("%s-recovered-%d", x.Owner.GetName(), x.Now().Unix())
 	rec.Machine, rec.FromMember, rec.Revision = machine.Name, FormatMemberID(d.MemberID), d.Revision
-	rec.StartTime = &metav1.Time{Time: x.Now()}
-	rec.Trigger = "Policy"
-	if s.Recovery.Triggered {
-		rec.Trigger = "Annotation"
-	}
 	for _, sv := range s.Survivors {
 		if sv.ID != d.MemberID {
 			continue
@@ -197,14 +193,41 @@ func (x Executor) recover(ctx context.Context, d quorum.Decision, machine *clust
 			}
 		}
 	}
+	if err := x.writeRecovery(ctx, rec); err != nil {
+		return fmt.Errorf("recording the recovery from member %x before it starts: %w", d.MemberID, err)
+	}
+	return x.finishRecovery(ctx, rec, machine)
+}
+
+// newRecoveryRecord starts the record of a recovery asked for in s: its
+// start time, and what asked for it.
+func (x Executor) newRecoveryRecord(s quorum.State) *recoveryRecord {
+	rec := &recoveryRecord{}
+	rec.StartTime = &metav1.Time{Time: x.Now()}
+	rec.Trigger = "Policy"
+	if s.Recovery.Triggered {
+		rec.Trigger = "Annotation"
+	}
+	return rec
+}
+
+// writeRecovery records rec on the owner (RecoveryAnnotation).
+func (x Executor) writeRecovery(ctx context.Context, rec *recoveryRecord) error {
 	b, err := json.Marshal(rec)
 	if err != nil {
 		return err
 	}
-	if err := x.recordOnOwner(ctx, RecoveryAnnotation, string(b)); err != nil {
-		return fmt.Errorf("recording the recovery from member %x before it starts: %w", d.MemberID, err)
+	return x.recordOnOwner(ctx, RecoveryAnnotation, string(b))
+}
+
+// completeRecovery records rec as finished now, and drops the trigger and
+// the loss's record.
+func (x Executor) completeRecovery(ctx context.Context, rec *recoveryRecord) error {
+	rec.FinishTime = &metav1.Time{Time: x.Now()}
+	if err := x.writeRecovery(ctx, rec); err != nil {
+		return err
 	}
-	return x.finishRecovery(ctx, rec, machine)
+	return x.forgetOnOwner(ctx, controlplanev1.RecoverAnnotation, QuorumLostSinceAnnotation)
 }
 
 // recordRestoreFromBackup takes RestoreFromBackup: it records, on the
@@ -215,13 +238,8 @@ func (x Executor) recordRestoreFromBackup(ctx context.Context, d quorum.Decision
 	if res == nil || res.Manifest.Snapshot != d.Snapshot {
 		return fmt.Errorf("snapshot %s was not found and checked in this round", d.Snapshot)
 	}
-	rec := &recoveryRecord{}
+	rec := x.newRecoveryRecord(s)
 	rec.Snapshot, rec.Revision = d.Snapshot, res.Manifest.Revision
-	rec.StartTime = &metav1.Time{Time: x.Now()}
-	rec.Trigger = "Policy"
-	if s.Recovery.Triggered {
-		rec.Trigger = "Annotation"
-	}
 	for _, m := range s.Machines {
 		if m.MemberID != 0 || m.JoinStarted {
 			rec.LostMachines = append(rec.LostMachines, m.Name)
@@ -230,11 +248,7 @@ func (x Executor) recordRestoreFromBackup(ctx context.Context, d quorum.Decision
 			}
 		}
 	}
-	b, err := json.Marshal(rec)
-	if err != nil {
-		return err
-	}
-	if err := x.recordOnOwner(ctx, RecoveryAnnotation, string(b)); err != nil {
+	if err := x.writeRecovery(ctx, rec); err != nil {
 		return fmt.Errorf("recording the recovery from snapshot %s: %w", d.Snapshot, err)
 	}
 	return nil
@@ -251,15 +265,7 @@ func finishRestoreFromBackup(ctx context.Context, x Executor, rec *recoveryRecor
 			rec.Machine = mc.Name
 		}
 	}
-	rec.FinishTime = &metav1.Time{Time: x.Now()}
-	b, err := json.Marshal(rec)
-	if err != nil {
-		return err
-	}
-	if err := x.recordOnOwner(ctx, RecoveryAnnotation, string(b)); err != nil {
-		return err
-	}
-	return x.forgetOnOwner(ctx, controlplanev1.RecoverAnnotation, QuorumLostSinceAnnotation)
+	return x.completeRecovery(ctx, rec)
 }
 
 // RecoveryPoll is how often an owner looks at etcd while its survivors
@@ -308,15 +314,7 @@ func (x Executor) finishRecovery(ctx context.Context, rec *recoveryRecord, machi
 		// was killed before it wrote all it had applied.
 		rec.Revision = res.Revision
 	}
-	rec.FinishTime = &metav1.Time{Time: x.Now()}
-	b, err := json.Marshal(rec)
-	if err != nil {
-		return err
-	}
-	if err := x.recordOnOwner(ctx, RecoveryAnnotation, string(b)); err != nil {
-		return err
-	}
-	return x.forgetOnOwner(ctx, controlplanev1.RecoverAnnotation, QuorumLostSinceAnnotation)
+	return x.completeRecovery(ctx, rec)
 }
 
 // FinishOpenRecovery completes a recovery that was recorded but not
