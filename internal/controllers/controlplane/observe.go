@@ -106,7 +106,7 @@ func (r *Reconciler) observe(ctx context.Context, cluster *clusterv1.Cluster, cp
 	}
 	obs.external, obs.restore, obs.restoreErr = secrets.external, secrets.restore, secrets.restoreErr
 	if obs.external == nil {
-		obs.Etcd, obs.Members, obs.DepartedAlarms, obs.MembersErr = r.observeEtcd(ctx, cluster, secrets, obs.Machines)
+		obs.Etcd, obs.Members, obs.DepartedAlarms, obs.MembersErr = r.observeEtcd(ctx, cluster, secrets, engine.RecoveredMachines(cp, obs.Machines))
 		if obs.Etcd != nil {
 			obs.AgentTLS = obs.Etcd.TLSConfig()
 		}

@@ -80,6 +80,25 @@ func readRecoveryRecord(owner client.Object) *recoveryRecord {
 	return &r
 }
 
+// RecoveredMachines are the machines through which etcd may be asked after
+// the owner's last recovery: once it finished, a machine created before it
+// began, other than the survivor it kept, hosts a member of the cluster it
+// replaced. Such a member may still run: a survivor not kept (one that
+// lagged) stays up without quorum, answers a linearizable request with
+// nothing until it times out, and a client balancing over it would find the
+// recovered cluster's membership unknown round after round. The planner
+// still sees those machines, and replaces them; only etcd is not asked
+// through them.
+func RecoveredMachines(owner client.Object, machines []*clusterv1.Machine) []*clusterv1.Machine {
+	rec := readRecoveryRecord(owner)
+	if rec == nil || rec.FinishTime == nil {
+		return machines
+	}
+	return slices.DeleteFunc(slices.Clone(machines), func(m *clusterv1.Machine) bool {
+		return m.Name != rec.Machine && m.CreationTimestamp.Time.Before(rec.StartTime.Time)
+	})
+}
+
 // PlannerRecovery is the planner's view of the owner's recovery policy
 // (spec.quorumLossRecovery, nil for Manual) and of its records.
 func PlannerRecovery(owner client.Object, spec *controlplanev1.QuorumLossRecovery) quorum.RecoveryState {

@@ -70,3 +70,36 @@ func TestPlannerRecovery(t *testing.T) {
 		t.Errorf("a finished recovery from a backup: %+v, want none open", got)
 	}
 }
+
+// TestRecoveredMachines: after a finished recovery, etcd is not asked
+// through a machine created before it began other than its survivor; while
+// none finished, through every machine.
+func TestRecoveredMachines(t *testing.T) {
+	start := time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)
+	machine := func(name string, created time.Time) *clusterv1.Machine {
+		return &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Name: name, CreationTimestamp: metav1.NewTime(created)}}
+	}
+	machines := []*clusterv1.Machine{machine("kept", start.Add(-time.Hour)), machine("lagging", start.Add(-time.Hour)),
+		machine("lost", start.Add(-time.Minute)), machine("grown", start.Add(time.Minute))}
+	names := func(ms []*clusterv1.Machine) (out []string) {
+		for _, m := range ms {
+			out = append(out, m.Name)
+		}
+		return out
+	}
+	owner := &controlplanev1.QuorumControlPlane{}
+	if got := names(RecoveredMachines(owner, machines)); len(got) != 4 {
+		t.Errorf("no recovery: %v, want every machine", got)
+	}
+	SetRecord(owner, RecoveryAnnotation, `{"machine":"kept","startTime":"2026-12-01T10:00:00Z"}`)
+	if got := names(RecoveredMachines(owner, machines)); len(got) != 4 {
+		t.Errorf("a recovery not finished: %v, want every machine", got)
+	}
+	SetRecord(owner, RecoveryAnnotation, `{"machine":"kept","startTime":"2026-12-01T10:00:00Z","finishTime":"2026-12-01T10:00:20Z"}`)
+	if got := names(RecoveredMachines(owner, machines)); !slices.Equal(got, []string{"kept", "grown"}) {
+		t.Errorf("a finished recovery from kept: %v, want kept and the machine created since", got)
+	}
+	if len(machines) != 4 || machines[1].Name != "lagging" {
+		t.Errorf("the caller's machines changed: %v", names(machines))
+	}
+}
