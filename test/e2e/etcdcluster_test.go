@@ -382,11 +382,13 @@ func (s *scenario) etcdSnapshotAfterMarker(ctx context.Context, store *s3store.S
 // is removed once the timeout passes, and only then replaced (never more
 // than 3 machines), back to 3 healthy members. Then two of three are
 // killed: with quorumLossRecovery FromSurvivor, QCP rebuilds etcd from the
-// one left (issue 35). Deleting the Cluster alone then takes the
+// one left (issue 35); scaled to 5, three of five are killed, leaving one
+// member that lagged and one current, and QCP rebuilds from the current
+// one. Deleting the Cluster alone then takes the
 // EtcdCluster and every machine with it.
 func TestEtcdClusterFlappingAndReplacement(t *testing.T) {
 	mgmt := requireShared(t)
-	parallel(t, 3*time.Minute+50*time.Second)
+	parallel(t, 6*time.Minute)
 	const timeout = 30 * time.Second
 	s := newEtcdScenario(t, mgmt, "etcd-replace", 3, 0, func(ec *etcdv1.EtcdCluster) {
 		ec.Spec.UnhealthyMemberTimeoutSeconds = ptr.To(int32(timeout / time.Second))
@@ -473,8 +475,12 @@ func TestEtcdClusterFlappingAndReplacement(t *testing.T) {
 		t.Error(err)
 	}
 	s.finish()
-	// Issue 35: two of three lost for good; the policy recovers.
-	s.loseEtcdMajorityAndRecover(ctx, host)
+	// Issue 35: two of three lost for good; the policy recovers. Then
+	// three of five, leaving a lagging member and a current one.
+	s.loseEtcdMajorityAndRecover(ctx, host, 3)
+	s.scaleEtcd(ctx, 5)
+	s.waitEtcdReady(10*time.Minute, 5)
+	s.loseEtcdMajorityAndRecover(ctx, host, 5)
 	s.deleteOnlyTheCluster(ctx)
 }
 
