@@ -356,6 +356,21 @@ func TestPlanRestoreFromBackup(t *testing.T) {
 			lostWorld(3, 1, true, fromBackup), Recover, "1", "recovering from survivor m-01"},
 		{"Manual: no restore", allLostWorld(1, 1, []int{1}, func(w *world) { w.backupConfigured = true }).state(), Degraded, "", "etcd has lost quorum"},
 		{"restoring: the lost machines are deleted first", restoringState, DeleteMachine, "m-01", "hosted a member of the lost cluster"},
+		{"restoring: the next lost machine is deleted without waiting for the first to go",
+			edit(restoringState, func(s *State) { s.Machines[0].Deleting = true }), DeleteMachine, "m-02", "hosted a member of the lost cluster"},
+		{"restoring: the drains released once every lost machine is deleting",
+			edit(restoringState, func(s *State) {
+				for i := range s.Machines {
+					s.Machines[i].Deleting = true
+				}
+				s.Machines[0].HasHook = false
+			}), RemoveHook, "m-02", "its member went with the lost cluster"},
+		{"restoring: then a wait naming every lost machine left",
+			edit(restoringState, func(s *State) {
+				for i := range s.Machines {
+					s.Machines[i].Deleting, s.Machines[i].HasHook = true, false
+				}
+			}), Wait, "", "waiting for machines m-01, m-02, m-03 of the lost cluster to finish deleting"},
 		{"restoring: their drains released",
 			edit(restoringState, func(s *State) {
 				for i := range s.Machines {

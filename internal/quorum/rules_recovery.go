@@ -184,18 +184,25 @@ func (p planner) continueRestore() (Decision, bool) {
 	if len(p.members) > 0 {
 		return Decision{}, false
 	}
-	for _, mc := range p.machines {
-		switch {
-		case !slices.Contains(p.Recovery.LostMachines, mc.Name):
-		case !mc.Deleting:
+	// Every lost machine is asked to go before any is waited for: none
+	// hosts a member of a live cluster, and each deletion waits on what
+	// went with them (their Nodes' API servers), so one at a time would add
+	// those waits up.
+	lost := slices.DeleteFunc(slices.Clone(p.machines), func(mc Machine) bool { return !slices.Contains(p.Recovery.LostMachines, mc.Name) })
+	for _, mc := range lost {
+		if !mc.Deleting {
 			return Decision{Kind: DeleteMachine, Machine: mc.Name,
 				Reason: fmt.Sprintf("restoring etcd from snapshot %s: machine %s hosted a member of the lost cluster; deleting it", p.Restore.Snapshot, mc.Name)}, true
-		case mc.HasHook:
+		}
+	}
+	for _, mc := range lost {
+		if mc.HasHook {
 			return Decision{Kind: RemoveHook, Machine: mc.Name,
 				Reason: fmt.Sprintf("restoring etcd from snapshot %s: machine %s is being deleted, and its member went with the lost cluster; releasing its drain", p.Restore.Snapshot, mc.Name)}, true
-		default:
-			return waitf("restoring etcd from snapshot %s: waiting for machine %s of the lost cluster to finish deleting", p.Restore.Snapshot, mc.Name), true
 		}
+	}
+	if len(lost) > 0 {
+		return waitf("restoring etcd from snapshot %s: waiting for machines %s of the lost cluster to finish deleting", p.Restore.Snapshot, joinNames(allMachineNames(lost))), true
 	}
 	if !p.Restore.Requested {
 		// Never an empty cluster in the place of a lost one.
