@@ -169,3 +169,44 @@ func TestLostWritesAreFlagged(t *testing.T) {
 		t.Errorf("a key whose final value could not be read was not flagged: %v", lost)
 	}
 }
+
+// TestHeldWriterChecksWhatWasKept: a writer held while a key loses its
+// acknowledged value (put back behind its back, as a recovery that gave the
+// write up would) reports the loss once CheckKept reads it, before the
+// released writer overwrites the key; Stop reports it once more in
+// LostWrites, and nothing else, and ends a hold left on.
+func TestHeldWriterChecksWhatWasKept(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cl := NewEtcdCluster(t, "held")
+	ps, err := cl.Bootstrap(ctx, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := StartWriter(cl.Config(ps[0].ClientURL()), WriterOptions{Keys: 2, Pause: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := w.WaitAcknowledged(ctx, 10); err != nil {
+		t.Fatal(err)
+	}
+	release := w.Hold()
+	key := w.opts.Prefix + "k0"
+	if _, err := w.client.Raw().Put(ctx, key, "given up"); err != nil {
+		t.Fatal(err)
+	}
+	lost := w.CheckKept(ctx)
+	if len(lost) != 1 || !strings.Contains(lost[0], key) || !strings.Contains(lost[0], `read "given up"`) {
+		t.Fatalf("CheckKept found %v, want the loss of %s", lost, key)
+	}
+	release()
+	if err := w.WaitAcknowledged(ctx, 10); err != nil {
+		t.Fatal(err)
+	}
+	w.Hold() // left on: Stop releases it
+	r := w.Stop(ctx)
+	if len(r.LostWrites) != 1 || r.LostWrites[0] != lost[0] {
+		t.Errorf("Stop reports lost writes %v, want only %v", r.LostWrites, lost)
+	}
+}

@@ -58,6 +58,10 @@ type Writer struct {
 	start  time.Time
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
+	// gate is held for reading through each worker's put and get, and
+	// for writing by Hold; release, set while it is, lets it go once.
+	gate    sync.RWMutex
+	release func()
 
 	mu      sync.Mutex
 	history []porcupine.Operation
@@ -71,6 +75,8 @@ type Writer struct {
 	stopped  bool
 	// stalls are the writer's own scheduling delays, as WriteGaps.
 	stalls []WriteGap
+	// lostAtCheck are the acknowledged writes CheckKept found gone.
+	lostAtCheck []string
 }
 
 type ackedWrite struct {
@@ -121,6 +127,42 @@ func (w *Writer) watchStalls(ctx context.Context) {
 
 func (w *Writer) now() int64 { return time.Since(w.start).Nanoseconds() }
 
+// SetEndpoints points the writer at endpoints: a cluster restored from a
+// backup onto new machines has none of the addresses auto sync knew.
+func (w *Writer) SetEndpoints(endpoints ...string) { w.client.SetEndpoints(endpoints...) }
+
+// Hold stops the workers, once their operations in flight end, until
+// release is called. A scenario that loses a majority holds the writer from
+// the loss to the end of the recovery and then reads back what was kept
+// (CheckKept): a write after the recovery would overwrite a key whose
+// acknowledged value the recovery gave up, and hide the loss from the
+// final read.
+// Stop releases a hold left on.
+func (w *Writer) Hold() (release func()) {
+	w.gate.Lock()
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.release = sync.OnceFunc(w.gate.Unlock)
+	return w.release
+}
+
+// CheckKept reads every key back (each until a read succeeds or ctx ends)
+// and returns the acknowledged writes whose values are gone, as Stop's
+// LostWrites would; Stop reports them too. Call it while the writer is held.
+func (w *Writer) CheckKept(ctx context.Context) []string {
+	finals := w.readFinals(ctx)
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	lost := w.lostWrites(finals)
+	w.lostAtCheck = append(w.lostAtCheck, lost...)
+	// What was read is what later reads are judged against: a loss is
+	// reported once.
+	for key, f := range finals {
+		w.lastAck[key], w.afterAck[key] = ackedWrite{value: f.value, at: time.Duration(f.ret)}, nil
+	}
+	return lost
+}
+
 // Acknowledged is how many writes the cluster has acknowledged so far.
 func (w *Writer) Acknowledged() int {
 	w.mu.Lock()
@@ -144,8 +186,10 @@ func (w *Writer) work(ctx context.Context, worker int) {
 	defer w.wg.Done()
 	key := fmt.Sprintf("%sk%d", w.opts.Prefix, worker)
 	for seq := 0; ctx.Err() == nil; seq++ {
+		w.gate.RLock()
 		w.put(ctx, worker, key, fmt.Sprintf("w%d-%d", worker, seq))
 		w.get(ctx, worker, key)
+		w.gate.RUnlock()
 		select {
 		case <-ctx.Done():
 		case <-time.After(w.opts.Pause):
@@ -303,6 +347,11 @@ const reportedGaps = 3
 // history.
 func (w *Writer) Stop(ctx context.Context) WriterReport {
 	w.cancel()
+	w.mu.Lock()
+	if w.release != nil {
+		w.release()
+	}
+	w.mu.Unlock()
 	w.wg.Wait()
 	end := time.Duration(w.now())
 	finals := w.readFinals(ctx)
@@ -332,7 +381,7 @@ func (w *Writer) Stop(ctx context.Context) WriterReport {
 	r.Gaps = longestGaps(w.acks, end, reportedGaps)
 	r.Stalls = longest(w.stalls, reportedGaps)
 	r.MaxWriteGap = r.Gaps[0].Length
-	r.LostWrites = w.lostWrites(finals)
+	r.LostWrites = append(slices.Clone(w.lostAtCheck), w.lostWrites(finals)...)
 	w.mu.Unlock()
 	_ = w.client.Close()
 
