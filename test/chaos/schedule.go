@@ -36,16 +36,16 @@ const (
 	EtcdScaleUp   Operation = "EtcdScaleUp"
 	EtcdScaleDown Operation = "EtcdScaleDown"
 	// LoseMajority kills a majority of a stacked control plane's machines
-	// at once as the operation starts, and Run.Policy says what QCP does
-	// then. Only loss runs (LossRunBit) draw it.
+	// at once as the operation starts (every one of them under
+	// FromBackup), and Run.Policy says what QCP does then. Only loss runs
+	// (LossRunBit) draw it.
 	LoseMajority Operation = "LoseMajority"
 )
 
 // Operations are the operations a run may draw.
 var Operations = []Operation{Create, ScaleUp, ScaleDown, Rollout, Remediate, EtcdCreate, EtcdScaleUp, EtcdScaleDown}
 
-// The quorum-loss policies a loss run draws, by the API's names. FromBackup
-// joins them once QCP has it (issue 35).
+// The quorum-loss policies a loss run draws, by the API's names.
 const (
 	// PolicyManual: QCP reports Degraded and takes no step; the harness
 	// then asks for a recovery from a survivor with the one-shot trigger,
@@ -54,7 +54,15 @@ const (
 	// PolicyFromSurvivor: QCP recovers on its own, once the killed
 	// machines are confirmed lost and the policy's wait is over.
 	PolicyFromSurvivor = "FromSurvivor"
+	// PolicyFromBackup: the control plane backs up on a short schedule,
+	// and the run kills every machine once a snapshot exists; QCP restores
+	// the newest verified snapshot onto a new machine on its own.
+	PolicyFromBackup = "FromBackup"
 )
+
+// BackupInterval is a FromBackup loss run's backup schedule: what bounds
+// the writes its recovery loses.
+const BackupInterval = 15 * time.Second
 
 // LossRunBit marks a loss run's seed: from a seed with it set, NewRun
 // draws a LoseMajority run. Every other seed a campaign uses is a small
@@ -63,7 +71,8 @@ const LossRunBit uint64 = 1 << 40
 
 // lossFaultKinds are the faults a loss run may add: the management side's.
 // A machine fault could take the survivors too, and with no survivor
-// nothing but a backup can rebuild etcd.
+// nothing but a backup can rebuild etcd; under FromBackup one could strike
+// the restored machine while it restores, which the run does not judge.
 var lossFaultKinds = []FaultKind{KillManager, KillCAPI, RestartAPIServer}
 
 // Etcd reports whether op is an EtcdCluster's.
@@ -160,14 +169,20 @@ func NewRun(seed uint64) Run {
 	return r
 }
 
-// newLossRun draws a loss run from seed: a control plane of 3 or 5
-// machines loses a majority of them (LoseMajority) under a policy drawn
-// from the two QCP has, with 0–2 management faults within Window.
+// newLossRun draws a loss run from seed: a control plane loses a
+// majority of its machines (LoseMajority) under a policy drawn from the
+// three QCP has, with 0–2 management faults within Window. Under Manual or
+// FromSurvivor it has 3 or 5 machines; under FromBackup 1 or 3, all lost
+// (the sizes the planner's exploration covers for that recovery).
 func newLossRun(seed uint64) Run {
 	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
-	r := Run{Seed: seed, Replicas: []int{3, 5}[rng.IntN(2)], Operation: LoseMajority}
+	r := Run{Seed: seed, Operation: LoseMajority}
+	r.Policy = []string{PolicyManual, PolicyFromSurvivor, PolicyFromBackup}[rng.IntN(3)]
+	r.Replicas = []int{3, 5}[rng.IntN(2)]
+	if r.Policy == PolicyFromBackup {
+		r.Replicas -= 2
+	}
 	r.Desired = r.Replicas
-	r.Policy = []string{PolicyManual, PolicyFromSurvivor}[rng.IntN(2)]
 	for range rng.IntN(3) {
 		r.Faults = append(r.Faults, Fault{Kind: lossFaultKinds[rng.IntN(len(lossFaultKinds))],
 			At: time.Duration(rng.Int64N(int64(Window))), For: time.Duration(rng.Int64N(int64(10 * time.Second)))})
@@ -176,8 +191,14 @@ func newLossRun(seed uint64) Run {
 	return r
 }
 
-// Killed is how many machines a loss run kills: a majority.
-func (r Run) Killed() int { return r.Replicas/2 + 1 }
+// Killed is how many machines a loss run kills: a majority, or every one
+// under FromBackup.
+func (r Run) Killed() int {
+	if r.Policy == PolicyFromBackup {
+		return r.Replicas
+	}
+	return r.Replicas/2 + 1
+}
 
 // RegressionSeeds are the seeds of runs that found a bug, each kept after
 // its fix; a campaign runs them before its new seeds. A seed means its
@@ -213,9 +234,11 @@ var RegressionSeeds = []uint64{3, 629922, 483954}
 //     (+13 s), a machine frozen (+19 s), a machine killed (+26 s).
 //   - 442: an EtcdCluster of 3 scaled up to 5; a machine frozen (+18 s),
 //     a machine deleted by hand (+39 s).
-//   - LossRunBit|17: 2 of 3 machines killed at once, under the policy
-//     FromSurvivor; the management API server restarted (+13 s, +28 s)
-//     while QCP waits out the policy and recovers.
+//   - LossRunBit|17: all 3 machines killed at once, under the policy
+//     FromBackup; the management API server restarted (+13 s, +28 s)
+//     while QCP waits out the policy and restores the newest snapshot
+//     onto a new machine, then grows back to 3. (FromSurvivor runs in
+//     TestFrozenMachines and TestEtcdClusterFlappingAndReplacement.)
 var SmokeSeeds = []uint64{401, 61, 442, LossRunBit | 17}
 
 // Seeds are a campaign's seeds: with replay set, runs seeds from first (a
@@ -278,11 +301,38 @@ type Outcome struct {
 	// Degraded is QCP's reason when it did not converge.
 	Degraded string `json:"degraded,omitempty"`
 	// LostWrites counts, in a loss run, the acknowledged writes the
-	// recovery gave up: those the survivor it kept had not applied.
+	// recovery gave up: those the survivor it kept had not applied, or
+	// those written after the snapshot it restored.
 	LostWrites int `json:"lostWrites,omitempty"`
 	// Violations are the checks that failed: linearizability, a lost
 	// write, I1–I7, more than desired + 1 machines, something left behind.
 	Violations []string `json:"violations,omitempty"`
+	Record
+}
+
+// Record is what a run's observers saw, so that every figure a campaign
+// reports can be recomputed from its JSON lines (hack/chaossummary).
+type Record struct {
+	// Commit is the code the run ran: git's HEAD where the campaign ran.
+	Commit string `json:"commit,omitempty"`
+	// The writer's writes: acknowledged, failed attempts, and of those
+	// the ones of unknown outcome (the others certainly not applied).
+	Acknowledged int `json:"acknowledged"`
+	Failed       int `json:"failed"`
+	Unknown      int `json:"unknown"`
+	// Linearizable is porcupine's verdict on the writer's history.
+	Linearizable string `json:"linearizable,omitempty"`
+	// LongestGap is the writer's longest interval without an acknowledged
+	// write.
+	LongestGap time.Duration `json:"longestGap,omitempty"`
+	// MaxVoters and MaxLearners are the most the invariant monitor saw etcd
+	// list at once; MaxMachines the most Machines the scenario's watch saw.
+	MaxVoters   int `json:"maxVoters"`
+	MaxLearners int `json:"maxLearners"`
+	MaxMachines int `json:"maxMachines"`
+	// Unjudged counts the monitor's pairs of samples too far apart (over a
+	// second) for its membership checks to compare.
+	Unjudged int `json:"unjudged"`
 }
 
 // Injected is one fault as the run injected it.
@@ -314,14 +364,42 @@ type Summary struct {
 	Violations int
 	// P50 and P99 are the convergence times of the runs that converged.
 	P50, P99 time.Duration
+	// Acknowledged, Unknown and LostWrites sum the runs' writes; NotLinearizable
+	// counts the runs porcupine rejected (a loss run that lost writes cannot
+	// be linearizable, and is counted apart: LossRuns, with LostWrites).
+	Acknowledged, Unknown, LostWrites, NotLinearizable int
+	// LossRuns counts the LoseMajority runs.
+	LossRuns int
+	// GapP50 and GapMax are over the runs' longest write gaps, loss runs
+	// left out (their gap is the outage itself).
+	GapP50, GapMax time.Duration
+	// Unjudged sums the monitor's unjudged sample pairs; MaxVoters,
+	// MaxLearners and MaxMachines are the most any run saw.
+	Unjudged                            int
+	MaxVoters, MaxLearners, MaxMachines int
+	// Commits are the commits the runs ran, each once.
+	Commits []string
 }
 
 // Summarize sums up outcomes.
 func Summarize(outcomes []Outcome) Summary {
 	s := Summary{Runs: len(outcomes), Operations: map[Operation]int{}, Faults: map[FaultKind]int{}, Skipped: map[FaultKind]int{}}
-	var times []time.Duration
+	var times, gaps []time.Duration
 	for _, o := range outcomes {
 		s.Operations[o.Operation]++
+		s.Acknowledged, s.Unknown, s.LostWrites, s.Unjudged = s.Acknowledged+o.Acknowledged, s.Unknown+o.Unknown, s.LostWrites+o.LostWrites, s.Unjudged+o.Unjudged
+		if o.Linearizable != "" && o.Linearizable != "Ok" && o.LostWrites == 0 {
+			s.NotLinearizable++
+		}
+		s.MaxVoters, s.MaxLearners, s.MaxMachines = max(s.MaxVoters, o.MaxVoters), max(s.MaxLearners, o.MaxLearners), max(s.MaxMachines, o.MaxMachines)
+		if o.Commit != "" && !slices.Contains(s.Commits, o.Commit) {
+			s.Commits = append(s.Commits, o.Commit)
+		}
+		if o.Operation == LoseMajority {
+			s.LossRuns++
+		} else if o.LongestGap > 0 {
+			gaps = append(gaps, o.LongestGap)
+		}
 		for _, f := range o.Injected {
 			if f.Skipped != "" {
 				s.Skipped[f.Kind]++
@@ -338,6 +416,7 @@ func Summarize(outcomes []Outcome) Summary {
 		}
 	}
 	s.P50, s.P99 = percentile(times, 50), percentile(times, 99)
+	s.GapP50, s.GapMax = percentile(gaps, 50), percentile(gaps, 100)
 	return s
 }
 
@@ -357,6 +436,11 @@ func (s Summary) Table() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "runs %d, passed %d, violations %d, convergence p50 %s, p99 %s\n", s.Runs, s.Passed, s.Violations,
 		s.P50.Round(time.Second), s.P99.Round(time.Second))
+	fmt.Fprintf(&b, "writes acknowledged %d, unknown %d; lost in loss runs' recoveries %d (%d loss runs); not linearizable %d\n",
+		s.Acknowledged, s.Unknown, s.LostWrites, s.LossRuns, s.NotLinearizable)
+	fmt.Fprintf(&b, "longest write gap (loss runs apart) p50 %s, max %s; unjudged sample pairs %d; at most %d voters, %d learners, %d machines\n",
+		s.GapP50.Round(time.Millisecond), s.GapMax.Round(time.Millisecond), s.Unjudged, s.MaxVoters, s.MaxLearners, s.MaxMachines)
+	fmt.Fprintf(&b, "commits %s\n", strings.Join(s.Commits, ", "))
 	fmt.Fprintf(&b, "%-28s %8s %8s\n", "fault", "injected", "skipped")
 	for _, k := range FaultKinds {
 		fmt.Fprintf(&b, "%-28s %8d %8d\n", k, s.Faults[k], s.Skipped[k])

@@ -28,8 +28,9 @@ func TestRunsReplayFromTheirSeed(t *testing.T) {
 }
 
 // TestLossRuns: a seed with LossRunBit draws a loss run: a majority of 3
-// or 5 machines lost under each policy QCP has, with only management faults
-// beside it (a machine fault could take the survivors too); a campaign
+// or 5 machines lost under Manual or FromSurvivor, every one of 1 or 3
+// under FromBackup, with only management faults beside it (a machine fault
+// could take the survivors too); a campaign
 // makes one run in lossEvery a loss run, and a replay runs its seeds as
 // given.
 func TestLossRuns(t *testing.T) {
@@ -41,7 +42,9 @@ func TestLossRuns(t *testing.T) {
 		switch {
 		case r.Operation != LoseMajority || r.Desired != r.Replicas || r.MayLoseQuorum():
 			t.Fatalf("loss seed %d draws %+v", seed, r)
-		case r.Killed() <= r.Replicas/2 || r.Killed() >= r.Replicas:
+		case r.Policy == PolicyFromBackup && (r.Killed() != r.Replicas || r.Replicas > 3):
+			t.Fatalf("loss seed %d kills %d of %d under FromBackup: want all of at most 3", seed, r.Killed(), r.Replicas)
+		case r.Policy != PolicyFromBackup && (r.Killed() <= r.Replicas/2 || r.Killed() >= r.Replicas || r.Replicas < 3):
 			t.Fatalf("loss seed %d kills %d of %d: not a majority with a survivor", seed, r.Killed(), r.Replicas)
 		case len(r.Faults) > 2:
 			t.Fatalf("loss seed %d: %d faults", seed, len(r.Faults))
@@ -53,7 +56,8 @@ func TestLossRuns(t *testing.T) {
 			}
 		}
 	}
-	if len(sizes) != 2 || sizes[3] == 0 || sizes[5] == 0 || policies[PolicyManual] == 0 || policies[PolicyFromSurvivor] == 0 || len(policies) != 2 ||
+	if len(sizes) != 3 || sizes[1] == 0 || sizes[3] == 0 || sizes[5] == 0 ||
+		policies[PolicyManual] == 0 || policies[PolicyFromSurvivor] == 0 || policies[PolicyFromBackup] == 0 || len(policies) != 3 ||
 		len(kinds) != len(lossFaultKinds) {
 		t.Errorf("loss runs: sizes %v, policies %v, faults %v", sizes, policies, kinds)
 	}
@@ -133,16 +137,29 @@ func TestSummary(t *testing.T) {
 		{Violations: []string{"lost write k1"}},
 	}
 	outcomes[0].Operation, outcomes[1].Operation = Remediate, Remediate
+	outcomes[0].Record = Record{Commit: "abc", Acknowledged: 100, Unknown: 2, Linearizable: "Ok", LongestGap: 300 * time.Millisecond, MaxVoters: 5, MaxLearners: 1, MaxMachines: 6, Unjudged: 3}
+	outcomes[1].Record = Record{Commit: "abc", Acknowledged: 50, Linearizable: "Illegal", LongestGap: 900 * time.Millisecond, MaxVoters: 3, MaxMachines: 4}
+	outcomes[2].Record = Record{Commit: "def", Acknowledged: 10, LongestGap: 100 * time.Millisecond}
+	outcomes[3].Operation, outcomes[3].LostWrites = LoseMajority, 4
+	outcomes[3].Record = Record{Commit: "def", Acknowledged: 40, Linearizable: "Illegal", LongestGap: time.Minute, Unjudged: 1}
 	s := Summarize(outcomes)
+	if s.Acknowledged != 200 || s.Unknown != 2 || s.LostWrites != 4 || s.LossRuns != 1 || s.NotLinearizable != 1 || s.Unjudged != 4 ||
+		s.MaxVoters != 5 || s.MaxLearners != 1 || s.MaxMachines != 6 || !slices.Equal(s.Commits, []string{"abc", "def"}) ||
+		s.GapP50 != 300*time.Millisecond || s.GapMax != 900*time.Millisecond {
+		t.Errorf("the records sum up to %+v", s)
+	}
 	if s.Runs != 5 || s.Passed != 4 || s.Violations != 1 || s.Faults[KillMachine] != 3 || s.Skipped[CutPeerTraffic] != 1 || s.Faults[CutPeerTraffic] != 0 ||
-		s.Operations[Remediate] != 2 || s.Operations[""] != 3 {
+		s.Operations[Remediate] != 2 || s.Operations[""] != 2 {
 		t.Errorf("summary %+v", s)
 	}
 	if s.P50 != 20*time.Second || s.P99 != 30*time.Second {
 		t.Errorf("p50 %s, p99 %s; want 20s and 30s", s.P50, s.P99)
 	}
 	if table := s.Table(); !strings.Contains(table, "runs 5, passed 4, violations 1") || !strings.Contains(table, "CutPeerTraffic") ||
-		!strings.Contains(table, "Remediate                           2") || !strings.Contains(table, "LoseMajority") {
+		!strings.Contains(table, "Remediate                           2") || !strings.Contains(table, "LoseMajority") ||
+		!strings.Contains(table, "writes acknowledged 200, unknown 2; lost in loss runs' recoveries 4 (1 loss runs); not linearizable 1") ||
+		!strings.Contains(table, "p50 300ms, max 900ms; unjudged sample pairs 4; at most 5 voters, 1 learners, 6 machines") ||
+		!strings.Contains(table, "commits abc, def") {
 		t.Errorf("table:\n%s", table)
 	}
 	var back Outcome
@@ -218,8 +235,8 @@ func TestSmokeSeedsCoverEveryFault(t *testing.T) {
 		if r.Replicas != 3 || r.MayLoseQuorum() {
 			t.Errorf("smoke seed %d draws %+v: want 3 machines, and a run that cannot lose quorum beside its operation", seed, r)
 		}
-		if r.Operation == LoseMajority && r.Policy != PolicyFromSurvivor {
-			t.Errorf("the smoke's loss run is under %s: want FromSurvivor, the policy that recovers on its own", r.Policy)
+		if r.Operation == LoseMajority && r.Policy != PolicyFromBackup {
+			t.Errorf("the smoke's loss run is under %s: want FromBackup, which recovers on its own and is the one no other scenario runs on 3 machines", r.Policy)
 		}
 		ops[r.Operation] = true
 		for _, f := range r.Faults {

@@ -26,6 +26,7 @@ import (
 	infrav1 "github.com/qcp-dev/qcp/api/infrastructure/v1alpha1"
 	"github.com/qcp-dev/qcp/internal/localenv"
 	"github.com/qcp-dev/qcp/internal/machinehost"
+	"github.com/qcp-dev/qcp/internal/objectstore"
 	"github.com/qcp-dev/qcp/internal/testkit"
 	"github.com/qcp-dev/qcp/test/chaos"
 )
@@ -137,6 +138,9 @@ func runChaos(t *testing.T, mgmt *management, r chaos.Run) chaos.Outcome {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
+	if r.Policy == chaos.PolicyFromBackup {
+		s.backedUpSince(time.Now())
+	}
 	faults := s.injectFaults(ctx, r.Faults)
 	converged := s.ready(target, r.Desired)
 	switch r.Operation {
@@ -163,9 +167,22 @@ func runChaos(t *testing.T, mgmt *management, r chaos.Run) chaos.Outcome {
 			if err != nil {
 				return err
 			}
-			if rec := cp.Status.Recovery; rec == nil || rec.FinishTime == nil {
+			rec := cp.Status.Recovery
+			if rec == nil || rec.FinishTime == nil {
 				return fmt.Errorf("etcd not recovered; last operation %s: %s", cp.Status.LastOperation.Kind, cp.Status.LastOperation.Reason)
 			}
+			if r.Policy == chaos.PolicyFromBackup {
+				if rec.Snapshot == "" || len(rec.LostMachines) != len(lost) {
+					return fmt.Errorf("recovered, but not from a snapshot with every machine lost: %+v", rec)
+				}
+				// The restored machines have new addresses, which the
+				// writer and the monitor learn as a user's client would
+				// have to: from the Machines.
+				if err := s.followMachines(ctx); err != nil {
+					return err
+				}
+			}
+			s.checkKept(ctx)
 			for _, name := range lost {
 				if err := s.machineGone(name)(ctx); err != nil {
 					return fmt.Errorf("lost: %w", err)
@@ -216,8 +233,22 @@ func runChaos(t *testing.T, mgmt *management, r chaos.Run) chaos.Outcome {
 	}
 	s.finish()
 	o.LostWrites = len(s.lostWrites)
+	wr, mr := s.writerReport, s.monitorReport
+	o.Record = chaos.Record{Commit: campaignCommit(), Acknowledged: wr.Writes, Failed: wr.FailedAttempts, Unknown: wr.UnknownWrites,
+		Linearizable: string(wr.Linearizable), LongestGap: wr.MaxWriteGap, MaxVoters: mr.MaxVoters, MaxLearners: mr.MaxLearners,
+		MaxMachines: s.bound.mostAtOnce(), Unjudged: len(mr.Gaps)}
 	return o
 }
+
+// campaignCommit is the commit the campaign runs: git's HEAD of the
+// checkout the tests run in, "" when git cannot say.
+var campaignCommit = sync.OnceValue(func() string {
+	out, err := exec.Command("git", "rev-parse", "HEAD").Output()
+	if err != nil {
+		return ""
+	}
+	return strings.TrimSpace(string(out))
+})
 
 // reportsLostQuorum reports whether a Degraded reason is the right one for
 // a lost quorum: the loss itself, or a membership QCP cannot see.
@@ -225,11 +256,51 @@ func reportsLostQuorum(reason string) bool {
 	return strings.Contains(reason, "lost quorum") || strings.Contains(reason, "until it can see the membership")
 }
 
+// backedUpSince waits for a verified snapshot taken after since: what a
+// FromBackup loss run restores, once its machines are all killed.
+func (s *scenario) backedUpSince(since time.Time) {
+	s.t.Helper()
+	s.eventually(2*chaos.BackupInterval+2*time.Minute, "a verified snapshot taken after "+since.Format(time.TimeOnly), func(ctx context.Context) error {
+		cp, err := s.controlPlane(ctx)
+		if err != nil {
+			return err
+		}
+		if b := cp.Status.Backup; b == nil || b.LastSuccessful == nil || !b.LastSuccessful.Time.After(since) {
+			return fmt.Errorf("status.backup %+v", cp.Status.Backup)
+		}
+		return nil
+	})
+}
+
+// checkKept reads back, once, what the recovery kept of the held writer's
+// acknowledged writes, and releases the writer.
+func (s *scenario) checkKept(ctx context.Context) {
+	if s.releaseWriter == nil {
+		return
+	}
+	given := s.traffic.writer.CheckKept(ctx)
+	s.releaseWriter()
+	s.releaseWriter = nil
+	s.t.Logf("the recovery gave up %d acknowledged writes: %v", len(given), given)
+}
+
+// followMachines points the scenario's writer and monitor at its
+// Machines' etcd endpoints.
+func (s *scenario) followMachines(ctx context.Context) error {
+	cfg, err := s.etcdConfig(ctx)
+	if err != nil {
+		return err
+	}
+	s.traffic.follow(cfg.Endpoints)
+	return nil
+}
+
 // loseMachines kills a majority of the loss run r's machines at once (the
-// newest), and returns their names. Under the Manual policy it then
-// checks that QCP reports the lost quorum and takes no step for
-// degradedHold, and asks for a recovery from a survivor as a user does,
-// with the one-shot trigger; under FromSurvivor QCP recovers on its own.
+// newest; every one under FromBackup), and returns their names. Under the
+// Manual policy it then checks that QCP reports the lost quorum and takes
+// no step for degradedHold, and asks for a recovery from a survivor as a
+// user does, with the one-shot trigger; under FromSurvivor and FromBackup
+// QCP recovers on its own.
 func (s *scenario) loseMachines(ctx context.Context, r chaos.Run) []string {
 	s.t.Helper()
 	s.recovery = true
@@ -238,6 +309,10 @@ func (s *scenario) loseMachines(ctx context.Context, r chaos.Run) []string {
 		s.t.Fatalf("want %d machines to lose a majority of, have %d (%v)", r.Replicas, len(ms), err)
 	}
 	host := &machinehost.Host{Root: s.mgmt.env.MachineRoot()}
+	// The writer is held from the kill to the end of the recovery
+	// (checkKept), so that what the recovery gave up is read back before
+	// new writes overwrite it.
+	s.releaseWriter = s.traffic.writer.Hold()
 	var lost []string
 	for _, m := range ms[len(ms)-r.Killed():] {
 		if err := host.Kill(ns, m.Name); err != nil {
@@ -371,9 +446,17 @@ func (s *scenario) votersServe(ctx context.Context, machines []string) error {
 func newChaosScenario(t *testing.T, mgmt *management, r chaos.Run, start int) (*scenario, chaosTarget) {
 	name := fmt.Sprintf("chaos-%d", r.Seed)
 	if !r.Operation.Etcd() {
+		var srv *objectstore.Server
+		if r.Policy == chaos.PolicyFromBackup {
+			srv, _ = testkit.StartObjectStore(t, "backups")
+			storeSecret(t, mgmt, name+"-s3", srv)
+		}
 		s := newScenario(t, mgmt, name, int32(start), func(cp *controlplanev1.QuorumControlPlane) {
-			if r.Policy == chaos.PolicyFromSurvivor {
+			switch r.Policy {
+			case chaos.PolicyFromSurvivor:
 				recoverFromSurvivor(cp)
+			case chaos.PolicyFromBackup:
+				recoverFromBackup(cp, srv, name+"-s3", chaos.BackupInterval)
 			}
 		})
 		return s, chaosTarget{state: func(ctx context.Context, replicas int) (targetState, error) {

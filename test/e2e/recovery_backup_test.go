@@ -16,11 +16,26 @@ import (
 	"github.com/qcp-dev/qcp/internal/backup/s3store"
 	"github.com/qcp-dev/qcp/internal/controllers/engine"
 	"github.com/qcp-dev/qcp/internal/machinehost"
+	"github.com/qcp-dev/qcp/internal/objectstore"
 	"github.com/qcp-dev/qcp/internal/testkit"
 )
 
 // fromBackupInterval is TestRecoverFromBackup's backup schedule.
 const fromBackupInterval = 15 * time.Second
+
+// recoverFromBackup has cp back up every interval into srv's bucket
+// "backups" (prefix e2e, the last 3 kept), with the credentials Secret
+// secretName, under the quorum-loss policy FromBackup with recoveryAfter.
+func recoverFromBackup(cp *controlplanev1.QuorumControlPlane, srv *objectstore.Server, secretName string, interval time.Duration) {
+	cp.Spec.Backup = &controlplanev1.BackupSpec{
+		Target:    controlplanev1.BackupTarget{Endpoint: srv.Endpoint, Bucket: "backups", Prefix: "e2e", CredentialsSecret: secretName},
+		Schedule:  controlplanev1.BackupSchedule{IntervalSeconds: ptr.To(int32(interval / time.Second))},
+		Retention: controlplanev1.BackupRetention{KeepLast: ptr.To[int32](3)},
+	}
+	cp.Spec.QuorumLossRecovery = &controlplanev1.QuorumLossRecovery{
+		Policy: controlplanev1.RecoveryFromBackup, AfterSeconds: ptr.To(int32(recoveryAfter / time.Second)),
+	}
+}
 
 // TestRecoverFromBackup: a 1-machine control plane backs up every 15 s
 // under writes, with the quorum-loss policy FromBackup; its only machine is
@@ -46,14 +61,7 @@ func TestRecoverFromBackup(t *testing.T) {
 	}
 	storeSecret(t, mgmt, name+"-s3", srv)
 	s := newScenario(t, mgmt, name, 1, func(cp *controlplanev1.QuorumControlPlane) {
-		cp.Spec.Backup = &controlplanev1.BackupSpec{
-			Target:    controlplanev1.BackupTarget{Endpoint: srv.Endpoint, Bucket: "backups", Prefix: "e2e", CredentialsSecret: name + "-s3"},
-			Schedule:  controlplanev1.BackupSchedule{IntervalSeconds: ptr.To(int32(fromBackupInterval / time.Second))},
-			Retention: controlplanev1.BackupRetention{KeepLast: ptr.To[int32](3)},
-		}
-		cp.Spec.QuorumLossRecovery = &controlplanev1.QuorumLossRecovery{
-			Policy: controlplanev1.RecoveryFromBackup, AfterSeconds: ptr.To(int32(recoveryAfter / time.Second)),
-		}
+		recoverFromBackup(cp, srv, name+"-s3", fromBackupInterval)
 	})
 	s.waitAvailable(convergeTimeout, 1)
 	lost := s.settled(convergeTimeout, 1)[0]

@@ -72,6 +72,12 @@ type scenario struct {
 	// the recovery gave up, counted rather than failed on.
 	recovery   bool
 	lostWrites []string
+	// releaseWriter releases the writer a loss run holds from its kill to
+	// the end of the recovery.
+	releaseWriter func()
+	// writerReport and monitorReport are what stopTraffic last saw.
+	writerReport  testkit.WriterReport
+	monitorReport testkit.MonitorReport
 }
 
 // newScenario creates a Cluster named name with a ProcessCluster (three
@@ -445,6 +451,7 @@ func (s *scenario) stopTraffic(ctx context.Context) (testkit.WriterReport, testk
 	s.t.Helper()
 	wr, mr := s.traffic.stop(ctx)
 	s.traffic = nil
+	s.writerReport, s.monitorReport = wr, mr
 	if s.quorumLost {
 		// Without quorum no key can be read back: its write is neither
 		// proven kept nor lost. A value read back that is not the last
@@ -550,6 +557,12 @@ func startTraffic(cfg etcd.Config, desired int, pause time.Duration) (*traffic, 
 	return &traffic{writer: w, client: cli, monitor: testkit.StartMonitor(cli, desired, 0)}, nil
 }
 
+// follow points the writer and the monitor at endpoints.
+func (tr *traffic) follow(endpoints []string) {
+	tr.writer.SetEndpoints(endpoints...)
+	tr.client.SetEndpoints(endpoints...)
+}
+
 func (tr *traffic) stop(ctx context.Context) (testkit.WriterReport, testkit.MonitorReport) {
 	mr := tr.monitor.Stop()
 	wr := tr.writer.Stop(ctx)
@@ -587,6 +600,8 @@ type machineBound struct {
 	// maxDisrupted the most machines ever holding an open record at once.
 	disruptions  map[string][]string
 	maxDisrupted int
+	// most is the most machines that ever existed at once.
+	most int
 	// open are the records ("<record> <machine>") open at the last sample.
 	open map[string]bool
 }
@@ -668,6 +683,7 @@ func (b *machineBound) observe(obj any, deleted bool) {
 // sampleLocked checks the machines as they are now; b.mu is held.
 func (b *machineBound) sampleLocked() {
 	b.samples++
+	b.most = max(b.most, len(b.machines))
 	if len(b.machines) > b.bound {
 		names := slices.Sorted(maps.Keys(b.machines))
 		b.violations = append(b.violations, fmt.Sprintf("%s: %d machines (%s) with desired %d, bound %d",
@@ -733,6 +749,13 @@ func (b *machineBound) departures() []string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return slices.Clone(b.departed)
+}
+
+// mostAtOnce is the most machines that existed at once so far.
+func (b *machineBound) mostAtOnce() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.most
 }
 
 // machinesSeen is how many machines have existed so far.
