@@ -136,8 +136,7 @@ func (w *Writer) SetEndpoints(endpoints ...string) { w.client.SetEndpoints(endpo
 // the loss to the end of the recovery and then reads back what was kept
 // (CheckKept): a write after the recovery would overwrite a key whose
 // acknowledged value the recovery gave up, and hide the loss from the
-// final read.
-// Stop releases a hold left on.
+// final read. Stop releases a hold left on.
 func (w *Writer) Hold() (release func()) {
 	w.gate.Lock()
 	w.mu.Lock()

@@ -68,8 +68,9 @@ type scenario struct {
 	// quorum for good: its writer's keys cannot be read back.
 	quorumLost bool
 	// recovery is set by a chaos run that lost a majority for QCP to
-	// recover from a survivor; lostWrites are then the acknowledged writes
-	// the recovery gave up, counted rather than failed on.
+	// recover (from a survivor or a backup); lostWrites are then the
+	// acknowledged writes the recovery gave up, counted rather than failed
+	// on.
 	recovery   bool
 	lostWrites []string
 	// releaseWriter releases the writer a loss run holds from its kill to
@@ -468,12 +469,13 @@ func (s *scenario) stopTraffic(ctx context.Context) (testkit.WriterReport, testk
 	}
 	judged := wr
 	if s.recovery && len(wr.LostWrites) > 0 {
-		// A recovery from a survivor gives up the acknowledged writes the
-		// survivor had not applied; a history that lost one cannot be
-		// linearizable, so porcupine's verdict is not judged then. With
-		// none lost, every check holds as in any scenario.
+		// A recovery gives up the acknowledged writes the survivor had not
+		// applied, or those made after the snapshot it restored; a history
+		// that lost one cannot be linearizable, so porcupine's verdict is
+		// not judged then. With none lost, every check holds as in any
+		// scenario.
 		s.lostWrites = wr.LostWrites
-		s.t.Logf("the recovery gave up %d acknowledged writes the survivor lacked (porcupine: %s, not judged): %v",
+		s.t.Logf("the recovery gave up %d acknowledged writes (porcupine: %s, not judged): %v",
 			len(wr.LostWrites), wr.Linearizable, wr.LostWrites)
 		judged.LostWrites, judged.Linearizable = nil, porcupine.Ok
 	}
