@@ -3,7 +3,6 @@ package e2e
 import (
 	"context"
 	"fmt"
-	"net"
 	"slices"
 	"strconv"
 	"strings"
@@ -224,7 +223,7 @@ func (s *scenario) lagOneFollower(ctx context.Context, host *machinehost.Host, c
 	}
 	var followers []string
 	for _, m := range slices.Backward(machines) {
-		if "https://"+net.JoinHostPort(internalIP(&m), "2379") != leader.Endpoint {
+		if engine.ClientURL(&m) != leader.Endpoint {
 			followers = append(followers, m.Name)
 		}
 	}
@@ -255,7 +254,7 @@ func (s *scenario) survivorRevisions(ctx context.Context, cli *etcd.Client, mach
 		if !slices.Contains(names, m.Name) {
 			continue
 		}
-		endpoint, last := "https://"+net.JoinHostPort(internalIP(&m), "2379"), int64(-1)
+		endpoint, last := engine.ClientURL(&m), int64(-1)
 		s.eventually(time.Minute, "the revision of "+m.Name+" settling", func(ctx context.Context) error {
 			st, err := cli.Status(ctx, endpoint)
 			if err != nil {
