@@ -57,6 +57,7 @@ const (
 func main() {
 	var (
 		metricsAddr, healthAddr string
+		profilerAddr            string
 		leaderElect, showVer    bool
 		processOpts             process.Options
 		machineImage            string
@@ -65,6 +66,7 @@ func main() {
 	)
 	flag.StringVar(&metricsAddr, "metrics-bind-address", "127.0.0.1:8080", "where Prometheus metrics are served; 0 turns them off")
 	flag.StringVar(&healthAddr, "health-probe-bind-address", "127.0.0.1:8081", "where /healthz and /readyz are served")
+	flag.StringVar(&profilerAddr, "profiler-address", "", "where Go's pprof profiles are served, as CAPI's managers' flag of that name (default: not served)")
 	flag.BoolVar(&leaderElect, "leader-elect", false, "use leader election, for running more than one replica")
 	flag.StringVar(&cpOpts.namespace, "namespace", "", "namespace whose objects the manager watches and reconciles (default: every namespace)")
 	flag.StringVar((*string)(&cpOpts.watchFilter), "watch-filter", "", "reconcile only objects whose "+clusterv1.WatchLabel+" label has this value (default: every object)")
@@ -128,7 +130,7 @@ func main() {
 		processOpts.AgentPath = cmp.Or(processOpts.AgentPath, agent)
 		processOpts.BinDir = cmp.Or(processOpts.BinDir, binDir)
 	}
-	if err := run(metricsAddr, healthAddr, leaderElect, processOpts, webhookOpts, cpOpts); err != nil {
+	if err := run(metricsAddr, healthAddr, profilerAddr, leaderElect, processOpts, webhookOpts, cpOpts); err != nil {
 		ctrl.Log.Error(err, "qcp-manager failed")
 		os.Exit(1)
 	}
@@ -189,7 +191,7 @@ func completeProcessOptions(o process.Options, cpOpts controlPlaneOptions) (proc
 	return o, nil
 }
 
-func run(metricsAddr, healthAddr string, leaderElect bool, processOpts process.Options, webhookOpts webhook.Options, cpOpts controlPlaneOptions) error {
+func run(metricsAddr, healthAddr, profilerAddr string, leaderElect bool, processOpts process.Options, webhookOpts webhook.Options, cpOpts controlPlaneOptions) error {
 	if f := cpOpts.bootstrapFormat; f != cloudinit.Format && f != bootstrap.Format {
 		return fmt.Errorf("--bootstrap-format=%s: use %s (or %s, QCP's format before cloud-config)", f, cloudinit.Format, bootstrap.Format)
 	}
@@ -212,6 +214,7 @@ func run(metricsAddr, healthAddr string, leaderElect bool, processOpts process.O
 		WebhookServer:          webhook.NewServer(webhookOpts),
 		Metrics:                metricsserver.Options{BindAddress: metricsAddr},
 		HealthProbeBindAddress: healthAddr,
+		PprofBindAddress:       profilerAddr,
 		LeaderElection:         leaderElect,
 		LeaderElectionID:       "qcp-manager.qcp.dev",
 		// client-go's default spam filter passes 25 events per object,

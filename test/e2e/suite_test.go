@@ -17,6 +17,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -176,11 +177,17 @@ func startManagement(binDir, addrs string, args []string, opts localenv.Options)
 	return m, nil
 }
 
+// managerArgsEnv holds extra qcp-manager flags, space-separated, for every
+// manager the scenarios start.
+const managerArgsEnv = "QCP_E2E_MANAGER_ARGS"
+
 // startManager starts qcp-manager with failpoint armed ("" for none). An
 // armed manager may reach its failpoint, and kill itself, while starting.
 func (m *management) startManager(ctx context.Context, failpoint string) error {
 	args := []string{"--address-range=" + m.addressRange, "--etcd-client-certificate-lifetime=" + managerEtcdClientLifetime.String(),
 		"--service-account-token-lifetime=" + serviceAccountTokenLifetime.String()}
+	// For a look inside a run, for example --profiler-address.
+	args = append(args, strings.Fields(os.Getenv(managerArgsEnv))...)
 	opts := localenv.ManagerOptions{
 		Path:        filepath.Join(m.binDir, "qcp-manager"),
 		ExtraArgs:   append(args, m.managerArgs...),
