@@ -3,6 +3,7 @@ package quorum
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -28,6 +29,22 @@ func Check(before State, d Decision, after State) error {
 		return fmt.Errorf("%s: %w", d, errors.Join(errs...))
 	}
 	return nil
+}
+
+// OnlyI6 reports whether err, from Check, breaks I6 and nothing else: what
+// a measurement that skips leadership transfers on purpose
+// (PlanOptions.SkipLeaderTransfer) breaks, and all it may.
+func OnlyI6(err error) bool {
+	var joined interface{ Unwrap() []error }
+	if !errors.As(err, &joined) || len(joined.Unwrap()) == 0 {
+		return false
+	}
+	for _, e := range joined.Unwrap() {
+		if !strings.HasPrefix(e.Error(), "I6 leader:") {
+			return false
+		}
+	}
+	return true
 }
 
 // CheckMembers checks the invariants that a bare member list must satisfy at

@@ -173,3 +173,20 @@ func stateFromBytes(data []byte) State {
 	}
 	return s
 }
+
+// TestOnlyI6: removing the leader without a transfer breaks I6 alone; a
+// step that also breaks another invariant, or none, is not OnlyI6.
+func TestOnlyI6(t *testing.T) {
+	leaderGone := Check(cluster(3, 4), Decision{Kind: RemoveMember, MemberID: 1}, cluster(3, 3))
+	if !OnlyI6(leaderGone) {
+		t.Errorf("%v: want I6 alone", leaderGone)
+	}
+	twoDown := edit(cluster(3, 3), func(s *State) { down(s, 1, time.Hour); down(s, 2, time.Hour) })
+	both := Check(twoDown, Decision{Kind: RemoveMember, MemberID: 1}, cluster(3, 3))
+	if both == nil || OnlyI6(both) {
+		t.Errorf("%v: want I6 and others", both)
+	}
+	if OnlyI6(nil) || OnlyI6(Check(cluster(3, 3), Decision{Kind: Wait}, cluster(3, 3))) {
+		t.Error("no violation is not I6 alone")
+	}
+}

@@ -2,6 +2,7 @@ package testkit
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -32,5 +33,8 @@ func Metric(ctx context.Context, addr, series string) (float64, error) {
 			return strconv.ParseFloat(fields[len(fields)-1], 64)
 		}
 	}
-	return 0, fmt.Errorf("no sample %s on the metrics endpoint", series)
+	return 0, fmt.Errorf("%w %s on the metrics endpoint", ErrNoSample, series)
 }
+
+// ErrNoSample is Metric's error when the endpoint has no such sample.
+var ErrNoSample = errors.New("no sample")

@@ -427,11 +427,38 @@ func (s *scenario) finish() {
 	if err := s.bound.stop(); err != nil {
 		s.t.Error(err)
 	}
+	s.checkTakenSteps()
 	// A context of its own: reading back the writer's keys from an etcd
 	// without quorum takes all of its time.
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	testkit.CheckNoKeyLeaks(ctx, s.t, s.c, []string{s.mgmt.env.Dir}, []string{s.mgmt.machines()})
+}
+
+// checkTakenSteps fails the scenario if qcp-manager judged a step it took
+// for the scenario's control plane or EtcdCluster to break a safety
+// invariant (engine.Stepper.CheckTaken: I1–I9 on the state the step was
+// planned on and the next one observed). A manager restarted since counts
+// only its own steps.
+func (s *scenario) checkTakenSteps() {
+	s.t.Helper()
+	if s.mgmt.manager == nil {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, prefix := range []string{"qcp_controlplane", "qcp_etcdcluster"} {
+		series := fmt.Sprintf(`%s_invariant_violations_total{name=%q,namespace=%q}`, prefix, s.name, ns)
+		v, err := testkit.Metric(ctx, s.mgmt.manager.MetricsAddr, series)
+		switch {
+		case errors.Is(err, testkit.ErrNoSample):
+		case err != nil:
+			// A scenario may leave its manager stopped or killed.
+			s.t.Logf("the steps qcp-manager took were not judged: reading %s: %v", series, err)
+		case v > 0:
+			s.t.Errorf("qcp-manager judged %v of the steps it took to break a safety invariant (%s; its InvariantViolated events and log say which)", v, series)
+		}
+	}
 }
 
 // checkI6 fails the scenario for each member removed while it led,

@@ -10,7 +10,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -194,12 +193,8 @@ func (d *driver) step(ctx context.Context, before quorum.State, dec quorum.Decis
 // measuringI6 reports whether err is the I6 violation that noLeaderTransfer
 // commits on purpose, and nothing else.
 func (d *driver) measuringI6(err error) bool {
-	found := invariantRe.FindAllStringSubmatch(err.Error(), -1)
-	return d.opts.noLeaderTransfer && len(found) > 0 &&
-		!slices.ContainsFunc(found, func(m []string) bool { return m[1] != "6" })
+	return d.opts.noLeaderTransfer && quorum.OnlyI6(err)
 }
-
-var invariantRe = regexp.MustCompile(`I([1-7]) (quorum|bounded|learners first|one at a time|hooks|leader|no heroics)`)
 
 // steady reports whether the cluster is where the test wants it: desired
 // healthy voters on up-to-date machines, nothing joining or leaving.

@@ -170,7 +170,8 @@ func (r *Reconciler) init() {
 		r.KubeconfigLifetime = DefaultKubeconfigLifetime
 	}
 	r.metrics = engine.NewMetrics("qcp_controlplane", "QuorumControlPlane")
-	r.stepper = &engine.Stepper{Client: r.Client, Recorder: r.Recorder, Metrics: r.metrics, Failpoints: r.Failpoints, Now: r.Now}
+	r.stepper = &engine.Stepper{Client: r.Client, Recorder: r.Recorder, Metrics: r.metrics, Failpoints: r.Failpoints, Now: r.Now,
+		MeasuringWithoutLeaderTransfer: r.PlanOptions.SkipLeaderTransfer}
 	r.wakeups = engine.NewWakeups(r.Now)
 	r.catchUp = engine.NewCatchUp()
 }
@@ -281,6 +282,7 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Clu
 	if err != nil {
 		return ctrl.Result{}, err
 	}
+	r.stepper.CheckTaken(ctx, cp, obs.State)
 	// A recovery from a survivor that was recorded but not finished comes
 	// first: until it is, the survivor's machine names a member of the
 	// lost cluster, and the planner would take it for spent.
@@ -352,7 +354,7 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Clu
 	}
 
 	d := quorum.PlanWithOptions(obs.State, r.PlanOptions)
-	acted, replan, err := r.act(ctx, cluster, cp, secrets, d, learned)
+	acted, replan, err := r.act(ctx, cluster, cp, secrets, d, obs.State, learned)
 	setStatus(cp, obs, d, acted, r.Now())
 	cp.Status.Certificates = certificateExpiries(cluster, secrets, obs.Machines, r.KubeconfigLifetime)
 	r.metrics.ObserveCertificates(cp, cp.Status.Certificates)
@@ -381,10 +383,10 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Clu
 // check marked it, or its voter was unhealthy past the timeout) starts its
 // remediation, recorded on the control plane before the step is taken.
 func (r *Reconciler) act(ctx context.Context, cluster *clusterv1.Cluster, cp *controlplanev1.QuorumControlPlane, secrets *clusterSecrets,
-	d quorum.Decision, learned time.Time) (acted, replan bool, err error) {
+	d quorum.Decision, planned quorum.State, learned time.Time) (acted, replan bool, err error) {
 	var fresh *observation
 	return r.stepper.Take(ctx, engine.Step{
-		Owner: cp, LastOperation: &cp.Status.LastOperation, Decision: d, Learned: learned,
+		Owner: cp, LastOperation: &cp.Status.LastOperation, Decision: d, Planned: planned, Learned: learned,
 		Observe: func(ctx context.Context) (*engine.Observation, error) {
 			var err error
 			if fresh, err = r.observe(ctx, cluster, cp, secrets); err != nil {

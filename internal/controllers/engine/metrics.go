@@ -31,6 +31,9 @@ type Metrics struct {
 	// big it was, and the failed attempts.
 	backupLastSuccess, backupDuration, backupSize *prometheus.GaugeVec
 	backupFailures                                *prometheus.CounterVec
+	// invariantViolations counts the steps that broke a safety invariant
+	// (Stepper.CheckTaken).
+	invariantViolations *prometheus.CounterVec
 }
 
 // NewMetrics returns the metrics named prefix_*, for owners of kind (for
@@ -83,6 +86,10 @@ func NewMetrics(prefix, kind string) *Metrics {
 			Name: prefix + "_backup_failures_total",
 			Help: "Etcd snapshots of a " + kind + " that failed to be taken, stored or verified.",
 		}, []string{"namespace", "name"}),
+		invariantViolations: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: prefix + "_invariant_violations_total",
+			Help: "Steps taken for a " + kind + " that broke a safety invariant (I1–I9), judged against the observation they were planned on and the next one: a bug in QCP, which an InvariantViolated event describes.",
+		}, []string{"namespace", "name"}),
 	}).register()
 }
 
@@ -97,6 +104,7 @@ func (m *Metrics) register() *Metrics {
 	m.backupDuration = qcpmetrics.RegisterOrReuse(m.backupDuration)
 	m.backupSize = qcpmetrics.RegisterOrReuse(m.backupSize)
 	m.backupFailures = qcpmetrics.RegisterOrReuse(m.backupFailures)
+	m.invariantViolations = qcpmetrics.RegisterOrReuse(m.invariantViolations)
 	m.dbSizeInUse = qcpmetrics.RegisterOrReuse(m.dbSizeInUse)
 	m.dbSizeQuota = qcpmetrics.RegisterOrReuse(m.dbSizeQuota)
 	m.revision = qcpmetrics.RegisterOrReuse(m.revision)
@@ -156,6 +164,14 @@ func (m *Metrics) backupSucceeded(owner client.Object, man backup.Manifest, took
 	m.backupLastSuccess.WithLabelValues(ns, name).Set(float64(man.Started.Unix()))
 	m.backupDuration.WithLabelValues(ns, name).Set(took.Seconds())
 	m.backupSize.WithLabelValues(ns, name).Set(float64(man.Size))
+}
+
+// invariantViolated counts a step of owner that broke an invariant.
+func (m *Metrics) invariantViolated(owner client.Object) {
+	if m == nil {
+		return
+	}
+	m.invariantViolations.WithLabelValues(owner.GetNamespace(), owner.GetName()).Inc()
 }
 
 // backupFailed counts a failed snapshot of owner.

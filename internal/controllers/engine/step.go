@@ -22,6 +22,12 @@ type Stepper struct {
 	Metrics    *Metrics
 	Failpoints Failpoints
 	Now        func() time.Time
+	// MeasuringWithoutLeaderTransfer: the planner skips leadership
+	// transfers on purpose (a measurement), so the I6 violations that
+	// causes are not reported.
+	MeasuringWithoutLeaderTransfer bool
+
+	checks invariantChecks
 }
 
 // Step is one planned decision for an owner, with what taking it needs
@@ -31,6 +37,10 @@ type Step struct {
 	// LastOperation is the owner's status.lastOperation.
 	LastOperation *controlplanev1.LastOperation
 	Decision      quorum.Decision
+	// Planned is the observation Decision was planned on, against which,
+	// and the owner's next readable observation, the step is judged
+	// (CheckTaken).
+	Planned quorum.State
 	// Learned is when the controller last learned something about the
 	// owner before this round; the step's reaction latency counts from it,
 	// or from the end of the previous step if that is later.
@@ -93,6 +103,7 @@ func (s *Stepper) Take(ctx context.Context, st Step) (acted, replan bool, err er
 		return false, false, fmt.Errorf("taking step %s: %w", d, err)
 	}
 	st.LastOperation.FinishTime = metav1.NewTime(s.Now())
+	s.took(ctx, st.Owner, st.Planned, d)
 	s.Recorder.Event(st.Owner, corev1.EventTypeNormal, string(d.Kind), d.String())
 	if d.Kind == quorum.Recover { // a recovery from a backup is announced when it finishes
 		if rec := ReadRecovery(st.Owner); rec != nil {

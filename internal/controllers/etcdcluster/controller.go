@@ -236,6 +236,7 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Clu
 	if err != nil {
 		return ctrl.Result{}, err
 	}
+	r.stepper.CheckTaken(ctx, ec, obs.State)
 	// An unfinished recovery from a survivor first, as for a control
 	// plane: until it is, the survivor's machine names a lost member.
 	if open, err := engine.TendRecovery(ctx, r.Client, r.Recorder, ec, &obs.Observation, r.Now); open || err != nil {
@@ -253,7 +254,7 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Clu
 	d := quorum.Plan(obs.State)
 	var fresh *observation
 	acted, replan, err := r.stepper.Take(ctx, engine.Step{
-		Owner: ec, LastOperation: &ec.Status.LastOperation, Decision: d, Learned: learned,
+		Owner: ec, LastOperation: &ec.Status.LastOperation, Decision: d, Planned: obs.State, Learned: learned,
 		Observe: func(ctx context.Context) (*engine.Observation, error) {
 			var err error
 			if fresh, err = r.observe(ctx, cluster, ec, ca, restore); err != nil {
