@@ -70,8 +70,10 @@ type MonitorReport struct {
 	// is not a violation here; a driver that promises I6 checks it is empty.
 	LeadersRemoved []string
 	// Gaps lists the pairs of consecutive readable samples that spanned
-	// more than maxSampleGap, and so were not compared.
-	Gaps []string
+	// more than maxSampleGap, and so were not compared; Judged counts the
+	// pairs that were.
+	Gaps   []string
+	Judged int
 	// LeadersGoneInGaps lists the members that led, healthy, before such a
 	// gap and were gone after it, and that no member was seen following
 	// after their removal. Whether leadership moved away first cannot be
@@ -330,10 +332,14 @@ func (m *Monitor) record(start, at time.Time, members []quorum.Member, err error
 	if m.prev != nil {
 		gap := at.Sub(m.prevStart)
 		judged := gap <= maxSampleGap
-		if !judged {
+		switch {
+		case !judged:
 			m.report.Gaps = append(m.report.Gaps, fmt.Sprintf("%s: %s since the previous readable sample started", at.Format("15:04:05.000"), gap.Round(time.Millisecond)))
-		} else if err := quorum.CheckMembershipChange(m.prev, members); err != nil {
-			m.report.Violations = append(m.report.Violations, Violation{At: at, Members: describe(m.prev) + " -> " + describe(members), Err: err})
+		default:
+			m.report.Judged++
+			if err := quorum.CheckMembershipChange(m.prev, members); err != nil {
+				m.report.Violations = append(m.report.Violations, Violation{At: at, Members: describe(m.prev) + " -> " + describe(members), Err: err})
+			}
 		}
 		for _, p := range m.prev {
 			if p.Leader && p.Healthy && !slices.ContainsFunc(members, func(mb quorum.Member) bool { return mb.ID == p.ID }) {

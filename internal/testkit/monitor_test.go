@@ -162,8 +162,8 @@ func TestMonitorJudgesNoLongGap(t *testing.T) {
 	if len(r.LeadersRemoved) != 0 || len(r.Violations) != 0 {
 		t.Errorf("judged across a 5-s gap: leaders removed %v, violations %v", r.LeadersRemoved, r.Violations)
 	}
-	if len(r.Gaps) != 1 || !strings.Contains(r.Gaps[0], "5.1s since the previous readable sample started") {
-		t.Errorf("gaps %q, want the one of 5.1 s", r.Gaps)
+	if len(r.Gaps) != 1 || !strings.Contains(r.Gaps[0], "5.1s since the previous readable sample started") || r.Judged != 0 {
+		t.Errorf("gaps %q, %d pairs judged; want the one of 5.1 s, and none judged", r.Gaps, r.Judged)
 	}
 	if len(r.LeadersGoneInGaps) != 1 || !strings.Contains(r.LeadersGoneInGaps[0], "[1 voter,leader] ") {
 		t.Errorf("leaders gone in gaps %q, want member 1, which led before the gap", r.LeadersGoneInGaps)
@@ -175,7 +175,7 @@ func TestMonitorJudgesNoLongGap(t *testing.T) {
 	m.record(at(0), at(50*time.Millisecond), []quorum.Member{member(1, true), member(2, false), member(3, false), member(4, false)}, nil)
 	m.record(at(250*time.Millisecond), at(300*time.Millisecond), []quorum.Member{member(2, true), member(3, false), member(4, false), member(5, false)}, nil)
 	r = m.result()
-	if len(r.LeadersRemoved) != 1 || len(r.Violations) != 1 || len(r.Gaps) != 0 || len(r.LeadersGoneInGaps) != 0 {
+	if len(r.LeadersRemoved) != 1 || len(r.Violations) != 1 || len(r.Gaps) != 0 || len(r.LeadersGoneInGaps) != 0 || r.Judged != 1 {
 		t.Errorf("leaders removed %v, violations %v, gaps %v; want member 1 removed while it led, member 5 joining as a voter, no gap", r.LeadersRemoved, r.Violations, r.Gaps)
 	}
 }

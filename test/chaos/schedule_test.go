@@ -255,3 +255,23 @@ func TestSmokeSeedsCoverEveryFault(t *testing.T) {
 		t.Errorf("the smoke seeds do %v; want a remediation, a rollout, an EtcdCluster scale up and a lost majority", ops)
 	}
 }
+
+// TestUnjudgedShare: a run whose monitor left more than MaxUnjudgedPercent
+// of its sample pairs unjudged fails; one at the limit passes.
+func TestUnjudgedShare(t *testing.T) {
+	for _, c := range []struct {
+		judged, unjudged int
+		fails            bool
+	}{
+		{judged: 700, unjudged: 11},
+		{judged: 90, unjudged: 10},
+		{judged: 89, unjudged: 11, fails: true},
+		{judged: 0, unjudged: 1, fails: true},
+		{},
+	} {
+		err := Record{Judged: c.judged, Unjudged: c.unjudged}.UnjudgedErr()
+		if (err != nil) != c.fails {
+			t.Errorf("%d judged, %d unjudged: %v; want failing %v", c.judged, c.unjudged, err, c.fails)
+		}
+	}
+}

@@ -151,6 +151,10 @@ func runChaos(t *testing.T, mgmt *management, r chaos.Run) chaos.Outcome {
 	case chaos.EtcdScaleUp, chaos.EtcdScaleDown:
 		s.scaleEtcd(ctx, int32(r.Desired))
 	case chaos.Rollout:
+		outdated, err := s.machines(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
 		cp, err := s.controlPlane(ctx)
 		if err != nil {
 			t.Fatal(err)
@@ -160,6 +164,7 @@ func runChaos(t *testing.T, mgmt *management, r chaos.Run) chaos.Outcome {
 		if err := s.c.Patch(ctx, cp, client.MergeFrom(before)); err != nil {
 			t.Fatal(err)
 		}
+		converged = s.rolledOut(target, r.Desired, outdated)
 	case chaos.LoseMajority:
 		lost := s.loseMachines(ctx, r)
 		converged = func(ctx context.Context) error {
@@ -236,8 +241,35 @@ func runChaos(t *testing.T, mgmt *management, r chaos.Run) chaos.Outcome {
 	wr, mr := s.writerReport, s.monitorReport
 	o.Record = chaos.Record{Commit: campaignCommit(), Acknowledged: wr.Writes, Failed: wr.FailedAttempts, Unknown: wr.UnknownWrites,
 		Linearizable: string(wr.Linearizable), LongestGap: wr.MaxWriteGap, MaxVoters: mr.MaxVoters, MaxLearners: mr.MaxLearners,
-		MaxMachines: s.bound.mostAtOnce(), Unjudged: len(mr.Gaps)}
+		MaxMachines: s.bound.mostAtOnce(), Unjudged: len(mr.Gaps), Judged: mr.Judged}
+	if err := o.UnjudgedErr(); err != nil {
+		o.Violations = append(o.Violations, err.Error())
+		t.Error(err)
+	}
 	return o
+}
+
+// rolledOut is ready, once every machine of outdated (the machines from
+// before the rollout began) is gone and the status counts every replica up
+// to date: a rollout has converged when it has replaced them all, not when
+// the control plane is merely ready again.
+func (s *scenario) rolledOut(target chaosTarget, replicas int, outdated []clusterv1.Machine) func(context.Context) error {
+	ready := s.ready(target, replicas)
+	return func(ctx context.Context) error {
+		for _, m := range outdated {
+			if err := s.machineGone(m.Name)(ctx); err != nil {
+				return fmt.Errorf("not rolled out: %w", err)
+			}
+		}
+		cp, err := s.controlPlane(ctx)
+		if err != nil {
+			return err
+		}
+		if n := ptr.Deref(cp.Status.UpToDateReplicas, 0); n != int32(replicas) {
+			return fmt.Errorf("%d of %d replicas up to date", n, replicas)
+		}
+		return ready(ctx)
+	}
 }
 
 // campaignCommit is the commit the campaign runs: git's HEAD of the
