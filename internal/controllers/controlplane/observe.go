@@ -106,7 +106,7 @@ func (r *Reconciler) observe(ctx context.Context, cluster *clusterv1.Cluster, cp
 	}
 	obs.external, obs.restore, obs.restoreErr = secrets.external, secrets.restore, secrets.restoreErr
 	if obs.external == nil {
-		obs.Etcd, obs.Members, obs.DepartedAlarms, obs.MembersErr = r.observeEtcd(ctx, cluster, secrets, engine.RecoveredMachines(cp, obs.Machines))
+		obs.Etcd, obs.Members, obs.DepartedAlarms, obs.MembersErr = r.observeEtcd(ctx, cluster, secrets, engine.AskedMachines(cp, obs.Machines))
 		if obs.Etcd != nil {
 			obs.AgentTLS = obs.Etcd.TLSConfig()
 		}
@@ -155,6 +155,13 @@ func (r *Reconciler) workloadNodes(ctx context.Context, cluster *clusterv1.Clust
 	if err != nil {
 		return nil, true, fmt.Errorf("the workload cluster is not reachable yet: %w", err)
 	}
+	// One probe, retries included: client-go retries a GET that meets a
+	// closed connection up to ten times, a second apart, which is what
+	// the control plane endpoint's load balancer gives while no API server
+	// runs behind it (every machine lost), and each observation waited
+	// that out.
+	ctx, cancel := context.WithTimeout(ctx, initializeProbeTimeout)
+	defer cancel()
 	fresh, err := cs.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
 	if err != nil {
 		return nil, true, fmt.Errorf("listing the workload cluster's Nodes: %w", err)

@@ -24,7 +24,8 @@ import (
 	"github.com/qcp-dev/qcp/internal/controllers/engine"
 )
 
-// initializeProbeTimeout bounds one probe of the first API server.
+// initializeProbeTimeout bounds one probe of the workload API server
+// through the control plane endpoint, client-go's retries included.
 const initializeProbeTimeout = 2 * time.Second
 
 // initialize reports the control plane initialized as soon as an API server
@@ -43,7 +44,10 @@ func (r *Reconciler) initialize(ctx context.Context, cluster *clusterv1.Cluster,
 		log.FromContext(ctx).V(1).Info("Not probing the API server yet", "why", err.Error())
 		return
 	}
-	if err := cs.Discovery().RESTClient().Get().AbsPath("/readyz").Do(ctx).Error(); err != nil {
+	// The probe's retries included (see workloadNodes).
+	pctx, cancel := context.WithTimeout(ctx, initializeProbeTimeout)
+	defer cancel()
+	if err := cs.Discovery().RESTClient().Get().AbsPath("/readyz").Do(pctx).Error(); err != nil {
 		log.FromContext(ctx).V(1).Info("Waiting for the first API server to answer", "why", err.Error())
 		return
 	}

@@ -223,12 +223,12 @@ func (o *Observation) LocalMember() bootstrap.LocalEtcd {
 // certificate.
 const ManagerEtcdClientName = "qcp-manager"
 
-// ObserveEtcd reads the member list through the machines' client URLs,
-// each member's status, the alarms, and whether every voter reports the
-// same member list, with a client certificate issued from ca, valid for
-// lifetime (0: certs.LeafValidity) and renewed after two thirds of it,
-// trusting the PEM bundle trust (nil: ca alone; an etcd CA rotation
-// trusts two). A client built from another ca or trust is replaced.
+// ObserveEtcd reads the member list through the machines' client URLs (the
+// caller's AskedMachines), each member's status, the alarms, and whether
+// every voter reports the same member list, with a client certificate
+// issued from ca, valid for lifetime (0: certs.LeafValidity) and renewed
+// after two thirds of it, trusting the PEM bundle trust (nil: ca alone; an
+// etcd CA rotation trusts two). A client built from another ca or trust is replaced.
 // The client is kept in pool under key. It returns the members and the
 // alarms of members since removed. An error means the membership is
 // unknown.
@@ -239,7 +239,10 @@ func ObserveEtcd(ctx context.Context, pool *etcd.Pool, key string, ca *certs.Key
 			endpoints = append(endpoints, u)
 		}
 	}
-	if len(endpoints) == 0 {
+	switch {
+	case len(machines) == 0:
+		return nil, nil, nil, errors.New("no machine may run an etcd member to ask (there is none yet, or every one is confirmed lost)")
+	case len(endpoints) == 0:
 		return nil, nil, nil, errors.New("no machine has an address yet, so no etcd member can be asked")
 	}
 	if trust == nil {

@@ -102,4 +102,19 @@ func TestRecoveredMachines(t *testing.T) {
 	if len(machines) != 4 || machines[1].Name != "lagging" {
 		t.Errorf("the caller's machines changed: %v", names(machines))
 	}
+
+	// Nor through a machine confirmed lost: its infrastructure reports it
+	// gone, or a user says so.
+	conditions.Set(machines[3], metav1.Condition{Type: clusterv1.MachineInfrastructureReadyCondition, Status: metav1.ConditionFalse, Reason: "AgentExited"})
+	if got := names(AskedMachines(owner, machines)); !slices.Equal(got, []string{"kept"}) {
+		t.Errorf("grown confirmed lost: %v, want kept alone", got)
+	}
+	fresh := &controlplanev1.QuorumControlPlane{}
+	metav1.SetMetaDataAnnotation(&machines[0].ObjectMeta, quorum.ConfirmedLostAnnotation, "")
+	if got := names(AskedMachines(fresh, machines)); !slices.Equal(got, []string{"lagging", "lost"}) {
+		t.Errorf("no recovery, kept and grown confirmed lost: %v, want lagging and lost", got)
+	}
+	if len(machines) != 4 || machines[0].Name != "kept" || machines[3].Name != "grown" {
+		t.Errorf("the caller's machines changed: %v", names(machines))
+	}
 }
