@@ -98,6 +98,7 @@ func checkLeftoverCheck(t *testing.T, mgmt *management) {
 func campaign(t *testing.T, mgmt *management, seeds []uint64, out io.Writer, until time.Time) []chaos.Outcome {
 	t.Helper()
 	var outcomes []chaos.Outcome
+	campaignCommit() // as the campaign begins
 	for i, seed := range seeds {
 		if !until.IsZero() && time.Now().After(until) {
 			t.Logf("the campaign's time is up: seeds %v not run", seeds[i:])
@@ -273,13 +274,19 @@ func (s *scenario) rolledOut(target chaosTarget, replicas int, outdated []cluste
 }
 
 // campaignCommit is the commit the campaign runs: git's HEAD of the
-// checkout the tests run in, "" when git cannot say.
+// checkout the tests run in when the campaign began (the binaries were
+// built from it then; HEAD may move while a campaign runs), with "+dirty"
+// when the checkout had uncommitted changes; "" when git cannot say.
 var campaignCommit = sync.OnceValue(func() string {
 	out, err := exec.Command("git", "rev-parse", "HEAD").Output()
 	if err != nil {
 		return ""
 	}
-	return strings.TrimSpace(string(out))
+	commit := strings.TrimSpace(string(out))
+	if changed, err := exec.Command("git", "status", "--porcelain", "--untracked-files=no").Output(); err == nil && len(changed) > 0 {
+		commit += "+dirty"
+	}
+	return commit
 })
 
 // reportsLostQuorum reports whether a Degraded reason is the right one for
