@@ -1,0 +1,215 @@
+// Package hostnet gives process machines a network of their own on one
+// host, as VMs have: each machine is a network namespace with one address,
+// joined by a veth pair to a bridge the host also sits on, and partitions
+// between machines are policy-routing rules inside their namespaces
+// (netfilter is not needed). Nothing is routed off the host: the bridge
+// carries only the range's own addresses, and no namespace has a route
+// beyond them.
+//
+// It drives iproute2's ip, which every Linux host QCP's process provider
+// runs on has; it needs root (CAP_NET_ADMIN and CAP_SYS_ADMIN), which
+// Available reports.
+package hostnet
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+)
+
+// DefaultPrefix is the range a Network uses unless told another:
+// 198.18.0.0/15 is set aside for benchmarking networks (RFC 2544), so it
+// cannot collide with a real network a host is on.
+var DefaultPrefix = netip.MustParsePrefix("198.18.0.0/16")
+
+// Network is one bridge and the namespaces attached to it.
+type Network struct {
+	// Bridge is the bridge's interface name (at most 15 bytes).
+	Bridge string
+	// Prefix is the range; the host takes its first address on the
+	// bridge (HostAddr), the machines the others.
+	Prefix netip.Prefix
+}
+
+// HostAddr is the host's own address on the bridge: the range's first.
+func (n Network) HostAddr() netip.Addr { return n.Prefix.Masked().Addr().Next() }
+
+// Available reports why namespaces cannot be made here (nil if they can):
+// ip is missing, or the process is not root.
+func Available() error {
+	if _, err := exec.LookPath("ip"); err != nil {
+		return fmt.Errorf("iproute2's ip is not installed: %w", err)
+	}
+	if os.Geteuid() != 0 {
+		return errors.New("creating network namespaces needs root")
+	}
+	return nil
+}
+
+// ip runs ip with args and returns its error with ip's own message.
+func ip(args ...string) error {
+	var stderr bytes.Buffer
+	cmd := exec.Command("ip", args...)
+	cmd.Stderr = &stderr
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("ip %s: %w: %s", strings.Join(args, " "), err, strings.TrimSpace(stderr.String()))
+	}
+	return nil
+}
+
+// exists reports whether ip's "show" of args lists something.
+func exists(args ...string) bool {
+	out, err := exec.Command("ip", args...).Output()
+	return err == nil && len(bytes.TrimSpace(out)) > 0
+}
+
+// Ensure creates the bridge with the host's address, and brings it up; an
+// existing one is kept.
+func (n Network) Ensure() error {
+	if !n.Prefix.IsValid() || !n.Prefix.Addr().Is4() || n.Prefix.Bits() > 30 {
+		return fmt.Errorf("address range %s: want an IPv4 prefix of /30 or wider", n.Prefix)
+	}
+	if !exists("link", "show", "dev", n.Bridge) {
+		if err := ip("link", "add", n.Bridge, "type", "bridge"); err != nil {
+			return err
+		}
+	}
+	host := netip.PrefixFrom(n.HostAddr(), n.Prefix.Bits()).String()
+	if !exists("addr", "show", "dev", n.Bridge, "to", host) {
+		if err := ip("addr", "add", host, "dev", n.Bridge); err != nil {
+			return err
+		}
+	}
+	return ip("link", "set", n.Bridge, "up")
+}
+
+// Remove deletes the bridge (the namespaces' veth pairs go with their
+// namespaces, Detach).
+func (n Network) Remove() error {
+	if !exists("link", "show", "dev", n.Bridge) {
+		return nil
+	}
+	return ip("link", "del", n.Bridge)
+}
+
+// localRulePref is where Attach moves the namespace's lookup of its local
+// table: a packet for one of the namespace's own addresses matches that
+// lookup first, so the cuts (Cut, at lower preferences) must come before
+// it to see incoming packets at all.
+const localRulePref = 1000
+
+// Attach creates namespace ns with addr on its eth0, joined to the bridge
+// by a veth pair whose host end is hostIf (at most 15 bytes), and its
+// loopback up. The namespace reaches the range on-link and nothing else.
+// An ns that exists already is left as it is.
+func (n Network) Attach(ns, hostIf string, addr netip.Addr) error {
+	if !n.Prefix.Contains(addr) || addr == n.HostAddr() {
+		return fmt.Errorf("address %s: want one of %s other than the host's %s", addr, n.Prefix, n.HostAddr())
+	}
+	if nsExists(ns) {
+		return nil
+	}
+	steps := [][]string{
+		{"netns", "add", ns},
+		{"link", "add", hostIf, "type", "veth", "peer", "name", "eth0", "netns", ns},
+		{"link", "set", hostIf, "master", n.Bridge, "up"},
+		{"-n", ns, "addr", "add", netip.PrefixFrom(addr, n.Prefix.Bits()).String(), "dev", "eth0"},
+		{"-n", ns, "link", "set", "eth0", "up"},
+		{"-n", ns, "link", "set", "lo", "up"},
+		{"-n", ns, "rule", "add", "pref", strconv.Itoa(localRulePref), "table", "local"},
+		{"-n", ns, "rule", "del", "pref", "0"},
+	}
+	for _, args := range steps {
+		if err := ip(args...); err != nil {
+			return errors.Join(err, n.Detach(ns, hostIf))
+		}
+	}
+	return nil
+}
+
+// nsExists reports whether the named namespace exists.
+func nsExists(ns string) bool {
+	_, err := os.Stat("/run/netns/" + ns)
+	return err == nil
+}
+
+// Detach deletes namespace ns and its veth pair (by its host end hostIf,
+// at once: a namespace's own links go only once the kernel has finished
+// tearing it down, a moment after), its rules with it.
+func (n Network) Detach(ns, hostIf string) error {
+	var errs []error
+	if exists("link", "show", "dev", hostIf) {
+		errs = append(errs, ip("link", "del", hostIf))
+	}
+	if nsExists(ns) {
+		errs = append(errs, ip("netns", "del", ns))
+	}
+	return errors.Join(errs...)
+}
+
+// Command is name with args run inside namespace ns.
+func Command(ns, name string, args ...string) *exec.Cmd {
+	return exec.Command("ip", append([]string{"netns", "exec", ns, name}, args...)...)
+}
+
+// Direction is which of a namespace's packets a cut drops.
+type Direction string
+
+const (
+	// Both drops what the namespace sends to the peer and what it
+	// receives from it.
+	Both Direction = "both"
+	// Outgoing drops only what the namespace sends to the peer. TCP
+	// breaks both ways once the return path fails: the peer's segments
+	// arrive but the namespace's acknowledgements never leave.
+	Outgoing Direction = "outgoing"
+)
+
+// cutPref is the preference of every cut's rules: before the local table
+// (localRulePref).
+const cutPref = 100
+
+// Cut drops, inside namespace ns, its traffic with peer (Both or
+// Outgoing). It holds until Heal; cutting again is a no-op.
+func Cut(ns string, peer netip.Addr, d Direction) error {
+	for _, sel := range selectors(peer, d) {
+		if ruleExists(ns, sel) {
+			continue
+		}
+		if err := ip(append([]string{"-n", ns, "rule", "add", "pref", strconv.Itoa(cutPref)}, append(sel, "prohibit")...)...); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Heal removes every cut of namespace ns with peer.
+func Heal(ns string, peer netip.Addr) error {
+	for _, sel := range selectors(peer, Both) {
+		for ruleExists(ns, sel) {
+			if err := ip(append([]string{"-n", ns, "rule", "del", "pref", strconv.Itoa(cutPref)}, sel...)...); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+// selectors are the rule selectors of a cut with peer.
+func selectors(peer netip.Addr, d Direction) [][]string {
+	out := [][]string{{"to", peer.String()}}
+	if d == Both {
+		out = append(out, []string{"from", peer.String()})
+	}
+	return out
+}
+
+// ruleExists reports whether namespace ns has a cut rule with sel.
+func ruleExists(ns string, sel []string) bool {
+	return exists(append([]string{"-n", ns, "rule", "show", "pref", strconv.Itoa(cutPref)}, sel...)...)
+}

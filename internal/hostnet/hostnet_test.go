@@ -1,0 +1,172 @@
+package hostnet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"net/netip"
+	"os"
+	"runtime"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// inNS runs f on a thread inside namespace ns: the sockets f creates live
+// there.
+func inNS(t *testing.T, ns string, f func()) {
+	t.Helper()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	self, err := os.Open("/proc/thread-self/ns/net")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer self.Close()
+	target, err := os.Open("/run/netns/" + ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer target.Close()
+	if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
+		t.Fatalf("entering %s: %v", ns, err)
+	}
+	defer func() {
+		if err := unix.Setns(int(self.Fd()), unix.CLONE_NEWNET); err != nil {
+			panic(fmt.Sprintf("leaving %s: %v", ns, err)) // the thread must not serve others in ns
+		}
+	}()
+	f()
+}
+
+// dial connects to addr from namespace ns ("" for the host) and reports
+// whether it got through within a second.
+func dial(t *testing.T, ns, addr string) error {
+	t.Helper()
+	var err error
+	connect := func() {
+		var c net.Conn
+		if c, err = net.DialTimeout("tcp", addr, time.Second); err == nil {
+			c.Close()
+		}
+	}
+	if ns == "" {
+		connect()
+	} else {
+		inNS(t, ns, connect)
+	}
+	return err
+}
+
+// TestNetwork: two namespaces on a bridge reach each other and the host;
+// a cut in one drops its traffic with the other (both ways, or only what
+// it sends) and leaves the host's; healing restores it; detaching and
+// removing leave no namespace or link behind.
+func TestNetwork(t *testing.T) {
+	if err := Available(); err != nil {
+		t.Skipf("network namespaces cannot be made here: %v", err)
+	}
+	id := rand.IntN(1 << 16)
+	n := Network{Bridge: fmt.Sprintf("qcpt%x", id), Prefix: netip.PrefixFrom(netip.AddrFrom4([4]byte{198, 18, byte(id >> 8), 0}), 24)}
+	if err := n.Ensure(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := n.Remove(); err != nil {
+			t.Error(err)
+		}
+	})
+	if err := n.Ensure(); err != nil {
+		t.Fatalf("ensuring an existing network: %v", err)
+	}
+	a, b := fmt.Sprintf("qcpt%x-a", id), fmt.Sprintf("qcpt%x-b", id)
+	addrA, addrB := n.HostAddr().Next(), n.HostAddr().Next().Next()
+	for _, m := range []struct {
+		ns, hostIf string
+		addr       netip.Addr
+	}{{a, fmt.Sprintf("qcpt%xa", id), addrA}, {b, fmt.Sprintf("qcpt%xb", id), addrB}} {
+		if err := n.Attach(m.ns, m.hostIf, m.addr); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			if err := n.Detach(m.ns, m.hostIf); err != nil {
+				t.Error(err)
+			}
+			if nsExists(m.ns) || exists("link", "show", "dev", m.hostIf) {
+				t.Errorf("namespace %s or link %s left behind", m.ns, m.hostIf)
+			}
+		})
+	}
+	if err := n.Attach("qcpt-outside", "qcptout", netip.MustParseAddr("127.0.0.9")); err == nil || nsExists("qcpt-outside") {
+		t.Error("attached an address outside the range")
+	}
+
+	var ln net.Listener
+	inNS(t, b, func() {
+		var err error
+		if ln, err = net.Listen("tcp", net.JoinHostPort(addrB.String(), "2380")); err != nil {
+			t.Fatal(err)
+		}
+	})
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			c.Close()
+		}
+	}()
+	target := ln.Addr().String()
+	within := func(what string, f func() error) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+		defer cancel()
+		for err := f(); err != nil; err = f() {
+			if ctx.Err() != nil {
+				t.Fatalf("%s: %v", what, err)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+	reaches := func(ns string) func() error { return func() error { return dial(t, ns, target) } }
+	cut := func(ns string) func() error {
+		return func() error {
+			if err := dial(t, ns, target); err == nil {
+				return errors.New("got through")
+			}
+			return nil
+		}
+	}
+	within("a peer reaching b", reaches(a))
+	within("the host reaching b", reaches(""))
+
+	if err := Cut(b, addrA, Both); err != nil {
+		t.Fatal(err)
+	}
+	if err := Cut(b, addrA, Both); err != nil {
+		t.Fatalf("cutting twice: %v", err)
+	}
+	within("a cut off from b", cut(a))
+	within("the host still reaching b", reaches(""))
+	if err := Heal(b, addrA); err != nil {
+		t.Fatal(err)
+	}
+	within("a reaching b after healing", reaches(a))
+
+	// A one-way cut in a: what a sends to b is dropped; b and the host
+	// are not cut off from each other.
+	if err := Cut(a, addrB, Outgoing); err != nil {
+		t.Fatal(err)
+	}
+	within("a's packets to b dropped", cut(a))
+	within("the host still reaching b", reaches(""))
+	if err := Heal(a, addrB); err != nil {
+		t.Fatal(err)
+	}
+	within("a reaching b after healing the one-way cut", reaches(a))
+}
