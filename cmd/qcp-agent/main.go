@@ -14,6 +14,7 @@ import (
 
 	"github.com/qcp-dev/qcp/internal/agent"
 	"github.com/qcp-dev/qcp/internal/binaries"
+	"github.com/qcp-dev/qcp/internal/hostnet"
 	"github.com/qcp-dev/qcp/internal/lb"
 )
 
@@ -34,6 +35,8 @@ func newRoot() *cobra.Command {
 		Version:       version,
 		SilenceUsage:  true,
 		SilenceErrors: true,
+		// A machine in a UTS namespace of its own is named for itself.
+		PersistentPreRunE: func(*cobra.Command, []string) error { return hostnet.SetHostname() },
 	}
 	root.AddCommand(newRun(), newLB())
 	return root

@@ -20,6 +20,8 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
+
+	"golang.org/x/sys/unix"
 )
 
 // DefaultPrefix is the range a Network uses unless told another:
@@ -212,4 +214,44 @@ func selectors(peer netip.Addr, d Direction) [][]string {
 // ruleExists reports whether namespace ns has a cut rule with sel.
 func ruleExists(ns string, sel []string) bool {
 	return exists(append([]string{"-n", ns, "rule", "show", "pref", strconv.Itoa(cutPref)}, sel...)...)
+}
+
+// HostnameEnv tells a process launched in a UTS namespace of its own the
+// hostname to give it (SetHostname); LauncherUTSEnv names the UTS namespace
+// of the process that launched it, which must not be renamed.
+const (
+	HostnameEnv    = "QCP_HOSTNAME"
+	LauncherUTSEnv = "QCP_LAUNCHER_UTS"
+)
+
+// HostnameEnviron is what a launcher adds to the environment of a process
+// it starts in a UTS namespace of its own, for SetHostname to name it
+// hostname.
+func HostnameEnviron(hostname string) ([]string, error) {
+	own, err := os.Readlink("/proc/self/ns/uts")
+	if err != nil {
+		return nil, fmt.Errorf("reading this process's UTS namespace: %w", err)
+	}
+	return []string{HostnameEnv + "=" + hostname, LauncherUTSEnv + "=" + own}, nil
+}
+
+// SetHostname gives the calling process's UTS namespace the hostname
+// HostnameEnv names, if it names one. It refuses to rename its launcher's
+// (the host's) namespace: the process must run in one of its own.
+func SetHostname() error {
+	name := os.Getenv(HostnameEnv)
+	if name == "" {
+		return nil
+	}
+	own, err := os.Readlink("/proc/self/ns/uts")
+	if err != nil {
+		return fmt.Errorf("%s is set, but this process's UTS namespace cannot be told: %w", HostnameEnv, err)
+	}
+	if launcher := os.Getenv(LauncherUTSEnv); launcher == "" || launcher == own {
+		return fmt.Errorf("%s is set, but this process may share its launcher's UTS namespace (%s=%q, its own %s): not renaming the host", HostnameEnv, LauncherUTSEnv, launcher, own)
+	}
+	if err := unix.Sethostname([]byte(name)); err != nil {
+		return fmt.Errorf("setting the hostname %q: %w", name, err)
+	}
+	return nil
 }

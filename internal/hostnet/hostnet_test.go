@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -169,4 +170,34 @@ func TestNetwork(t *testing.T) {
 		t.Fatal(err)
 	}
 	within("a reaching b after healing the one-way cut", reaches(a))
+}
+
+// TestSetHostnameRefusesTheHost: a process that shares its launcher's UTS
+// namespace (or cannot say it does not) is never renamed.
+func TestSetHostnameRefusesTheHost(t *testing.T) {
+	before, err := os.Hostname()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := SetHostname(); err != nil {
+		t.Errorf("without %s: %v, want nothing done", HostnameEnv, err)
+	}
+	env, err := HostnameEnviron("renamed-by-a-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, kv := range env {
+		k, v, _ := strings.Cut(kv, "=")
+		t.Setenv(k, v)
+	}
+	if err := SetHostname(); err == nil {
+		t.Error("renamed the launcher's own UTS namespace")
+	}
+	t.Setenv(LauncherUTSEnv, "")
+	if err := SetHostname(); err == nil {
+		t.Error("renamed a UTS namespace without knowing the launcher's")
+	}
+	if after, _ := os.Hostname(); after != before {
+		t.Fatalf("the host was renamed from %q to %q", before, after)
+	}
 }

@@ -74,7 +74,11 @@ func (h *Host) StartCloudConfig(spec MachineSpec, data []byte) error {
 	if err := writeRoot(dir, boot.files, instance); err != nil {
 		return &Error{Reason: ReasonStartFailed, Object: obj, Err: err}
 	}
-	if _, err := h.launch(dir, nil, boot.argv...); err != nil {
+	pl, err := h.placeFor(machineKey(spec.Namespace, spec.Name), spec.Name, spec.Address)
+	if err != nil {
+		return &Error{Reason: ReasonInvalidSpec, Object: obj, Err: err}
+	}
+	if _, err := h.launch(dir, nil, pl, boot.argv...); err != nil {
 		return &Error{Reason: ReasonStartFailed, Object: obj, Err: err}
 	}
 	return nil

@@ -36,7 +36,12 @@ type testCluster struct {
 // for t.
 func newTestCluster(t testing.TB, h *Host, ns, cluster string) *testCluster {
 	t.Helper()
-	lbAddr := testkit.ReserveAddress(t) + ":6443"
+	return newTestClusterAt(t, h, ns, cluster, testkit.ReserveAddress(t)+":6443")
+}
+
+// newTestClusterAt is newTestCluster with the load balancer on lbAddr.
+func newTestClusterAt(t testing.TB, h *Host, ns, cluster, lbAddr string) *testCluster {
+	t.Helper()
 	cas, err := certs.NewClusterCAs(time.Now())
 	if err != nil {
 		t.Fatal(err)

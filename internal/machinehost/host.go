@@ -6,9 +6,12 @@
 package machinehost
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,6 +23,7 @@ import (
 	"github.com/qcp-dev/qcp/internal/agent"
 	"github.com/qcp-dev/qcp/internal/atomicfile"
 	"github.com/qcp-dev/qcp/internal/bootstrap"
+	"github.com/qcp-dev/qcp/internal/hostnet"
 )
 
 // Host manages the machines under Root.
@@ -30,7 +34,48 @@ type Host struct {
 	BinDir string
 	// AgentPath is the qcp-agent binary.
 	AgentPath string
+	// Network, when set, runs each machine and load balancer in network
+	// and UTS namespaces of its own on it (hostnet), as a host of its own:
+	// its address on the network's bridge, its hostname its name. Nil
+	// runs them on the host's own (loopback) addresses.
+	Network *hostnet.Network
 }
+
+// place is where a launched agent runs: in the namespace ns (joined by its
+// veth pair, whose host end is hostIf), at addr, named hostname; the zero
+// place is the host itself.
+type place struct {
+	ns, hostIf, hostname string
+	addr                 netip.Addr
+}
+
+// placeFor is the place of the machine or load balancer key ("machine/<ns>/<name>",
+// "lb/<ns>/<cluster>") named hostname at address; the host itself without a
+// Network. The namespace's and link's names derive from key, so that they
+// are found again after a manager restart.
+func (h *Host) placeFor(key, hostname, address string) (place, error) {
+	if h.Network == nil {
+		return place{}, nil
+	}
+	addr, err := netip.ParseAddr(address)
+	if err != nil {
+		return place{}, fmt.Errorf("address %q: %w", address, err)
+	}
+	sum := sha256.Sum256([]byte(key))
+	id := hex.EncodeToString(sum[:])[:10]
+	return place{ns: "qcp-" + id, hostIf: "qcpv" + id, hostname: hostname, addr: addr}, nil
+}
+
+// unplace removes the namespace of key, if a Network gave it one.
+func (h *Host) unplace(key string) error {
+	pl, err := h.placeFor(key, "", "0.0.0.0")
+	if err != nil || pl.ns == "" {
+		return err
+	}
+	return h.Network.Detach(pl.ns, pl.hostIf)
+}
+
+func machineKey(namespace, name string) string { return "machine/" + namespace + "/" + name }
 
 // MachineSpec is a machine's identity, written to machine.json.
 type MachineSpec struct {
@@ -113,7 +158,11 @@ func (h *Host) Start(spec MachineSpec, bootstrapData []byte) error {
 		return &Error{Reason: ReasonStartFailed, Object: obj, Err: err}
 	}
 	files := map[string][]byte{agent.MachineFile: identity, agent.BootstrapFile: bootstrapData}
-	if _, err := h.launch(dir, files, "run", "--dir", dir, "--bin-dir", h.BinDir); err != nil {
+	pl, err := h.placeFor(machineKey(spec.Namespace, spec.Name), spec.Name, spec.Address)
+	if err != nil {
+		return &Error{Reason: ReasonInvalidSpec, Object: obj, Err: err}
+	}
+	if _, err := h.launch(dir, files, pl, "run", "--dir", dir, "--bin-dir", h.BinDir); err != nil {
 		return &Error{Reason: ReasonStartFailed, Object: obj, Err: err}
 	}
 	return nil
@@ -161,9 +210,10 @@ func writePID(dir string, pid int) error {
 	return atomicfile.Write(filepath.Join(dir, pidFile), []byte(strconv.Itoa(pid)), 0o600)
 }
 
-// launch writes files into dir and starts the agent detached: its own
-// session and process group, stdin from /dev/null, output to agent.log.
-func (h *Host) launch(dir string, files map[string][]byte, args ...string) (int, error) {
+// launch writes files into dir and starts the agent detached, at pl: its
+// own session and process group, stdin from /dev/null, output to
+// agent.log.
+func (h *Host) launch(dir string, files map[string][]byte, pl place, args ...string) (int, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return 0, fmt.Errorf("creating %s: %w", dir, err)
 	}
@@ -181,9 +231,22 @@ func (h *Host) launch(dir string, files map[string][]byte, args ...string) (int,
 	}
 	defer logFile.Close()
 	cmd := exec.Command(h.AgentPath, args...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
+	if pl.ns != "" {
+		if err := h.Network.Attach(pl.ns, pl.hostIf, pl.addr); err != nil {
+			return 0, fmt.Errorf("giving it a network namespace: %w", err)
+		}
+		// ip joins the namespace and executes the agent in its place.
+		cmd = hostnet.Command(pl.ns, h.AgentPath, args...)
+		cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Cloneflags: syscall.CLONE_NEWUTS}
+		env, err := hostnet.HostnameEnviron(pl.hostname)
+		if err != nil {
+			return 0, err
+		}
+		cmd.Env = append(os.Environ(), env...)
+	}
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.Dir = dir
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	if err := cmd.Start(); err != nil {
 		return 0, fmt.Errorf("starting %s: %w", h.AgentPath, err)
 	}
@@ -196,7 +259,9 @@ func (h *Host) launch(dir string, files map[string][]byte, args ...string) (int,
 	// Status recognises the agent by them. On a loaded host that took long
 	// enough for the caller to take the new agent for dead and launch a
 	// second one; wait until it can be recognised (or has exited).
-	for deadline := time.Now().Add(5 * time.Second); len(cmdline(pid)) == 0 && time.Now().Before(deadline); {
+	// Under ip netns exec, the command line is ip's until it executes the
+	// agent.
+	for deadline := time.Now().Add(5 * time.Second); !launched(pid, h.AgentPath) && time.Now().Before(deadline); {
 		if p, err := readProc(pid); err != nil || p.State == "Z" {
 			break
 		}
@@ -207,6 +272,12 @@ func (h *Host) launch(dir string, files map[string][]byte, args ...string) (int,
 		return 0, err
 	}
 	return pid, nil
+}
+
+// launched reports whether pid runs agent (its command line is laid out).
+func launched(pid int, agent string) bool {
+	args := cmdline(pid)
+	return len(args) > 0 && args[0] == agent
 }
 
 // MachineStatus is what Status reports.

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 
@@ -37,11 +38,21 @@ func (h *Host) StartLB(namespace, cluster, addr string, caPEM []byte) error {
 	if _, err := os.Stat(filepath.Join(dir, lb.BackendsFile)); err != nil {
 		files[lb.BackendsFile] = []byte("[]")
 	}
-	if _, err := h.launch(dir, files, "lb", "--dir", dir); err != nil {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("load balancer of cluster %s/%s: address %q: %w", namespace, cluster, addr, err)
+	}
+	pl, err := h.placeFor(lbKey(namespace, cluster), cluster+"-lb", host)
+	if err != nil {
+		return fmt.Errorf("load balancer of cluster %s/%s: %w", namespace, cluster, err)
+	}
+	if _, err := h.launch(dir, files, pl, "lb", "--dir", dir); err != nil {
 		return fmt.Errorf("load balancer of cluster %s/%s: %w", namespace, cluster, err)
 	}
 	return nil
 }
+
+func lbKey(namespace, cluster string) string { return "lb/" + namespace + "/" + cluster }
 
 // SetBackends replaces the load balancer's backends (host:port of API
 // servers); it picks the change up within a second.
@@ -67,7 +78,10 @@ func (h *Host) LBStatus(namespace, cluster string) (MachineStatus, error) {
 
 // StopLB stops the load balancer and removes its directory.
 func (h *Host) StopLB(namespace, cluster string) error {
-	return h.stop(h.LBDir(namespace, cluster), "lb", "load balancer "+namespace+"/"+cluster)
+	if err := h.stop(h.LBDir(namespace, cluster), "lb", "load balancer "+namespace+"/"+cluster); err != nil {
+		return err
+	}
+	return h.unplace(lbKey(namespace, cluster))
 }
 
 func writeIfChanged(path string, data []byte) error {

@@ -11,9 +11,12 @@ import (
 
 // Stop stops the machine: SIGTERM to its process group, then SIGKILL if it
 // has not exited in time; it verifies no process of the group remains and
-// removes the machine directory.
+// removes the machine directory, and its namespaces with a Network.
 func (h *Host) Stop(namespace, name string) error {
-	return h.stop(h.Dir(namespace, name), "run", "machine "+namespace+"/"+name)
+	if err := h.stop(h.Dir(namespace, name), "run", "machine "+namespace+"/"+name); err != nil {
+		return err
+	}
+	return h.unplace(machineKey(namespace, name))
 }
 
 func (h *Host) stop(dir, sub, obj string) error {
