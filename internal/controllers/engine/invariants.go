@@ -21,11 +21,11 @@ type takenStep struct {
 
 // invariantChecks judges, at run time, every step the Stepper takes
 // against the safety invariants (quorum.Check), as test/engine's driver
-// judges each of its steps: before is the observation the step was planned
-// on, after the owner's next one whose member list could be read. What the check finds is counted
-// (<prefix>_invariant_violations_total), logged and raised as a Warning
-// event (InvariantViolated): a violation is a bug in QCP, and the tests
-// fail on any.
+// judges each of its steps: before is the observation the step was
+// planned on, after the owner's next one whose member list could be read.
+// What the check finds is counted (<prefix>_invariant_violations_total),
+// logged and raised as a Warning event (InvariantViolated): a violation is
+// a bug in QCP, and the tests fail on any.
 type invariantChecks struct {
 	mu    sync.Mutex
 	taken map[types.NamespacedName]takenStep

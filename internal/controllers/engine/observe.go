@@ -228,10 +228,10 @@ const ManagerEtcdClientName = "qcp-manager"
 // every voter reports the same member list, with a client certificate
 // issued from ca, valid for lifetime (0: certs.LeafValidity) and renewed
 // after two thirds of it, trusting the PEM bundle trust (nil: ca alone; an
-// etcd CA rotation trusts two). A client built from another ca or trust is replaced.
-// The client is kept in pool under key. It returns the members and the
-// alarms of members since removed. An error means the membership is
-// unknown.
+// etcd CA rotation trusts two). A client built from another ca or trust is
+// replaced. The client is kept in pool under key. It returns the members
+// and the alarms of members since removed. An error means the membership
+// is unknown.
 func ObserveEtcd(ctx context.Context, pool *etcd.Pool, key string, ca *certs.KeyPair, trust []byte, lifetime time.Duration, machines []*clusterv1.Machine) (*etcd.Client, []quorum.Member, []quorum.Alarm, error) {
 	var endpoints []string
 	for _, m := range machines {
