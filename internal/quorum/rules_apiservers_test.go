@@ -44,7 +44,9 @@ func (w apiWorld) clone() apiWorld {
 func (w apiWorld) state() State {
 	s := State{Desired: w.desired, Topology: APIServersOnly, Strategy: w.strategy, FailureDomains: w.domains, Now: apiNow, ExternalEtcdProblem: w.problem,
 		// Members are ignored in this topology, whatever the caller lists.
-		Members: []Member{{ID: 1, Name: "stray", Healthy: true}}}
+		Members: []Member{{ID: 1, Name: "stray", Healthy: true}},
+		// The controller's: bootstrapped once an API server answered.
+		Bootstrapped: slices.ContainsFunc(w.machines, func(m apiMachine) bool { return m.stage == 2 })}
 	for _, m := range w.machines {
 		pm := Machine{Name: m.name, FailureDomain: m.fd, UpToDate: !m.outdated, CreatedAt: apiNow.Add(time.Duration(m.age) * time.Minute),
 			ResourceVersion: "1", Deleting: m.deleting, HasHook: m.hook, CreationFailed: m.failed, Remediate: m.marked}

@@ -313,9 +313,12 @@ func checkOneCluster(b view, d Decision, _ view) error {
 	switch {
 	case d.Kind == RestoreFromBackup:
 		return checkRestoreFromBackup(b, d)
-	case d.Kind == CreateMachine && len(b.members) == 0 && (b.Bootstrapped || slices.ContainsFunc(b.machines, func(mc Machine) bool { return mc.MemberID != 0 })):
+	case d.Kind == CreateMachine && b.Topology != APIServersOnly && len(b.members) == 0 &&
+		(b.Bootstrapped || slices.ContainsFunc(b.machines, func(mc Machine) bool { return mc.MemberID != 0 })):
 		// A first machine for a cluster that had members: only in an
 		// open recovery from a backup, once the lost machines are gone.
+		// (Machines that run no etcd member, APIServersOnly, make no
+		// cluster to split.)
 		if !b.Recovery.Restoring || !b.Restore.Requested {
 			return fmt.Errorf("I9 one cluster: creating a first machine although etcd was bootstrapped before, outside a recovery from a backup")
 		}
