@@ -106,7 +106,7 @@ func (r *Reconciler) observe(ctx context.Context, cluster *clusterv1.Cluster, cp
 	}
 	obs.external, obs.restore, obs.restoreErr = secrets.external, secrets.restore, secrets.restoreErr
 	if obs.external == nil {
-		obs.Etcd, obs.Members, obs.DepartedAlarms, obs.MembersErr = r.observeEtcd(ctx, cluster, secrets, engine.AskedMachines(cp, obs.Machines))
+		obs.Etcd, obs.Members, obs.DepartedAlarms, obs.MembersErr = r.observeEtcd(ctx, cluster, cp, secrets, obs.Machines)
 		if obs.Etcd != nil {
 			obs.AgentTLS = obs.Etcd.TLSConfig()
 		}
@@ -169,10 +169,12 @@ func (r *Reconciler) workloadNodes(ctx context.Context, cluster *clusterv1.Clust
 	return engine.NodesByName(fresh.Items), true, nil
 }
 
-// observeEtcd reads the stacked members through the machines' client
-// URLs, with a client certificate QCP issues itself from the etcd CA.
-func (r *Reconciler) observeEtcd(ctx context.Context, cluster *clusterv1.Cluster, secrets *clusterSecrets, machines []*clusterv1.Machine) (*etcd.Client, []quorum.Member, []quorum.Alarm, error) {
-	cli, members, departed, err := engine.ObserveEtcd(ctx, r.Etcd, klogRef(cluster), secrets.cas.Etcd, secrets.cas.EtcdTrust, r.EtcdClientLifetime, machines)
+// observeEtcd reads the stacked members through the client URLs of the
+// machines etcd may be asked through (engine.AskedMachines), with a client
+// certificate QCP issues itself from the etcd CA, and adds the records of
+// every machine.
+func (r *Reconciler) observeEtcd(ctx context.Context, cluster *clusterv1.Cluster, cp *controlplanev1.QuorumControlPlane, secrets *clusterSecrets, machines []*clusterv1.Machine) (*etcd.Client, []quorum.Member, []quorum.Alarm, error) {
+	cli, members, departed, err := engine.ObserveEtcd(ctx, r.Etcd, klogRef(cluster), secrets.cas.Etcd, secrets.cas.EtcdTrust, r.EtcdClientLifetime, machines, engine.AskedMachines(cp, machines))
 	return cli, r.catchUp.Observe(members, r.Now()), departed, err
 }
 

@@ -71,7 +71,7 @@ func TestDepartedAlarmIsObservedAndDisarmed(t *testing.T) {
 	t.Cleanup(func() { _ = pool.Close() })
 	observe := func(ctx context.Context) (*Observation, error) {
 		obs := &Observation{Machines: machines}
-		obs.Etcd, obs.Members, obs.DepartedAlarms, obs.MembersErr = ObserveEtcd(ctx, pool, "departed", cl.CA, nil, 0, machines)
+		obs.Etcd, obs.Members, obs.DepartedAlarms, obs.MembersErr = ObserveEtcd(ctx, pool, "departed", cl.CA, nil, 0, machines, machines)
 		obs.State.QuotaBackendBytes = DefaultQuotaBackendBytes
 		if obs.MembersErr != nil {
 			return nil, obs.MembersErr
@@ -199,5 +199,66 @@ func TestQuotaBackendBytes(t *testing.T) {
 		if got := QuotaBackendBytes(tc.field, tc.args); got != tc.want {
 			t.Errorf("%s: QuotaBackendBytes = %d, want %d", tc.name, got, tc.want)
 		}
+	}
+}
+
+// TestObserveEtcdWithoutLostMachines: on a real 3-member cluster with one
+// member killed and its machine confirmed lost, etcd is asked only through
+// the other two (AskedMachines), and the lost machine's records still reach
+// its member: since when it has been unhealthy is what replaces it after
+// the timeout. (Reading the records from the asked machines alone left the
+// member unhealthy since "now" forever, and it was never replaced.)
+func TestObserveEtcdWithoutLostMachines(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	cl, ps, cli := testkit.StartEtcdCluster(ctx, t, "lostrecords", 3)
+	list, err := cli.Members(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	since := time.Now().Add(-time.Hour).Truncate(time.Second)
+	var machines []*clusterv1.Machine
+	var lost *clusterv1.Machine
+	var lostID uint64
+	for _, p := range ps {
+		m := &clusterv1.Machine{ObjectMeta: metav1.ObjectMeta{Name: p.Name},
+			Status: clusterv1.MachineStatus{Addresses: []clusterv1.MachineAddress{{Type: clusterv1.MachineInternalIP, Address: p.IP.String()}}}}
+		i := slices.IndexFunc(list, func(mb etcd.Member) bool { return mb.Name == p.Name })
+		SetRecord(m, MemberIDAnnotation, FormatMemberID(list[i].ID))
+		if lost == nil {
+			lost, lostID = m, list[i].ID
+			if err := p.Kill(); err != nil {
+				t.Fatal(err)
+			}
+			SetRecord(m, UnhealthySinceAnnotation, FormatTime(since))
+			conditions.Set(m, metav1.Condition{Type: clusterv1.MachineInfrastructureReadyCondition, Status: metav1.ConditionFalse, Reason: "AgentExited"})
+		}
+		machines = append(machines, m)
+	}
+	owner := &controlplanev1.QuorumControlPlane{}
+	asked := AskedMachines(owner, machines)
+	if slices.Contains(asked, lost) || len(asked) != 2 {
+		t.Fatalf("asked %d machines, the lost one among them: %v", len(asked), slices.Contains(asked, lost))
+	}
+	pool := etcd.NewPool()
+	t.Cleanup(func() { _ = pool.Close() })
+	if err := testkit.Eventually(ctx, 200*time.Millisecond, "the lost member observed down, since its record", func(ctx context.Context) error {
+		_, members, _, err := ObserveEtcd(ctx, pool, "lostrecords", cl.CA, nil, 0, machines, asked)
+		if err != nil {
+			return err
+		}
+		i := slices.IndexFunc(members, func(mb quorum.Member) bool { return mb.ID == lostID })
+		switch {
+		case i < 0:
+			return fmt.Errorf("member %x not listed", lostID)
+		case members[i].Healthy:
+			return fmt.Errorf("member %x healthy", lostID)
+		case !members[i].UnhealthySince.Equal(since):
+			return fmt.Errorf("member %x unhealthy since %v, want its machine's record %v", lostID, members[i].UnhealthySince, since)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
 	}
 }

@@ -223,24 +223,26 @@ func (o *Observation) LocalMember() bootstrap.LocalEtcd {
 // certificate.
 const ManagerEtcdClientName = "qcp-manager"
 
-// ObserveEtcd reads the member list through the machines' client URLs (the
-// caller's AskedMachines), each member's status, the alarms, and whether
-// every voter reports the same member list, with a client certificate
-// issued from ca, valid for lifetime (0: certs.LeafValidity) and renewed
-// after two thirds of it, trusting the PEM bundle trust (nil: ca alone; an
-// etcd CA rotation trusts two). A client built from another ca or trust is
-// replaced. The client is kept in pool under key. It returns the members
-// and the alarms of members since removed. An error means the membership
-// is unknown.
-func ObserveEtcd(ctx context.Context, pool *etcd.Pool, key string, ca *certs.KeyPair, trust []byte, lifetime time.Duration, machines []*clusterv1.Machine) (*etcd.Client, []quorum.Member, []quorum.Alarm, error) {
+// ObserveEtcd reads the member list through the client URLs of asked (the
+// caller's AskedMachines of machines), each member's status, the alarms,
+// and whether every voter reports the same member list, with a client
+// certificate issued from ca, valid for lifetime (0: certs.LeafValidity)
+// and renewed after two thirds of it, trusting the PEM bundle trust (nil:
+// ca alone; an etcd CA rotation trusts two). A client built from another
+// ca or trust is replaced. The client is kept in pool under key. It returns the members,
+// with the records of every machine of machines (a machine not asked, such
+// as one confirmed lost, still holds since when its member has been
+// unhealthy), and the alarms of members since removed. An error means the
+// membership is unknown.
+func ObserveEtcd(ctx context.Context, pool *etcd.Pool, key string, ca *certs.KeyPair, trust []byte, lifetime time.Duration, machines, asked []*clusterv1.Machine) (*etcd.Client, []quorum.Member, []quorum.Alarm, error) {
 	var endpoints []string
-	for _, m := range machines {
+	for _, m := range asked {
 		if u := ClientURL(m); u != "" {
 			endpoints = append(endpoints, u)
 		}
 	}
 	switch {
-	case len(machines) == 0:
+	case len(asked) == 0:
 		return nil, nil, nil, errors.New("no machine may run an etcd member to ask (there is none yet, or every one is confirmed lost)")
 	case len(endpoints) == 0:
 		return nil, nil, nil, errors.New("no machine has an address yet, so no etcd member can be asked")
