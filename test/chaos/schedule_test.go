@@ -264,8 +264,9 @@ func TestUnjudgedShare(t *testing.T) {
 		fails            bool
 	}{
 		{judged: 700, unjudged: 11},
-		{judged: 90, unjudged: 10},
-		{judged: 89, unjudged: 11, fails: true},
+		{judged: 228, unjudged: 124},
+		{judged: 50, unjudged: 50},
+		{judged: 49, unjudged: 51, fails: true},
 		{judged: 0, unjudged: 1, fails: true},
 		{},
 	} {
