@@ -74,9 +74,9 @@ func (h *Host) StartCloudConfig(spec MachineSpec, data []byte) error {
 	if err := writeRoot(dir, boot.files, instance); err != nil {
 		return &Error{Reason: ReasonStartFailed, Object: obj, Err: err}
 	}
-	pl, err := h.placeFor(machineKey(spec.Namespace, spec.Name), spec.Name, spec.Address)
+	pl, err := h.machinePlace(spec)
 	if err != nil {
-		return &Error{Reason: ReasonInvalidSpec, Object: obj, Err: err}
+		return err
 	}
 	if _, err := h.launch(dir, nil, pl, boot.argv...); err != nil {
 		return &Error{Reason: ReasonStartFailed, Object: obj, Err: err}

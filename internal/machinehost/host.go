@@ -49,10 +49,18 @@ type place struct {
 	addr                 netip.Addr
 }
 
-// placeFor is the place of the machine or load balancer key ("machine/<ns>/<name>",
-// "lb/<ns>/<cluster>") named hostname at address; the host itself without a
-// Network. The namespace's and link's names derive from key, so that they
-// are found again after a manager restart.
+// namespaceOf names the namespace of the machine or load balancer key
+// ("machine/<ns>/<name>", "lb/<ns>/<cluster>") and the host end of its veth
+// pair. They derive from key, so that they are found again after a manager
+// restart.
+func namespaceOf(key string) (ns, hostIf string) {
+	sum := sha256.Sum256([]byte(key))
+	id := hex.EncodeToString(sum[:])[:10]
+	return "qcp-" + id, "qcpv" + id
+}
+
+// placeFor is the place of the machine or load balancer key named hostname
+// at address; the host itself without a Network.
 func (h *Host) placeFor(key, hostname, address string) (place, error) {
 	if h.Network == nil {
 		return place{}, nil
@@ -61,18 +69,25 @@ func (h *Host) placeFor(key, hostname, address string) (place, error) {
 	if err != nil {
 		return place{}, fmt.Errorf("address %q: %w", address, err)
 	}
-	sum := sha256.Sum256([]byte(key))
-	id := hex.EncodeToString(sum[:])[:10]
-	return place{ns: "qcp-" + id, hostIf: "qcpv" + id, hostname: hostname, addr: addr}, nil
+	ns, hostIf := namespaceOf(key)
+	return place{ns: ns, hostIf: hostIf, hostname: hostname, addr: addr}, nil
+}
+
+// machinePlace is placeFor of the machine spec describes.
+func (h *Host) machinePlace(spec MachineSpec) (place, error) {
+	pl, err := h.placeFor(machineKey(spec.Namespace, spec.Name), spec.Name, spec.Address)
+	if err != nil {
+		return place{}, &Error{Reason: ReasonInvalidSpec, Object: spec.Namespace + "/" + spec.Name, Err: err}
+	}
+	return pl, nil
 }
 
 // unplace removes the namespace of key, if a Network gave it one.
 func (h *Host) unplace(key string) error {
-	pl, err := h.placeFor(key, "", "0.0.0.0")
-	if err != nil || pl.ns == "" {
-		return err
+	if h.Network == nil {
+		return nil
 	}
-	return h.Network.Detach(pl.ns, pl.hostIf)
+	return h.Network.Detach(namespaceOf(key))
 }
 
 func machineKey(namespace, name string) string { return "machine/" + namespace + "/" + name }
@@ -158,9 +173,9 @@ func (h *Host) Start(spec MachineSpec, bootstrapData []byte) error {
 		return &Error{Reason: ReasonStartFailed, Object: obj, Err: err}
 	}
 	files := map[string][]byte{agent.MachineFile: identity, agent.BootstrapFile: bootstrapData}
-	pl, err := h.placeFor(machineKey(spec.Namespace, spec.Name), spec.Name, spec.Address)
+	pl, err := h.machinePlace(spec)
 	if err != nil {
-		return &Error{Reason: ReasonInvalidSpec, Object: obj, Err: err}
+		return err
 	}
 	if _, err := h.launch(dir, files, pl, "run", "--dir", dir, "--bin-dir", h.BinDir); err != nil {
 		return &Error{Reason: ReasonStartFailed, Object: obj, Err: err}

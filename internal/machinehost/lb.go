@@ -78,10 +78,7 @@ func (h *Host) LBStatus(namespace, cluster string) (MachineStatus, error) {
 
 // StopLB stops the load balancer and removes its directory.
 func (h *Host) StopLB(namespace, cluster string) error {
-	if err := h.stop(h.LBDir(namespace, cluster), "lb", "load balancer "+namespace+"/"+cluster); err != nil {
-		return err
-	}
-	return h.unplace(lbKey(namespace, cluster))
+	return h.stop(h.LBDir(namespace, cluster), lbKey(namespace, cluster), "lb", "load balancer "+namespace+"/"+cluster)
 }
 
 func writeIfChanged(path string, data []byte) error {

@@ -13,13 +13,12 @@ import (
 // has not exited in time; it verifies no process of the group remains and
 // removes the machine directory, and its namespaces with a Network.
 func (h *Host) Stop(namespace, name string) error {
-	if err := h.stop(h.Dir(namespace, name), "run", "machine "+namespace+"/"+name); err != nil {
-		return err
-	}
-	return h.unplace(machineKey(namespace, name))
+	return h.stop(h.Dir(namespace, name), machineKey(namespace, name), "run", "machine "+namespace+"/"+name)
 }
 
-func (h *Host) stop(dir, sub, obj string) error {
+// stop stops the agent `sub` of dir, machine or load balancer key, removes
+// dir, and then key's namespace.
+func (h *Host) stop(dir, key, sub, obj string) error {
 	pid, err := readPID(dir)
 	if err != nil {
 		return fmt.Errorf("stopping %s: %w", obj, err)
@@ -37,7 +36,7 @@ func (h *Host) stop(dir, sub, obj string) error {
 	if err := os.RemoveAll(dir); err != nil {
 		return fmt.Errorf("removing the directory of %s: %w", obj, err)
 	}
-	return nil
+	return h.unplace(key)
 }
 
 // stopGroup terminates process group pgid gracefully, then forcibly.

@@ -332,10 +332,9 @@ func (m *Monitor) record(start, at time.Time, members []quorum.Member, err error
 	if m.prev != nil {
 		gap := at.Sub(m.prevStart)
 		judged := gap <= maxSampleGap
-		switch {
-		case !judged:
+		if !judged {
 			m.report.Gaps = append(m.report.Gaps, fmt.Sprintf("%s: %s since the previous readable sample started", at.Format("15:04:05.000"), gap.Round(time.Millisecond)))
-		default:
+		} else {
 			m.report.Judged++
 			if err := quorum.CheckMembershipChange(m.prev, members); err != nil {
 				m.report.Violations = append(m.report.Violations, Violation{At: at, Members: describe(m.prev) + " -> " + describe(members), Err: err})

@@ -169,12 +169,11 @@ func (r *Reconciler) workloadNodes(ctx context.Context, cluster *clusterv1.Clust
 	return engine.NodesByName(fresh.Items), true, nil
 }
 
-// observeEtcd reads the stacked members through the client URLs of the
-// machines etcd may be asked through (engine.AskedMachines), with a client
-// certificate QCP issues itself from the etcd CA, and adds the records of
-// every machine.
+// observeEtcd reads the stacked members through the machines' client URLs
+// (engine.ObserveEtcd), with a client certificate QCP issues itself from
+// the etcd CA.
 func (r *Reconciler) observeEtcd(ctx context.Context, cluster *clusterv1.Cluster, cp *controlplanev1.QuorumControlPlane, secrets *clusterSecrets, machines []*clusterv1.Machine) (*etcd.Client, []quorum.Member, []quorum.Alarm, error) {
-	cli, members, departed, err := engine.ObserveEtcd(ctx, r.Etcd, klogRef(cluster), secrets.cas.Etcd, secrets.cas.EtcdTrust, r.EtcdClientLifetime, machines, engine.AskedMachines(cp, machines))
+	cli, members, departed, err := engine.ObserveEtcd(ctx, r.Etcd, klogRef(cluster), secrets.cas.Etcd, secrets.cas.EtcdTrust, r.EtcdClientLifetime, cp, machines)
 	return cli, r.catchUp.Observe(members, r.Now()), departed, err
 }
 

@@ -71,7 +71,7 @@ func TestDepartedAlarmIsObservedAndDisarmed(t *testing.T) {
 	t.Cleanup(func() { _ = pool.Close() })
 	observe := func(ctx context.Context) (*Observation, error) {
 		obs := &Observation{Machines: machines}
-		obs.Etcd, obs.Members, obs.DepartedAlarms, obs.MembersErr = ObserveEtcd(ctx, pool, "departed", cl.CA, nil, 0, machines, machines)
+		obs.Etcd, obs.Members, obs.DepartedAlarms, obs.MembersErr = ObserveEtcd(ctx, pool, "departed", cl.CA, nil, 0, &controlplanev1.QuorumControlPlane{}, machines)
 		obs.State.QuotaBackendBytes = DefaultQuotaBackendBytes
 		if obs.MembersErr != nil {
 			return nil, obs.MembersErr
@@ -206,8 +206,9 @@ func TestQuotaBackendBytes(t *testing.T) {
 // member killed and its machine confirmed lost, etcd is asked only through
 // the other two (AskedMachines), and the lost machine's records still reach
 // its member: since when it has been unhealthy is what replaces it after
-// the timeout. (Reading the records from the asked machines alone left the
-// member unhealthy since "now" forever, and it was never replaced.)
+// the timeout. (Reading the records from the asked machines alone, as
+// 76b2cf3 did, left the member unhealthy since "now" forever, and it was
+// never replaced.)
 func TestObserveEtcdWithoutLostMachines(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
@@ -244,7 +245,7 @@ func TestObserveEtcdWithoutLostMachines(t *testing.T) {
 	pool := etcd.NewPool()
 	t.Cleanup(func() { _ = pool.Close() })
 	if err := testkit.Eventually(ctx, 200*time.Millisecond, "the lost member observed down, since its record", func(ctx context.Context) error {
-		_, members, _, err := ObserveEtcd(ctx, pool, "lostrecords", cl.CA, nil, 0, machines, asked)
+		_, members, _, err := ObserveEtcd(ctx, pool, "lostrecords", cl.CA, nil, 0, owner, machines)
 		if err != nil {
 			return err
 		}

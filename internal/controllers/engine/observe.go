@@ -14,6 +14,7 @@ import (
 
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
 	"github.com/qcp-dev/qcp/internal/agent"
@@ -223,18 +224,19 @@ func (o *Observation) LocalMember() bootstrap.LocalEtcd {
 // certificate.
 const ManagerEtcdClientName = "qcp-manager"
 
-// ObserveEtcd reads the member list through the client URLs of asked (the
-// caller's AskedMachines of machines), each member's status, the alarms,
-// and whether every voter reports the same member list, with a client
-// certificate issued from ca, valid for lifetime (0: certs.LeafValidity)
-// and renewed after two thirds of it, trusting the PEM bundle trust (nil:
-// ca alone; an etcd CA rotation trusts two). A client built from another
-// ca or trust is replaced. The client is kept in pool under key. It returns the members,
+// ObserveEtcd reads the member list through the client URLs of owner's
+// AskedMachines of machines, each member's status, the alarms, and whether
+// every voter reports the same member list, with a client certificate
+// issued from ca, valid for lifetime (0: certs.LeafValidity) and renewed
+// after two thirds of it, trusting the PEM bundle trust (nil: ca alone; an
+// etcd CA rotation trusts two). A client built from another ca or trust is
+// replaced. The client is kept in pool under key. It returns the members,
 // with the records of every machine of machines (a machine not asked, such
 // as one confirmed lost, still holds since when its member has been
 // unhealthy), and the alarms of members since removed. An error means the
 // membership is unknown.
-func ObserveEtcd(ctx context.Context, pool *etcd.Pool, key string, ca *certs.KeyPair, trust []byte, lifetime time.Duration, machines, asked []*clusterv1.Machine) (*etcd.Client, []quorum.Member, []quorum.Alarm, error) {
+func ObserveEtcd(ctx context.Context, pool *etcd.Pool, key string, ca *certs.KeyPair, trust []byte, lifetime time.Duration, owner client.Object, machines []*clusterv1.Machine) (*etcd.Client, []quorum.Member, []quorum.Alarm, error) {
+	asked := AskedMachines(owner, machines)
 	var endpoints []string
 	for _, m := range asked {
 		if u := ClientURL(m); u != "" {

@@ -51,7 +51,7 @@ func (r *Reconciler) observe(ctx context.Context, cluster *clusterv1.Cluster, ec
 		return nil, err
 	}
 	obs := &observation{Observation: engine.Observation{Machines: machines}, rollout: newRollout(ec, r.Now()), restore: restore}
-	obs.Etcd, obs.Members, obs.DepartedAlarms, obs.MembersErr = engine.ObserveEtcd(ctx, r.Etcd, poolKey(ec), ca, nil, r.EtcdClientLifetime, machines, engine.AskedMachines(ec, machines))
+	obs.Etcd, obs.Members, obs.DepartedAlarms, obs.MembersErr = engine.ObserveEtcd(ctx, r.Etcd, poolKey(ec), ca, nil, r.EtcdClientLifetime, ec, machines)
 	if obs.Etcd != nil {
 		obs.AgentTLS = obs.Etcd.TLSConfig()
 	}
