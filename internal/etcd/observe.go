@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"time"
 
 	"github.com/qcp-dev/qcp/internal/quorum"
 )
@@ -64,16 +65,20 @@ func (c *Client) Observe(ctx context.Context) (members []quorum.Member, departed
 // list through raft, a proposal written and synced to every member's log
 // each time it is read, which an observer that samples membership several
 // times a second and judges nothing else (the tests' invariant monitor)
-// should not cost the cluster.
-func (c *Client) ObserveMembership(ctx context.Context) ([]quorum.Member, error) {
+// should not cost the cluster. listed is when the member list answered:
+// the membership returned held at some moment between the call and listed,
+// however long the members' statuses took after it (a frozen member's
+// waits out StatusTimeout).
+func (c *Client) ObserveMembership(ctx context.Context) (members []quorum.Member, listed time.Time, err error) {
 	lctx, cancel := context.WithTimeout(ctx, ObserveTimeout)
 	defer cancel()
 	list, err := c.Members(lctx)
+	listed = time.Now()
 	if err != nil {
-		return nil, fmt.Errorf("observing etcd members: %w", err)
+		return nil, listed, fmt.Errorf("observing etcd members: %w", err)
 	}
-	members, _ := c.observed(ctx, list, nil)
-	return members, nil
+	members, _ = c.observed(ctx, list, nil)
+	return members, listed, nil
 }
 
 // observed is the members of list with their statuses and the alarms they

@@ -141,7 +141,7 @@ func TestObserveMembershipProposesNothing(t *testing.T) {
 
 	before = index()
 	for range 5 {
-		members, err := cli.ObserveMembership(ctx)
+		members, _, err := cli.ObserveMembership(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -84,8 +84,9 @@ type MonitorReport struct {
 	LeadersGoneInGaps []string
 }
 
-// maxSampleGap is the longest span, from the start of one readable sample to the
-// end of the next, over which the two are compared. Over a longer one
+// maxSampleGap is the longest span, from the start of one readable sample
+// to the answer of the next one's member list, over which the two are
+// compared. Over a longer one
 // several changes may have come and gone unseen (leadership handed over
 // and then its old holder removed, a learner added and promoted), and two
 // samples cannot tell in which order: a slow or unreadable sample (a
@@ -294,16 +295,22 @@ func (m *Monitor) sample(ctx context.Context) {
 	m.sampling.Lock()
 	defer m.sampling.Unlock()
 	start := time.Now()
-	members, err := m.client.ObserveMembership(ctx)
+	members, listed, err := m.client.ObserveMembership(ctx)
 	if ctx.Err() != nil {
 		return
 	}
-	m.record(start, time.Now(), members, err)
+	m.record(start, listed, members, err)
 }
 
-// record checks one sample, taken from start to at, against the invariants
-// and against the previous readable sample; err means the member list could
-// not be read.
+// record checks one sample, whose member list was asked for at start and
+// answered at (the members' statuses may take longer), against the
+// invariants and against the previous readable sample; err means the
+// member list could not be read. Two samples are compared when the span
+// from the one's start to the other's answer, which holds both member
+// lists and the statuses of the first, is at most maxSampleGap: under load
+// a sample's statuses often take longer than its member list, and
+// counting them in the second sample too left most pairs unjudged for no
+// gain.
 func (m *Monitor) record(start, at time.Time, members []quorum.Member, err error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
