@@ -22,13 +22,17 @@ type PKIRenewResult struct {
 	Restarted []string `json:"restarted"`
 }
 
-// pkiRenewTimeout bounds a call of POST /pki/renew: the agent answers once
-// the components it restarts are healthy again.
-const pkiRenewTimeout = 2 * time.Minute
+// pkiRenewTimeout bounds a call of POST /pki/renew or PUT of an
+// authority: the agent answers once the components it restarts are
+// healthy again, and a front-proxy trust change restarts three.
+const pkiRenewTimeout = 5 * time.Minute
 
 // restartHealthyTimeout bounds the wait for a restarted component to pass
-// its probe again, so that two fit in pkiRenewTimeout.
-const restartHealthyTimeout = 50 * time.Second
+// its probe again. A kube-apiserver on a busy host, or with large watch
+// caches to fill, can take more than a minute to be ready again (kubeadm
+// waits up to four for one); 50 s failed a restart that was merely slow
+// on a loaded CI host, and the step then failed with it.
+const restartHealthyTimeout = 90 * time.Second
 
 // restartPoll is how often the wait reads the supervisor's and the
 // prober's state; the prober itself checks every probeEvery.
