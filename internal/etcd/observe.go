@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"maps"
 	"slices"
-	"time"
 
 	"github.com/qcp-dev/qcp/internal/quorum"
 )
@@ -60,35 +59,30 @@ func (c *Client) Observe(ctx context.Context) (members []quorum.Member, departed
 	return members, departed, nil
 }
 
-// ObserveMembership is Observe without the alarm list: the members, their
-// health, statuses and the leader, none with alarms. etcd serves the alarm
-// list through raft, a proposal written and synced to every member's log
-// each time it is read, which an observer that samples membership several
-// times a second and judges nothing else (the tests' invariant monitor)
-// should not cost the cluster. listed is when the member list answered:
-// the membership returned held at some moment between the call and listed,
-// however long the members' statuses took after it (a frozen member's
-// waits out StatusTimeout).
-func (c *Client) ObserveMembership(ctx context.Context) (members []quorum.Member, listed time.Time, err error) {
-	lctx, cancel := context.WithTimeout(ctx, ObserveTimeout)
-	defer cancel()
-	list, err := c.Members(lctx)
-	listed = time.Now()
-	if err != nil {
-		return nil, listed, fmt.Errorf("observing etcd members: %w", err)
-	}
-	members, _ = c.observed(ctx, list, nil)
-	return members, listed, nil
+// observed reads the status of each member of list and returns membersOf
+// them.
+func (c *Client) observed(ctx context.Context, list []Member, alarms []Alarm) (out []quorum.Member, departed []quorum.Alarm) {
+	statuses, _ := c.Statuses(ctx, list)
+	return membersOf(list, statuses, alarms)
 }
 
-// observed is the members of list with their statuses and the alarms they
+// MembersWith is the members of list as Observe sees them, from statuses
+// read apart from the list, without alarms. The tests' monitor samples
+// this way: it reads the member list (Members), which etcd serves without
+// a raft proposal, unlike the alarm list Observe reads first, and keeps
+// each member's latest status from a loop of its own.
+func MembersWith(list []Member, statuses map[uint64]MemberStatus) []quorum.Member {
+	members, _ := membersOf(list, statuses, nil)
+	return members
+}
+
+// membersOf is the members of list with their statuses and the alarms they
 // raised, and the alarms of members list lacks (departed).
-func (c *Client) observed(ctx context.Context, list []Member, alarms []Alarm) (out []quorum.Member, departed []quorum.Alarm) {
+func membersOf(list []Member, statuses map[uint64]MemberStatus, alarms []Alarm) (out []quorum.Member, departed []quorum.Alarm) {
 	raised := map[uint64][]string{}
 	for _, a := range alarms {
 		raised[a.MemberID] = append(raised[a.MemberID], a.Type)
 	}
-	statuses, _ := c.Statuses(ctx, list)
 	leader := ElectedLeader(statuses)
 	out = make([]quorum.Member, 0, len(list))
 	for _, mb := range list {

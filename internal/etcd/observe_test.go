@@ -11,6 +11,7 @@ import (
 	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	clientv3 "go.etcd.io/etcd/client/v3"
 
+	"github.com/qcp-dev/qcp/internal/etcd"
 	"github.com/qcp-dev/qcp/internal/quorum"
 	"github.com/qcp-dev/qcp/internal/testkit"
 )
@@ -98,12 +99,12 @@ func TestAlarmIsObservedApartFromHealth(t *testing.T) {
 	}
 }
 
-// TestObserveMembershipProposesNothing shows why the tests' monitor samples
-// with ObserveMembership: Observe reads the alarm list, which etcd serves
-// as a raft proposal (the log grows by one each time), while
-// ObserveMembership sees the same members, their health and the leader
-// and leaves the log as it was.
-func TestObserveMembershipProposesNothing(t *testing.T) {
+// TestMemberListProposesNothing shows why the tests' monitor samples
+// with the member list and the members' statuses (MembersWith): Observe
+// reads the alarm list, which etcd serves as a raft proposal (the log
+// grows by one each time), while the monitor's way sees the same members,
+// their health and the leader and leaves the log as it was.
+func TestMemberListProposesNothing(t *testing.T) {
 	t.Parallel()
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
@@ -141,10 +142,12 @@ func TestObserveMembershipProposesNothing(t *testing.T) {
 
 	before = index()
 	for range 5 {
-		members, _, err := cli.ObserveMembership(ctx)
+		list, err := cli.Members(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
+		statuses, _ := cli.Statuses(ctx, list)
+		members := etcd.MembersWith(list, statuses)
 		leaders := 0
 		for _, m := range members {
 			if !m.Healthy {
@@ -155,10 +158,10 @@ func TestObserveMembershipProposesNothing(t *testing.T) {
 			}
 		}
 		if len(members) != len(observed) || leaders != 1 {
-			t.Errorf("ObserveMembership: %d members with %d leaders; Observe saw %d members, want one leader", len(members), leaders, len(observed))
+			t.Errorf("MembersWith: %d members with %d leaders; Observe saw %d members, want one leader", len(members), leaders, len(observed))
 		}
 	}
 	if after := index(); after != before {
-		t.Errorf("raft index %d after 5 ObserveMembership calls, %d before: they proposed something", after, before)
+		t.Errorf("raft index %d after 5 member lists and statuses, %d before: they proposed something", after, before)
 	}
 }

@@ -50,6 +50,19 @@ type Monitor struct {
 	// applied their removal, by ID: each was removed while it led, if the
 	// samples confirm it was removed (see result).
 	followedGone map[uint64]string
+
+	// follow is the monitor's own context, which ends with Stop.
+	follow context.Context
+	// down holds the members that did not answer their last status
+	// request, each with a loop (watchDown) that asks it again every
+	// statusInterval until it answers; a sample does not wait for them. So a
+	// killed member, listed until QCP removes it, makes one sample wait out
+	// etcd.StatusTimeout, not every one. stopped refuses new loops once
+	// Stop began.
+	statusMu  sync.Mutex
+	down      map[uint64]context.CancelFunc
+	stopped   bool
+	followers sync.WaitGroup
 }
 
 // MonitorReport lists what the monitor saw.
@@ -129,12 +142,16 @@ func StartMonitor(client *etcd.Client, desired int, interval time.Duration) *Mon
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	m := newMonitor(desired)
-	m.client, m.interval, m.cancel, m.done = client, interval, cancel, make(chan struct{})
+	m.client, m.interval, m.cancel, m.done, m.follow = client, interval, cancel, make(chan struct{}), ctx
 	probed := make(chan struct{})
 	go m.probe(ctx, probed)
 	go func() {
 		m.run(ctx)
 		<-probed
+		m.statusMu.Lock()
+		m.stopped = true
+		m.statusMu.Unlock()
+		m.followers.Wait()
 		close(m.done)
 	}()
 	return m
@@ -144,7 +161,8 @@ func StartMonitor(client *etcd.Client, desired int, interval time.Duration) *Mon
 // StartMonitor feeds it from etcd.
 func newMonitor(desired int) *Monitor {
 	return &Monitor{desired: desired, bound: desired, listed: map[uint64]bool{}, removed: map[uint64]bool{},
-		gapLeaders: map[uint64]string{}, followedGone: map[uint64]string{}}
+		gapLeaders: map[uint64]string{}, followedGone: map[uint64]string{},
+		down: map[uint64]context.CancelFunc{}}
 }
 
 // SetDesired changes the desired voter count, as a scaling request does.
@@ -295,22 +313,103 @@ func (m *Monitor) sample(ctx context.Context) {
 	m.sampling.Lock()
 	defer m.sampling.Unlock()
 	start := time.Now()
-	members, listed, err := m.client.ObserveMembership(ctx)
+	lctx, cancel := context.WithTimeout(ctx, etcd.ObserveTimeout)
+	list, err := m.client.Members(lctx)
+	cancel()
+	listed := time.Now()
 	if ctx.Err() != nil {
 		return
+	}
+	var members []quorum.Member
+	if err != nil {
+		err = fmt.Errorf("observing etcd members: %w", err)
+	} else {
+		members = etcd.MembersWith(list, m.statusesOf(ctx, list))
 	}
 	m.record(start, listed, members, err)
 }
 
+// statusInterval is how often a member that stopped answering is asked
+// again, as often as the monitor samples by default.
+const statusInterval = defaultSampleInterval
+
+// statusesOf asks each member of list for its status, as Observe does,
+// but for the members known to be down: those are reported down (no
+// status) until their loop (watchDown) finds them answering again. A
+// member that stops answering is found so by the first sample after,
+// which waits out etcd.StatusTimeout for it; a member that answers again
+// is asked by samples again at most statusInterval later.
+func (m *Monitor) statusesOf(ctx context.Context, list []etcd.Member) map[uint64]etcd.MemberStatus {
+	listed := map[uint64]bool{}
+	var ask []etcd.Member
+	m.statusMu.Lock()
+	for _, mb := range list {
+		listed[mb.ID] = true
+		if _, down := m.down[mb.ID]; !down {
+			ask = append(ask, mb)
+		}
+	}
+	for id, stop := range m.down {
+		if !listed[id] {
+			stop()
+			delete(m.down, id)
+		}
+	}
+	m.statusMu.Unlock()
+	answered, failed := m.client.Statuses(ctx, ask)
+	if ctx.Err() != nil {
+		return answered
+	}
+	m.statusMu.Lock()
+	defer m.statusMu.Unlock()
+	for _, mb := range ask {
+		if _, ok := failed[mb.ID]; ok && len(mb.ClientURLs) > 0 && !m.stopped {
+			wctx, stop := context.WithCancel(m.follow)
+			m.down[mb.ID] = stop
+			m.followers.Add(1)
+			go m.watchDown(wctx, mb)
+		}
+	}
+	return answered
+}
+
+// watchDown asks member mb for its status every statusInterval until it
+// answers, then lets samples ask it again, or until ctx ends (mb no
+// longer listed, or the monitor stopped).
+func (m *Monitor) watchDown(ctx context.Context, mb etcd.Member) {
+	defer m.followers.Done()
+	t := time.NewTicker(statusInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		sctx, cancel := context.WithTimeout(ctx, etcd.StatusTimeout)
+		_, err := m.client.Status(sctx, mb.ClientURLs[0])
+		cancel()
+		if err == nil {
+			m.statusMu.Lock()
+			if stop, ok := m.down[mb.ID]; ok {
+				stop()
+				delete(m.down, mb.ID)
+			}
+			m.statusMu.Unlock()
+			return
+		}
+	}
+}
+
 // record checks one sample, whose member list was asked for at start and
-// answered at (the members' statuses may take longer), against the
-// invariants and against the previous readable sample; err means the
-// member list could not be read. Two samples are compared when the span
-// from the one's start to the other's answer, which holds both member
-// lists and the statuses of the first, is at most maxSampleGap: under load
-// a sample's statuses often take longer than its member list, and
-// counting them in the second sample too left most pairs unjudged for no
-// gain.
+// answered at, against the invariants and against the previous readable
+// sample; err means the member list could not be read. Two samples are
+// compared when the span from the one's start to the other's answer,
+// which holds both member lists, is at most maxSampleGap. A member known
+// to be down is not asked again by samples (statusesOf), so it no longer
+// stretches the span: when each sample waited for every status, a killed
+// member still listed made every sample wait out its 1-s status timeout,
+// and every pair until QCP had replaced it went unjudged.
 func (m *Monitor) record(start, at time.Time, members []quorum.Member, err error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()

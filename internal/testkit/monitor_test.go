@@ -283,3 +283,83 @@ func TestMonitorFlagsTwoClusters(t *testing.T) {
 		t.Fatalf("two clusters each with a leader: %v; want an I9 violation", err)
 	}
 }
+
+// TestMonitorJudgesWhileAMemberIsDead kills a follower of a real 3-member
+// cluster and keeps sampling: the killed member stays listed (nothing
+// removes it), and its status request waits out etcd.StatusTimeout each
+// time. The first sample after the kill waits it out and finds the member
+// down; the later ones do not ask it again (a loop of its own does) and
+// stay close enough to judge every pair. When each sample waited for every
+// status, every pair spanned more than a second and none was judged until
+// the member was replaced.
+func TestMonitorJudgesWhileAMemberIsDead(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+	cl := NewEtcdCluster(t, "deadmember")
+	ps, err := cl.Bootstrap(ctx, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cli := cl.NewClient(ps...)
+	mon := StartMonitor(cli, 3, time.Hour)
+	leader, err := cli.Leader(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var victim *EtcdProcess
+	var victimID uint64
+	for _, p := range ps {
+		if s, err := cli.Status(ctx, p.ClientURL()); err == nil && s.ID != leader.ID {
+			victim, victimID = p, s.ID
+			break
+		}
+	}
+	if victim == nil {
+		t.Fatal("no follower answered its status")
+	}
+	mon.SampleNow(ctx)
+	if err := victim.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	observed := func() (healthy, listed bool) {
+		mon.mu.Lock()
+		defer mon.mu.Unlock()
+		for _, mb := range mon.prev {
+			if mb.ID == victimID {
+				return mb.Healthy, true
+			}
+		}
+		return false, false
+	}
+	if err := Eventually(ctx, 100*time.Millisecond, "the killed member observed unhealthy", func(ctx context.Context) error {
+		mon.SampleNow(ctx)
+		if healthy, listed := observed(); healthy || !listed {
+			return fmt.Errorf("member %x: healthy %v, listed %v", victimID, healthy, listed)
+		}
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	// The sample that found it down waited out its status timeout, so the
+	// pair it starts spans more than a second; from the next one on, no
+	// sample waits for it.
+	mon.SampleNow(ctx)
+	mon.mu.Lock()
+	judged, gaps := mon.report.Judged, len(mon.report.Gaps)
+	mon.mu.Unlock()
+	const more = 5
+	for range more {
+		mon.SampleNow(ctx)
+	}
+	r := mon.Stop()
+	if r.Judged-judged != more || len(r.Gaps) != gaps {
+		t.Errorf("%d of %d pairs judged while member %x was down (gaps %q); want every one", r.Judged-judged, more, victimID, r.Gaps[gaps:])
+	}
+	if healthy, listed := observed(); healthy || !listed {
+		t.Errorf("member %x at the end: healthy %v, listed %v; want listed and unhealthy", victimID, healthy, listed)
+	}
+	if err := r.Err(); err != nil {
+		t.Error(err)
+	}
+}
