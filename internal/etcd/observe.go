@@ -69,8 +69,8 @@ func (c *Client) observed(ctx context.Context, list []Member, alarms []Alarm) (o
 // MembersWith is the members of list as Observe sees them, from statuses
 // read apart from the list, without alarms. The tests' monitor samples
 // this way: it reads the member list (Members), which etcd serves without
-// a raft proposal, unlike the alarm list Observe reads first, and keeps
-// each member's latest status from a loop of its own.
+// a raft proposal, unlike the alarm list Observe reads first, and asks
+// for the statuses of the members it does not know to be down.
 func MembersWith(list []Member, statuses map[uint64]MemberStatus) []quorum.Member {
 	members, _ := membersOf(list, statuses, nil)
 	return members
