@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -301,20 +302,64 @@ func (s *scenario) checkRestoredCluster(ctx context.Context, lost lostCluster) {
 // holdAddresses keeps the process provider from giving addrs to new
 // machines or load balancers until t ends, as another infrastructure would
 // hand out other addresses: it reserves them in the provider's address
-// directory, as an allocation does.
+// directory, as an allocation does. The shared management cluster's
+// allocator hands out the lowest free address, so another scenario's new
+// machine may have taken one of addrs between the lost cluster's release
+// and this call (a CI run failed on it); such an address is no less
+// unavailable to the new machines while that machine has it, and is held
+// here as soon as it is released.
 func holdAddresses(t testing.TB, mgmt *management, addrs []string) {
 	dir := filepath.Join(mgmt.machines(), ".addresses")
+	ctx, cancel := context.WithCancel(context.Background())
+	var waiting sync.WaitGroup
+	t.Cleanup(func() {
+		cancel()
+		waiting.Wait()
+	})
 	for _, a := range addrs {
-		f, err := os.OpenFile(filepath.Join(dir, a), os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+		path := filepath.Join(dir, a)
+		held, err := holdAddress(path)
 		if err != nil {
 			t.Fatalf("holding address %s: %v", a, err)
 		}
-		_, werr := f.WriteString("e2e: an address of a lost cluster")
-		if err := errors.Join(werr, f.Close()); err != nil {
-			t.Fatal(err)
+		if held {
+			t.Cleanup(func() { _ = os.Remove(path) })
+			continue
 		}
-		t.Cleanup(func() { _ = os.Remove(filepath.Join(dir, a)) })
+		t.Logf("address %s of the lost cluster was taken by another machine since; holding it once that releases it", a)
+		waiting.Go(func() {
+			tick := time.NewTicker(100 * time.Millisecond)
+			defer tick.Stop()
+			for {
+				select {
+				case <-ctx.Done():
+					return
+				case <-tick.C:
+				}
+				if held, err := holdAddress(path); held {
+					<-ctx.Done()
+					_ = os.Remove(path)
+					return
+				} else if err != nil {
+					return
+				}
+			}
+		})
 	}
+}
+
+// holdAddress reserves the address whose file is path, as an allocation
+// does; false if another owner has it.
+func holdAddress(path string) (bool, error) {
+	f, err := os.OpenFile(path, os.O_CREATE|os.O_EXCL|os.O_WRONLY, 0o600)
+	if errors.Is(err, os.ErrExist) {
+		return false, nil
+	}
+	if err != nil {
+		return false, err
+	}
+	_, werr := f.WriteString("e2e: an address of a lost cluster")
+	return true, errors.Join(werr, f.Close())
 }
 
 // restored is a condition for eventually: Restored has status want,
