@@ -57,10 +57,21 @@ func bounded(ctx context.Context) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(ctx, MembershipTimeout)
 }
 
-// Members returns the linearizable member list, sorted by ID.
+// leaderOnly is ctx for a linearizable read that a member without a
+// leader must refuse at once (etcd's "no leader", which the client
+// retries on another endpoint) instead of holding it until its deadline.
+// A member cut off from its peers, which the manager still reaches, has
+// no leader: without this, every read the client's balancer sent it
+// waited out the whole bound, and QCP, seeing no member list, took no
+// step and reported the membership unknown for as long as the cut lasted.
+func leaderOnly(ctx context.Context) context.Context { return clientv3.WithRequireLeader(ctx) }
+
+// Members returns the linearizable member list, sorted by ID. Only a
+// member that follows a leader is asked (leaderOnly).
 func (c *Client) Members(ctx context.Context) ([]Member, error) {
 	ctx, cancel := bounded(ctx)
 	defer cancel()
+	ctx = leaderOnly(ctx)
 	var resp *clientv3.MemberListResponse
 	err := c.onVoter(func(cli *clientv3.Client) (err error) {
 		resp, err = cli.MemberList(ctx)
@@ -387,6 +398,7 @@ func (c *Client) Leader(ctx context.Context) (MemberStatus, error) {
 
 // Alarms lists the raised alarms (NOSPACE, CORRUPT) with the member raising each.
 func (c *Client) Alarms(ctx context.Context) ([]Alarm, error) {
+	ctx = leaderOnly(ctx)
 	var resp *clientv3.AlarmResponse
 	err := c.onVoter(func(cli *clientv3.Client) (err error) {
 		resp, err = cli.AlarmList(ctx)

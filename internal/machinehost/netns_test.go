@@ -15,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/qcp-dev/qcp/internal/bootstrap"
+	"github.com/qcp-dev/qcp/internal/etcd"
 	"github.com/qcp-dev/qcp/internal/hostnet"
 	"github.com/qcp-dev/qcp/internal/testkit"
 )
@@ -130,6 +131,23 @@ func TestMachinesInNamespaces(t *testing.T) {
 	})
 	if l, err := leader(m1); err != nil || l == 0 {
 		t.Errorf("m1 lost its leader too: %x, %v", l, err)
+	}
+	// A client of all three, the cut-off m3 first, still reads the
+	// membership every time, from the majority, and sees m3 unhealthy: a
+	// leaderless member refuses the reads at once instead of holding them.
+	all := c.etcdClient(clientURL(m3), clientURL(m1), clientURL(m2))
+	for i := range 6 {
+		ctx, cancel := context.WithTimeout(context.Background(), etcd.ObserveTimeout)
+		members, err := all.ObserveMembers(ctx)
+		cancel()
+		if err != nil {
+			t.Fatalf("observing the membership with m3 cut off (read %d): %v", i+1, err)
+		}
+		for _, mb := range members {
+			if healthy := mb.Name != "m3"; mb.Healthy != healthy || len(members) != 3 {
+				t.Fatalf("read %d: %d members, %s healthy=%t; want 3, only m3 unhealthy", i+1, len(members), mb.Name, mb.Healthy)
+			}
+		}
 	}
 	if _, err := health(m3); err != nil {
 		t.Errorf("the host no longer reaches m3's agent: %v", err)
