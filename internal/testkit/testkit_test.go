@@ -2,6 +2,7 @@ package testkit
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -208,5 +209,24 @@ func TestHeldWriterChecksWhatWasKept(t *testing.T) {
 	r := w.Stop(ctx)
 	if len(r.LostWrites) != 1 || r.LostWrites[0] != lost[0] {
 		t.Errorf("Stop reports lost writes %v, want only %v", r.LostWrites, lost)
+	}
+}
+
+// TestEventuallyKeepsTheConditionsComplaint: a wait that runs out reports
+// the condition's own last complaint, not the refusal of a call begun too
+// close to the deadline to finish (a client's rate limiter refuses at
+// once to wait past it).
+func TestEventuallyKeepsTheConditionsComplaint(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	interval := 100 * time.Millisecond
+	err := Eventually(ctx, interval, "the leader to change", func(ctx context.Context) error {
+		if dl, _ := ctx.Deadline(); time.Until(dl) < interval {
+			return errors.New("rate: Wait(n=1) would exceed context deadline")
+		}
+		return errors.New("leader is m1")
+	})
+	if err == nil || !strings.Contains(err.Error(), "leader is m1") || strings.Contains(err.Error(), "would exceed") {
+		t.Errorf("Eventually = %v; want the condition's complaint %q", err, "leader is m1")
 	}
 }

@@ -13,13 +13,17 @@ func Eventually(ctx context.Context, interval time.Duration, what string, cond f
 	defer t.Stop()
 	var last error
 	for {
+		// A complaint cut short by ctx itself says nothing about the
+		// condition; keep the one before it. That includes a call begun
+		// within an interval of the deadline: a client's rate limiter
+		// refuses at once to wait past it, before ctx ends.
+		dl, ok := ctx.Deadline()
+		final := ok && time.Until(dl) < interval
 		err := cond(ctx)
 		if err == nil {
 			return nil
 		}
-		// A complaint cut short by ctx itself says nothing about the
-		// condition; keep the one before it.
-		if last == nil || ctx.Err() == nil {
+		if last == nil || ctx.Err() == nil && !final {
 			last = err
 		}
 		select {
