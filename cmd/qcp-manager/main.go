@@ -37,6 +37,7 @@ import (
 	"github.com/qcp-dev/qcp/internal/controllers/etcdcluster"
 	"github.com/qcp-dev/qcp/internal/controllers/process"
 	"github.com/qcp-dev/qcp/internal/etcd"
+	"github.com/qcp-dev/qcp/internal/hostnet"
 	"github.com/qcp-dev/qcp/internal/quorum"
 	"github.com/qcp-dev/qcp/internal/scheme"
 	"github.com/qcp-dev/qcp/internal/version"
@@ -60,6 +61,7 @@ func main() {
 		profilerAddr            string
 		leaderElect, showVer    bool
 		processOpts             process.Options
+		machineNetwork          string
 		machineImage            string
 		webhookOpts             webhook.Options
 		cpOpts                  controlPlaneOptions
@@ -78,14 +80,18 @@ func main() {
 	flag.StringVar(&processOpts.BinDir, "bin-dir", "", "directory of the pinned binaries (default: $QCP_BIN_DIR or the repository's bin/)")
 	flag.StringVar(&processOpts.AgentPath, "agent", "", "path of qcp-agent (default: qcp-agent next to this binary)")
 	flag.StringVar(&machineImage, "machine-image", "", "root of a machine image tree that images/install.sh installed: the process machines run its qcp-agent and pinned binaries, as a cloud's machines run their image's (--bin-dir and --agent override either)")
-	flag.Func("address-range", "loopback prefix machine and load balancer addresses come from (default "+process.DefaultAddressRange.String()+")", func(v string) error {
+	flag.Func("address-range", "prefix machine and load balancer addresses come from: a loopback one (default "+process.DefaultAddressRange.String()+
+		"), or with --machine-network=namespaces the machines' network (default "+hostnet.DefaultPrefix.String()+")", func(v string) error {
 		p, err := netip.ParsePrefix(v)
-		if err != nil || !p.Addr().IsLoopback() {
-			return fmt.Errorf("want a loopback prefix such as 127.20.0.0/16, got %q", v)
+		if err != nil || !p.Addr().Is4() {
+			return fmt.Errorf("want an IPv4 prefix such as 127.20.0.0/16, got %q", v)
 		}
 		processOpts.AddressRange = p
 		return nil
 	})
+	flag.StringVar(&machineNetwork, "machine-network", networkLoopback, "where process machines live: "+networkLoopback+
+		" (addresses of the host's loopback, shared by every machine) or "+networkNamespaces+
+		" (each machine and load balancer a network host of its own, a network namespace on a bridge of the host's, where `qcpctl machine isolate` cuts partitions; needs root)")
 	flag.Func("controllers", "comma-separated controllers to run, of "+strings.Join(controllerNames, ", ")+" (default: all)", func(v string) error {
 		cpOpts.controllers = map[string]bool{}
 		for _, name := range strings.Split(v, ",") {
@@ -130,7 +136,7 @@ func main() {
 		processOpts.AgentPath = cmp.Or(processOpts.AgentPath, agent)
 		processOpts.BinDir = cmp.Or(processOpts.BinDir, binDir)
 	}
-	if err := run(metricsAddr, healthAddr, profilerAddr, leaderElect, processOpts, webhookOpts, cpOpts); err != nil {
+	if err := run(metricsAddr, healthAddr, profilerAddr, leaderElect, machineNetwork, processOpts, webhookOpts, cpOpts); err != nil {
 		ctrl.Log.Error(err, "qcp-manager failed")
 		os.Exit(1)
 	}
@@ -162,13 +168,36 @@ func (o controlPlaneOptions) runs(name string) bool {
 	return o.controllers == nil || o.controllers[name]
 }
 
+// The values of --machine-network.
+const (
+	networkLoopback   = "loopback"
+	networkNamespaces = "namespaces"
+)
+
 // completeProcessOptions checks and defaults the process provider's flags,
 // which only its controllers need: a manager that runs the control plane
 // and EtcdCluster controllers alone (in a Pod, beside another
 // infrastructure provider) is given none of them.
-func completeProcessOptions(o process.Options, cpOpts controlPlaneOptions) (process.Options, error) {
+func completeProcessOptions(o process.Options, machineNetwork string, cpOpts controlPlaneOptions) (process.Options, error) {
 	if !cpOpts.runs("process") {
 		return o, nil
+	}
+	switch machineNetwork {
+	case networkLoopback:
+		if o.AddressRange.IsValid() && !o.AddressRange.Addr().IsLoopback() {
+			return o, fmt.Errorf("--address-range=%s is not a loopback prefix: give one such as %s, or run the machines on a network of their own with --machine-network=%s", o.AddressRange, process.DefaultAddressRange, networkNamespaces)
+		}
+	case networkNamespaces:
+		if err := hostnet.Available(); err != nil {
+			return o, fmt.Errorf("--machine-network=%s: %w; run qcp-manager as root, or use --machine-network=%s", networkNamespaces, err, networkLoopback)
+		}
+		r := cmp.Or(o.AddressRange, hostnet.DefaultPrefix)
+		if r.Addr().IsLoopback() {
+			return o, fmt.Errorf("--address-range=%s: the machines' network cannot be a loopback prefix; give a private one such as %s", r, hostnet.DefaultPrefix)
+		}
+		o.Network = hostnet.ForRange(r)
+	default:
+		return o, fmt.Errorf("--machine-network=%s: choose %s or %s", machineNetwork, networkLoopback, networkNamespaces)
 	}
 
 	if o.MachineRoot == "" {
@@ -191,11 +220,11 @@ func completeProcessOptions(o process.Options, cpOpts controlPlaneOptions) (proc
 	return o, nil
 }
 
-func run(metricsAddr, healthAddr, profilerAddr string, leaderElect bool, processOpts process.Options, webhookOpts webhook.Options, cpOpts controlPlaneOptions) error {
+func run(metricsAddr, healthAddr, profilerAddr string, leaderElect bool, machineNetwork string, processOpts process.Options, webhookOpts webhook.Options, cpOpts controlPlaneOptions) error {
 	if f := cpOpts.bootstrapFormat; f != cloudinit.Format && f != bootstrap.Format {
 		return fmt.Errorf("--bootstrap-format=%s: use %s (or %s, QCP's format before cloud-config)", f, cloudinit.Format, bootstrap.Format)
 	}
-	processOpts, err := completeProcessOptions(processOpts, cpOpts)
+	processOpts, err := completeProcessOptions(processOpts, machineNetwork, cpOpts)
 	if err != nil {
 		return err
 	}

@@ -1,27 +1,68 @@
 package main
 
 import (
+	"net/netip"
 	"os"
 	"strings"
 	"testing"
 
 	"github.com/qcp-dev/qcp/internal/controllers/process"
+	"github.com/qcp-dev/qcp/internal/hostnet"
 )
 
 // TestProcessFlagsOnlyWithItsControllers: the process provider's flags are
 // required, and defaulted, only when its controllers run.
 func TestProcessFlagsOnlyWithItsControllers(t *testing.T) {
 	controlPlaneOnly := controlPlaneOptions{controllers: map[string]bool{"controlplane": true}}
-	got, err := completeProcessOptions(process.Options{}, controlPlaneOnly)
+	got, err := completeProcessOptions(process.Options{}, networkLoopback, controlPlaneOnly)
 	if err != nil || got.MachineRoot != "" || got.BinDir != "" || got.AgentPath != "" {
 		t.Errorf("--controllers=controlplane without process flags: %+v, %v; want them left alone and no error", got, err)
 	}
-	if _, err := completeProcessOptions(process.Options{}, controlPlaneOptions{}); err == nil || !strings.Contains(err.Error(), "--machine-root is required") {
+	if _, err := completeProcessOptions(process.Options{}, networkLoopback, controlPlaneOptions{}); err == nil || !strings.Contains(err.Error(), "--machine-root is required") {
 		t.Errorf("every controller without --machine-root: %v; want --machine-root required", err)
 	}
 	t.Setenv("QCP_BIN_DIR", t.TempDir())
-	got, err = completeProcessOptions(process.Options{MachineRoot: "/m"}, controlPlaneOptions{})
+	got, err = completeProcessOptions(process.Options{MachineRoot: "/m"}, networkLoopback, controlPlaneOptions{})
 	if err != nil || got.BinDir != os.Getenv("QCP_BIN_DIR") || !strings.HasSuffix(got.AgentPath, "/qcp-agent") {
 		t.Errorf("every controller with --machine-root: %+v, %v; want the bin and agent defaults", got, err)
+	}
+}
+
+// TestMachineNetworkFlags: --machine-network=namespaces gives the process
+// provider a network on its address range (by default one that cannot
+// collide with a real network), and each mode refuses the other's range,
+// naming the flag that fixes it.
+func TestMachineNetworkFlags(t *testing.T) {
+	if err := hostnet.Available(); err != nil {
+		t.Skipf("network namespaces cannot be made here: %v", err)
+	}
+	t.Setenv("QCP_BIN_DIR", t.TempDir())
+	base := process.Options{MachineRoot: "/m"}
+	got, err := completeProcessOptions(base, networkNamespaces, controlPlaneOptions{})
+	if err != nil || got.Network == nil || got.Network.Prefix != hostnet.DefaultPrefix || len(got.Network.Bridge) > 15 {
+		t.Errorf("--machine-network=namespaces: %+v, %v; want a network on %s with a bridge name of at most 15 bytes", got.Network, err, hostnet.DefaultPrefix)
+	}
+	own := netip.MustParsePrefix("198.18.7.0/24")
+	other, err := completeProcessOptions(process.Options{MachineRoot: "/m", AddressRange: own}, networkNamespaces, controlPlaneOptions{})
+	if err != nil || other.Network.Prefix != own || other.Network.Bridge == got.Network.Bridge {
+		t.Errorf("--machine-network=namespaces --address-range=%s: %+v, %v; want that range on a bridge of its own", own, other.Network, err)
+	}
+	got, err = completeProcessOptions(base, networkLoopback, controlPlaneOptions{})
+	if err != nil || got.Network != nil {
+		t.Errorf("--machine-network=loopback: %+v, %v; want no network", got.Network, err)
+	}
+	for _, c := range []struct {
+		network string
+		prefix  netip.Prefix
+		want    string
+	}{
+		{networkNamespaces, process.DefaultAddressRange, "cannot be a loopback prefix"},
+		{networkLoopback, own, "--machine-network=namespaces"},
+		{"bridge", netip.Prefix{}, "choose loopback or namespaces"},
+	} {
+		_, err := completeProcessOptions(process.Options{MachineRoot: "/m", AddressRange: c.prefix}, c.network, controlPlaneOptions{})
+		if err == nil || !strings.Contains(err.Error(), c.want) {
+			t.Errorf("--machine-network=%s --address-range=%s: %v; want an error saying %q", c.network, c.prefix, err, c.want)
+		}
 	}
 }

@@ -128,7 +128,7 @@ func newMachineCommand(g *globals) *cobra.Command {
 	var namespace string
 	machine := &cobra.Command{
 		Use:   "machine",
-		Short: "Delete, kill, freeze, thaw or confirm lost a machine, by its CAPI Machine name",
+		Short: "Delete, kill, freeze, thaw, isolate, heal or confirm lost a machine, by its CAPI Machine name",
 	}
 	machine.PersistentFlags().StringVarP(&namespace, "namespace", "n", "default", "namespace of the machine")
 	// signal acts on the process machine behind m.
@@ -195,6 +195,7 @@ func newMachineCommand(g *globals) *cobra.Command {
 		}
 		machine.AddCommand(cmd)
 	}
+	machine.AddCommand(newPartitionCommands(g, &namespace)...)
 	return machine
 }
 

@@ -13,6 +13,8 @@ package hostnet
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -36,6 +38,13 @@ type Network struct {
 	// Prefix is the range; the host takes its first address on the
 	// bridge (HostAddr), the machines the others.
 	Prefix netip.Prefix
+}
+
+// ForRange is the Network of prefix, on a bridge named after it, so that
+// each range gets a bridge of its own and finds it again after a restart.
+func ForRange(prefix netip.Prefix) *Network {
+	sum := sha256.Sum256([]byte(prefix.Masked().String()))
+	return &Network{Bridge: "qcpbr" + hex.EncodeToString(sum[:])[:8], Prefix: prefix}
 }
 
 // HostAddr is the host's own address on the bridge: the range's first.
@@ -201,6 +210,49 @@ func Heal(ns string, peer netip.Addr) error {
 	}
 	return nil
 }
+
+// HealAll removes every cut of namespace ns, with whichever peer.
+func HealAll(ns string) error {
+	for exists("-n", ns, "rule", "show", "pref", strconv.Itoa(cutPref)) {
+		if err := ip("-n", ns, "rule", "del", "pref", strconv.Itoa(cutPref)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Cuts lists the cut rules of namespace ns, as ip shows them.
+func Cuts(ns string) ([]string, error) {
+	out, err := exec.Command("ip", "-n", ns, "rule", "show", "pref", strconv.Itoa(cutPref)).Output()
+	if err != nil {
+		return nil, fmt.Errorf("listing the rules of namespace %s: %w", ns, err)
+	}
+	return strings.FieldsFunc(string(out), func(r rune) bool { return r == '\n' }), nil
+}
+
+// HostAddrOf is the host's address on the network namespace ns is attached
+// to: the first of the range its eth0's address is in.
+func HostAddrOf(ns string) (netip.Addr, error) {
+	out, err := exec.Command("ip", "-n", ns, "-4", "-o", "addr", "show", "dev", "eth0").Output()
+	if err != nil {
+		return netip.Addr{}, fmt.Errorf("reading the address of namespace %s: %w", ns, err)
+	}
+	// "2: eth0    inet 198.18.0.5/24 brd … scope global eth0"
+	fields := strings.Fields(string(out))
+	for i, f := range fields {
+		if f == "inet" && i+1 < len(fields) {
+			p, err := netip.ParsePrefix(fields[i+1])
+			if err != nil {
+				return netip.Addr{}, fmt.Errorf("namespace %s: eth0's address %q: %w", ns, fields[i+1], err)
+			}
+			return Network{Prefix: p}.HostAddr(), nil
+		}
+	}
+	return netip.Addr{}, fmt.Errorf("namespace %s: eth0 has no IPv4 address", ns)
+}
+
+// Exists reports whether the named network namespace exists.
+func Exists(ns string) bool { return nsExists(ns) }
 
 // selectors are the rule selectors of a cut with peer.
 func selectors(peer netip.Addr, d Direction) [][]string {

@@ -170,6 +170,48 @@ func TestNetwork(t *testing.T) {
 		t.Fatal(err)
 	}
 	within("a reaching b after healing the one-way cut", reaches(a))
+
+	// HealAll removes every cut of a namespace, whoever it was made with,
+	// and leaves other namespaces' alone.
+	if err := Cut(b, addrA, Both); err != nil {
+		t.Fatal(err)
+	}
+	if err := Cut(b, n.HostAddr(), Outgoing); err != nil {
+		t.Fatal(err)
+	}
+	if err := Cut(a, addrB, Outgoing); err != nil {
+		t.Fatal(err)
+	}
+	if cuts, err := Cuts(b); err != nil || len(cuts) != 3 {
+		t.Fatalf("b's cuts: %q, %v; want 3 rules (two with a, one to the host)", cuts, err)
+	}
+	within("the host cut off from b", cut(""))
+	if err := HealAll(b); err != nil {
+		t.Fatal(err)
+	}
+	if cuts, err := Cuts(b); err != nil || len(cuts) != 0 {
+		t.Fatalf("b's cuts after HealAll: %q, %v; want none", cuts, err)
+	}
+	within("the host reaching b after HealAll", reaches(""))
+	within("a's own cut kept by b's HealAll", cut(a))
+	if err := HealAll(a); err != nil {
+		t.Fatal(err)
+	}
+	within("a reaching b after HealAll", reaches(a))
+
+	if got, err := HostAddrOf(a); err != nil || got != n.HostAddr() {
+		t.Errorf("HostAddrOf(%s) = %v, %v; want the bridge's %v", a, got, err, n.HostAddr())
+	}
+}
+
+// TestForRange: each range gets a bridge of its own whose name fits an
+// interface name, the same one every time.
+func TestForRange(t *testing.T) {
+	p, q := netip.MustParsePrefix("198.18.0.0/16"), netip.MustParsePrefix("198.18.23.0/24")
+	np, nq := ForRange(p), ForRange(q)
+	if np.Prefix != p || np.Bridge == nq.Bridge || len(np.Bridge) > 15 || ForRange(p).Bridge != np.Bridge {
+		t.Errorf("ForRange(%s) = %+v, ForRange(%s) = %+v; want the range, distinct stable bridge names of at most 15 bytes", p, np, q, nq)
+	}
 }
 
 // TestSetHostnameRefusesTheHost: a process that shares its launcher's UTS

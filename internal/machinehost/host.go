@@ -82,12 +82,62 @@ func (h *Host) machinePlace(spec MachineSpec) (place, error) {
 	return pl, nil
 }
 
-// unplace removes the namespace of key, if a Network gave it one.
+// unplace removes the namespace of key, if a Network gave it one: also
+// when this Host has none, as a host that only tears machines down (a
+// local environment's StopAll) has not.
 func (h *Host) unplace(key string) error {
-	if h.Network == nil {
+	ns, hostIf := namespaceOf(key)
+	if !hostnet.Exists(ns) {
 		return nil
 	}
-	return h.Network.Detach(namespaceOf(key))
+	return hostnet.Network{}.Detach(ns, hostIf)
+}
+
+// Isolate cuts machine namespace/name off from each of peers, as a
+// network partition does: both ways, or with hostnet.Outgoing only what
+// the machine sends. The cut holds until Heal, whatever else the machine
+// does; it needs the machine to run in a network namespace of its own (a
+// Network).
+func (h *Host) Isolate(namespace, name string, peers []netip.Addr, d hostnet.Direction) error {
+	ns, err := machineNetns(namespace, name)
+	if err != nil {
+		return err
+	}
+	for _, p := range peers {
+		if err := hostnet.Cut(ns, p, d); err != nil {
+			return fmt.Errorf("cutting machine %s/%s off from %s: %w", namespace, name, p, err)
+		}
+	}
+	return nil
+}
+
+// Heal removes every cut Isolate made on machine namespace/name.
+func (h *Host) Heal(namespace, name string) error {
+	ns, err := machineNetns(namespace, name)
+	if err != nil {
+		return err
+	}
+	return hostnet.HealAll(ns)
+}
+
+// NetworkHostAddr is the address machine namespace/name reaches its
+// manager's host at: the bridge's.
+func (h *Host) NetworkHostAddr(namespace, name string) (netip.Addr, error) {
+	ns, err := machineNetns(namespace, name)
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	return hostnet.HostAddrOf(ns)
+}
+
+// machineNetns is the network namespace of machine namespace/name, or an
+// error saying why it has none.
+func machineNetns(namespace, name string) (string, error) {
+	ns, _ := namespaceOf(machineKey(namespace, name))
+	if !hostnet.Exists(ns) {
+		return "", fmt.Errorf("machine %s/%s has no network namespace of its own (%s): its qcp-manager runs its machines on loopback addresses, where a partition cannot be made; start it with --machine-network=namespaces", namespace, name, ns)
+	}
+	return ns, nil
 }
 
 func machineKey(namespace, name string) string { return "machine/" + namespace + "/" + name }

@@ -11,6 +11,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 
 	"github.com/qcp-dev/qcp/internal/controllers/engine"
+	"github.com/qcp-dev/qcp/internal/hostnet"
 	"github.com/qcp-dev/qcp/internal/machinehost"
 )
 
@@ -22,8 +23,14 @@ type Options struct {
 	BinDir string
 	// AgentPath is the qcp-agent binary.
 	AgentPath string
-	// AddressRange is where machine and load balancer addresses come from.
+	// AddressRange is where machine and load balancer addresses come from:
+	// loopback addresses, or with Network its range.
 	AddressRange netip.Prefix
+	// Network, when set, makes each machine and load balancer a network
+	// host of its own: a network namespace on Network's bridge, where
+	// partitions can be made (machinehost.Host.Isolate). Its range is
+	// the addresses'.
+	Network *hostnet.Network
 	// WatchFilter limits the controllers to the objects it admits.
 	WatchFilter engine.WatchFilter
 }
@@ -38,6 +45,12 @@ func Setup(mgr ctrl.Manager, opts Options) error {
 		opts.AddressRange = DefaultAddressRange
 	}
 	host := &machinehost.Host{Root: opts.MachineRoot, BinDir: opts.BinDir, AgentPath: opts.AgentPath}
+	if opts.Network != nil {
+		if err := opts.Network.Ensure(); err != nil {
+			return fmt.Errorf("creating the machines' network (bridge %s, %s): %w", opts.Network.Bridge, opts.Network.Prefix, err)
+		}
+		host.Network, opts.AddressRange = opts.Network, opts.Network.Prefix
+	}
 	addrs := &Addresses{Dir: filepath.Join(opts.MachineRoot, ".addresses"), Prefix: opts.AddressRange}
 	m := newProviderMetrics().register()
 	if err := (&ClusterReconciler{Client: mgr.GetClient(), Host: host, Addresses: addrs, metrics: m, WatchFilter: opts.WatchFilter,
