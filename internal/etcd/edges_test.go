@@ -363,3 +363,53 @@ func TestStoppingMemberAnswerIsAskedElsewhere(t *testing.T) {
 		t.Errorf("a final error: %v after %d asks; want it after 1", err, asked)
 	}
 }
+
+// TestMembershipReadsWaitForALeader: the membership reads refuse a member without
+// a leader (so that a member cut off from its peers does not hold them),
+// yet a read made while no member has one goes on asking until a leader
+// is elected within its bound, even after the client's own retries of
+// that refusal (about 2.5 s) are spent, as on a loaded host's slow
+// election.
+func TestMembershipReadsWaitForALeader(t *testing.T) {
+	t.Parallel()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cl, ps, _ := testkit.StartEtcdCluster(ctx, t, "leaderless", 3)
+	survivor := cl.NewClient(ps[0])
+	for _, p := range ps[1:] {
+		if err := p.Freeze(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = p.Thaw() })
+	}
+	if err := testkit.Eventually(ctx, 100*time.Millisecond, "the survivor without a leader", func(ctx context.Context) error {
+		sctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		st, err := survivor.Status(sctx, ps[0].ClientURL())
+		if err == nil && st.Leader != 0 {
+			err = fmt.Errorf("it follows %x", st.Leader)
+		}
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	// The alarm list, read the same way as the member list, takes the
+	// caller's bound (the member list has a 5-s one of its own, which a
+	// slow host's election after the thaw could outlast).
+	thawAfter := 4 * time.Second
+	time.AfterFunc(thawAfter, func() {
+		for _, p := range ps[1:] {
+			_ = p.Thaw()
+		}
+	})
+	start := time.Now()
+	rctx, rcancel := context.WithTimeout(ctx, 30*time.Second)
+	defer rcancel()
+	if _, err := survivor.Alarms(rctx); err != nil {
+		t.Fatalf("reading the alarms through a leaderless member while the others were frozen for %v: %v after %v; want an answer once a leader is elected",
+			thawAfter, err, time.Since(start).Round(time.Millisecond))
+	}
+	if took := time.Since(start); took < thawAfter {
+		t.Errorf("the read answered after %v, before the others were thawed at %v: a leaderless member served it", took, thawAfter)
+	}
+}

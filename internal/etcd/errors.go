@@ -105,6 +105,12 @@ func IsLearnerRefusal(err error) bool {
 	return err != nil && errorDesc(err) == errorDesc(rpctypes.ErrGRPCNotSupportedForLearner)
 }
 
+// IsNoLeader reports whether the member that answered follows no leader
+// and refused a request that asked for one (WithRequireLeader).
+func IsNoLeader(err error) bool {
+	return err != nil && errorDesc(err) == errorDesc(rpctypes.ErrGRPCNoLeader)
+}
+
 // IsMemberStopping reports whether the member that answered is shutting
 // down, typically one just removed from the cluster that the client still
 // had in its endpoint list: another member can answer the same request.

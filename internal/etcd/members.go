@@ -66,6 +66,29 @@ func bounded(ctx context.Context) (context.Context, context.CancelFunc) {
 // step and reported the membership unknown for as long as the cut lasted.
 func leaderOnly(ctx context.Context) context.Context { return clientv3.WithRequireLeader(ctx) }
 
+// noLeaderRetry is how long a read refused by every member for want of a
+// leader waits before it asks again.
+const noLeaderRetry = 100 * time.Millisecond
+
+// untilLed calls read until it is not refused for want of a leader, or ctx
+// ends. The client's own retries of such a refusal (100, 25 ms apart) end
+// after about 2.5 s, and an election on a loaded host can take longer: a
+// read that waited for the leader on the member before leaderOnly must go
+// on waiting for as long as its context lets it.
+func untilLed(ctx context.Context, read func() error) error {
+	for {
+		err := read()
+		if !IsNoLeader(err) {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return err
+		case <-time.After(noLeaderRetry):
+		}
+	}
+}
+
 // Members returns the linearizable member list, sorted by ID. Only a
 // member that follows a leader is asked (leaderOnly).
 func (c *Client) Members(ctx context.Context) ([]Member, error) {
@@ -73,9 +96,11 @@ func (c *Client) Members(ctx context.Context) ([]Member, error) {
 	defer cancel()
 	ctx = leaderOnly(ctx)
 	var resp *clientv3.MemberListResponse
-	err := c.onVoter(func(cli *clientv3.Client) (err error) {
-		resp, err = cli.MemberList(ctx)
-		return err
+	err := untilLed(ctx, func() error {
+		return c.onVoter(func(cli *clientv3.Client) (err error) {
+			resp, err = cli.MemberList(ctx)
+			return err
+		})
 	})
 	if err != nil {
 		return nil, fmt.Errorf("listing etcd members: %w", err)
@@ -400,9 +425,11 @@ func (c *Client) Leader(ctx context.Context) (MemberStatus, error) {
 func (c *Client) Alarms(ctx context.Context) ([]Alarm, error) {
 	ctx = leaderOnly(ctx)
 	var resp *clientv3.AlarmResponse
-	err := c.onVoter(func(cli *clientv3.Client) (err error) {
-		resp, err = cli.AlarmList(ctx)
-		return err
+	err := untilLed(ctx, func() error {
+		return c.onVoter(func(cli *clientv3.Client) (err error) {
+			resp, err = cli.AlarmList(ctx)
+			return err
+		})
 	})
 	if err != nil {
 		return nil, fmt.Errorf("listing etcd alarms: %w", err)
