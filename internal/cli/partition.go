@@ -37,11 +37,7 @@ shows what a member does when it cannot answer. The cut holds until 'qcpctl mach
 			"  qcpctl machine isolate demo-control-plane-abcde --from demo-control-plane-fghij --one-way",
 		Args: cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.connect()
-			if err != nil {
-				return err
-			}
-			m, err := processMachine(cmd.Context(), c, *namespace, args[0])
+			c, m, err := processMachine(cmd.Context(), g, *namespace, args[0])
 			if err != nil {
 				return err
 			}
@@ -69,11 +65,7 @@ shows what a member does when it cannot answer. The cut holds until 'qcpctl mach
 		Example: "  qcpctl machine heal demo-control-plane-abcde",
 		Args:    cobra.ExactArgs(1),
 		RunE: func(cmd *cobra.Command, args []string) error {
-			c, err := g.connect()
-			if err != nil {
-				return err
-			}
-			m, err := processMachine(cmd.Context(), c, *namespace, args[0])
+			_, m, err := processMachine(cmd.Context(), g, *namespace, args[0])
 			if err != nil {
 				return err
 			}
@@ -87,17 +79,21 @@ shows what a member does when it cannot answer. The cut holds until 'qcpctl mach
 	return []*cobra.Command{isolate, heal}
 }
 
-// processMachine is Machine namespace/name, which must be a process
-// machine's.
-func processMachine(ctx context.Context, c client.Client, namespace, name string) (*clusterv1.Machine, error) {
+// processMachine connects to the management cluster and reads Machine
+// namespace/name, which must be a process machine's.
+func processMachine(ctx context.Context, g *globals, namespace, name string) (client.Client, *clusterv1.Machine, error) {
+	c, err := g.connect()
+	if err != nil {
+		return nil, nil, err
+	}
 	m, err := getMachine(ctx, c, namespace, name)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if m.Spec.InfrastructureRef.Kind != "ProcessMachine" {
-		return nil, fmt.Errorf("machine %s/%s is a %s, not a process machine: qcpctl can only cut a process machine's network", m.Namespace, m.Name, m.Spec.InfrastructureRef.Kind)
+		return nil, nil, fmt.Errorf("machine %s/%s is a %s, not a process machine: qcpctl can only cut a process machine's network", m.Namespace, m.Name, m.Spec.InfrastructureRef.Kind)
 	}
-	return m, nil
+	return c, m, nil
 }
 
 // partitionPeers is the addresses (and names) m is cut from: those from
