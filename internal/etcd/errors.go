@@ -61,7 +61,7 @@ func IsRetryable(err error) bool {
 	if errors.Is(err, context.Canceled) {
 		return false
 	}
-	if errors.Is(err, context.DeadlineExceeded) {
+	if errors.Is(err, context.DeadlineExceeded) || errors.Is(err, ErrNoLeaderNamed) {
 		return true
 	}
 	desc := errorDesc(err)

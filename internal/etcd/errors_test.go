@@ -30,6 +30,7 @@ func TestErrorClassification(t *testing.T) {
 		{name: "not leader", err: wrap(rpctypes.ErrNotLeader), retryable: true},
 		{name: "leader changed", err: rpctypes.ErrLeaderChanged, retryable: true},
 		{name: "no leader", err: rpctypes.ErrGRPCNoLeader, retryable: true},
+		{name: "no leader named in the statuses", err: fmt.Errorf("moving leadership: %w", ErrNoLeaderNamed), retryable: true},
 		{name: "request timed out", err: rpctypes.ErrTimeout, retryable: true},
 		{name: "not enough started members", err: rpctypes.ErrMemberNotEnoughStarted, retryable: true, refused: true},
 		{name: "raft proposal dropped", err: wrap(status.Error(codes.Unknown, "raft proposal dropped")), retryable: true},

@@ -394,6 +394,11 @@ func (c *Client) Statuses(ctx context.Context, members []Member) (map[uint64]Mem
 	return ok, failed
 }
 
+// ErrNoLeaderNamed is Leader's answer when no member that answered its
+// status names a leader: an election under way, or statuses too slow on a
+// loaded host. Asking again may find one (IsRetryable).
+var ErrNoLeaderNamed = errors.New("no etcd member reports a leader")
+
 // Leader returns the status of the member the reachable members follow
 // (ElectedLeader), or an error if they name none that is still a member.
 // An old leader cut off from the others, which still calls itself leader,
@@ -408,7 +413,7 @@ func (c *Client) Leader(ctx context.Context) (MemberStatus, error) {
 	statuses, _ := c.Statuses(ctx, members)
 	id := ElectedLeader(statuses)
 	if id == 0 {
-		return MemberStatus{}, errors.New("no etcd member reports a leader")
+		return MemberStatus{}, ErrNoLeaderNamed
 	}
 	if s, ok := statuses[id]; ok {
 		return s, nil
