@@ -568,8 +568,9 @@ type BackupState struct {
 	// Due: the schedule says a snapshot is due (and none can be without
 	// Configured and an empty Problem).
 	Due bool
-	// LastVerified is when the newest verified snapshot was started; zero
-	// when there is none.
+	// LastVerified is when the newest verified snapshot was verified (when
+	// it was started, for a record older than that field); zero when there
+	// is none.
 	LastVerified time.Time
 	// MaxAgeBeforeRisky is how old that snapshot may be for a risky step
 	// (the first machine of a rollout, a scale-down) to go ahead.

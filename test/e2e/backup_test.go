@@ -127,6 +127,9 @@ func TestBackups(t *testing.T) {
 	if last.Stored != backupKeep || cp.Status.Backup.Stored != backupKeep {
 		t.Errorf("status.backup says %d (record %d) stored, want %d", cp.Status.Backup.Stored, last.Stored, backupKeep)
 	}
+	if v := last.VerifiedTime; v == nil || v.Before(&last.Time) {
+		t.Errorf("status.backup.lastSuccessful began at %v and was verified at %v; want its verification time, not before its start", last.Time, v)
+	}
 
 	// The store, once the schedule is a day and the snapshot in flight (if
 	// any) is done: exactly backupKeep snapshots, each with its manifest.
@@ -288,12 +291,13 @@ func (m *management) invalidWrites(object string) []string {
 // started after the ask was verified.
 func (s *scenario) riskyStepAfterBackup(ctx context.Context, store *s3store.Store, what string, act func(), firstChange func(context.Context, time.Time) (time.Time, error)) {
 	s.t.Helper()
-	s.eventually(time.Minute, "the last snapshot older than 10 s", func(ctx context.Context) error {
+	s.eventually(time.Minute, "the last snapshot verified more than 10 s ago", func(ctx context.Context) error {
 		cp, err := s.controlPlane(ctx)
 		if err != nil {
 			return err
 		}
-		if st := cp.Status.Backup; st == nil || st.LastSuccessful == nil || time.Since(st.LastSuccessful.Time.Time) < 11*time.Second {
+		if st := cp.Status.Backup; st == nil || st.LastSuccessful == nil || st.LastSuccessful.VerifiedTime == nil ||
+			time.Since(st.LastSuccessful.VerifiedTime.Time) < 11*time.Second {
 			return fmt.Errorf("status.backup %+v", st)
 		}
 		return nil

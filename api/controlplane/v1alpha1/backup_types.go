@@ -22,8 +22,10 @@ type BackupSpec struct {
 	Retention BackupRetention `json:"retention,omitempty,omitzero"`
 	// maxAgeBeforeRiskyChangeSeconds: a rollout's first machine (a version
 	// upgrade, a template change, an etcd upgrade) and every scale-down
-	// wait until a verified snapshot younger than this exists, and take
-	// one if none does. Remediation never waits. Defaults to 3600.
+	// wait until a snapshot verified less than this long ago exists, and
+	// take one if none does. The age counts from the verification, so a
+	// snapshot that takes longer than this to take and verify still lets
+	// the step go. Remediation never waits. Defaults to 3600.
 	// +optional
 	// +kubebuilder:validation:Minimum=10
 	// +kubebuilder:validation:Maximum=2592000
@@ -131,6 +133,11 @@ type BackupRecord struct {
 	// time is when the snapshot began.
 	// +required
 	Time metav1.Time `json:"time"`
+	// verifiedTime is when the snapshot was verified (restored into a
+	// scratch etcd that answered): the end of a successful one. Unset on a
+	// failed attempt, and on records written before the field existed.
+	// +optional
+	VerifiedTime *metav1.Time `json:"verifiedTime,omitempty"`
 	// object is the snapshot's name in the store, below the prefix.
 	// +optional
 	// +kubebuilder:validation:MaxLength=1024

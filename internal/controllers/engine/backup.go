@@ -178,10 +178,19 @@ func ReadBackup(owner client.Object, spec *controlplanev1.BackupSpec, cfg *Backu
 	if v := spec.MaxAgeBeforeRiskyChangeSeconds; v != nil {
 		b.MaxAgeBeforeRisky = time.Duration(*v) * time.Second
 	}
+	var lastStarted time.Time
 	if ok := backupRecord(owner, BackupSucceededAnnotation); ok != nil {
-		b.LastVerified = ok.Time.Time
+		// The age a risky step allows counts from the verification: counted
+		// from the start, a snapshot that took longer than the allowed age
+		// (seconds on a loaded host, minutes for a large database) was too
+		// old as soon as it was verified, and the step took one snapshot
+		// after another without end.
+		lastStarted, b.LastVerified = ok.Time.Time, ok.Time.Time
+		if ok.VerifiedTime != nil {
+			b.LastVerified = ok.VerifiedTime.Time
+		}
 	}
-	if failed := backupRecord(owner, BackupFailedAnnotation); failed != nil && !failed.Time.Time.Before(b.LastVerified) {
+	if failed := backupRecord(owner, BackupFailedAnnotation); failed != nil && !failed.Time.Time.Before(lastStarted) {
 		b.RetryAt = failed.Time.Add(BackupRetry)
 	}
 	switch {
@@ -251,6 +260,9 @@ func (x Executor) snapshot(ctx context.Context, d quorum.Decision, machine *clus
 		return err
 	}
 	rec.Stored = stored
+	if m.Verified != nil {
+		rec.VerifiedTime = &metav1.Time{Time: m.Verified.Time}
+	}
 	x.Metrics.backupSucceeded(x.Owner, m, x.Now().Sub(started))
 	return x.recordBackup(ctx, BackupSucceededAnnotation, rec)
 }

@@ -88,6 +88,37 @@ func TestBackupScheduleAndStatus(t *testing.T) {
 	}
 }
 
+// TestRiskyStepAgeCountsFromVerification: the age a risky step allows a
+// snapshot counts from its verification, so that a snapshot that took
+// longer than that age (25 s here, against 10) lets the step go once
+// verified; a record written before verifiedTime existed counts from its
+// start.
+func TestRiskyStepAgeCountsFromVerification(t *testing.T) {
+	now := time.Date(2026, 12, 3, 9, 0, 0, 0, time.UTC)
+	spec := &controlplanev1.BackupSpec{MaxAgeBeforeRiskyChangeSeconds: ptr.To[int32](10)}
+	sched, err := backup.ParseSchedule(ptr.To[int32](86400), "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	started, verified := now.Add(-26*time.Second), now.Add(-time.Second)
+	for _, c := range []struct {
+		name string
+		rec  controlplanev1.BackupRecord
+		want time.Time
+	}{
+		{"verified", controlplanev1.BackupRecord{Time: metav1.NewTime(started), VerifiedTime: &metav1.Time{Time: verified}}, verified},
+		{"written before verifiedTime", controlplanev1.BackupRecord{Time: metav1.NewTime(started)}, started},
+	} {
+		b, _ := json.Marshal(c.rec)
+		owner := &controlplanev1.QuorumControlPlane{ObjectMeta: metav1.ObjectMeta{Annotations: map[string]string{BackupSucceededAnnotation: string(b)}}}
+		s := quorum.State{Now: now}
+		ReadBackup(owner, spec, &BackupConfig{Schedule: sched}, nil, &s)
+		if !s.Backup.LastVerified.Equal(c.want) || s.Backup.MaxAgeBeforeRisky != 10*time.Second {
+			t.Errorf("%s: LastVerified %v, MaxAgeBeforeRisky %v; want %v and 10s", c.name, s.Backup.LastVerified, s.Backup.MaxAgeBeforeRisky, c.want)
+		}
+	}
+}
+
 // TestLoadBackupNamesTheSecretAtFault: each missing Secret or key, and a
 // key that is no age identity, is refused naming the Secret, the field and
 // the fix.
