@@ -61,7 +61,7 @@ export QCP_BIN_DIR := $(BIN)
 export CGO_ENABLED ?= 0
 export GOFLAGS := -trimpath $(GOFLAGS)
 
-.PHONY: all binaries qcp-binaries generate verify-generate test test-steps test-profile unit bench chaos lint up down clean check-strays image release cloud-init
+.PHONY: all binaries qcp-binaries generate verify-generate test test-steps test-profile unit bench chaos partitions lint up down clean check-strays image release cloud-init
 
 all: binaries
 
@@ -201,6 +201,10 @@ WORKERS ?= 1
 FOR ?=
 chaos: binaries
 	QCP_CHAOS_RUNS=$(RUNS) QCP_CHAOS_SEED=$(SEED) QCP_CHAOS_WORKERS=$(WORKERS) QCP_CHAOS_FOR=$(FOR) go test -tags chaos -count=1 -v -parallel $(WORKERS) -run '^TestChaos$$' -timeout 0 ./test/e2e/
+
+## partitions: the partition scenarios (issue 37), each machine a network host of its own; needs root.
+partitions: binaries qcp-binaries
+	QCP_BIN_DIR=$(BIN) QCP_REQUIRE_BINARIES=1 QCP_FRESH_BIN_DIR=$(BIN) go test -tags partitions -count=1 -v -run '^TestPartitioned' -timeout 30m ./test/e2e/
 
 lint:
 	gofmt -l . | tee /dev/stderr | (! read)

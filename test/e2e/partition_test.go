@@ -1,3 +1,5 @@
+//go:build partitions
+
 package e2e
 
 import (
@@ -27,6 +29,10 @@ const partitionAddressRange = "198.18.23.0/24"
 // health check's timeout (40 s here), so that no check marks the cut
 // machine and every machine must stay.
 const partitionCut = 25 * time.Second
+
+// The partition scenarios run with `make partitions` (-tags partitions), not
+// yet in `make test`: they need a management cluster of their own, and no
+// full run of the suite with them has finished yet (docs/testing.md).
 
 // TestPartitionedLeader (issue 37): each machine a network host of its own
 // (qcp-manager --machine-network=namespaces), and the etcd leader's
