@@ -70,14 +70,16 @@ func leaderOnly(ctx context.Context) context.Context { return clientv3.WithRequi
 // leader waits before it asks again.
 const noLeaderRetry = 100 * time.Millisecond
 
-// untilLed calls read until it is not refused for want of a leader, or ctx
-// ends. The client's own retries of such a refusal (100, 25 ms apart) end
-// after about 2.5 s, and an election on a loaded host can take longer: a
-// read that waited for the leader on the member before leaderOnly must go
-// on waiting for as long as its context lets it.
-func untilLed(ctx context.Context, read func() error) error {
+// onLedVoter is onVoter for a linearizable read: fn gets ctx with
+// leaderOnly, and is called again while every member refuses it for want
+// of a leader, until ctx ends. The client's own retries of such a refusal
+// (100, 25 ms apart) end after about 2.5 s, and an election on a loaded
+// host can take longer: a read that waited for the leader on the member
+// before leaderOnly must go on waiting for as long as its context lets it.
+func (c *Client) onLedVoter(ctx context.Context, fn func(context.Context, *clientv3.Client) error) error {
+	led := leaderOnly(ctx)
 	for {
-		err := read()
+		err := c.onVoter(func(cli *clientv3.Client) error { return fn(led, cli) })
 		if !IsNoLeader(err) {
 			return err
 		}
@@ -90,17 +92,14 @@ func untilLed(ctx context.Context, read func() error) error {
 }
 
 // Members returns the linearizable member list, sorted by ID. Only a
-// member that follows a leader is asked (leaderOnly).
+// member that follows a leader is asked (onLedVoter).
 func (c *Client) Members(ctx context.Context) ([]Member, error) {
 	ctx, cancel := bounded(ctx)
 	defer cancel()
-	ctx = leaderOnly(ctx)
 	var resp *clientv3.MemberListResponse
-	err := untilLed(ctx, func() error {
-		return c.onVoter(func(cli *clientv3.Client) (err error) {
-			resp, err = cli.MemberList(ctx)
-			return err
-		})
+	err := c.onLedVoter(ctx, func(ctx context.Context, cli *clientv3.Client) (err error) {
+		resp, err = cli.MemberList(ctx)
+		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("listing etcd members: %w", err)
@@ -428,13 +427,10 @@ func (c *Client) Leader(ctx context.Context) (MemberStatus, error) {
 
 // Alarms lists the raised alarms (NOSPACE, CORRUPT) with the member raising each.
 func (c *Client) Alarms(ctx context.Context) ([]Alarm, error) {
-	ctx = leaderOnly(ctx)
 	var resp *clientv3.AlarmResponse
-	err := untilLed(ctx, func() error {
-		return c.onVoter(func(cli *clientv3.Client) (err error) {
-			resp, err = cli.AlarmList(ctx)
-			return err
-		})
+	err := c.onLedVoter(ctx, func(ctx context.Context, cli *clientv3.Client) (err error) {
+		resp, err = cli.AlarmList(ctx)
+		return err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("listing etcd alarms: %w", err)
