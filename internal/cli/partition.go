@@ -41,8 +41,7 @@ shows what a member does when it cannot answer. The cut holds until 'qcpctl mach
 			if err != nil {
 				return err
 			}
-			h := &machinehost.Host{}
-			peers, names, err := partitionPeers(cmd.Context(), c, h, m, from)
+			peers, names, err := partitionPeers(cmd.Context(), c, m, from)
 			if err != nil {
 				return err
 			}
@@ -50,7 +49,7 @@ shows what a member does when it cannot answer. The cut holds until 'qcpctl mach
 			if oneWay {
 				d = hostnet.Outgoing
 			}
-			if err := h.Isolate(m.Namespace, m.Spec.InfrastructureRef.Name, peers, d); err != nil {
+			if err := machinehost.Isolate(m.Namespace, m.Spec.InfrastructureRef.Name, peers, d); err != nil {
 				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "machine %s/%s cut off from %s (%s)\n", m.Namespace, m.Name, strings.Join(names, ", "), d)
@@ -69,7 +68,7 @@ shows what a member does when it cannot answer. The cut holds until 'qcpctl mach
 			if err != nil {
 				return err
 			}
-			if err := (&machinehost.Host{}).Heal(m.Namespace, m.Spec.InfrastructureRef.Name); err != nil {
+			if err := machinehost.Heal(m.Namespace, m.Spec.InfrastructureRef.Name); err != nil {
 				return err
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "machine %s/%s healed\n", m.Namespace, m.Name)
@@ -98,7 +97,7 @@ func processMachine(ctx context.Context, g *globals, namespace, name string) (cl
 
 // partitionPeers is the addresses (and names) m is cut from: those from
 // names, or every other Machine of m's cluster.
-func partitionPeers(ctx context.Context, c client.Client, h *machinehost.Host, m *clusterv1.Machine, from []string) ([]netip.Addr, []string, error) {
+func partitionPeers(ctx context.Context, c client.Client, m *clusterv1.Machine, from []string) ([]netip.Addr, []string, error) {
 	var list clusterv1.MachineList
 	if err := c.List(ctx, &list, client.InNamespace(m.Namespace), client.MatchingLabels{clusterv1.ClusterNameLabel: m.Spec.ClusterName}); err != nil {
 		return nil, nil, fmt.Errorf("listing the machines of cluster %s/%s: %w", m.Namespace, m.Spec.ClusterName, err)
@@ -116,7 +115,7 @@ func partitionPeers(ctx context.Context, c client.Client, h *machinehost.Host, m
 	var addrs []netip.Addr
 	for _, name := range from {
 		if name == fromManager {
-			a, err := h.NetworkHostAddr(m.Namespace, m.Spec.InfrastructureRef.Name)
+			a, err := machinehost.NetworkHostAddr(m.Namespace, m.Spec.InfrastructureRef.Name)
 			if err != nil {
 				return nil, nil, err
 			}

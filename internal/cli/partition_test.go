@@ -11,7 +11,6 @@ import (
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/controller-runtime/pkg/client/fake"
 
-	"github.com/qcp-dev/qcp/internal/machinehost"
 	"github.com/qcp-dev/qcp/internal/scheme"
 )
 
@@ -31,14 +30,14 @@ func TestPartitionPeers(t *testing.T) {
 	a, b, c := machine("a", "demo", "198.18.0.2"), machine("b", "demo", "198.18.0.3"), machine("c", "demo", "198.18.0.4")
 	other := machine("x", "other", "198.18.0.9")
 	cl := fake.NewClientBuilder().WithScheme(scheme.New()).WithObjects(a, b, c, other).Build()
-	ctx, h := context.Background(), &machinehost.Host{}
+	ctx := context.Background()
 
-	addrs, names, err := partitionPeers(ctx, cl, h, a, nil)
+	addrs, names, err := partitionPeers(ctx, cl, a, nil)
 	want := []netip.Addr{netip.MustParseAddr("198.18.0.3"), netip.MustParseAddr("198.18.0.4")}
 	if err != nil || !slices.Equal(addrs, want) || !slices.Equal(names, []string{"b", "c"}) {
 		t.Errorf("default peers of a: %v %v, %v; want b and c at %v", addrs, names, err, want)
 	}
-	addrs, _, err = partitionPeers(ctx, cl, h, a, []string{"c"})
+	addrs, _, err = partitionPeers(ctx, cl, a, []string{"c"})
 	if err != nil || !slices.Equal(addrs, want[1:]) {
 		t.Errorf("--from c: %v, %v; want %v", addrs, err, want[1:])
 	}
@@ -50,12 +49,12 @@ func TestPartitionPeers(t *testing.T) {
 		{[]string{"a"}, "not another Machine of cluster default/demo"},
 		{[]string{"manager"}, "--machine-network=namespaces"},
 	} {
-		if _, _, err := partitionPeers(ctx, cl, h, a, c.from); err == nil || !strings.Contains(err.Error(), c.want) {
+		if _, _, err := partitionPeers(ctx, cl, a, c.from); err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("--from %v: %v; want an error saying %q", c.from, err, c.want)
 		}
 	}
 	lonely := machine("solo", "alone", "198.18.0.5")
-	if _, _, err := partitionPeers(ctx, cl, h, lonely, nil); err == nil || !strings.Contains(err.Error(), "no peer") {
+	if _, _, err := partitionPeers(ctx, cl, lonely, nil); err == nil || !strings.Contains(err.Error(), "no peer") {
 		t.Errorf("a machine alone in its cluster: %v; want an error saying it has no peer", err)
 	}
 }

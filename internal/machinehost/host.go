@@ -98,7 +98,7 @@ func (h *Host) unplace(key string) error {
 // the machine sends. The cut holds until Heal, whatever else the machine
 // does; it needs the machine to run in a network namespace of its own (a
 // Network).
-func (h *Host) Isolate(namespace, name string, peers []netip.Addr, d hostnet.Direction) error {
+func Isolate(namespace, name string, peers []netip.Addr, d hostnet.Direction) error {
 	ns, err := machineNetns(namespace, name)
 	if err != nil {
 		return err
@@ -112,7 +112,7 @@ func (h *Host) Isolate(namespace, name string, peers []netip.Addr, d hostnet.Dir
 }
 
 // Heal removes every cut Isolate made on machine namespace/name.
-func (h *Host) Heal(namespace, name string) error {
+func Heal(namespace, name string) error {
 	ns, err := machineNetns(namespace, name)
 	if err != nil {
 		return err
@@ -122,7 +122,7 @@ func (h *Host) Heal(namespace, name string) error {
 
 // NetworkHostAddr is the address machine namespace/name reaches its
 // manager's host at: the bridge's.
-func (h *Host) NetworkHostAddr(namespace, name string) (netip.Addr, error) {
+func NetworkHostAddr(namespace, name string) (netip.Addr, error) {
 	ns, err := machineNetns(namespace, name)
 	if err != nil {
 		return netip.Addr{}, err

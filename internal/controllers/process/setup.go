@@ -28,7 +28,7 @@ type Options struct {
 	AddressRange netip.Prefix
 	// Network, when set, makes each machine and load balancer a network
 	// host of its own: a network namespace on Network's bridge, where
-	// partitions can be made (machinehost.Host.Isolate). Its range is
+	// partitions can be made (machinehost.Isolate). Its range is
 	// the addresses'.
 	Network *hostnet.Network
 	// WatchFilter limits the controllers to the objects it admits.
