@@ -122,6 +122,12 @@ func TestKeyLeakFilesCheck(t *testing.T) {
 	block, _ := pem.Decode(a.KeyPEM)
 	write(filepath.Join(logs, "qcp-manager.log"), 0o644, []byte("key "+hex.EncodeToString(keySecret(block.Type, block.Bytes))))
 	write(filepath.Join(logs, "b.log"), 0o644, b.KeyPEM)
+	// A program is a build output, not read; a file that only looks
+	// like one, or a script, is.
+	elf := []byte("\x7fELF")
+	write(filepath.Join(logs, "bin", "program"), 0o755, append(slices.Clone(elf), a.KeyPEM...))
+	write(filepath.Join(logs, "bin", "not-executable"), 0o644, append(slices.Clone(elf), a.KeyPEM...))
+	write(filepath.Join(logs, "bin", "script"), 0o755, append([]byte("#!/bin/sh\n"), a.KeyPEM...))
 
 	k := &KeyLeakCheck{Dirs: []string{logs, machines}, MachineDirs: []string{machines}, keys: map[string]*leakKey{}}
 	files, err := k.collectFiles()
@@ -142,6 +148,8 @@ func TestKeyLeakFilesCheck(t *testing.T) {
 		t.Fatal(err)
 	}
 	want := []string{
+		strings.TrimPrefix(filepath.Join(logs, "bin", "not-executable"), filepath.Dir(machines)),
+		strings.TrimPrefix(filepath.Join(logs, "bin", "script"), filepath.Dir(machines)),
 		strings.TrimPrefix(filepath.Join(logs, "qcp-manager.log"), filepath.Dir(machines)),
 		strings.TrimPrefix(filepath.Join(m, "copy.pem"), filepath.Dir(machines)),
 		strings.TrimPrefix(filepath.Join(m, "logs", "agent.log"), filepath.Dir(machines)),
