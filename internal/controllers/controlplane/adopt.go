@@ -36,11 +36,17 @@ const EtcdBootstrappedAnnotation = "controlplane.cluster.x-k8s.io/qcp-etcd-boots
 // (see rollout.go). A machine QCP cannot adopt stops the round with an
 // error that names it: creating machines beside it would start a second
 // etcd cluster.
-func (r *Reconciler) adoptMachines(ctx context.Context, cluster *clusterv1.Cluster, cp *controlplanev1.QuorumControlPlane) error {
-	orphans, err := collections.GetFilteredMachinesForCluster(ctx, r.APIReader, cluster, collections.AdoptableControlPlaneMachines(cluster.Name))
+//
+// It returns every Machine of the cluster, read live, the adopted ones as
+// their adoption left them: the round observes them without listing them
+// again (one live list of Machines a round instead of two, the management
+// API server's costliest read; docs/measurements.md, stop 63).
+func (r *Reconciler) adoptMachines(ctx context.Context, cluster *clusterv1.Cluster, cp *controlplanev1.QuorumControlPlane) (collections.Machines, error) {
+	all, err := collections.GetFilteredMachinesForCluster(ctx, r.APIReader, cluster)
 	if err != nil {
-		return fmt.Errorf("listing the control plane machines of cluster %s without an owner: %w", klogRef(cluster), err)
+		return nil, fmt.Errorf("listing the machines of cluster %s: %w", klogRef(cluster), err)
 	}
+	orphans := all.Filter(collections.AdoptableControlPlaneMachines(cluster.Name))
 	var refused []error
 	for _, m := range engine.SortedByName(orphans.UnsortedList()) {
 		if !m.DeletionTimestamp.IsZero() {
@@ -52,15 +58,15 @@ func (r *Reconciler) adoptMachines(ctx context.Context, cluster *clusterv1.Clust
 			continue
 		}
 		if err := r.markEtcdBootstrapped(ctx, cp, m); err != nil {
-			return err
+			return nil, err
 		}
 		if err := r.adopt(ctx, cp, m); err != nil {
-			return err
+			return nil, err
 		}
 		log.FromContext(ctx).Info("Adopted machine", "Machine", klogRef(m))
 		r.Recorder.Eventf(cp, corev1.EventTypeNormal, "Adopted", "Adopted machine %s", m.Name)
 	}
-	return errors.Join(refused...)
+	return all, errors.Join(refused...)
 }
 
 // markEtcdBootstrapped writes EtcdBootstrappedAnnotation on cp before m is

@@ -7,6 +7,7 @@ import (
 	"net"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -72,6 +73,8 @@ type adoptWorld struct {
 	c    client.Client
 	name string
 	r    *Reconciler
+	// live counts the round's live lists of Machines.
+	live *machineLists
 
 	mu  sync.Mutex
 	now time.Time
@@ -104,7 +107,8 @@ func newAdoptWorld(ctx context.Context, t *testing.T, env *localenv.Env, name st
 
 	pool := etcd.NewPool()
 	t.Cleanup(func() { _ = pool.Close() })
-	w.r = &Reconciler{Client: env.Client, APIReader: env.Client, Etcd: pool, Recorder: record.NewFakeRecorder(1000),
+	w.live = &machineLists{Reader: env.Client}
+	w.r = &Reconciler{Client: env.Client, APIReader: w.live, Etcd: pool, Recorder: record.NewFakeRecorder(1000),
 		Tunables: quorum.Tunables{LearnerStartTimeout: adoptLearnerStartTimeout}, Now: w.clock}
 	w.r.init()
 	return w
@@ -143,8 +147,15 @@ func (w *adoptWorld) round(ctx context.Context) {
 	if err := errors.Join(w.c.Get(ctx, key, cluster), w.c.Get(ctx, key, cp)); err != nil {
 		w.t.Fatal(err)
 	}
+	w.live.n.Store(0)
 	if _, err := w.r.reconcileNormal(ctx, cluster, cp, w.clock()); err != nil {
 		w.t.Fatalf("reconciling at %s: %v", w.clock().Format(time.RFC3339), err)
+	}
+	// The adoption's live list serves the observation: a round that takes
+	// no step reads the Machines once, the first round, which adopts,
+	// included.
+	if n := w.live.n.Load(); n != 1 {
+		w.t.Errorf("the round listed Machines live %d times, want once", n)
 	}
 	last := cp.Status.LastOperation
 	if last.Kind == controlplanev1.OperationDeleteMachine {
@@ -156,6 +167,19 @@ func (w *adoptWorld) round(ctx context.Context) {
 	if m := w.machine(ctx); !m.DeletionTimestamp.IsZero() {
 		w.t.Fatalf("the adopted machine %s is being deleted", w.name)
 	}
+}
+
+// machineLists is a live reader that counts its lists of Machines.
+type machineLists struct {
+	client.Reader
+	n atomic.Int32
+}
+
+func (l *machineLists) List(ctx context.Context, list client.ObjectList, opts ...client.ListOption) error {
+	if _, ok := list.(*clusterv1.MachineList); ok {
+		l.n.Add(1)
+	}
+	return l.Reader.List(ctx, list, opts...)
 }
 
 // pastLearnerStartTimeout moves the clock past the time the planner gives

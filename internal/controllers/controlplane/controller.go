@@ -275,10 +275,11 @@ func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Clu
 		// The health check's deletion wakes the control plane again.
 		ctrl.LoggerFrom(ctx).Info(wait)
 	}
-	if err := r.adoptMachines(ctx, cluster, cp); err != nil {
+	listed, err := r.adoptMachines(ctx, cluster, cp)
+	if err != nil {
 		return ctrl.Result{}, err
 	}
-	obs, err := r.observe(ctx, cluster, cp, secrets)
+	obs, err := r.observe(ctx, cluster, cp, secrets, listed)
 	if err != nil {
 		return ctrl.Result{}, err
 	}
@@ -389,7 +390,7 @@ func (r *Reconciler) act(ctx context.Context, cluster *clusterv1.Cluster, cp *co
 		Owner: cp, LastOperation: &cp.Status.LastOperation, Decision: d, Planned: planned, Learned: learned,
 		Observe: func(ctx context.Context) (*engine.Observation, error) {
 			var err error
-			if fresh, err = r.observe(ctx, cluster, cp, secrets); err != nil {
+			if fresh, err = r.observe(ctx, cluster, cp, secrets, nil); err != nil {
 				return nil, err
 			}
 			return &fresh.Observation, nil

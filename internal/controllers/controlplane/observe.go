@@ -87,15 +87,19 @@ type observation struct {
 	certificates map[string]engine.PKIRecords
 }
 
-// observe reads everything the planner needs: the Machines (live), the
+// observe reads everything the planner needs: the Machines (live, or of
+// listed: the cluster's Machines the round has just read live), the
 // workload Nodes (through the ClusterCache, once initialized) and the etcd
 // members (through the pool, over TLS with the manager's client
 // certificate).
-func (r *Reconciler) observe(ctx context.Context, cluster *clusterv1.Cluster, cp *controlplanev1.QuorumControlPlane, secrets *clusterSecrets) (*observation, error) {
-	machines, err := collections.GetFilteredMachinesForCluster(ctx, r.APIReader, cluster,
-		collections.ControlPlaneMachines(cluster.Name), collections.OwnedMachines(cp, controlplanev1.GroupVersion.WithKind("QuorumControlPlane").GroupKind()))
-	if err != nil {
-		return nil, fmt.Errorf("listing the control plane machines of cluster %s: %w", klogRef(cluster), err)
+func (r *Reconciler) observe(ctx context.Context, cluster *clusterv1.Cluster, cp *controlplanev1.QuorumControlPlane, secrets *clusterSecrets, listed collections.Machines) (*observation, error) {
+	ours := []collections.Func{collections.ControlPlaneMachines(cluster.Name), collections.OwnedMachines(cp, controlplanev1.GroupVersion.WithKind("QuorumControlPlane").GroupKind())}
+	machines := listed.Filter(ours...)
+	var err error
+	if listed == nil {
+		if machines, err = collections.GetFilteredMachinesForCluster(ctx, r.APIReader, cluster, ours...); err != nil {
+			return nil, fmt.Errorf("listing the control plane machines of cluster %s: %w", klogRef(cluster), err)
+		}
 	}
 	obs := &observation{
 		Observation: engine.Observation{Machines: engine.SortedByName(machines.UnsortedList())},

@@ -121,7 +121,7 @@ func testCrashKeepsOneAtATime(t *testing.T, w *remediationWorld) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	obs, err := w.r.observe(ctx, w.cluster(ctx), cp, secrets)
+	obs, err := w.r.observe(ctx, w.cluster(ctx), cp, secrets, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
