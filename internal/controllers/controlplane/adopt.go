@@ -39,8 +39,9 @@ const EtcdBootstrappedAnnotation = "controlplane.cluster.x-k8s.io/qcp-etcd-boots
 //
 // It returns every Machine of the cluster, read live, the adopted ones as
 // their adoption left them: the round observes them without listing them
-// again (one live list of Machines a round instead of two, the management
-// API server's costliest read; docs/measurements.md, stop 63).
+// again: one live list of Machines a round instead of two (a live list is
+// decoded from etcd by the management API server; docs/measurements.md,
+// stop 63).
 func (r *Reconciler) adoptMachines(ctx context.Context, cluster *clusterv1.Cluster, cp *controlplanev1.QuorumControlPlane) (collections.Machines, error) {
 	all, err := collections.GetFilteredMachinesForCluster(ctx, r.APIReader, cluster)
 	if err != nil {
