@@ -94,12 +94,12 @@ type observation struct {
 // certificate).
 func (r *Reconciler) observe(ctx context.Context, cluster *clusterv1.Cluster, cp *controlplanev1.QuorumControlPlane, secrets *clusterSecrets, listed collections.Machines) (*observation, error) {
 	ours := []collections.Func{collections.ControlPlaneMachines(cluster.Name), collections.OwnedMachines(cp, controlplanev1.GroupVersion.WithKind("QuorumControlPlane").GroupKind())}
-	machines := listed.Filter(ours...)
+	var machines collections.Machines
 	var err error
-	if listed == nil {
-		if machines, err = collections.GetFilteredMachinesForCluster(ctx, r.APIReader, cluster, ours...); err != nil {
-			return nil, fmt.Errorf("listing the control plane machines of cluster %s: %w", klogRef(cluster), err)
-		}
+	if listed != nil {
+		machines = listed.Filter(ours...)
+	} else if machines, err = collections.GetFilteredMachinesForCluster(ctx, r.APIReader, cluster, ours...); err != nil {
+		return nil, fmt.Errorf("listing the control plane machines of cluster %s: %w", klogRef(cluster), err)
 	}
 	obs := &observation{
 		Observation: engine.Observation{Machines: engine.SortedByName(machines.UnsortedList())},
