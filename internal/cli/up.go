@@ -204,23 +204,13 @@ func startServer(ctx context.Context, dir, addressRange, repository string) erro
 		select {
 		case err := <-exited:
 			return fmt.Errorf("the management cluster did not start (%v); the end of %s:\n%s",
-				err, filepath.Join(dir, logFile), logTail(filepath.Join(dir, logFile), 20))
+				err, filepath.Join(dir, logFile), localenv.LogTail(filepath.Join(dir, logFile), 20))
 		case <-ctx.Done():
 			return fmt.Errorf("the management cluster is not ready after %s (%w): read %s, then run 'qcpctl down'",
 				managementTimeout, ctx.Err(), filepath.Join(dir, logFile))
 		case <-tick.C:
 		}
 	}
-}
-
-// logTail returns the last n lines of the file at path.
-func logTail(path string, n int) string {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return err.Error()
-	}
-	lines := strings.Split(strings.TrimRight(string(data), "\n"), "\n")
-	return strings.Join(lines[max(0, len(lines)-n):], "\n")
 }
 
 // printManagement says how to reach the management cluster in dir.

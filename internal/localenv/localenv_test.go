@@ -26,7 +26,8 @@ import (
 // v1beta2 Cluster references.
 func TestCAPICoreReconcilesClusterOfQCPObjects(t *testing.T) {
 	env := localenv.StartForTest(t, localenv.Options{})
-	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	// Room for a restart as slow as the start's ceiling on a starved host.
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
 	c := env.Client
 	ns := "default"
@@ -78,6 +79,10 @@ func TestCAPICoreReconcilesClusterOfQCPObjects(t *testing.T) {
 	}
 	if err := c.Get(ctx, client.ObjectKeyFromObject(cluster), cluster); err != nil {
 		t.Fatalf("reading the Cluster after the restart: %v", err)
+	}
+	// A restart that fails quotes this log; envtest would discard it.
+	if tail := localenv.LogTail(filepath.Join(env.Dir, "kube-apiserver.log"), 1); strings.TrimSpace(tail) == "" || strings.Contains(tail, "no such file") {
+		t.Errorf("the management kube-apiserver's output is not in its log: %q", tail)
 	}
 	later := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Name: "after-restart", Namespace: ns},
 		Spec: clusterv1.ClusterSpec{InfrastructureRef: clusterv1.ContractVersionedObjectReference{
