@@ -230,13 +230,13 @@ func (c *Client) Defragment(ctx context.Context, id uint64) error {
 	if err != nil {
 		return fmt.Errorf("defragmenting: %w", err)
 	}
-	p, err := c.pin(endpoint)
+	m, err := c.pinnedMaintenance(endpoint)
 	if err != nil {
 		return fmt.Errorf("defragmenting member %x: %w", id, err)
 	}
 	dctx, cancel := context.WithTimeout(ctx, DefragmentTimeout)
 	defer cancel()
-	if _, err := p.Defragment(dctx, endpoint); err != nil {
+	if _, err := m.Defragment(dctx, endpoint); err != nil {
 		return fmt.Errorf("defragmenting member %x at %s: %w", id, endpoint, err)
 	}
 	return nil
@@ -341,11 +341,11 @@ type MemberStatus struct {
 
 // Status asks the member serving endpoint for its status.
 func (c *Client) Status(ctx context.Context, endpoint string) (MemberStatus, error) {
-	p, err := c.pin(endpoint)
+	m, err := c.pinnedMaintenance(endpoint)
 	if err != nil {
 		return MemberStatus{}, err
 	}
-	r, err := p.Status(ctx, endpoint)
+	r, err := m.Status(ctx, endpoint)
 	if err != nil {
 		return MemberStatus{}, fmt.Errorf("status of %s: %w", endpoint, err)
 	}

@@ -246,6 +246,22 @@ func (c *Client) pin(endpoint string) (*clientv3.Client, error) {
 	return p, nil
 }
 
+// pinnedMaintenance is the maintenance API (status, defragmentation) of
+// endpoint's member over its pinned client's connection. The client's own
+// Maintenance dials a new connection for every Status or Defragment, a TLS
+// handshake on both sides each time: the monitors and every round's
+// observation ask each member for its status, and those handshakes were a
+// fifth of a scenario's test binary's CPU (docs/measurements.md, stop 63).
+// The pinned connection reconnects within a second of a member's return
+// (dial's backoff), and its keepalive finds a frozen member.
+func (c *Client) pinnedMaintenance(endpoint string) (clientv3.Maintenance, error) {
+	p, err := c.pin(endpoint)
+	if err != nil {
+		return nil, err
+	}
+	return clientv3.NewMaintenanceFromMaintenanceClient(clientv3.RetryMaintenanceClient(p, p.ActiveConnection()), p), nil
+}
+
 // Forget drops the pinned client of an endpoint whose member is gone, so
 // that its connection does not retry forever.
 func (c *Client) forgetPinned(endpoint string) {
