@@ -20,6 +20,7 @@ import (
 	"sigs.k8s.io/cluster-api/controllers/clustercache"
 	ctrl "sigs.k8s.io/controller-runtime"
 	"sigs.k8s.io/controller-runtime/pkg/cache"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/controller"
 	"sigs.k8s.io/controller-runtime/pkg/healthz"
 	"sigs.k8s.io/controller-runtime/pkg/log/zap"
@@ -240,6 +241,7 @@ func run(metricsAddr, healthAddr, profilerAddr string, leaderElect bool, machine
 	mgr, err := ctrl.NewManager(cfg, ctrl.Options{
 		Scheme:                 scheme.New(),
 		Cache:                  cacheOpts,
+		Client:                 clientOptions(),
 		WebhookServer:          webhook.NewServer(webhookOpts),
 		Metrics:                metricsserver.Options{BindAddress: metricsAddr},
 		HealthProbeBindAddress: healthAddr,
@@ -286,6 +288,15 @@ func run(metricsAddr, healthAddr, profilerAddr string, leaderElect bool, machine
 	}
 	ctrl.Log.Info("starting qcp-manager", "version", version.Get())
 	return mgr.Start(ctx)
+}
+
+// clientOptions are the manager client's: it caches unstructured objects
+// too, as CAPI's managers do, so that the infrastructure template each
+// round of each control plane reads (engine.GetTemplate) is served by an
+// informer, not by a GET on the management API server. The controllers
+// may list and watch every infrastructure kind, as KCP's may.
+func clientOptions() client.Options {
+	return client.Options{Cache: &client.CacheOptions{Unstructured: true}}
 }
 
 // setupControlPlane registers the QuorumControlPlane controller, with the

@@ -66,3 +66,12 @@ func TestMachineNetworkFlags(t *testing.T) {
 		}
 	}
 }
+
+// TestClientCachesTemplates: the manager's client serves unstructured
+// reads, the infrastructure templates every round reads, from its cache
+// (engine.GetTemplate falls back to a live read when the cache lacks one).
+func TestClientCachesTemplates(t *testing.T) {
+	if o := clientOptions(); o.Cache == nil || !o.Cache.Unstructured {
+		t.Errorf("manager client options %+v: unstructured objects are read live, want them cached", o.Cache)
+	}
+}

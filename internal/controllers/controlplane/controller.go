@@ -230,7 +230,7 @@ func (r *Reconciler) Reconcile(ctx context.Context, req ctrl.Request) (res ctrl.
 // when the controller last learned something about cp before this round.
 func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Cluster, cp *controlplanev1.QuorumControlPlane, learned time.Time) (ctrl.Result, error) {
 	setStatusBasics(cp)
-	if err := engine.OwnTemplate(ctx, r.Client, cluster, cp.Spec.MachineTemplate.Spec.InfrastructureRef); err != nil {
+	if err := engine.OwnTemplate(ctx, r.Client, r.APIReader, cluster, cp.Spec.MachineTemplate.Spec.InfrastructureRef); err != nil {
 		return ctrl.Result{}, err
 	}
 	// The failure domains come with the infrastructure: a machine placed

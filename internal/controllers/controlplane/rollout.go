@@ -18,7 +18,6 @@ import (
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
-	"sigs.k8s.io/cluster-api/controllers/external"
 	"sigs.k8s.io/controller-runtime/pkg/log"
 
 	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
@@ -115,7 +114,7 @@ type rollout struct {
 // newRollout reads the infrastructure template (a template that cannot be
 // read is compared by name only) and the rollout settings.
 func (r *Reconciler) newRollout(ctx context.Context, cp *controlplanev1.QuorumControlPlane) rollout {
-	tmpl, err := external.GetObjectFromContractVersionedRef(ctx, r.Client, cp.Spec.MachineTemplate.Spec.InfrastructureRef, cp.Namespace)
+	tmpl, err := engine.GetTemplate(ctx, r.Client, r.APIReader, cp.Spec.MachineTemplate.Spec.InfrastructureRef, cp.Namespace)
 	if err != nil {
 		tmpl = nil
 	}

@@ -75,7 +75,7 @@ func CreateMachine(ctx context.Context, c client.Client, reader client.Reader, f
 	}
 	fp.Hit(FailpointAfterBootstrapData)
 
-	infra, err := cloneInfrastructure(ctx, c, nm)
+	infra, err := cloneInfrastructure(ctx, c, reader, nm)
 	if err != nil {
 		cleanUp(ctx, c, data)
 		return nil, fmt.Errorf("cloning %s %s for machine %s (check %s): %w", nm.InfraTemplate.Kind, nm.InfraTemplate.Name, nm.Name, nm.InfraTemplatePath, err)
@@ -209,8 +209,8 @@ func withBootstrapHooks(annotations map[string]string, doc *bootstrap.Document) 
 // cloneInfrastructure creates the machine's infrastructure machine from
 // the template, owned by the owner (CAPI core moves it to the Machine, as
 // it does for KubeadmControlPlane).
-func cloneInfrastructure(ctx context.Context, c client.Client, nm NewMachine) (*unstructured.Unstructured, error) {
-	tmpl, err := external.GetObjectFromContractVersionedRef(ctx, c, nm.InfraTemplate, nm.Owner.GetNamespace())
+func cloneInfrastructure(ctx context.Context, c client.Client, live client.Reader, nm NewMachine) (*unstructured.Unstructured, error) {
+	tmpl, err := GetTemplate(ctx, c, live, nm.InfraTemplate, nm.Owner.GetNamespace())
 	if err != nil {
 		return nil, err
 	}

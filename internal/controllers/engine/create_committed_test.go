@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -10,8 +11,12 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	apimeta "k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/rest"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
+	"sigs.k8s.io/controller-runtime/pkg/cache"
 	"sigs.k8s.io/controller-runtime/pkg/client"
 	"sigs.k8s.io/controller-runtime/pkg/client/interceptor"
 
@@ -133,6 +138,67 @@ func TestCreateMachineDecidesByWhatExists(t *testing.T) {
 			}
 			checkNothingLeft(ctx, t, base, cluster)
 		})
+	}
+	// On the same API server: GetTemplate, which CreateMachine clones from.
+	t.Run("the template is read from the cache, and live only when the cache lacks it", func(t *testing.T) {
+		checkTemplateReads(ctx, t, env.Config, base, tmpl)
+	})
+}
+
+// checkTemplateReads: with a cache-backed client of unstructured objects,
+// as qcp-manager's, GetTemplate reads a template from its informer and asks
+// the API server nothing; a template the cache does not have yet (one just
+// created) is read live.
+func checkTemplateReads(ctx context.Context, t *testing.T, cfg *rest.Config, base client.WithWatch, tmpl *infrav1.ProcessMachineTemplate) {
+	informers, err := cache.New(cfg, cache.Options{Scheme: base.Scheme()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	cctx, stop := context.WithCancel(ctx)
+	defer stop()
+	go func() { _ = informers.Start(cctx) }()
+	if !informers.WaitForCacheSync(ctx) {
+		t.Fatal("the cache did not start")
+	}
+	cached, err := client.New(cfg, client.Options{Scheme: base.Scheme(), Cache: &client.CacheOptions{Reader: informers, Unstructured: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var liveReads atomic.Int32
+	live := interceptor.NewClient(base, interceptor.Funcs{
+		Get: func(ctx context.Context, c client.WithWatch, key client.ObjectKey, obj client.Object, opts ...client.GetOption) error {
+			if _, ok := obj.(*unstructured.Unstructured); ok {
+				liveReads.Add(1) // the template, not its CRD's contract
+			}
+			return c.Get(ctx, key, obj, opts...)
+		},
+	})
+	ref := clusterv1.ContractVersionedObjectReference{APIGroup: infrav1.GroupVersion.Group, Kind: "ProcessMachineTemplate", Name: tmpl.Name}
+	for range 3 {
+		got, err := GetTemplate(ctx, cached, live, ref, tmpl.Namespace)
+		if err != nil || got.GetName() != tmpl.Name {
+			t.Fatalf("GetTemplate through the cache: %v, %v; want template %s", got, err, tmpl.Name)
+		}
+	}
+	if n := liveReads.Load(); n != 0 {
+		t.Errorf("GetTemplate read a template the cache holds %d times from the API server, want 0", n)
+	}
+	// A cache that has not seen the template yet.
+	behind := interceptor.NewClient(base, interceptor.Funcs{
+		Get: func(ctx context.Context, _ client.WithWatch, key client.ObjectKey, obj client.Object, _ ...client.GetOption) error {
+			if _, ok := obj.(*unstructured.Unstructured); ok {
+				return apierrors.NewNotFound(schema.GroupResource{Group: infrav1.GroupVersion.Group, Resource: "processmachinetemplates"}, key.Name)
+			}
+			return cached.Get(ctx, key, obj)
+		},
+	})
+	got, err := GetTemplate(ctx, behind, live, ref, tmpl.Namespace)
+	if err != nil || got.GetName() != tmpl.Name || liveReads.Load() != 1 {
+		t.Errorf("GetTemplate with a cache that lacks the template: %v, %v after %d live reads; want it read live once", got, err, liveReads.Load())
+	}
+	ref.Name = "no-such-template"
+	if _, err := GetTemplate(ctx, cached, live, ref, tmpl.Namespace); !apierrors.IsNotFound(err) {
+		t.Errorf("GetTemplate of a template that does not exist: %v, want NotFound", err)
 	}
 }
 

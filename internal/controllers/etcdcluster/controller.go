@@ -203,7 +203,7 @@ func (r *Reconciler) cluster(ctx context.Context, ec *etcdv1.EtcdCluster) (*clus
 func (r *Reconciler) reconcileNormal(ctx context.Context, cluster *clusterv1.Cluster, ec *etcdv1.EtcdCluster, learned time.Time) (ctrl.Result, error) {
 	ec.Status.ObservedGeneration = ec.Generation
 	ec.Status.Selector = machineSelector(cluster, ec)
-	if err := engine.OwnTemplate(ctx, r.Client, cluster, ec.Spec.InfrastructureRef); err != nil {
+	if err := engine.OwnTemplate(ctx, r.Client, r.APIReader, cluster, ec.Spec.InfrastructureRef); err != nil {
 		return ctrl.Result{}, err
 	}
 	// The failure domains come with the infrastructure: a machine placed
