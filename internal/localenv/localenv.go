@@ -221,7 +221,7 @@ func (e *Env) startAPIServer(opts Options) error {
 	e.env.ControlPlane.Etcd = &envtest.Etcd{Path: etcdPath}
 	cfg, err := e.env.Start()
 	if err != nil {
-		return fmt.Errorf("starting the management kube-apiserver and etcd: %w", err)
+		return fmt.Errorf("starting the management kube-apiserver and etcd: %w%s", err, e.apiserverLogTail())
 	}
 	e.Config = cfg
 	if opts.Repository == "" {
@@ -375,8 +375,7 @@ func (e *Env) apiserverRunning() bool {
 // and returns once it serves.
 func (e *Env) StartAPIServer() error {
 	if err := e.env.ControlPlane.GetAPIServer().Start(); err != nil {
-		return fmt.Errorf("starting the management kube-apiserver again: %w; the end of its log (%s):\n%s",
-			err, apiserverLogName, LogTail(filepath.Join(e.Dir, apiserverLogName), 20))
+		return fmt.Errorf("starting the management kube-apiserver again: %w%s", err, e.apiserverLogTail())
 	}
 	return nil
 }
@@ -393,6 +392,12 @@ const controlPlaneStartTimeout = 3 * time.Minute
 
 // apiserverLogName is the management kube-apiserver's log, in Dir.
 const apiserverLogName = "kube-apiserver.log"
+
+// apiserverLogTail is the end of the management kube-apiserver's log, for
+// the error of a start that failed.
+func (e *Env) apiserverLogTail() string {
+	return fmt.Sprintf("; the end of its log (%s):\n%s", apiserverLogName, LogTail(filepath.Join(e.Dir, apiserverLogName), 20))
+}
 
 // LogTail returns the last n lines of the file at path, or why it cannot.
 func LogTail(path string, n int) string {
