@@ -424,3 +424,27 @@ func quoteFD(fd string) string {
 func idString(id uint64) string { return strconv.FormatUint(id, 16) }
 
 func roundDuration(d time.Duration) string { return d.Round(time.Second).String() }
+
+// A Wait's reason names times, not ages. It then reads the same from one
+// round to the next while the situation stands: status is not rewritten
+// every round for a clock that moved, and lastOperation.startTime, kept
+// while the reason repeats, says since when the owner has been waiting.
+
+// stamp is t as status shows times: RFC 3339, in UTC; "a time not
+// recorded" for the zero time.
+func stamp(t time.Time) string {
+	if t.IsZero() {
+		return "a time not recorded"
+	}
+	return t.UTC().Format(time.RFC3339)
+}
+
+// due is when a timeout of d from t runs out: "at" a time, or, from a
+// time not recorded (which restarts the timeout: view.since), d after one
+// is.
+func due(t time.Time, d time.Duration) string {
+	if t.IsZero() {
+		return d.String() + " after that is recorded"
+	}
+	return "at " + stamp(t.Add(d))
+}

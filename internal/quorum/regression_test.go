@@ -196,7 +196,7 @@ func TestTimeoutsCountFromTheirPhase(t *testing.T) {
 		l := &s.Members[2]
 		l.Name, l.Healthy, l.AddedAt = "", false, time.Time{}
 	})
-	expectDecision(t, learner, Wait, "", "waiting for learner m-09 to start (added 0s ago")
+	expectDecision(t, learner, Wait, "", "waiting for learner m-09 to start (added at a time not recorded; replaced 5m0s after that is recorded)")
 }
 
 // Item 8: a missing caller record never changes behaviour silently.

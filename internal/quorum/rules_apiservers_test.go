@@ -396,7 +396,7 @@ func TestAPIServersOnlyDecisions(t *testing.T) {
 			RenewCertificates, "b", "machine b: its certificates are due for renewal since 2025-12-31T23:58:00Z; renewing in place, no machine is replaced"},
 		{"one at a time",
 			apiWorld{desired: 2, machines: []apiMachine{{name: "a", stage: 2, certsDue: true}, {name: "b", stage: 2, renewing: true, age: 1}}},
-			Wait, "", "waiting for machine b to finish renewing its certificates (started 1m0s ago; counted as finished after 5m0s) before renewing the certificates of machine a"},
+			Wait, "", "waiting for machine b to finish renewing its certificates (started at 2025-12-31T23:59:00Z; counted as finished at 2026-01-01T00:04:00Z) before renewing the certificates of machine a"},
 		{"a machine that does not serve yet is not renewed",
 			apiWorld{desired: 2, machines: []apiMachine{serving("a", "", 0), {name: "b", stage: 1, certsDue: true, age: 1}}},
 			Wait, "", "waiting for machine b to serve"},

@@ -24,7 +24,7 @@ func TestRotateEtcdAuthority(t *testing.T) {
 			edit(cluster(3, 3), func(s *State) { lacks(s, 0, AuthorityTrust) }), MoveLeader, "2", "moving etcd leadership from m-01 to m-02 before restarting m-01"},
 		{"one restart at a time",
 			edit(cluster(3, 3), func(s *State) { allTrust(s); restartStarted(s, 1, 10*time.Second) }),
-			Wait, "", "waiting for member m-02 to finish restarting (started 10s ago; counted as unhealthy after 2m0s) before restarting member m-03 to trust the etcd authorities"},
+			Wait, "", "waiting for member m-02 to finish restarting (started at 2026-01-01T00:11:50Z; counted as unhealthy at 2026-01-01T00:13:50Z) before restarting member m-03 to trust the etcd authorities"},
 		{"not while the cluster cannot lose the member",
 			edit(cluster(3, 3), func(s *State) { lacks(s, 1, AuthorityTrust); down(s, 2, time.Minute) }),
 			Wait, "", "waiting for member m-03 to become healthy"},
@@ -45,7 +45,7 @@ func TestRotateEtcdAuthority(t *testing.T) {
 				lacks(s, 2, AuthorityLeaves)
 				renewStarted(s, 2, time.Minute)
 			}),
-			Wait, "", "waiting for machine m-03 to finish renewing its certificates (started 1m0s ago; counted as finished after 5m0s) before bringing machine m-02 to the CA rotation's stage"},
+			Wait, "", "waiting for machine m-03 to finish renewing its certificates (started at 2026-01-01T00:11:00Z; counted as finished at 2026-01-01T00:16:00Z) before bringing machine m-02 to the CA rotation's stage"},
 		{"nor beside a restart",
 			edit(cluster(3, 3), func(s *State) { lacks(s, 2, AuthorityLeaves); restartStarted(s, 1, 10*time.Second) }),
 			Wait, "", "waiting for member m-02 to finish restarting"},

@@ -83,8 +83,8 @@ func (v view) renewing() (Machine, bool) {
 // naming it.
 func (p planner) waitForRenewal(what string) (Decision, bool) {
 	if mc, ok := p.renewing(); ok {
-		return waitf("waiting for machine %s to finish renewing its certificates (started %s ago; counted as finished after %s) before %s",
-			mc.Name, roundDuration(p.since(mc.RenewStartedAt)), p.tun.RenewTimeout, what), true
+		return waitf("waiting for machine %s to finish renewing its certificates (started at %s; counted as finished %s) before %s",
+			mc.Name, stamp(mc.RenewStartedAt), due(mc.RenewStartedAt, p.tun.RenewTimeout), what), true
 	}
 	return Decision{}, false
 }

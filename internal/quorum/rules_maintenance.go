@@ -73,7 +73,7 @@ func (p planner) backupBeforeRisky(what string) (Decision, bool) {
 	}
 	age := "there is none"
 	if !b.LastVerified.IsZero() {
-		age = fmt.Sprintf("the newest verified one is %s old (maxAgeBeforeRiskyChangeSeconds: %s)", roundDuration(p.since(b.LastVerified)), b.MaxAgeBeforeRisky)
+		age = fmt.Sprintf("the newest was verified at %s, more than maxAgeBeforeRiskyChangeSeconds (%s) ago", stamp(b.LastVerified), b.MaxAgeBeforeRisky)
 	}
 	switch {
 	case b.Problem != "":
@@ -259,8 +259,8 @@ func (p planner) recoverFromNoSpace(what string) (Decision, bool) {
 		mc, _ := p.machineOf(m)
 		again := ""
 		if last := lastDefrag(mc); !last.IsZero() && last.Before(p.CompactedAt) {
-			again = fmt.Sprintf(" (it was last defragmented %s ago; QCP defragments it again once defragMinIntervalSeconds, %s, has passed)",
-				roundDuration(p.since(last)), p.tun.DefragMinInterval)
+			again = fmt.Sprintf(" (it was last defragmented at %s; QCP defragments it again once defragMinIntervalSeconds, %s, has passed)",
+				stamp(last), p.tun.DefragMinInterval)
 		}
 		return degradedf("%s, and member %s's database is %d MiB after compaction and defragmentation%s, not below its quota of %d MiB: the data itself does not fit; raise etcd's quota (quotaBackendBytes: spec.etcd.stacked.quotaBackendBytes of a QuorumControlPlane, spec.quotaBackendBytes of an EtcdCluster), or delete data",
 			what, p.memberName(m), m.DBSize>>20, again, p.quotaOf(m)>>20), true
@@ -354,8 +354,8 @@ func (p planner) waitForDisrupted(what string) (Decision, bool) {
 		if verb == "restarting" {
 			since, timeout = mc.RestartStartedAt, p.tun.RestartTimeout
 		}
-		return waitf("waiting for member %s to finish %s (started %s ago; counted as unhealthy after %s) before %s",
-			p.memberName(m), verb, roundDuration(p.since(since)), timeout, what), true
+		return waitf("waiting for member %s to finish %s (started at %s; counted as unhealthy %s) before %s",
+			p.memberName(m), verb, stamp(since), due(since, timeout), what), true
 	}
 	return Decision{}, false
 }

@@ -243,8 +243,8 @@ func (p planner) finishJoining() (Decision, bool) {
 			return p.addLearner(mc)
 		case phaseJoining:
 			m, _ := p.memberOn(mc.Name)
-			return waitf("waiting for learner %s to start (added %s ago; replaced after %s)",
-				mc.Name, roundDuration(p.learnerAge(m)), p.tun.LearnerStartTimeout), true
+			return waitf("waiting for learner %s to start (added at %s; replaced %s)",
+				mc.Name, stamp(m.AddedAt), due(m.AddedAt, p.tun.LearnerStartTimeout)), true
 		case phaseLearner:
 			m, _ := p.memberOn(mc.Name)
 			return p.promote(mc, m)
@@ -313,8 +313,8 @@ func (p planner) waitForVoters(what string, skipQueued bool) (Decision, bool) {
 			return p.waitForDisrupted(what)
 		}
 		if !m.Healthy {
-			return waitf("waiting for member %s to become healthy (unhealthy for %s, replaced after %s) before %s",
-				p.memberName(m), roundDuration(p.unhealthyFor(m)), p.tun.UnhealthyTimeout, what), true
+			return waitf("waiting for member %s to become healthy (unhealthy since %s; replaced %s) before %s",
+				p.memberName(m), stamp(m.UnhealthySince), due(m.UnhealthySince, p.tun.UnhealthyTimeout), what), true
 		}
 	}
 	return Decision{}, false

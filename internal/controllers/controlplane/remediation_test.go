@@ -105,7 +105,7 @@ func TestRemediatingSaysWhatItWaitsFor(t *testing.T) {
 			Reason: clusterv1.MachineHealthCheckNodeDeletedReason})
 		return m
 	}
-	wait := quorum.Decision{Kind: quorum.Wait, Reason: "waiting for member m-1 to become healthy (unhealthy for 10s, replaced after 5m0s) before creating a machine"}
+	wait := quorum.Decision{Kind: quorum.Wait, Reason: "waiting for member m-1 to become healthy (unhealthy since 2026-01-01T00:00:00Z; replaced at 2026-01-01T00:05:00Z) before creating a machine"}
 	for _, tc := range []struct {
 		name       string
 		refused    map[string]string
