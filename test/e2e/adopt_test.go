@@ -40,7 +40,7 @@ func TestAdoption(t *testing.T) {
 
 	var cluster clusterv1.Cluster
 	s.eventually(3*time.Minute, "the Cluster's infrastructure and endpoint", func(ctx context.Context) error {
-		if err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: s.name}, &cluster); err != nil {
+		if err := s.reader(ctx).Get(ctx, client.ObjectKey{Namespace: ns, Name: s.name}, &cluster); err != nil {
 			return err
 		}
 		if !ptr.Deref(cluster.Status.Initialization.InfrastructureProvisioned, false) || !cluster.Spec.ControlPlaneEndpoint.IsValid() {
@@ -103,7 +103,7 @@ func TestAdoption(t *testing.T) {
 			t.Errorf("machine %s's %s label is %q, want %q (the health check selects on it)", m.Name, clusterv1.MachineControlPlaneNameLabel, got, s.name)
 		}
 		var data corev1.Secret
-		if err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: *m.Spec.Bootstrap.DataSecretName}, &data); err != nil {
+		if err := s.reader(ctx).Get(ctx, client.ObjectKey{Namespace: ns, Name: *m.Spec.Bootstrap.DataSecretName}, &data); err != nil {
 			t.Fatal(err)
 		}
 		if owner := metav1.GetControllerOf(&data); owner == nil || owner.Kind != "Machine" || owner.Name != m.Name {
@@ -156,7 +156,7 @@ func (s *scenario) handMadeMachine(ctx context.Context, cas *certs.ClusterCAs, e
 		Labels: map[string]string{clusterv1.ClusterNameLabel: s.name}}})
 	var addr string
 	s.eventually(3*time.Minute, "machine "+name+"'s address", func(ctx context.Context) error {
-		if err := s.c.Get(ctx, client.ObjectKeyFromObject(m), m); err != nil {
+		if err := s.reader(ctx).Get(ctx, client.ObjectKeyFromObject(m), m); err != nil {
 			return err
 		}
 		if addr = internalIP(m); addr == "" {

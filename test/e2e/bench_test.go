@@ -129,7 +129,7 @@ func (s *scenario) startupSum(skip map[string]bool) time.Duration {
 			continue
 		}
 		pm := &infrav1.ProcessMachine{}
-		if err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: m.Spec.InfrastructureRef.Name}, pm); err != nil {
+		if err := s.reader(ctx).Get(ctx, client.ObjectKey{Namespace: ns, Name: m.Spec.InfrastructureRef.Name}, pm); err != nil {
 			s.t.Fatal(err)
 		}
 		started, err := processStart(int(pm.Status.PID))
@@ -206,7 +206,7 @@ func (s *scenario) deleteCluster() {
 func (s *scenario) waitClusterGone() {
 	cluster := &clusterv1.Cluster{ObjectMeta: metav1.ObjectMeta{Name: s.name, Namespace: ns}}
 	s.eventually(5*time.Minute, "Cluster "+s.name+" gone", func(ctx context.Context) error {
-		err := s.c.Get(ctx, client.ObjectKeyFromObject(cluster), cluster)
+		err := s.reader(ctx).Get(ctx, client.ObjectKeyFromObject(cluster), cluster)
 		if isNotFound(err) {
 			return nil
 		}

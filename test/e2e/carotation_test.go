@@ -127,7 +127,7 @@ func TestEtcdCARotation(t *testing.T) {
 			return errors.New("<cluster>-etcd changed")
 		}
 		var prev corev1.Secret
-		if err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: secret.Name(s.name, "etcd-previous")}, &prev); !apierrors.IsNotFound(err) {
+		if err := s.reader(ctx).Get(ctx, client.ObjectKey{Namespace: ns, Name: secret.Name(s.name, "etcd-previous")}, &prev); !apierrors.IsNotFound(err) {
 			return fmt.Errorf("<cluster>-etcd-previous: %v", err)
 		}
 		return s.sameMachines(before)(ctx)
@@ -173,7 +173,7 @@ func TestEtcdCARotation(t *testing.T) {
 func (s *scenario) secretAuthority(ctx context.Context, purpose secret.Purpose) *certs.KeyPair {
 	s.t.Helper()
 	var sec corev1.Secret
-	if err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: secret.Name(s.name, purpose)}, &sec); err != nil {
+	if err := s.reader(ctx).Get(ctx, client.ObjectKey{Namespace: ns, Name: secret.Name(s.name, purpose)}, &sec); err != nil {
 		s.t.Fatal(err)
 	}
 	ca, err := certs.ParseAuthority(purpose, sec.Data[secret.TLSCrtDataName], sec.Data[secret.TLSKeyDataName])
@@ -299,7 +299,7 @@ func (s *scenario) checkRotated(ctx context.Context, oldCA, newCA *certs.KeyPair
 	}
 	for _, p := range []secret.Purpose{"etcd-next", "etcd-previous"} {
 		var sec corev1.Secret
-		if err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: secret.Name(s.name, p)}, &sec); !apierrors.IsNotFound(err) {
+		if err := s.reader(ctx).Get(ctx, client.ObjectKey{Namespace: ns, Name: secret.Name(s.name, p)}, &sec); !apierrors.IsNotFound(err) {
 			s.t.Errorf("Secret %s after the rotation: %v", secret.Name(s.name, p), err)
 		}
 	}
@@ -512,7 +512,7 @@ func (s *scenario) checkRotationSecretsGone(ctx context.Context, purpose secret.
 	s.t.Helper()
 	for _, p := range []secret.Purpose{purpose + "-next", purpose + "-previous"} {
 		var sec corev1.Secret
-		if err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: secret.Name(s.name, p)}, &sec); !apierrors.IsNotFound(err) {
+		if err := s.reader(ctx).Get(ctx, client.ObjectKey{Namespace: ns, Name: secret.Name(s.name, p)}, &sec); !apierrors.IsNotFound(err) {
 			s.t.Errorf("Secret %s after the rotation: %v", secret.Name(s.name, p), err)
 		}
 	}
@@ -581,7 +581,7 @@ func (s *scenario) checkRequestHeaderClient(ctx context.Context, signer *certs.K
 func (s *scenario) kubeconfig(ctx context.Context) *clientcmdapi.Config {
 	s.t.Helper()
 	var kc corev1.Secret
-	if err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: secret.Name(s.name, secret.Kubeconfig)}, &kc); err != nil {
+	if err := s.reader(ctx).Get(ctx, client.ObjectKey{Namespace: ns, Name: secret.Name(s.name, secret.Kubeconfig)}, &kc); err != nil {
 		s.t.Fatal(err)
 	}
 	cfg, err := clientcmd.Load(kc.Data[secret.KubeconfigDataName])
@@ -826,7 +826,7 @@ func (s *scenario) deleteWorker(ctx context.Context, m *clusterv1.Machine) {
 		s.t.Fatal(err)
 	}
 	s.eventually(2*time.Minute, "worker "+m.Name+" gone", func(ctx context.Context) error {
-		if err := s.c.Get(ctx, client.ObjectKeyFromObject(m), &clusterv1.Machine{}); !apierrors.IsNotFound(err) {
+		if err := s.reader(ctx).Get(ctx, client.ObjectKeyFromObject(m), &clusterv1.Machine{}); !apierrors.IsNotFound(err) {
 			return fmt.Errorf("still there (%v)", err)
 		}
 		return nil

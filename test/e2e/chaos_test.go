@@ -208,7 +208,7 @@ func runChaos(t *testing.T, mgmt *management, r chaos.Run) chaos.Outcome {
 	o.Injected = faults.wait()
 	stopped := time.Now()
 	cctx, ccancel := context.WithTimeout(ctx, convergeBound)
-	err := testkit.Eventually(cctx, time.Second, "convergence", converged)
+	err := testkit.Eventually(forWait(cctx), time.Second, "convergence", converged)
 	ccancel()
 	var last controlplanev1.LastOperation
 	if err != nil {

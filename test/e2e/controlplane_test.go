@@ -98,7 +98,7 @@ func (s *scenario) checkCertificates() {
 			controlplanev1.CertificateKindFrontProxyCA: secret.FrontProxyCA,
 		} {
 			var sec corev1.Secret
-			if err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: secret.Name(s.name, purpose)}, &sec); err != nil {
+			if err := s.reader(ctx).Get(ctx, client.ObjectKey{Namespace: ns, Name: secret.Name(s.name, purpose)}, &sec); err != nil {
 				return err
 			}
 			c, err := certs.ParseCert(sec.Data[secret.TLSCrtDataName])
@@ -108,7 +108,7 @@ func (s *scenario) checkCertificates() {
 			want[kind] = c.NotAfter
 		}
 		var kc corev1.Secret
-		if err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: secret.Name(s.name, secret.Kubeconfig)}, &kc); err != nil {
+		if err := s.reader(ctx).Get(ctx, client.ObjectKey{Namespace: ns, Name: secret.Name(s.name, secret.Kubeconfig)}, &kc); err != nil {
 			return err
 		}
 		cfg, err := clientcmd.Load(kc.Data[secret.KubeconfigDataName])
@@ -171,7 +171,7 @@ func (s *scenario) checkTwoOfFive(ctx context.Context, victims []clusterv1.Machi
 	s.eventually(15*time.Minute, "both killed machines replaced", func(ctx context.Context) error {
 		for _, v := range victims {
 			var m clusterv1.Machine
-			if err := s.c.Get(ctx, client.ObjectKeyFromObject(&v), &m); !isNotFound(err) {
+			if err := s.reader(ctx).Get(ctx, client.ObjectKeyFromObject(&v), &m); !isNotFound(err) {
 				cp, _ := s.controlPlane(ctx)
 				return fmt.Errorf("machine %s still there (%v); Remediating: %s", v.Name, err, conditions.GetMessage(cp, controlplanev1.RemediatingCondition))
 			}
@@ -315,7 +315,7 @@ func (s *scenario) checkCreated(cp *controlplanev1.QuorumControlPlane) {
 	}
 	s.eventually(time.Minute, "the Cluster reporting the control plane initialized", func(ctx context.Context) error {
 		cluster := &clusterv1.Cluster{}
-		if err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: s.name}, cluster); err != nil {
+		if err := s.reader(ctx).Get(ctx, client.ObjectKey{Namespace: ns, Name: s.name}, cluster); err != nil {
 			return err
 		}
 		if !ptr.Deref(cluster.Status.Initialization.ControlPlaneInitialized, false) {
@@ -354,7 +354,7 @@ func (s *scenario) checkCreated(cp *controlplanev1.QuorumControlPlane) {
 func (s *scenario) annotate(ctx context.Context, name, key string) {
 	s.t.Helper()
 	m := &clusterv1.Machine{}
-	if err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, m); err != nil {
+	if err := s.reader(ctx).Get(ctx, client.ObjectKey{Namespace: ns, Name: name}, m); err != nil {
 		s.t.Fatal(err)
 	}
 	before := m.DeepCopy()

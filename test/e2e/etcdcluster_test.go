@@ -47,7 +47,7 @@ const etcdScenarioControlPlane = 2
 func newEtcdScenario(t testing.TB, mgmt *management, name string, replicas int32, surge int, edits ...func(*etcdv1.EtcdCluster)) *scenario {
 	t.Helper()
 	testkit.RequireBinaries(t, "etcd", "kube", "capi-manager")
-	s := &scenario{t: t, mgmt: mgmt, c: mgmt.env.Client, name: name,
+	s := &scenario{t: t, mgmt: mgmt, c: mgmt.fenced(mgmt.env.Client), name: name,
 		selector: client.MatchingLabels{clusterv1.ClusterNameLabel: name, etcdv1.EtcdClusterNameLabel: name}}
 	ec := &etcdv1.EtcdCluster{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: map[string]string{clusterv1.ClusterNameLabel: name}},
@@ -127,7 +127,7 @@ func (s *scenario) changeEtcdQuota(ctx context.Context, quota int64) {
 // etcdCluster reads the scenario's EtcdCluster.
 func (s *scenario) etcdCluster(ctx context.Context) (*etcdv1.EtcdCluster, error) {
 	ec := &etcdv1.EtcdCluster{}
-	return ec, s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: s.name}, ec)
+	return ec, s.reader(ctx).Get(ctx, client.ObjectKey{Namespace: ns, Name: s.name}, ec)
 }
 
 // etcdBackedUp waits for the EtcdCluster's first verified backup and checks
@@ -244,7 +244,7 @@ func TestEtcdClusterCreateAndScale(t *testing.T) {
 	}
 	for _, purpose := range []secret.Purpose{secret.EtcdCA, secret.APIServerEtcdClient} {
 		var sec corev1.Secret
-		if err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: secret.Name(s.name, purpose)}, &sec); err != nil {
+		if err := s.reader(ctx).Get(ctx, client.ObjectKey{Namespace: ns, Name: secret.Name(s.name, purpose)}, &sec); err != nil {
 			t.Fatalf("contract Secret %s: %v", secret.Name(s.name, purpose), err)
 		}
 		if sec.Type != clusterv1.ClusterSecretType || sec.Labels[clusterv1.ClusterNameLabel] != s.name || len(sec.Data[secret.TLSCrtDataName]) == 0 {
@@ -497,7 +497,7 @@ func (s *scenario) deleteOnlyTheCluster(ctx context.Context) {
 	}
 	s.eventually(5*time.Minute, "the Cluster, its EtcdCluster and every machine gone", func(ctx context.Context) error {
 		var ms clusterv1.MachineList
-		if err := s.c.List(ctx, &ms, client.InNamespace(ns), client.MatchingLabels{clusterv1.ClusterNameLabel: s.name}); err != nil {
+		if err := s.reader(ctx).List(ctx, &ms, client.InNamespace(ns), client.MatchingLabels{clusterv1.ClusterNameLabel: s.name}); err != nil {
 			return err
 		}
 		if len(ms.Items) > 0 {
@@ -506,7 +506,7 @@ func (s *scenario) deleteOnlyTheCluster(ctx context.Context) {
 		if _, err := s.etcdCluster(ctx); !isNotFound(err) {
 			return fmt.Errorf("the EtcdCluster is still there (%v)", err)
 		}
-		if err := s.c.Get(ctx, client.ObjectKeyFromObject(cluster), cluster); !isNotFound(err) {
+		if err := s.reader(ctx).Get(ctx, client.ObjectKeyFromObject(cluster), cluster); !isNotFound(err) {
 			return fmt.Errorf("the Cluster is still there (%v)", err)
 		}
 		return nil
@@ -777,6 +777,9 @@ func (s *scenario) controlPlaneWaitsForEtcd(timeout time.Duration) {
 		s.t.Fatal(err)
 	}
 	s.eventually(timeout, "EtcdCluster "+s.name+" creationComplete, with no control plane machine before", func(ctx context.Context) error {
+		// Two kinds compared in order: live, as the cache's informers may
+		// stand at different points.
+		ctx = liveReads(ctx)
 		ms, err := s.controlPlaneMachines(ctx)
 		if err != nil {
 			return err
@@ -847,7 +850,7 @@ func (s *scenario) storesIn(ctx context.Context, cfg etcd.Config) {
 func (s *scenario) checkOwnedByCluster(ctx context.Context, ec *etcdv1.EtcdCluster) {
 	s.t.Helper()
 	cluster := &clusterv1.Cluster{}
-	if err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: s.name}, cluster); err != nil {
+	if err := s.reader(ctx).Get(ctx, client.ObjectKey{Namespace: ns, Name: s.name}, cluster); err != nil {
 		s.t.Fatal(err)
 	}
 	if !slices.ContainsFunc(ec.OwnerReferences, func(o metav1.OwnerReference) bool {

@@ -121,10 +121,10 @@ func (s *scenario) checkReplacedAuthority(ctx context.Context) {
 	s.t.Helper()
 	key := client.ObjectKey{Namespace: ns, Name: secret.Name(s.name, secret.EtcdCA)}
 	var ca, kubeconfig corev1.Secret
-	if err := s.c.Get(ctx, key, &ca); err != nil {
+	if err := s.reader(ctx).Get(ctx, key, &ca); err != nil {
 		s.t.Fatal(err)
 	}
-	if err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: secret.Name(s.name, secret.Kubeconfig)}, &kubeconfig); err != nil {
+	if err := s.reader(ctx).Get(ctx, client.ObjectKey{Namespace: ns, Name: secret.Name(s.name, secret.Kubeconfig)}, &kubeconfig); err != nil {
 		s.t.Fatal(err)
 	}
 	before, err := s.machines(ctx)
@@ -156,7 +156,7 @@ func (s *scenario) checkReplacedAuthority(ctx context.Context) {
 			return err
 		}
 		var now corev1.Secret
-		if err := s.c.Get(ctx, client.ObjectKeyFromObject(&kubeconfig), &now); err != nil {
+		if err := s.reader(ctx).Get(ctx, client.ObjectKeyFromObject(&kubeconfig), &now); err != nil {
 			return err
 		}
 		if now.ResourceVersion != kubeconfig.ResourceVersion {
@@ -164,7 +164,7 @@ func (s *scenario) checkReplacedAuthority(ctx context.Context) {
 		}
 		return nil
 	})
-	if err := s.c.Get(ctx, key, &ca); err != nil {
+	if err := s.reader(ctx).Get(ctx, key, &ca); err != nil {
 		s.t.Fatal(err)
 	}
 	ca.Data = original
@@ -199,7 +199,7 @@ func (s *scenario) checkReplacedPair(ctx context.Context, ca *certs.KeyPair, fir
 		s.t.Fatal(err)
 	}
 	var sec corev1.Secret
-	if err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: secret.Name(s.name, secret.APIServerEtcdClient)}, &sec); err != nil {
+	if err := s.reader(ctx).Get(ctx, client.ObjectKey{Namespace: ns, Name: secret.Name(s.name, secret.APIServerEtcdClient)}, &sec); err != nil {
 		s.t.Fatal(err)
 	}
 	sec.Data = map[string][]byte{secret.TLSCrtDataName: replaced.CertPEM, secret.TLSKeyDataName: replaced.KeyPEM}

@@ -161,7 +161,7 @@ func TestHungEtcdBlocksRemediation(t *testing.T) {
 	s.freeze(host, marked, machinehost.AgentProcess) // its Node stops heartbeating
 	s.eventually(3*time.Minute, "the health check marking machine "+marked, func(ctx context.Context) error {
 		var m clusterv1.Machine
-		if err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: marked}, &m); err != nil {
+		if err := s.reader(ctx).Get(ctx, client.ObjectKey{Namespace: ns, Name: marked}, &m); err != nil {
 			return err
 		}
 		if !conditions.IsFalse(&m, clusterv1.MachineOwnerRemediatedCondition) {

@@ -42,7 +42,7 @@ func TestGenerateExternalEtcd(t *testing.T) {
 	}
 
 	etcdName, cpName := name+"-etcd", name+"-control-plane"
-	s := &scenario{t: t, mgmt: mgmt, c: mgmt.env.Client, name: name,
+	s := &scenario{t: t, mgmt: mgmt, c: mgmt.fenced(mgmt.env.Client), name: name,
 		selector: client.MatchingLabels{clusterv1.ClusterNameLabel: name, etcdv1.EtcdClusterNameLabel: etcdName}}
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
@@ -63,7 +63,7 @@ func TestGenerateExternalEtcd(t *testing.T) {
 
 	ec := &etcdv1.EtcdCluster{}
 	s.eventually(convergeTimeout, "EtcdCluster "+etcdName+" ready with 3 healthy voters", func(ctx context.Context) error {
-		if err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: etcdName}, ec); err != nil {
+		if err := s.reader(ctx).Get(ctx, client.ObjectKey{Namespace: ns, Name: etcdName}, ec); err != nil {
 			return err
 		}
 		return etcdReadyWith(ec, 3)
@@ -71,7 +71,7 @@ func TestGenerateExternalEtcd(t *testing.T) {
 	s.checkOwnedByCluster(ctx, ec)
 	s.eventually(convergeTimeout, "control plane "+cpName+" Available with 3 machines on the EtcdCluster", func(ctx context.Context) error {
 		cp := &controlplanev1.QuorumControlPlane{}
-		if err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: cpName}, cp); err != nil {
+		if err := s.reader(ctx).Get(ctx, client.ObjectKey{Namespace: ns, Name: cpName}, cp); err != nil {
 			return err
 		}
 		return externalAvailable(cp, 3)

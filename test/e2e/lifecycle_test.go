@@ -61,7 +61,7 @@ func TestPauseAndDeletion(t *testing.T) {
 func (s *scenario) setPaused(ctx context.Context, paused bool) {
 	s.t.Helper()
 	cluster := &clusterv1.Cluster{}
-	if err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: s.name}, cluster); err != nil {
+	if err := s.reader(ctx).Get(ctx, client.ObjectKey{Namespace: ns, Name: s.name}, cluster); err != nil {
 		s.t.Fatal(err)
 	}
 	before := cluster.DeepCopy()
@@ -213,7 +213,7 @@ func (s *scenario) checkDeletion(ctx context.Context) {
 			return fmt.Errorf("%d control plane machines left (%v)", len(ms), err)
 		}
 		var secrets corev1.SecretList
-		if err := s.c.List(ctx, &secrets, client.InNamespace(ns), client.MatchingLabels{clusterv1.ClusterNameLabel: s.name}); err != nil {
+		if err := s.reader(ctx).List(ctx, &secrets, client.InNamespace(ns), client.MatchingLabels{clusterv1.ClusterNameLabel: s.name}); err != nil {
 			return err
 		}
 		if len(secrets.Items) > 0 {

@@ -308,7 +308,7 @@ func (s *scenario) checkEvent(ctx context.Context, reason, what string) {
 func (s *scenario) controlPlaneEvents(ctx context.Context, reason string) []corev1.Event {
 	s.t.Helper()
 	var events corev1.EventList
-	if err := s.c.List(ctx, &events, client.InNamespace(ns), client.MatchingFields{"involvedObject.name": s.name}); err != nil {
+	if err := s.reader(ctx).List(ctx, &events, client.InNamespace(ns), client.MatchingFields{"involvedObject.name": s.name}); err != nil {
 		s.t.Fatal(err)
 	}
 	return slices.DeleteFunc(events.Items, func(e corev1.Event) bool {

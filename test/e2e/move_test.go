@@ -93,7 +93,7 @@ func TestMove(t *testing.T) {
 		if err := sc.bound.stop(); err != nil {
 			t.Error(err)
 		}
-		sc.mgmt, sc.c = to, to.env.Client
+		sc.mgmt, sc.c = to, to.fenced(to.env.Client)
 		sc.bound = startMachineBound(sc, 3, 1)
 		// The fact that etcd was bootstrapped came with the Machines: each
 		// carries its member's ID, with no control plane or EtcdCluster
@@ -163,7 +163,7 @@ func (s *scenario) waitNodes() map[string]int {
 				return fmt.Errorf("machine %s has no Node yet", m.Name)
 			}
 			data := &corev1.Secret{}
-			if err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: ptr.Deref(m.Spec.Bootstrap.DataSecretName, "")}, data); err != nil {
+			if err := s.reader(ctx).Get(ctx, client.ObjectKey{Namespace: ns, Name: ptr.Deref(m.Spec.Bootstrap.DataSecretName, "")}, data); err != nil {
 				return err
 			}
 			format := string(data.Data["format"])
@@ -199,7 +199,7 @@ func (s *scenario) waitNodes() map[string]int {
 // EtcdCluster's and the control plane's.
 func (s *scenario) clusterMachines(ctx context.Context) ([]clusterv1.Machine, error) {
 	var list clusterv1.MachineList
-	err := s.c.List(ctx, &list, client.InNamespace(ns), client.MatchingLabels{clusterv1.ClusterNameLabel: s.name})
+	err := s.reader(ctx).List(ctx, &list, client.InNamespace(ns), client.MatchingLabels{clusterv1.ClusterNameLabel: s.name})
 	return list.Items, err
 }
 

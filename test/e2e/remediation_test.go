@@ -59,7 +59,7 @@ func TestRemediation(t *testing.T) {
 			t.Errorf("machine %s records replacing %s; want %s", got, victim, replacement)
 		}
 		var m clusterv1.Machine
-		if err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: replacement}, &m); err != nil {
+		if err := s.reader(ctx).Get(ctx, client.ObjectKey{Namespace: ns, Name: replacement}, &m); err != nil {
 			t.Fatal(err)
 		}
 		if record := m.Annotations[controlplane.RemediationForAnnotation]; !strings.Contains(record, fmt.Sprintf(`"retryCount":%d`, retry)) {
@@ -74,7 +74,7 @@ func TestRemediation(t *testing.T) {
 	}
 	s.eventually(4*time.Minute, "the remediation of "+victim+" refused, on the machine and the control plane", func(ctx context.Context) error {
 		var m clusterv1.Machine
-		if err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: victim}, &m); err != nil {
+		if err := s.reader(ctx).Get(ctx, client.ObjectKey{Namespace: ns, Name: victim}, &m); err != nil {
 			return err
 		}
 		if msg := conditions.GetMessage(&m, clusterv1.MachineOwnerRemediatedCondition); !strings.Contains(msg, "maxRetry (1) is used up") {
@@ -161,7 +161,7 @@ func (s *scenario) waitRemediated(victim string) string {
 	}
 	s.eventually(6*time.Minute, "machine "+victim+" remediated", func(ctx context.Context) error {
 		var m clusterv1.Machine
-		if err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: victim}, &m); !isNotFound(err) {
+		if err := s.reader(ctx).Get(ctx, client.ObjectKey{Namespace: ns, Name: victim}, &m); !isNotFound(err) {
 			cp, _ := s.controlPlane(ctx)
 			return fmt.Errorf("machine %s still there (%v); Remediating: %s", victim, err, conditions.GetMessage(cp, controlplanev1.RemediatingCondition))
 		}

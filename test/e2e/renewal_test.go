@@ -397,7 +397,7 @@ func (s *scenario) checkRenewedInPlace(before []clusterv1.Machine, ownerKind str
 		s.t.Errorf("%d machines now, %d before the renewals", len(after), len(before))
 	}
 	var events corev1.EventList
-	if err := s.c.List(ctx, &events, client.InNamespace(ns)); err != nil {
+	if err := s.reader(ctx).List(ctx, &events, client.InNamespace(ns)); err != nil {
 		s.t.Fatal(err)
 	}
 	renewedMachines := map[string]bool{}

@@ -63,11 +63,11 @@ func (s *scenario) checkReplacement(t *testing.T) {
 		return errors.New("no voter on a new machine yet")
 	})
 	var still clusterv1.Machine
-	if err := s.c.Get(ctx, client.ObjectKeyFromObject(&victim), &still); err != nil {
+	if err := s.reader(ctx).Get(ctx, client.ObjectKeyFromObject(&victim), &still); err != nil {
 		t.Fatalf("machine %s went before its replacement %s voted: %v", victim.Name, replacement, err)
 	}
 	s.eventually(3*time.Minute, "machine "+victim.Name+" gone", func(ctx context.Context) error {
-		err := s.c.Get(ctx, client.ObjectKeyFromObject(&victim), &still)
+		err := s.reader(ctx).Get(ctx, client.ObjectKeyFromObject(&victim), &still)
 		if isNotFound(err) {
 			return nil
 		}
@@ -89,7 +89,7 @@ func (s *scenario) checkEscapeHatch(t *testing.T) {
 	if err := s.c.Delete(ctx, &victim); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.c.Get(ctx, client.ObjectKeyFromObject(&victim), &victim); err != nil {
+	if err := s.reader(ctx).Get(ctx, client.ObjectKeyFromObject(&victim), &victim); err != nil {
 		t.Fatal(err)
 	}
 	before := victim.DeepCopy()
@@ -101,7 +101,7 @@ func (s *scenario) checkEscapeHatch(t *testing.T) {
 	}
 	s.eventually(3*time.Minute, "machine "+victim.Name+" gone without its hook", func(ctx context.Context) error {
 		var m clusterv1.Machine
-		err := s.c.Get(ctx, client.ObjectKeyFromObject(&victim), &m)
+		err := s.reader(ctx).Get(ctx, client.ObjectKeyFromObject(&victim), &m)
 		if isNotFound(err) {
 			return nil
 		}

@@ -74,12 +74,12 @@ func (s *scenario) loseCluster(ctx context.Context, store *s3store.Store) lostCl
 		s.t.Fatalf("the writer left no key at revision %d", lost.snapshot.Revision)
 	}
 	var kc corev1.Secret
-	if err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: secret.Name(s.name, secret.Kubeconfig)}, &kc); err != nil {
+	if err := s.reader(ctx).Get(ctx, client.ObjectKey{Namespace: ns, Name: secret.Name(s.name, secret.Kubeconfig)}, &kc); err != nil {
 		s.t.Fatal(err)
 	}
 	lost.kubeconfig = kc.Data[secret.KubeconfigDataName]
 	var c clusterv1.Cluster
-	if err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: s.name}, &c); err != nil {
+	if err := s.reader(ctx).Get(ctx, client.ObjectKey{Namespace: ns, Name: s.name}, &c); err != nil {
 		s.t.Fatal(err)
 	}
 	lost.addresses = append(lost.addresses, c.Spec.ControlPlaneEndpoint.Host)
@@ -254,7 +254,7 @@ func (s *scenario) checkRestoredCluster(ctx context.Context, lost lostCluster) {
 		s.t.Fatal(err)
 	}
 	var c clusterv1.Cluster
-	if err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: s.name}, &c); err != nil {
+	if err := s.reader(ctx).Get(ctx, client.ObjectKey{Namespace: ns, Name: s.name}, &c); err != nil {
 		s.t.Fatal(err)
 	}
 	if slices.Contains(lost.addresses, c.Spec.ControlPlaneEndpoint.Host) {

@@ -110,7 +110,7 @@ func TestTemplateRolloutWithoutSurgeThenOnDelete(t *testing.T) {
 			t.Errorf("machine %s's infrastructure is %s", m.Name, m.Spec.InfrastructureRef.Name)
 		}
 		var pm infrav1.ProcessMachine
-		if err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: m.Spec.InfrastructureRef.Name}, &pm); err != nil {
+		if err := s.reader(ctx).Get(ctx, client.ObjectKey{Namespace: ns, Name: m.Spec.InfrastructureRef.Name}, &pm); err != nil {
 			t.Fatal(err)
 		}
 		if got := pm.Annotations[clusterv1.TemplateClonedFromNameAnnotation]; got != s.name+"-v2" {
@@ -275,7 +275,7 @@ func TestRebalancing(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
 	defer cancel()
 	var pc infrav1.ProcessCluster
-	if err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: s.name}, &pc); err != nil {
+	if err := s.reader(ctx).Get(ctx, client.ObjectKey{Namespace: ns, Name: s.name}, &pc); err != nil {
 		t.Fatal(err)
 	}
 	orig := pc.DeepCopy()
@@ -375,7 +375,7 @@ func (s *scenario) patchControlPlane(ctx context.Context, change func(*controlpl
 // edit and merge-patches the difference, failing the scenario on an error.
 func patchObject[T client.Object](ctx context.Context, s *scenario, obj T, edit func(T)) {
 	s.t.Helper()
-	if err := s.c.Get(ctx, client.ObjectKeyFromObject(obj), obj); err != nil {
+	if err := s.reader(ctx).Get(ctx, client.ObjectKeyFromObject(obj), obj); err != nil {
 		s.t.Fatal(err)
 	}
 	patch := client.MergeFrom(obj.DeepCopyObject().(client.Object))
@@ -391,7 +391,7 @@ func (s *scenario) checkAPIServerVersions(want string) {
 	s.t.Helper()
 	s.eventually(time.Minute, "every API server reporting "+want, func(ctx context.Context) error {
 		var sec corev1.Secret
-		if err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: secret.Name(s.name, secret.Kubeconfig)}, &sec); err != nil {
+		if err := s.reader(ctx).Get(ctx, client.ObjectKey{Namespace: ns, Name: secret.Name(s.name, secret.Kubeconfig)}, &sec); err != nil {
 			return err
 		}
 		ms, err := s.machines(ctx)

@@ -141,7 +141,7 @@ func newScenarioWithoutControlPlane(t testing.TB, mgmt *management, name string,
 func beginScenario(t testing.TB, mgmt *management, name string, desired, surge int) *scenario {
 	t.Helper()
 	testkit.RequireBinaries(t, "etcd", "kube", "capi-manager")
-	s := &scenario{t: t, mgmt: mgmt, c: mgmt.env.Client, name: name,
+	s := &scenario{t: t, mgmt: mgmt, c: mgmt.fenced(mgmt.env.Client), name: name,
 		selector: client.MatchingLabels{clusterv1.ClusterNameLabel: name, clusterv1.MachineControlPlaneLabel: ""}}
 	s.bound = startMachineBound(s, desired, surge)
 	t.Cleanup(s.release)
@@ -208,7 +208,7 @@ func (s *scenario) eventually(timeout time.Duration, what string, cond func(cont
 	s.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
-	if err := testkit.Eventually(ctx, eventuallyInterval, what, cond); err != nil {
+	if err := testkit.Eventually(forWait(ctx), eventuallyInterval, what, cond); err != nil {
 		s.t.Fatal(err)
 	}
 }
@@ -226,7 +226,7 @@ func (s *scenario) holds(d time.Duration, what string, cond func(context.Context
 		// Each check has a deadline of its own: one that started just
 		// before the window closed must not fail for want of time (a
 		// client's rate limiter refuses to wait past its context's end).
-		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		ctx, cancel := context.WithTimeout(forWait(context.Background()), 30*time.Second)
 		err := cond(ctx)
 		cancel()
 		if err != nil {
@@ -243,13 +243,13 @@ func (s *scenario) holds(d time.Duration, what string, cond func(context.Context
 // controlPlane reads the QuorumControlPlane.
 func (s *scenario) controlPlane(ctx context.Context) (*controlplanev1.QuorumControlPlane, error) {
 	cp := &controlplanev1.QuorumControlPlane{}
-	return cp, s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: s.name}, cp)
+	return cp, s.reader(ctx).Get(ctx, client.ObjectKey{Namespace: ns, Name: s.name}, cp)
 }
 
 // machines lists the scenario's Machines, oldest first.
 func (s *scenario) machines(ctx context.Context) ([]clusterv1.Machine, error) {
 	var list clusterv1.MachineList
-	if err := s.c.List(ctx, &list, client.InNamespace(ns), s.selector); err != nil {
+	if err := s.reader(ctx).List(ctx, &list, client.InNamespace(ns), s.selector); err != nil {
 		return nil, err
 	}
 	slices.SortFunc(list.Items, func(a, b clusterv1.Machine) int {
@@ -332,7 +332,7 @@ func (s *scenario) scaleObject(ctx context.Context, obj client.Object, replicas 
 // <cluster>-kubeconfig Secret QCP wrote.
 func (s *scenario) workload(ctx context.Context) (*kubernetes.Clientset, error) {
 	var sec corev1.Secret
-	if err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: secret.Name(s.name, secret.Kubeconfig)}, &sec); err != nil {
+	if err := s.reader(ctx).Get(ctx, client.ObjectKey{Namespace: ns, Name: secret.Name(s.name, secret.Kubeconfig)}, &sec); err != nil {
 		return nil, err
 	}
 	cfg, err := clientcmd.RESTConfigFromKubeConfig(sec.Data[secret.KubeconfigDataName])
@@ -347,7 +347,7 @@ func (s *scenario) workload(ctx context.Context) (*kubernetes.Clientset, error) 
 // certificate from the etcd CA QCP created and the machines' client URLs.
 func (s *scenario) etcdConfig(ctx context.Context) (etcd.Config, error) {
 	var sec corev1.Secret
-	if err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: secret.Name(s.name, secret.EtcdCA)}, &sec); err != nil {
+	if err := s.reader(ctx).Get(ctx, client.ObjectKey{Namespace: ns, Name: secret.Name(s.name, secret.EtcdCA)}, &sec); err != nil {
 		return etcd.Config{}, err
 	}
 	ca, err := certs.ParseKeyPair(sec.Data[secret.TLSCrtDataName], sec.Data[secret.TLSKeyDataName])

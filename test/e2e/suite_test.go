@@ -54,6 +54,8 @@ type management struct {
 	machineRoot string
 	// outages are the chaos faults holding its processes down.
 	outages outages
+	// reads is the cache its scenarios' waits read from (reads_test.go).
+	reads readCache
 }
 
 // ScenariosEnv sets how many scenarios run side by side (default
@@ -214,6 +216,7 @@ func (m *management) machines() string {
 }
 
 func (m *management) stop() {
+	m.stopReads()
 	if err := m.env.Stop(); err != nil {
 		fmt.Fprintln(os.Stderr, "stopping the management cluster:", err)
 	}

@@ -130,7 +130,7 @@ func newTopologyScenario(t *testing.T, mgmt *management, name string, vars map[s
 func (s *scenario) createClass(ctx context.Context, edit func(*clusterv1.ClusterClass)) string {
 	s.t.Helper()
 	shipped := &clusterv1.ClusterClass{}
-	if err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: clusterClassName}, shipped); err != nil {
+	if err := s.reader(ctx).Get(ctx, client.ObjectKey{Namespace: ns, Name: clusterClassName}, shipped); err != nil {
 		s.t.Fatal(err)
 	}
 	own := &clusterv1.ClusterClass{ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: s.name}, Spec: *shipped.Spec.DeepCopy()}
@@ -216,7 +216,7 @@ func (s *scenario) checkMadeFromClass(cp *controlplanev1.QuorumControlPlane) {
 		s.t.Errorf("QuorumControlPlane %s lacks %s: not made by the topology controller", cp.Name, clusterv1.ClusterTopologyOwnedLabel)
 	}
 	pc := &infrav1.ProcessCluster{}
-	if err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: s.name}, pc); err != nil {
+	if err := s.reader(ctx).Get(ctx, client.ObjectKey{Namespace: ns, Name: s.name}, pc); err != nil {
 		s.t.Fatalf("reading the ProcessCluster the class names after the Cluster: %v", err)
 	}
 	if _, ok := pc.Labels[clusterv1.ClusterTopologyOwnedLabel]; !ok || !slices.Equal(pc.Spec.FailureDomains, failureDomains) {
@@ -224,7 +224,7 @@ func (s *scenario) checkMadeFromClass(cp *controlplanev1.QuorumControlPlane) {
 	}
 	ref := cp.Spec.MachineTemplate.Spec.InfrastructureRef
 	tmpl := &infrav1.ProcessMachineTemplate{}
-	if err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: ref.Name}, tmpl); err != nil {
+	if err := s.reader(ctx).Get(ctx, client.ObjectKey{Namespace: ns, Name: ref.Name}, tmpl); err != nil {
 		s.t.Fatalf("reading the control plane's machine template %s: %v", ref.Name, err)
 	}
 	if from := tmpl.Annotations[clusterv1.TemplateClonedFromNameAnnotation]; from != "qcp-process-control-plane" {
@@ -241,7 +241,7 @@ func (s *scenario) checkMadeFromClass(cp *controlplanev1.QuorumControlPlane) {
 	}
 	s.eventually(time.Minute, "the Cluster's topology reconciled", func(ctx context.Context) error {
 		cluster := &clusterv1.Cluster{}
-		if err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: s.name}, cluster); err != nil {
+		if err := s.reader(ctx).Get(ctx, client.ObjectKey{Namespace: ns, Name: s.name}, cluster); err != nil {
 			return err
 		}
 		if !conditions.IsTrue(cluster, clusterv1.ClusterTopologyReconciledCondition) {
@@ -393,7 +393,7 @@ func TestTopologyHealthCheck(t *testing.T) {
 // healthChecks lists the cluster's MachineHealthChecks.
 func (s *scenario) healthChecks(ctx context.Context) ([]clusterv1.MachineHealthCheck, error) {
 	var list clusterv1.MachineHealthCheckList
-	if err := s.c.List(ctx, &list, client.InNamespace(ns)); err != nil {
+	if err := s.reader(ctx).List(ctx, &list, client.InNamespace(ns)); err != nil {
 		return nil, err
 	}
 	return slices.DeleteFunc(list.Items, func(m clusterv1.MachineHealthCheck) bool { return m.Spec.ClusterName != s.name }), nil
@@ -525,7 +525,7 @@ func TestTopologyUpgrade(t *testing.T) {
 	}
 	s.eventually(2*time.Minute, "the Cluster's topology reconciled, upgrade done", func(ctx context.Context) error {
 		cluster := &clusterv1.Cluster{}
-		if err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: s.name}, cluster); err != nil {
+		if err := s.reader(ctx).Get(ctx, client.ObjectKey{Namespace: ns, Name: s.name}, cluster); err != nil {
 			return err
 		}
 		if !conditions.IsTrue(cluster, clusterv1.ClusterTopologyReconciledCondition) {

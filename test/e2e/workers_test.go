@@ -73,7 +73,7 @@ func TestWorkerJoin(t *testing.T) {
 	parallel(t, 3*time.Minute)
 	s, cp := newScenarioWithoutControlPlane(t, mgmt, "workers", 1, failureDomains)
 	c := workerClient(t, mgmt)
-	s.c = c
+	s.c = mgmt.fenced(c)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	// A network of its own, before the control plane exists.
@@ -115,7 +115,7 @@ func TestWorkerJoin(t *testing.T) {
 	var joinConfig []byte
 	s.eventually(3*time.Minute, "a worker Machine with CABPK's bootstrap data and a providerID", func(ctx context.Context) error {
 		var list clusterv1.MachineList
-		if err := s.c.List(ctx, &list, client.InNamespace(ns), client.MatchingLabels{clusterv1.MachineDeploymentNameLabel: s.name + "-workers"}); err != nil {
+		if err := s.reader(ctx).List(ctx, &list, client.InNamespace(ns), client.MatchingLabels{clusterv1.MachineDeploymentNameLabel: s.name + "-workers"}); err != nil {
 			return err
 		}
 		if len(list.Items) != 1 {
@@ -126,7 +126,7 @@ func TestWorkerJoin(t *testing.T) {
 			return fmt.Errorf("Machine %s: bootstrap data %v, providerID %q", worker.Name, worker.Spec.Bootstrap.DataSecretName, worker.Spec.ProviderID)
 		}
 		var data corev1.Secret
-		if err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: *worker.Spec.Bootstrap.DataSecretName}, &data); err != nil {
+		if err := s.reader(ctx).Get(ctx, client.ObjectKey{Namespace: ns, Name: *worker.Spec.Bootstrap.DataSecretName}, &data); err != nil {
 			return err
 		}
 		var err error
@@ -179,7 +179,7 @@ func TestWorkerJoin(t *testing.T) {
 	go keepNodeLease(heartbeats, node, nodeName)
 	s.eventually(2*time.Minute, "CAPI core to link the worker Machine to its Node", func(ctx context.Context) error {
 		var m clusterv1.Machine
-		if err := s.c.Get(ctx, client.ObjectKeyFromObject(&worker), &m); err != nil {
+		if err := s.reader(ctx).Get(ctx, client.ObjectKeyFromObject(&worker), &m); err != nil {
 			return err
 		}
 		if m.Status.NodeRef.Name != nodeName {
@@ -586,7 +586,7 @@ func kubeadmPreflight(ctx context.Context, dir string, config []byte) (string, e
 // clusterCA is the cluster CA from <cluster>-ca.
 func clusterCA(ctx context.Context, t *testing.T, s *scenario) []byte {
 	var sec corev1.Secret
-	if err := s.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: secret.Name(s.name, secret.ClusterCA)}, &sec); err != nil {
+	if err := s.reader(ctx).Get(ctx, client.ObjectKey{Namespace: ns, Name: secret.Name(s.name, secret.ClusterCA)}, &sec); err != nil {
 		t.Fatal(err)
 	}
 	return sec.Data[secret.TLSCrtDataName]
