@@ -44,26 +44,25 @@ import (
 //   - a condition that compares two kinds read one after the other, whose
 //     informers may stand at different points, reads live (liveReads).
 
-// cachedKinds are the kinds waits read from the cache; typed objects only:
-// an unstructured one is read live.
+// cachedKinds are the kinds waits read from the cache.
 var cachedKinds = []client.Object{
 	&controlplanev1.QuorumControlPlane{}, &clusterv1.Machine{}, &clusterv1.Cluster{}, &etcdv1.EtcdCluster{},
 }
 
-func isCachedKind(obj runtime.Object) bool {
-	switch obj.(type) {
-	case *controlplanev1.QuorumControlPlane, *clusterv1.Machine, *clusterv1.Cluster, *etcdv1.EtcdCluster,
-		*controlplanev1.QuorumControlPlaneList, *clusterv1.MachineList, *clusterv1.ClusterList, *etcdv1.EtcdClusterList:
-		return true
-	}
-	return false
-}
-
-// kindOf is obj's kind, a list's being its items'.
-func kindOf(obj runtime.Object, scheme *runtime.Scheme) (schema.GroupVersionKind, error) {
+// cachedKind is obj's kind (a list's: its items'), and whether it is one
+// of cachedKinds, typed or not.
+func cachedKind(obj runtime.Object, scheme *runtime.Scheme) (schema.GroupVersionKind, bool) {
 	gvk, err := apiutil.GVKForObject(obj, scheme)
+	if err != nil {
+		return gvk, false
+	}
 	gvk.Kind = strings.TrimSuffix(gvk.Kind, "List")
-	return gvk, err
+	for _, k := range cachedKinds {
+		if kk, err := apiutil.GVKForObject(k, scheme); err == nil && kk == gvk {
+			return gvk, true
+		}
+	}
+	return gvk, false
 }
 
 // resourceVersion is obj's resourceVersion as a number: for etcd storage,
@@ -166,7 +165,7 @@ func (rc *readCache) start(m *management) error {
 	}
 	rc.seen, rc.changed = map[schema.GroupVersionKind]uint64{}, make(chan struct{})
 	for _, obj := range cachedKinds {
-		gvk, err := kindOf(obj, m.env.Scheme)
+		gvk, err := apiutil.GVKForObject(obj, m.env.Scheme)
 		if err != nil {
 			return err
 		}
@@ -339,13 +338,11 @@ type fencedReader struct {
 }
 
 // fromCache says whether a read of obj (an object or a list) in namespace
-// may come from the cache.
+// may come from the cache: typed objects only, as an unstructured one
+// would start an informer of its own.
 func (r fencedReader) fromCache(ctx context.Context, obj runtime.Object, namespace string) bool {
-	if !isCachedKind(obj) || namespace != ns {
-		return false
-	}
-	gvk, err := kindOf(obj, r.scheme)
-	if err != nil {
+	gvk, ok := cachedKind(obj, r.scheme)
+	if _, unstructured := obj.(runtime.Unstructured); !ok || unstructured || namespace != ns {
 		return false
 	}
 	need, deleting := r.fence.need(gvk)
@@ -377,27 +374,16 @@ type fencedClient struct {
 // wrote records a write that returned obj, if of a cached kind in the
 // scenarios' namespace.
 func (c fencedClient) wrote(obj client.Object) {
-	if gvk, ok := c.cachedKind(obj); ok {
+	if gvk, ok := c.fenced(obj); ok {
 		c.fence.wrote(gvk, obj)
 	}
 }
 
-// cachedKind is obj's kind, if waits read it from the cache: typed or not,
-// a write of a cached kind fences its reads.
-func (c fencedClient) cachedKind(obj client.Object) (schema.GroupVersionKind, bool) {
-	if obj.GetNamespace() != ns {
-		return schema.GroupVersionKind{}, false
-	}
-	gvk, err := kindOf(obj, c.Scheme())
-	if err != nil {
-		gvk = obj.GetObjectKind().GroupVersionKind()
-	}
-	for _, k := range cachedKinds {
-		if kk, err := kindOf(k, c.Scheme()); err == nil && kk == gvk {
-			return gvk, true
-		}
-	}
-	return gvk, false
+// fenced is obj's kind, and whether a write of obj fences the cache's
+// reads: typed or not, in the scenarios' namespace.
+func (c fencedClient) fenced(obj client.Object) (schema.GroupVersionKind, bool) {
+	gvk, ok := cachedKind(obj, c.Scheme())
+	return gvk, ok && obj.GetNamespace() == ns
 }
 
 func (c fencedClient) Create(ctx context.Context, obj client.Object, opts ...client.CreateOption) error {
@@ -426,7 +412,7 @@ func (c fencedClient) Patch(ctx context.Context, obj client.Object, patch client
 
 func (c fencedClient) Delete(ctx context.Context, obj client.Object, opts ...client.DeleteOption) error {
 	err := c.Client.Delete(ctx, obj, opts...)
-	if gvk, ok := c.cachedKind(obj); ok && err == nil {
+	if gvk, ok := c.fenced(obj); ok && err == nil {
 		c.fence.unshown(pendingWrite{gvk, client.ObjectKeyFromObject(obj)})
 	}
 	return err
@@ -448,7 +434,7 @@ type fencedSubResource struct {
 }
 
 func (s fencedSubResource) wrote(obj, body client.Object) {
-	if gvk, ok := s.c.cachedKind(obj); ok {
+	if gvk, ok := s.c.fenced(obj); ok {
 		if body == nil {
 			body = obj
 		}
@@ -496,9 +482,9 @@ func TestWaitReadsSeeTheScenariosWrites(t *testing.T) {
 	if _, ok := s.reader(wait).(fencedReader); !ok {
 		t.Fatalf("a wait reads with %T, not the cache", s.reader(wait))
 	}
-	gvk, err := kindOf(cluster, mgmt.env.Scheme)
-	if err != nil {
-		t.Fatal(err)
+	gvk, ok := cachedKind(cluster, mgmt.env.Scheme)
+	if !ok {
+		t.Fatalf("%s is not a kind waits read from the cache", gvk)
 	}
 	for i := range 20 {
 		before := cluster.DeepCopy()
@@ -521,7 +507,7 @@ func TestWaitReadsSeeTheScenariosWrites(t *testing.T) {
 		t.Fatal(err)
 	}
 	var got clusterv1.Cluster
-	err = s.reader(wait).Get(wait, client.ObjectKeyFromObject(cluster), &got)
+	err := s.reader(wait).Get(wait, client.ObjectKeyFromObject(cluster), &got)
 	if err == nil && got.DeletionTimestamp.IsZero() {
 		t.Fatalf("a wait's read right after the deletion shows the Cluster neither deleting nor gone")
 	}
