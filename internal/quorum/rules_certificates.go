@@ -3,7 +3,6 @@ package quorum
 import (
 	"fmt"
 	"slices"
-	"time"
 )
 
 // renewCertificates is maintenance like defragment: it runs only once no
@@ -40,7 +39,7 @@ func (p planner) renewCertificates() (Decision, bool) {
 	}
 	d := Decision{Kind: RenewCertificates, Machine: mc.Name,
 		Reason: fmt.Sprintf("machine %s: its certificates are due for renewal since %s; renewing in place, no machine is replaced",
-			mc.Name, mc.CertificatesRenewAt.UTC().Format(time.RFC3339))}
+			mc.Name, stamp(mc.CertificatesRenewAt))}
 	if m, ok := p.memberOn(mc.Name); ok {
 		d.MemberID = m.ID
 	}

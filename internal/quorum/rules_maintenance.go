@@ -79,7 +79,7 @@ func (p planner) backupBeforeRisky(what string) (Decision, bool) {
 	case b.Problem != "":
 		return waitf("waiting for a backup before %s (%s), and none can be taken: %s", what, age, b.Problem), true
 	case p.Now.Before(b.RetryAt):
-		return waitf("waiting for a backup before %s (%s); the last attempt failed, the next is at %s", what, age, b.RetryAt.UTC().Format(time.RFC3339)), true
+		return waitf("waiting for a backup before %s (%s); the last attempt failed, the next is at %s", what, age, stamp(b.RetryAt)), true
 	}
 	if d, ok := p.waitForDisrupted("taking a backup before " + what); ok {
 		return d, true

@@ -166,7 +166,7 @@ func (p planner) restoreFromBackup() (Decision, bool) {
 	}
 	if due := p.recoveryDue(); p.Now.Before(due) {
 		return waitf("%s; restoring snapshot %s onto a new machine at %s, after the loss has lasted %s, unless a member answers again",
-			what, p.Restore.Snapshot, due.UTC().Format(time.RFC3339), p.Recovery.After), true
+			what, p.Restore.Snapshot, stamp(due), p.Recovery.After), true
 	}
 	d := Decision{Kind: RestoreFromBackup, Snapshot: p.Restore.Snapshot,
 		Reason: fmt.Sprintf("%s, and their machines are confirmed lost; restoring etcd from snapshot %s onto a new machine, after which the lost machines are deleted",
@@ -271,7 +271,7 @@ func (p planner) recoverQuorum() (Decision, bool) {
 	}
 	if due := p.recoveryDue(); p.Now.Before(due) {
 		return waitf("etcd lost quorum: voters %s of %d do not answer; recovering from survivor %s (applied index %d) at %s, after the loss has lasted %s, unless they answer again",
-			names(q.lost, p.memberName), len(q.voters), p.survivorName(q.keep), q.keep.AppliedIndex, due.UTC().Format(time.RFC3339), p.Recovery.After), true
+			names(q.lost, p.memberName), len(q.voters), p.survivorName(q.keep), q.keep.AppliedIndex, stamp(due), p.Recovery.After), true
 	}
 	d := Decision{Kind: Recover, Machine: q.machine.Name, MemberID: q.keep.ID, Revision: q.keep.Revision,
 		Reason: fmt.Sprintf("etcd lost quorum: voters %s of %d do not answer and their machines are confirmed lost; recovering from survivor %s, the highest applied index (%d), as a new cluster of one that keeps revision %d",
