@@ -63,41 +63,50 @@ func TestPeersReachAMemberQCPCannot(t *testing.T) {
 		t.Cleanup(func() { _ = c.Close() })
 		return c
 	}
-	// observed waits until c sees the member at endpoint as want says, and
-	// every other member healthy.
-	observed := func(c *etcd.Client, endpoint, what string, want func(quorum.Member) bool) {
+	// check reports whether c sees the member at endpoint as want says,
+	// and every other member healthy.
+	check := func(ctx context.Context, c *etcd.Client, endpoint string, want func(quorum.Member) bool) error {
+		list, err := c.Members(ctx)
+		if err != nil {
+			return err
+		}
+		members, err := c.ObserveMembers(ctx)
+		if err != nil {
+			return err
+		}
+		for i, m := range members {
+			switch {
+			case list[i].ClientURLs[0] == endpoint && !want(m):
+				return fmt.Errorf("member %s observed %+v", list[i], m)
+			case list[i].ClientURLs[0] != endpoint && (!m.Healthy || m.ReachedByPeers):
+				return fmt.Errorf("member %s, which this client reaches, observed %+v", list[i], m)
+			}
+		}
+		return nil
+	}
+	eventually := func(what string, cond func(context.Context) error) {
 		t.Helper()
-		if err := testkit.Eventually(ctx, 200*time.Millisecond, what, func(ctx context.Context) error {
-			list, err := c.Members(ctx)
-			if err != nil {
-				return err
-			}
-			members, err := c.ObserveMembers(ctx)
-			if err != nil {
-				return err
-			}
-			for i, m := range members {
-				switch {
-				case list[i].ClientURLs[0] == endpoint && !want(m):
-					return fmt.Errorf("member %s observed %+v", list[i], m)
-				case list[i].ClientURLs[0] != endpoint && (!m.Healthy || m.ReachedByPeers):
-					return fmt.Errorf("member %s, which this client reaches, observed %+v", list[i], m)
-				}
-			}
-			return nil
-		}); err != nil {
+		if err := testkit.Eventually(ctx, 200*time.Millisecond, what, cond); err != nil {
 			t.Fatal(err)
 		}
 	}
 	reached := func(m quorum.Member) bool { return !m.Healthy && m.ReachedByPeers }
-	observed(cutFrom(follower.ClientURL()), follower.ClientURL(), "a follower the client cannot reach, reached by its peers", reached)
-	observed(cutFrom(leader.Endpoint), leader.Endpoint, "the leader the client cannot reach, named by its followers", func(m quorum.Member) bool {
-		return reached(m) && m.Leader
+	cutFollower := cutFrom(follower.ClientURL())
+	eventually("a follower the client cannot reach, reached by its peers", func(ctx context.Context) error {
+		return check(ctx, cutFollower, follower.ClientURL(), reached)
+	})
+	// Whoever leads at each attempt: leadership may move on a loaded host.
+	eventually("the leader the client cannot reach, named by its followers", func(ctx context.Context) error {
+		leader, err := cli.Leader(ctx)
+		if err != nil {
+			return err
+		}
+		return check(ctx, cutFrom(leader.Endpoint), leader.Endpoint, func(m quorum.Member) bool { return reached(m) && m.Leader })
 	})
 	if err := follower.Kill(); err != nil {
 		t.Fatal(err)
 	}
-	observed(cutFrom(follower.ClientURL()), follower.ClientURL(), "the killed follower, which its peers no longer reach", func(m quorum.Member) bool {
-		return !m.Healthy && !m.ReachedByPeers
+	eventually("the killed follower, which its peers no longer reach", func(ctx context.Context) error {
+		return check(ctx, cutFollower, follower.ClientURL(), func(m quorum.Member) bool { return !m.Healthy && !m.ReachedByPeers })
 	})
 }
