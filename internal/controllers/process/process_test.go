@@ -128,20 +128,26 @@ func TestProcessProvider(t *testing.T) {
 			w.waitRunning(ctx, m.name)
 			w.waitNodeReady(ctx, m.name, corev1.ConditionTrue)
 		}
-		members, err := etcdClient.Members(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var voters []string
-		for _, m := range members {
-			if !m.IsLearner && strings.HasPrefix(m.PeerURLs[0], "https://") {
-				voters = append(voters, m.Name)
+		// A member's name is listed once it has started and published it,
+		// which its Node being Ready does not wait for: the machine's API
+		// server also reaches the members that were there before it.
+		w.eventually(ctx, "m1, m2 and m3 started voters over TLS", func(ctx context.Context) error {
+			members, err := etcdClient.Members(ctx)
+			if err != nil {
+				return err
 			}
-		}
-		slices.Sort(voters)
-		if strings.Join(voters, ",") != "m1,m2,m3" {
-			t.Errorf("voters over TLS = %v, want m1, m2, m3 (members %v)", voters, members)
-		}
+			var voters []string
+			for _, m := range members {
+				if !m.IsLearner && strings.HasPrefix(m.PeerURLs[0], "https://") {
+					voters = append(voters, m.Name)
+				}
+			}
+			slices.Sort(voters)
+			if strings.Join(voters, ",") != "m1,m2,m3" {
+				return fmt.Errorf("voters over TLS = %v, want m1, m2, m3 (members %v)", voters, members)
+			}
+			return nil
+		})
 		w.eventually(ctx, "load balancer backends for 3 machines", func(ctx context.Context) error {
 			pc := &infrav1.ProcessCluster{}
 			if err := w.c.Get(ctx, client.ObjectKey{Namespace: ns, Name: w.cluster}, pc); err != nil {
