@@ -37,8 +37,7 @@ func (c *Client) ObserveMembers(ctx context.Context) ([]quorum.Member, error) {
 // cluster-wide alarm there on every member, so one NOSPACE would mark every
 // member unhealthy and look like lost quorum. The leader is the one the
 // members' statuses name (ElectedLeader), whether or not it answered its
-// own. A member that did not answer is marked ReachedByPeers when etcd's
-// members still reach it (peersView).
+// own.
 //
 // etcd keeps an alarm after the member that raised it is removed, until
 // someone disarms it, and it goes on refusing writes (NOSPACE) meanwhile.
@@ -61,13 +60,10 @@ func (c *Client) Observe(ctx context.Context) (members []quorum.Member, departed
 }
 
 // observed reads the status of each member of list and returns membersOf
-// them, with the peers' view of the members that did not answer
-// (peersView).
+// them.
 func (c *Client) observed(ctx context.Context, list []Member, alarms []Alarm) (out []quorum.Member, departed []quorum.Alarm) {
 	statuses, _ := c.Statuses(ctx, list)
-	out, departed = membersOf(list, statuses, alarms)
-	c.peersView(ctx, list, statuses, out)
-	return out, departed
+	return membersOf(list, statuses, alarms)
 }
 
 // MembersWith is the members of list as Observe sees them, from statuses

@@ -9,7 +9,6 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
-	"net/http"
 	"sync"
 	"time"
 
@@ -157,8 +156,6 @@ type Client struct {
 
 	mu     sync.Mutex
 	pinned map[string]*clientv3.Client
-	// http reads members' /metrics (ActivePeers); made on first use.
-	http *http.Client
 }
 
 // New dials a cluster. gRPC connects lazily, so New succeeds even when no
@@ -282,9 +279,6 @@ func (c *Client) Close() error {
 	c.mu.Lock()
 	pinned := c.pinned
 	c.pinned = map[string]*clientv3.Client{}
-	if c.http != nil {
-		c.http.CloseIdleConnections()
-	}
 	c.mu.Unlock()
 	errs := []error{c.cli.Close()}
 	for _, p := range pinned {

@@ -57,9 +57,6 @@ type options struct {
 	// releaseHookUnknown releases a deleting first machine's hook while the
 	// member list cannot be read (hole 4).
 	releaseHookUnknown bool
-	// ignorePeersView remediates a voter that QCP cannot reach though its
-	// peers do, as one that is down (issue 37).
-	ignorePeersView bool
 	// keepStalledLearners never gives up on a learner that answers but
 	// does not catch up (hole 5).
 	keepStalledLearners bool
@@ -164,13 +161,8 @@ func (p planner) expect(d Decision) Decision {
 		d.Expect.Members, d.Expect.Learners = memberIDs(p.members)
 		d.Expect.Healthy = healthyIDs(p.members)
 	}
-	// The leader named, healthy or not: a leader QCP cannot reach (its
-	// followers name it) may hand leadership to the step's target before
-	// the step, which must then stop (I6).
-	for _, m := range p.members {
-		if m.Leader && m.Voter() {
-			d.Expect.Leader = m.ID
-		}
+	if leader, ok := p.leader(); ok {
+		d.Expect.Leader = leader.ID
 	}
 	return d
 }

@@ -79,23 +79,6 @@ func TestPlanDecisions(t *testing.T) {
 				down(s, 0, time.Hour)
 				s.Machines[1].Remediate = true
 			}), RemoveMember, "1", "has been unhealthy for 1h0m0s"},
-		{"a voter only QCP cannot reach is not replaced past UnhealthyTimeout: its peers reach it (issue 37)",
-			edit(cluster(3, 3), func(s *State) {
-				down(s, 1, time.Hour)
-				s.Members[1].ReachedByPeers = true
-			}), Wait, "", "its peers reach it, so it is not replaced) before"},
-		{"unless a health check marked its machine",
-			edit(cluster(3, 3), func(s *State) {
-				down(s, 1, time.Hour)
-				s.Members[1].ReachedByPeers = true
-				s.Machines[1].Remediate = true
-			}), RemoveMember, "2", "a health check marked its machine"},
-		{"nor is it taken for healthy: no learner is added beside it",
-			edit(cluster(5, 4), func(s *State) {
-				down(s, 1, time.Minute)
-				s.Members[1].ReachedByPeers = true
-				s.Machines = append(s.Machines, Machine{Name: "m-09", PeerURL: "https://m9:2380", UpToDate: true, CreatedAt: s.Now})
-			}), Wait, "", "waiting for member m-02 to answer QCP"},
 		{"a dead voter waiting its turn for remediation does not block the replacement ahead of it (#10125)",
 			edit(cluster(5, 4), func(s *State) {
 				down(s, 1, time.Minute)

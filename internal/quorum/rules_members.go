@@ -107,9 +107,6 @@ func (p planner) removeDepartingVoter() (Decision, bool) {
 // keeps quorum steady (the etcd FAQ); the spent machine is deleted next.
 func (p planner) remediateUnhealthyVoter() (Decision, bool) {
 	for _, m := range p.voters() {
-		if p.opts.ignorePeersView {
-			m.ReachedByPeers = false
-		}
 		if p.departing(m) || !p.dueForRemediation(m) {
 			continue
 		}
@@ -315,11 +312,7 @@ func (p planner) waitForVoters(what string, skipQueued bool) (Decision, bool) {
 		if p.disrupting(m) != "" {
 			return p.waitForDisrupted(what)
 		}
-		switch mc, ok := p.machineOf(m); {
-		case !m.Healthy && m.ReachedByPeers && !(ok && mc.Remediate):
-			return waitf("waiting for member %s to answer QCP (unanswered since %s; its peers reach it, so it is not replaced) before %s",
-				p.memberName(m), stamp(m.UnhealthySince), what), true
-		case !m.Healthy:
+		if !m.Healthy {
 			return waitf("waiting for member %s to become healthy (unhealthy since %s; replaced %s) before %s",
 				p.memberName(m), stamp(m.UnhealthySince), due(m.UnhealthySince, p.tun.UnhealthyTimeout), what), true
 		}

@@ -498,16 +498,6 @@ type Member struct {
 	// Healthy is the member's health. For voters: /health succeeded. For
 	// learners (which fail /health by design): its Status call succeeded.
 	Healthy bool
-	// ReachedByPeers is set on a member that did not answer QCP but that
-	// etcd's own members still reach: the answering members name it their
-	// leader, or the leader holds an active raft connection with it. QCP is
-	// then cut off from a member that works (a partition between the
-	// management cluster and its machine). It stays unhealthy to every
-	// quorum decision, since QCP can neither see its data nor reach it for
-	// a step, but it is not replaced for being unhealthy: only a health
-	// check's mark on its machine, which comes from the workload cluster's
-	// side, replaces it.
-	ReachedByPeers bool
 	// UnhealthySince is when the caller first saw the member unhealthy. Zero
 	// on an unhealthy member means unknown and counts as Now: the caller
 	// must persist the time it first saw, or the member is never remediated.

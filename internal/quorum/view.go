@@ -297,8 +297,7 @@ func (v view) unhealthyFor(m Member) time.Duration {
 
 // dueForRemediation reports whether unhealthy voter m should be removed
 // first and its machine replaced: a health check marked its machine, or it
-// has been unhealthy past UnhealthyTimeout and its peers do not reach it
-// either (Member.ReachedByPeers).
+// has been unhealthy past UnhealthyTimeout.
 func (v view) dueForRemediation(m Member) bool {
 	if m.Healthy {
 		return false
@@ -309,9 +308,6 @@ func (v view) dueForRemediation(m Member) bool {
 	}
 	if ok && mc.Remediate {
 		return true
-	}
-	if m.ReachedByPeers {
-		return false // QCP's view alone: its peers still reach it
 	}
 	return v.unhealthyFor(m) >= v.tun.UnhealthyTimeout
 }

@@ -137,12 +137,6 @@ type wMember struct {
 	// lagging: its applied index trails the others' (a survivor a
 	// recovery must not keep while a current one survives too).
 	lagging bool
-	// cut: QCP cannot reach it, since epoch since, though its peers do (a
-	// partition between the management cluster and its machine). It
-	// works, and counts for quorum; QCP sees it down and reached by its
-	// peers (Member.ReachedByPeers). The cut heals once it has lasted past
-	// every timeout (progress).
-	cut bool
 }
 
 var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -248,7 +242,7 @@ func (w world) state() State {
 		s.Machines = append(s.Machines, mc)
 	}
 	for _, m := range w.members {
-		mm := Member{ID: m.id, PeerURL: peerURL(m.host), Learner: m.learner, Healthy: m.healthy && !m.cut, ReachedByPeers: m.healthy && m.cut,
+		mm := Member{ID: m.id, PeerURL: peerURL(m.host), Learner: m.learner, Healthy: m.healthy,
 			Leader: m.leader, AppliedIndex: 5000, Revision: worldRevision, DBSize: worldDBSize, DBSizeInUse: worldDBSize * 9 / 10, CatchUpProgressAt: now,
 			DBSizeQuota: s.QuotaBackendBytes}
 		if m.oldQuota {
@@ -272,7 +266,7 @@ func (w world) state() State {
 		if m.learner {
 			mm.AddedAt = at(m.since)
 		}
-		if !mm.Healthy {
+		if !m.healthy {
 			mm.UnhealthySince = at(m.since)
 		}
 		if m.alarm != "" {
@@ -458,9 +452,6 @@ func (w *world) progress() {
 	w.restoreBad = false
 	for i := range w.members {
 		m := &w.members[i]
-		if m.cut && w.epoch-m.since >= 2 {
-			m.cut = false // QCP saw it cut past its timeouts; the partition heals
-		}
 		mc := w.machine(machineName(m.host))
 		switch {
 		case mc == nil:
@@ -685,7 +676,7 @@ func (w world) key() string {
 		b = strconv.AppendInt(b, int64(host), 10)
 		b = append(b, ',')
 		b = append(b, bits(m.learner, m.started, m.healthy, m.caughtUp, m.leader, w.epoch > m.since, m.fragmented, m.defragmenting, m.overQuota, m.liveOverQuota,
-			m.oldQuota, m.restarting, m.lagging, m.cut)...)
+			m.oldQuota, m.restarting, m.lagging)...)
 		b = append(b, m.alarm...)
 		b = append(b, ';')
 	}

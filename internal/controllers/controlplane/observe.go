@@ -238,8 +238,7 @@ func (o *observation) build(cp *controlplanev1.QuorumControlPlane, cluster *clus
 }
 
 // unhealthyPastTimeout reports whether m, not being deleted, hosts a voter
-// unhealthy for UnhealthyTimeout that its peers do not reach either
-// (quorum.Member.ReachedByPeers): the planner then removes the member and
+// unhealthy for UnhealthyTimeout: the planner then removes the member and
 // replaces m without a health check's mark (quorum.view.dueForRemediation),
 // so the remediation policy (one at a time, maxRetry, retryPeriod) must
 // judge it as it judges a mark.
@@ -248,7 +247,7 @@ func (o *observation) unhealthyPastTimeout(m *clusterv1.Machine, now time.Time, 
 		return false
 	}
 	mb, ok := o.MemberOn(m)
-	if !ok || !mb.Voter() || mb.Healthy || mb.ReachedByPeers || mb.UnhealthySince.IsZero() {
+	if !ok || !mb.Voter() || mb.Healthy || mb.UnhealthySince.IsZero() {
 		return false
 	}
 	return now.Sub(mb.UnhealthySince) >= tun.WithDefaults().UnhealthyTimeout

@@ -144,8 +144,6 @@ func SetEtcdHealthy(owner conditions.Setter, obs *Observation, d quorum.Decision
 		switch {
 		case !mb.Started():
 			problems = append(problems, fmt.Sprintf("* Member %s: added, not started yet", name))
-		case !mb.Healthy && mb.ReachedByPeers:
-			problems = append(problems, fmt.Sprintf("* Member %s: does not answer QCP, but its peers reach it (is QCP cut off from its machine?)", name))
 		case !mb.Healthy:
 			problems = append(problems, fmt.Sprintf("* Member %s: not healthy", name))
 		}
