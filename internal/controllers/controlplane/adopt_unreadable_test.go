@@ -25,6 +25,7 @@ import (
 	"github.com/qcp-dev/qcp/internal/etcd"
 	"github.com/qcp-dev/qcp/internal/localenv"
 	"github.com/qcp-dev/qcp/internal/quorum"
+	"github.com/qcp-dev/qcp/internal/testkit"
 )
 
 // testAdoptedMachineWithUnreadableEtcdIsKept is issue 28's controller hole
@@ -101,6 +102,23 @@ func newAdoptWorld(ctx context.Context, t *testing.T, env *localenv.Env, name st
 		m := w.machine(ctx)
 		m.Status.Addresses = clusterv1.MachineAddresses{{Type: clusterv1.MachineInternalIP, Address: ip.String()}}
 		return w.c.Status().Update(ctx, m)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	// CAPI core writes the machine's Paused condition once it sees it. A
+	// write between the round's live list and its adoption patch makes the
+	// patch's optimistic lock fail, and the round with it: in a manager the
+	// next round would adopt, here the test's round must. Let CAPI core
+	// have its say first; the condition does not change after that.
+	if err := testkit.Eventually(ctx, 100*time.Millisecond, "CAPI core marking machine "+name+" Paused", func(ctx context.Context) error {
+		m := &clusterv1.Machine{}
+		if err := w.c.Get(ctx, client.ObjectKey{Namespace: "default", Name: name}, m); err != nil {
+			return err
+		}
+		if !conditions.IsTrue(m, clusterv1.PausedCondition) {
+			return fmt.Errorf("machine %s has no Paused condition True yet", name)
+		}
+		return nil
 	}); err != nil {
 		t.Fatal(err)
 	}
