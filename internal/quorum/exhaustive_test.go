@@ -338,6 +338,8 @@ func TestExhaustiveCatchesBrokenPlanners(t *testing.T) {
 		{"whose preconditions ignore machines created since the plan", options{verifyIgnoresMachines: true}, []string{"I4", "at most"}, "scale up to 5"},
 		{"releasing a first machine's hook while the member list is unreadable", options{releaseHookUnknown: true}, []string{"I5"},
 			"unknown membership with a first machine deleting"},
+		// Issue 37: QCP's view alone does not condemn a member.
+		{"remediating a member only QCP cannot reach", options{ignoreMachinesWord: true}, []string{"which only QCP cannot reach"}, "healthy"},
 		{"waiting forever for a stalled learner", options{keepStalledLearners: true}, []string{"does not converge"}, "outdated machines"},
 		// Issue 36: a defragmentation is a disruption of its own.
 		{"defragmenting before every other rule, without its preflight", options{defragFirst: true}, []string{"I4 one at a time"}, "fragmented databases"},

@@ -151,11 +151,14 @@ func (e *explorer) explore(start world, name string) {
 
 // waitsFor are Waits of one step for another's in flight, which the
 // exploration must reach: a renewal for a renewal or a disruption, and a
-// disruption for a renewal.
+// disruption for a renewal; and a wait on a member only QCP cannot reach.
 var waitsFor = map[string][2]string{
 	"renewal for a renewal":       {"to finish renewing its certificates", "before renewing the certificates"},
 	"renewal for a disruption":    {"to finish defragmenting", "before renewing the certificates"},
 	"defragmentation for renewal": {"to finish renewing its certificates", "before defragmenting"},
+	// Not a step in flight: a member only QCP cannot reach, which it
+	// must neither replace nor act around.
+	"a member its machine vouches for, for QCP to reach it": {"to answer QCP", "its machine says it answers there"},
 }
 
 func (e *explorer) countWait(reason string) {
@@ -249,6 +252,9 @@ func worldInvariant(before world, d Decision, after world) string {
 	if why := strategyInvariant(before, d); why != "" {
 		return "world: " + why
 	}
+	if why := peersReachInvariant(before, d); why != "" {
+		return "world: " + why
+	}
 	for _, mc := range after.machines {
 		m := after.memberOn(mc.id)
 		if probe.machine(machineName(mc.id)) != nil || m == nil || m.learner {
@@ -259,6 +265,32 @@ func worldInvariant(before world, d Decision, after world) string {
 		}
 	}
 	return ""
+}
+
+// peersReachInvariant: QCP never removes a voter only because it cannot
+// reach it while its peers do (a partition between the manager and one
+// machine, KCP's #8465), unless something else asks for the removal: a
+// health check marked its machine, the machine is deleting or outdated,
+// or the cluster has more voters than desired.
+func peersReachInvariant(before world, d Decision) string {
+	if d.Kind != RemoveMember {
+		return ""
+	}
+	m := before.member(d.MemberID)
+	if m == nil || m.learner || !m.cut || !m.healthy {
+		return ""
+	}
+	voters := 0
+	for _, o := range before.members {
+		if !o.learner {
+			voters++
+		}
+	}
+	mc := before.machine(machineName(m.host))
+	if mc == nil || mc.remediate || mc.deleting || !mc.upToDate || voters > before.desired {
+		return ""
+	}
+	return fmt.Sprintf("%s removes member %d, which only QCP cannot reach: its peers do", d, m.id)
 }
 
 // strategyInvariant is what the rollout strategies promise: no machine is

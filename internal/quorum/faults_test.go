@@ -38,6 +38,13 @@ func faults() []fault {
 			mc.lost = true
 			return true
 		})},
+		{"QCP is cut off from a member its peers still reach", eachMember(func(m *wMember, w *world) bool {
+			if m.learner || !m.started || !m.healthy || m.cut || m.defragmenting || m.restarting {
+				return false
+			}
+			m.cut, m.since = true, w.epoch
+			return true
+		})},
 		{"leader changes without a crash", eachMember(func(m *wMember, w *world) bool {
 			if m.learner || !m.started || !m.healthy || m.leader || !w.hasLeader() {
 				return false

@@ -57,6 +57,10 @@ type options struct {
 	// releaseHookUnknown releases a deleting first machine's hook while the
 	// member list cannot be read (hole 4).
 	releaseHookUnknown bool
+	// ignoreMachinesWord remediates a voter that does not answer QCP
+	// though its machine says it answers there, as one that is down
+	// (issue 37).
+	ignoreMachinesWord bool
 	// keepStalledLearners never gives up on a learner that answers but
 	// does not catch up (hole 5).
 	keepStalledLearners bool
@@ -96,6 +100,12 @@ type rule func(p planner) (Decision, bool)
 func planWith(s State, o options) Decision {
 	if s.Desired < 1 {
 		return degradedf("desired replicas is %d; set it to at least 1", s.Desired)
+	}
+	if o.ignoreMachinesWord {
+		s.Machines = slices.Clone(s.Machines)
+		for i := range s.Machines {
+			s.Machines[i].EtcdAnswersOnMachine = false
+		}
 	}
 	p := planner{view: newView(s), opts: o}
 	rules := []rule{
@@ -161,8 +171,13 @@ func (p planner) expect(d Decision) Decision {
 		d.Expect.Members, d.Expect.Learners = memberIDs(p.members)
 		d.Expect.Healthy = healthyIDs(p.members)
 	}
-	if leader, ok := p.leader(); ok {
-		d.Expect.Leader = leader.ID
+	// The leader named, healthy or not: a leader QCP cannot reach (its
+	// followers name it) may hand leadership to the step's target before
+	// the step, which must then stop (I6).
+	for _, m := range p.members {
+		if m.Leader && m.Voter() {
+			d.Expect.Leader = m.ID
+		}
 	}
 	return d
 }

@@ -31,9 +31,16 @@ func edit(s State, f func(*State)) State {
 	return s
 }
 
+// down makes member i unhealthy since since ago, and its machine no longer
+// says that it answers there.
 func down(s *State, i int, since time.Duration) {
 	s.Members[i].Healthy, s.Members[i].Leader = false, false
 	s.Members[i].UnhealthySince = s.Now.Add(-since)
+	for j := range s.Machines {
+		if s.Machines[j].Name == s.Members[i].Name {
+			s.Machines[j].EtcdAnswersOnMachine = false
+		}
+	}
 }
 
 func TestPlanDecisions(t *testing.T) {
@@ -79,6 +86,23 @@ func TestPlanDecisions(t *testing.T) {
 				down(s, 0, time.Hour)
 				s.Machines[1].Remediate = true
 			}), RemoveMember, "1", "has been unhealthy for 1h0m0s"},
+		{"a voter only QCP cannot reach is not replaced past UnhealthyTimeout: its machine says it answers (issue 37)",
+			edit(cluster(3, 3), func(s *State) {
+				down(s, 1, time.Hour)
+				s.Machines[1].EtcdAnswersOnMachine = true
+			}), Wait, "", "its machine says it answers there, so it is not replaced) before"},
+		{"unless a health check marked its machine",
+			edit(cluster(3, 3), func(s *State) {
+				down(s, 1, time.Hour)
+				s.Machines[1].EtcdAnswersOnMachine = true
+				s.Machines[1].Remediate = true
+			}), RemoveMember, "2", "a health check marked its machine"},
+		{"nor is it taken for healthy: no learner is added beside it",
+			edit(cluster(5, 4), func(s *State) {
+				down(s, 1, time.Minute)
+				s.Machines[1].EtcdAnswersOnMachine = true
+				s.Machines = append(s.Machines, Machine{Name: "m-09", PeerURL: "https://m9:2380", UpToDate: true, CreatedAt: s.Now})
+			}), Wait, "", "waiting for member m-02 to answer QCP"},
 		{"a dead voter waiting its turn for remediation does not block the replacement ahead of it (#10125)",
 			edit(cluster(5, 4), func(s *State) {
 				down(s, 1, time.Minute)

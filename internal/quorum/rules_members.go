@@ -312,6 +312,10 @@ func (p planner) waitForVoters(what string, skipQueued bool) (Decision, bool) {
 		if p.disrupting(m) != "" {
 			return p.waitForDisrupted(what)
 		}
+		if p.cutOffFromQCP(m) {
+			return waitf("waiting for member %s to answer QCP (unanswered since %s; its machine says it answers there, so it is not replaced) before %s",
+				p.memberName(m), stamp(m.UnhealthySince), what), true
+		}
 		if !m.Healthy {
 			return waitf("waiting for member %s to become healthy (unhealthy since %s; replaced %s) before %s",
 				p.memberName(m), stamp(m.UnhealthySince), due(m.UnhealthySince, p.tun.UnhealthyTimeout), what), true

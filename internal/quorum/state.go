@@ -381,6 +381,17 @@ type Machine struct {
 	// ComponentsHealthy is true when the control plane components (or, for
 	// external etcd, the etcd process) on the machine report healthy.
 	ComponentsHealthy bool
+	// EtcdAnswersOnMachine is the machine's own word, read through the
+	// workload cluster and fresh, that its etcd member answers its health
+	// check there (stacked topology only). etcd's /health passes only on a
+	// member that has a leader and serves a linearizable read, so a
+	// majority of its peers reach it. A voter that does not answer QCP
+	// while its machine says so is cut off from QCP, not down (a partition
+	// between the management cluster and the machine, KCP's #8465): it
+	// stays unhealthy to every quorum decision, since QCP can neither read
+	// it nor reach it for a step, but it is not replaced for being
+	// unhealthy. A health check's mark on its machine still replaces it.
+	EtcdAnswersOnMachine bool
 	// CreationFailed is true when the infrastructure reported a terminal
 	// failure; such a machine is deleted and created again.
 	CreationFailed bool

@@ -297,7 +297,8 @@ func (v view) unhealthyFor(m Member) time.Duration {
 
 // dueForRemediation reports whether unhealthy voter m should be removed
 // first and its machine replaced: a health check marked its machine, or it
-// has been unhealthy past UnhealthyTimeout.
+// has been unhealthy past UnhealthyTimeout and its machine does not say
+// that it answers there (Machine.EtcdAnswersOnMachine).
 func (v view) dueForRemediation(m Member) bool {
 	if m.Healthy {
 		return false
@@ -309,7 +310,17 @@ func (v view) dueForRemediation(m Member) bool {
 	if ok && mc.Remediate {
 		return true
 	}
+	if v.cutOffFromQCP(m) {
+		return false // QCP's view alone: its machine says it answers
+	}
 	return v.unhealthyFor(m) >= v.tun.UnhealthyTimeout
+}
+
+// cutOffFromQCP reports whether m does not answer QCP while its machine
+// says that it answers there (Machine.EtcdAnswersOnMachine).
+func (v view) cutOffFromQCP(m Member) bool {
+	mc, ok := v.machineOf(m)
+	return !m.Healthy && ok && mc.EtcdAnswersOnMachine
 }
 
 // learnerAge returns how long ago learner m was added (0 if unknown).

@@ -137,6 +137,12 @@ type wMember struct {
 	// lagging: its applied index trails the others' (a survivor a
 	// recovery must not keep while a current one survives too).
 	lagging bool
+	// cut: QCP cannot reach it, since epoch since, though its peers do (a
+	// partition between the management cluster and its machine). It
+	// works, and counts for quorum; QCP sees it down, and its machine
+	// says it answers there (Machine.EtcdAnswersOnMachine). The cut heals once it has lasted past
+	// every timeout (progress).
+	cut bool
 }
 
 var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -242,11 +248,16 @@ func (w world) state() State {
 		s.Machines = append(s.Machines, mc)
 	}
 	for _, m := range w.members {
-		mm := Member{ID: m.id, PeerURL: peerURL(m.host), Learner: m.learner, Healthy: m.healthy,
+		mm := Member{ID: m.id, PeerURL: peerURL(m.host), Learner: m.learner, Healthy: m.healthy && !m.cut,
 			Leader: m.leader, AppliedIndex: 5000, Revision: worldRevision, DBSize: worldDBSize, DBSizeInUse: worldDBSize * 9 / 10, CatchUpProgressAt: now,
 			DBSizeQuota: s.QuotaBackendBytes}
 		if m.oldQuota {
 			mm.DBSizeQuota = worldQuota
+		}
+		// A working voter's machine says it answers there, whether QCP
+		// reaches it or not; a learner fails /health by design.
+		if i := slices.IndexFunc(s.Machines, func(mc Machine) bool { return mc.Name == machineName(m.host) }); i >= 0 && m.healthy && m.started && !m.learner {
+			s.Machines[i].EtcdAnswersOnMachine = true
 		}
 		if m.fragmented {
 			mm.DBSizeInUse = worldDBSize / 4
@@ -266,7 +277,7 @@ func (w world) state() State {
 		if m.learner {
 			mm.AddedAt = at(m.since)
 		}
-		if !m.healthy {
+		if !mm.Healthy {
 			mm.UnhealthySince = at(m.since)
 		}
 		if m.alarm != "" {
@@ -452,6 +463,9 @@ func (w *world) progress() {
 	w.restoreBad = false
 	for i := range w.members {
 		m := &w.members[i]
+		if m.cut && w.epoch-m.since >= 2 {
+			m.cut = false // QCP saw it cut past its timeouts; the partition heals
+		}
 		mc := w.machine(machineName(m.host))
 		switch {
 		case mc == nil:
@@ -676,7 +690,7 @@ func (w world) key() string {
 		b = strconv.AppendInt(b, int64(host), 10)
 		b = append(b, ',')
 		b = append(b, bits(m.learner, m.started, m.healthy, m.caughtUp, m.leader, w.epoch > m.since, m.fragmented, m.defragmenting, m.overQuota, m.liveOverQuota,
-			m.oldQuota, m.restarting, m.lagging)...)
+			m.oldQuota, m.restarting, m.lagging, m.cut)...)
 		b = append(b, m.alarm...)
 		b = append(b, ';')
 	}

@@ -14,6 +14,7 @@ import (
 
 	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
 	"github.com/qcp-dev/qcp/internal/agent"
+	"github.com/qcp-dev/qcp/internal/bootstrap"
 	"github.com/qcp-dev/qcp/internal/certs"
 	"github.com/qcp-dev/qcp/internal/controllers/engine"
 	"github.com/qcp-dev/qcp/internal/etcd"
@@ -50,6 +51,33 @@ func nodeHealth(node *corev1.Node) (ready, components bool) {
 		}
 	}
 	return ready, components && seen > 0
+}
+
+// machineReportFresh is how old a machine's report of its etcd, read from
+// its Node, may be and still count (etcdAnswersOnMachine): the agent writes
+// its Node's status at least every 10 s, and this is the lease duration it
+// gives the Node. A machine that stopped reporting (frozen, or its agent
+// gone), or a Node read from a cache that no longer hears from the
+// workload cluster, tells nothing after that.
+const machineReportFresh = 40 * time.Second
+
+// etcdAnswersOnMachine reads the machine's own word, from its Node, that
+// its etcd member answers its health check there
+// (quorum.Machine.EtcdAnswersOnMachine): the Node is Ready, and the agent's
+// EtcdHealthy condition is True with a heartbeat at most
+// machineReportFresh before now. The agent probes etcd's /health on the
+// machine itself, which a partition between the management cluster and
+// the machine does not touch; it passes only on a member with a leader that
+// serves a linearizable read. A machine without the agent's condition (one
+// adopted from kubeadm) says nothing.
+func etcdAnswersOnMachine(node *corev1.Node, now time.Time) bool {
+	if node == nil {
+		return false
+	}
+	ready := agent.NodeCondition(node, corev1.NodeReady)
+	etcdOK := agent.NodeCondition(node, agent.ComponentConditionTypes[bootstrap.Etcd])
+	return ready != nil && ready.Status == corev1.ConditionTrue && etcdOK != nil && etcdOK.Status == corev1.ConditionTrue &&
+		now.Sub(etcdOK.LastHeartbeatTime.Time) <= machineReportFresh
 }
 
 // observation is one look at a control plane: the objects it was built
@@ -213,7 +241,8 @@ func (o *observation) build(cp *controlplanev1.QuorumControlPlane, cluster *clus
 	o.remediationRefused, o.remediationNext = map[string]string{}, map[string]remediationData{}
 	for _, m := range o.Machines {
 		pm := plannerMachine(m, o.node(m), len(o.rollout.outdated(m)) == 0)
-		pastTimeout := o.unhealthyPastTimeout(m, now, tun)
+		pm.EtcdAnswersOnMachine = o.external == nil && etcdAnswersOnMachine(o.node(m), now)
+		pastTimeout := o.unhealthyPastTimeout(m, pm, now, tun)
 		if pm.Remediate && noSpace && !pastTimeout {
 			pm.Remediate, pm.HoldRemediation = false, true
 			o.remediationRefused[m.Name] = "held while etcd's NOSPACE alarm is raised: nothing can be written to the workload cluster, so Node health there is stale whatever the machines' health; QCP is recovering from the alarm, and remediates once it is disarmed"
@@ -238,12 +267,13 @@ func (o *observation) build(cp *controlplanev1.QuorumControlPlane, cluster *clus
 }
 
 // unhealthyPastTimeout reports whether m, not being deleted, hosts a voter
-// unhealthy for UnhealthyTimeout: the planner then removes the member and
-// replaces m without a health check's mark (quorum.view.dueForRemediation),
-// so the remediation policy (one at a time, maxRetry, retryPeriod) must
-// judge it as it judges a mark.
-func (o *observation) unhealthyPastTimeout(m *clusterv1.Machine, now time.Time, tun quorum.Tunables) bool {
-	if !m.DeletionTimestamp.IsZero() {
+// unhealthy for UnhealthyTimeout, which its machine (pm, as the planner
+// sees it) does not say answers there: the planner then removes the member
+// and replaces m without a health check's mark
+// (quorum.view.dueForRemediation), so the remediation policy (one at a
+// time, maxRetry, retryPeriod) must judge it as it judges a mark.
+func (o *observation) unhealthyPastTimeout(m *clusterv1.Machine, pm quorum.Machine, now time.Time, tun quorum.Tunables) bool {
+	if !m.DeletionTimestamp.IsZero() || pm.EtcdAnswersOnMachine {
 		return false
 	}
 	mb, ok := o.MemberOn(m)

@@ -33,6 +33,44 @@ func healthyNode(conds ...corev1.NodeCondition) *corev1.Node {
 	return &corev1.Node{Status: corev1.NodeStatus{Conditions: append(all, conds...)}}
 }
 
+// healthyNodeAt is healthyNode with every condition's heartbeat at at.
+func healthyNodeAt(at time.Time) *corev1.Node {
+	n := healthyNode()
+	for i := range n.Status.Conditions {
+		n.Status.Conditions[i].LastHeartbeatTime = metav1.NewTime(at)
+	}
+	return n
+}
+
+// TestEtcdAnswersOnMachine: a machine's word that its etcd answers there
+// counts while its Node is Ready and the agent's EtcdHealthy condition is
+// True and fresh (issue 37).
+func TestEtcdAnswersOnMachine(t *testing.T) {
+	now := time.Date(2026, 12, 4, 12, 0, 0, 0, time.UTC)
+	notReady := healthyNodeAt(now)
+	notReady.Status.Conditions[0].Status = corev1.ConditionUnknown
+	etcdDown := healthyNodeAt(now)
+	etcdDown.Status.Conditions[1].Status = corev1.ConditionFalse
+	kubeadm := healthyNodeAt(now)
+	kubeadm.Status.Conditions = kubeadm.Status.Conditions[:1]
+	for _, tc := range []struct {
+		name string
+		node *corev1.Node
+		want bool
+	}{
+		{"fresh", healthyNodeAt(now.Add(-machineReportFresh)), true},
+		{"stale: the agent stopped reporting", healthyNodeAt(now.Add(-machineReportFresh - time.Second)), false},
+		{"Node not Ready", notReady, false},
+		{"etcd fails its probe there", etcdDown, false},
+		{"no agent condition (a kubeadm machine)", kubeadm, false},
+		{"no Node", nil, false},
+	} {
+		if got := etcdAnswersOnMachine(tc.node, now); got != tc.want {
+			t.Errorf("%s: %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
 func TestPlannerMachine(t *testing.T) {
 	m := plannerMachine(observedMachine("cp-1"), healthyNode(), true)
 	want := quorum.Machine{Name: "cp-1", FailureDomain: "fd-b", PeerURL: "https://127.20.0.7:2380", UpToDate: true,

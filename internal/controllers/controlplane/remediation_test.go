@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/utils/ptr"
@@ -143,10 +144,13 @@ func TestRemediatingSaysWhatItWaitsFor(t *testing.T) {
 func TestUnhealthyTimeoutObeysRemediationPolicy(t *testing.T) {
 	now := t0.Add(time.Hour)
 	for _, tc := range []struct {
-		name         string
-		downFor      time.Duration
-		inProgress   string
-		retriesUsed  bool
+		name        string
+		downFor     time.Duration
+		inProgress  string
+		retriesUsed bool
+		// reportAge, when set, is the age of m-1's Node's report that its
+		// etcd answers there.
+		reportAge    time.Duration
 		wantJudged   bool
 		wantHeld     bool
 		wantQueued   bool
@@ -156,6 +160,10 @@ func TestUnhealthyTimeoutObeysRemediationPolicy(t *testing.T) {
 		{name: "not due yet", downFor: time.Minute},
 		{name: "another remediation unfinished", downFor: 10 * time.Minute, inProgress: "m-9", wantJudged: true, wantHeld: true, wantQueued: true},
 		{name: "maxRetry used up", downFor: 10 * time.Minute, retriesUsed: true, wantJudged: true, wantHeld: true},
+		// Issue 37: QCP cannot reach m-1, but m-1 says its etcd answers
+		// there: not remediated for being unhealthy.
+		{name: "due, but its machine says it answers", downFor: 10 * time.Minute, reportAge: 5 * time.Second},
+		{name: "due, its machine's word stale", downFor: 10 * time.Minute, reportAge: 2 * time.Minute, wantJudged: true, wantRemovals: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			cp := &controlplanev1.QuorumControlPlane{Spec: controlplanev1.QuorumControlPlaneSpec{Replicas: ptr.To[int32](3),
@@ -175,8 +183,14 @@ func TestUnhealthyTimeoutObeysRemediationPolicy(t *testing.T) {
 				}},
 				remediation: newRemediationPolicy(cp, now),
 			}
+			if tc.reportAge != 0 {
+				obs.nodes = map[string]*corev1.Node{"m-1": healthyNodeAt(now.Add(-tc.reportAge))}
+			}
 			obs.build(cp, &clusterv1.Cluster{}, now, quorum.Tunables{})
 			pm := obs.State.Machines[0]
+			if pm.EtcdAnswersOnMachine != (tc.reportAge > 0 && tc.reportAge <= machineReportFresh) {
+				t.Errorf("m-1's machine says its etcd answers: %v, with a report %s old", pm.EtcdAnswersOnMachine, tc.reportAge)
+			}
 			if pm.Remediate || pm.HoldRemediation != tc.wantHeld || pm.RemediationQueued != tc.wantQueued {
 				t.Errorf("m-1 remediate %v, held %v, queued %v; want held %v, queued %v", pm.Remediate, pm.HoldRemediation, pm.RemediationQueued, tc.wantHeld, tc.wantQueued)
 			}

@@ -263,3 +263,31 @@ func TestObserveEtcdWithoutLostMachines(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A member that does not answer QCP while its machine says it answers
+// there (issue 37) is named as such, not as merely unhealthy: QCP may be
+// cut off from its machine.
+func TestEtcdHealthyNamesAMemberCutOffFromQCP(t *testing.T) {
+	machines := []*clusterv1.Machine{
+		{ObjectMeta: metav1.ObjectMeta{Name: "a", Annotations: map[string]string{MemberIDAnnotation: FormatMemberID(1)}}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "b", Annotations: map[string]string{MemberIDAnnotation: FormatMemberID(2)}}},
+		{ObjectMeta: metav1.ObjectMeta{Name: "c", Annotations: map[string]string{MemberIDAnnotation: FormatMemberID(3)}}},
+	}
+	obs := &Observation{
+		Machines: machines,
+		Members: []quorum.Member{{ID: 1, Name: "a", Healthy: true, Leader: true, PeerURL: "https://a:2380"},
+			{ID: 2, Name: "b", PeerURL: "https://b:2380"}, {ID: 3, Name: "c", PeerURL: "https://c:2380"}},
+		State: quorum.State{Machines: []quorum.Machine{{Name: "a", EtcdAnswersOnMachine: true}, {Name: "b", EtcdAnswersOnMachine: true}, {Name: "c"}}},
+	}
+	cp := &controlplanev1.QuorumControlPlane{}
+	SetEtcdHealthy(cp, obs, quorum.Decision{})
+	msg := conditions.GetMessage(cp, controlplanev1.EtcdClusterHealthyCondition)
+	for _, want := range []string{
+		"* Member 2 (machine b): does not answer QCP, but its machine says it answers there (is QCP cut off from the machine?)",
+		"* Member 3 (machine c): not healthy",
+	} {
+		if !strings.Contains(msg, want) {
+			t.Errorf("EtcdClusterHealthy's message %q does not say %q", msg, want)
+		}
+	}
+}

@@ -144,6 +144,8 @@ func SetEtcdHealthy(owner conditions.Setter, obs *Observation, d quorum.Decision
 		switch {
 		case !mb.Started():
 			problems = append(problems, fmt.Sprintf("* Member %s: added, not started yet", name))
+		case !mb.Healthy && answersOnMachine(obs, mb):
+			problems = append(problems, fmt.Sprintf("* Member %s: does not answer QCP, but its machine says it answers there (is QCP cut off from the machine?)", name))
 		case !mb.Healthy:
 			problems = append(problems, fmt.Sprintf("* Member %s: not healthy", name))
 		}
@@ -197,6 +199,18 @@ func memberName(obs *Observation, mb quorum.Member) string {
 		}
 	}
 	return FormatMemberID(mb.ID)
+}
+
+// answersOnMachine reports whether the machine hosting mb says that it
+// answers there (quorum.Machine.EtcdAnswersOnMachine).
+func answersOnMachine(obs *Observation, mb quorum.Member) bool {
+	for _, m := range obs.Machines {
+		if on, ok := obs.MemberOn(m); ok && on.ID == mb.ID {
+			i := slices.IndexFunc(obs.State.Machines, func(pm quorum.Machine) bool { return pm.Name == m.Name })
+			return i >= 0 && obs.State.Machines[i].EtcdAnswersOnMachine
+		}
+	}
+	return false
 }
 
 // SetScaling reports owner's ScalingUp and ScalingDown; while one is under way and
