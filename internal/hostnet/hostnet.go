@@ -163,6 +163,27 @@ func (n Network) Detach(ns, hostIf string) error {
 	return errors.Join(errs...)
 }
 
+// Ports lists the host ends of the veth pairs attached to the bridge, one
+// for each namespace on the network; none while there is no bridge.
+func (n Network) Ports() ([]string, error) {
+	if !exists("link", "show", "dev", n.Bridge) {
+		return nil, nil
+	}
+	out, err := exec.Command("ip", "-o", "link", "show", "master", n.Bridge).Output()
+	if err != nil {
+		return nil, fmt.Errorf("listing the links of bridge %s: %w", n.Bridge, err)
+	}
+	var ports []string
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		// "12: qcpv0123456789@if2: <BROADCAST,MULTICAST,UP,LOWER_UP> …"
+		if f := strings.Fields(line); len(f) > 1 {
+			name, _, _ := strings.Cut(strings.TrimSuffix(f[1], ":"), "@")
+			ports = append(ports, name)
+		}
+	}
+	return ports, nil
+}
+
 // Command is name with args run inside namespace ns.
 func Command(ns, name string, args ...string) *exec.Cmd {
 	return exec.Command("ip", append([]string{"netns", "exec", ns, name}, args...)...)

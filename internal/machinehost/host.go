@@ -49,11 +49,11 @@ type place struct {
 	addr                 netip.Addr
 }
 
-// namespaceOf names the namespace of the machine or load balancer key
+// NamespaceOf names the namespace of the machine or load balancer key
 // ("machine/<ns>/<name>", "lb/<ns>/<cluster>") and the host end of its veth
 // pair. They derive from key, so that they are found again after a manager
 // restart.
-func namespaceOf(key string) (ns, hostIf string) {
+func NamespaceOf(key string) (ns, hostIf string) {
 	sum := sha256.Sum256([]byte(key))
 	id := hex.EncodeToString(sum[:])[:10]
 	return "qcp-" + id, "qcpv" + id
@@ -69,7 +69,7 @@ func (h *Host) placeFor(key, hostname, address string) (place, error) {
 	if err != nil {
 		return place{}, fmt.Errorf("address %q: %w", address, err)
 	}
-	ns, hostIf := namespaceOf(key)
+	ns, hostIf := NamespaceOf(key)
 	return place{ns: ns, hostIf: hostIf, hostname: hostname, addr: addr}, nil
 }
 
@@ -86,7 +86,7 @@ func (h *Host) machinePlace(spec MachineSpec) (place, error) {
 // when this Host has none, as a host that only tears machines down (a
 // local environment's StopAll) has not.
 func (h *Host) unplace(key string) error {
-	ns, hostIf := namespaceOf(key)
+	ns, hostIf := NamespaceOf(key)
 	if !hostnet.Exists(ns) {
 		return nil
 	}
@@ -133,7 +133,7 @@ func NetworkHostAddr(namespace, name string) (netip.Addr, error) {
 // machineNetns is the network namespace of machine namespace/name, or an
 // error saying why it has none.
 func machineNetns(namespace, name string) (string, error) {
-	ns, _ := namespaceOf(machineKey(namespace, name))
+	ns, _ := NamespaceOf(machineKey(namespace, name))
 	if !hostnet.Exists(ns) {
 		return "", fmt.Errorf("machine %s/%s has no network namespace of its own (%s): its qcp-manager runs its machines on loopback addresses, where a partition cannot be made; start it with --machine-network=namespaces", namespace, name, ns)
 	}

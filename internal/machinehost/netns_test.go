@@ -54,7 +54,7 @@ func TestMachinesInNamespaces(t *testing.T) {
 	keys := []string{machineKey("ns1", "m1"), machineKey("ns1", "m2"), machineKey("ns1", "m3"), lbKey("ns1", "c1")}
 	t.Cleanup(func() {
 		for _, key := range keys {
-			ns, hostIf := namespaceOf(key)
+			ns, hostIf := NamespaceOf(key)
 			if _, err := os.Stat("/run/netns/" + ns); err == nil {
 				t.Errorf("the namespace of %s (%s) is left behind", key, ns)
 			}
@@ -111,7 +111,7 @@ func TestMachinesInNamespaces(t *testing.T) {
 
 	// m3 cut off from both peers, the host not: m3 loses its leader and
 	// still answers the host.
-	ns3, _ := namespaceOf(machineKey("ns1", "m3"))
+	ns3, _ := NamespaceOf(machineKey("ns1", "m3"))
 	for _, peer := range []MachineSpec{m1, m2} {
 		if err := hostnet.Cut(ns3, netip.MustParseAddr(peer.Address), hostnet.Both); err != nil {
 			t.Fatal(err)

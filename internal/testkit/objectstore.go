@@ -11,8 +11,16 @@ import (
 // t ends, and returns it with a client of its bucket, created.
 func StartObjectStore(t testing.TB, bucket string) (*objectstore.Server, *s3store.Store) {
 	t.Helper()
+	return StartObjectStoreAt(t, bucket, "")
+}
+
+// StartObjectStoreAt is StartObjectStore serving on the host address addr
+// (127.0.0.1 if empty): the address of a bridge, for machines that are
+// network hosts of their own, whose 127.0.0.1 is their own.
+func StartObjectStoreAt(t testing.TB, bucket, addr string) (*objectstore.Server, *s3store.Store) {
+	t.Helper()
 	RequireBinaries(t, "versitygw")
-	srv, err := objectstore.Start(t.Context(), objectstore.Options{Dir: t.TempDir()})
+	srv, err := objectstore.Start(t.Context(), objectstore.Options{Dir: t.TempDir(), Address: addr})
 	if err != nil {
 		t.Fatal(err)
 	}

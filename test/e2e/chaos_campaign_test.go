@@ -28,9 +28,10 @@ import (
 // starts once it has passed, and the runs going on then finish.
 //
 // QCP_CHAOS_WORKERS (1 by default) runs that many runs side by side, each
-// worker on a management cluster of its own (the first on the shared
-// one, the others on 127.4<n>.0.0/16), the seeds dealt out in turn: a
-// worker's faults strike only its own management cluster and machines.
+// worker on a management cluster of its own whose machines are network
+// hosts (worker n's on 198.18.4<n>.0/24, so that CutPeerTraffic cuts one
+// off from its peers), the seeds dealt out in turn: a worker's faults
+// strike only its own management cluster and machines.
 func TestChaos(t *testing.T) {
 	workers := int(max(envNumber(t, "QCP_CHAOS_WORKERS", 1), 1))
 	// The workers are parallel subtests, and go test runs at most
@@ -39,7 +40,7 @@ func TestChaos(t *testing.T) {
 	if p, _ := strconv.Atoi(flag.Lookup("test.parallel").Value.String()); p < workers {
 		t.Fatalf("QCP_CHAOS_WORKERS=%d, but go test runs only %d parallel subtests at once: add -parallel %d (make chaos does)", workers, p, workers)
 	}
-	mgmt := requireShared(t)
+	requireShared(t)
 	replay := os.Getenv("QCP_CHAOS_SEED") != ""
 	runs, first := envNumber(t, "QCP_CHAOS_RUNS", 3), envNumber(t, "QCP_CHAOS_SEED", uint64(time.Now().UnixNano()%1_000_000))
 	seeds := chaos.Seeds(first, runs, replay)
@@ -63,10 +64,9 @@ func TestChaos(t *testing.T) {
 		for w := range workers {
 			t.Run(fmt.Sprintf("worker=%d", w), func(t *testing.T) {
 				t.Parallel()
-				m := mgmt
-				if w > 0 {
-					m = ownManagement(t, fmt.Sprintf("127.%d.0.0/16", 40+w), nil)
-				}
+				// Each worker on a management cluster of its own whose
+				// machines are network hosts, for CutPeerTraffic.
+				m := ownNetworkedManagement(t, fmt.Sprintf("198.18.%d.0/24", 40+w), nil)
 				var mine []uint64
 				for i := w; i < len(seeds); i += workers {
 					mine = append(mine, seeds[i])

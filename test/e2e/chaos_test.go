@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -37,8 +38,9 @@ const convergeBound = 10 * time.Minute
 
 // chaosAddressRange is the chaos smoke's own: it runs on its own
 // management cluster, because it kills qcp-manager, CAPI core and the
-// management API server.
-const chaosAddressRange = "127.26.0.0/16"
+// management API server, whose machines are network hosts of their own on
+// this range, so that CutPeerTraffic can cut one off from its peers.
+const chaosAddressRange = "198.18.26.0/24"
 
 // TestChaosSmoke runs the campaign's harness on the fixed chaos.SmokeSeeds, so
 // that every `make test` exercises it; `make chaos` runs the long
@@ -46,20 +48,20 @@ const chaosAddressRange = "127.26.0.0/16"
 func TestChaosSmoke(t *testing.T) {
 	requireShared(t)
 	parallel(t, 4*time.Minute+30*time.Second) // beside the others, as TestCrashesAndRotation
-	mgmt := ownManagement(t, chaosAddressRange, nil)
+	mgmt := ownNetworkedManagement(t, chaosAddressRange, nil)
 	t.Run("the leftover check finds leftovers", func(t *testing.T) { checkLeftoverCheck(t, mgmt) })
 	campaign(t, mgmt, chaos.SmokeSeeds, nil, time.Time{})
 }
 
 // checkLeftoverCheck plants, in mgmt's machine root, what a machine gone
-// wrong would leave (its directory, a process of its, its address) and
-// checks leftBehind reports each, then that it reports nothing once they
-// are gone.
+// wrong would leave (its directory, a process of its, its address, and on
+// a network of namespaces its namespace) and checks leftBehind reports
+// each, then that it reports nothing once they are gone.
 func checkLeftoverCheck(t *testing.T, mgmt *management) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	root := mgmt.env.MachineRoot()
-	dir, addr := filepath.Join(root, ns, "gone"), filepath.Join(root, ".addresses", "127.26.255.254")
+	dir, addr := filepath.Join(root, ns, "gone"), filepath.Join(root, ".addresses", "198.18.26.254")
 	if err := errors.Join(os.MkdirAll(dir, 0o700), os.MkdirAll(filepath.Dir(addr), 0o700)); err != nil {
 		t.Fatal(err)
 	}
@@ -74,8 +76,17 @@ func checkLeftoverCheck(t *testing.T, mgmt *management) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = syscall.Kill(-stray.Process.Pid, syscall.SIGKILL); _ = stray.Wait() })
+	wants := []string{"the directory of machine gone", fmt.Sprintf("process %d (sh) of machine gone", stray.Process.Pid), "address 198.18.26.254 reserved for machine/" + ns + "/gone"}
+	netns, hostIf := machinehost.NamespaceOf("machine/" + ns + "/gone")
+	if mgmt.network != nil {
+		if err := errors.Join(mgmt.network.Ensure(), mgmt.network.Attach(netns, hostIf, netip.MustParseAddr("198.18.26.254"))); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = mgmt.network.Detach(netns, hostIf) })
+		wants = append(wants, "network namespace link "+hostIf)
+	}
 	err := mgmt.leftBehind(ctx)
-	for _, want := range []string{"the directory of machine gone", fmt.Sprintf("process %d (sh) of machine gone", stray.Process.Pid), "address 127.26.255.254 reserved for machine/" + ns + "/gone"} {
+	for _, want := range wants {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("leftBehind = %v, want it to report %q", err, want)
 		}
@@ -84,6 +95,11 @@ func checkLeftoverCheck(t *testing.T, mgmt *management) {
 	_ = stray.Wait()
 	if err := errors.Join(os.RemoveAll(dir), os.Remove(addr)); err != nil {
 		t.Fatal(err)
+	}
+	if mgmt.network != nil {
+		if err := mgmt.network.Detach(netns, hostIf); err != nil {
+			t.Fatal(err)
+		}
 	}
 	if err := mgmt.leftBehind(ctx); err != nil {
 		t.Errorf("with the planted leftovers removed: %v", err)
@@ -487,7 +503,7 @@ func newChaosScenario(t *testing.T, mgmt *management, r chaos.Run, start int) (*
 	if !r.Operation.Etcd() {
 		var srv *objectstore.Server
 		if r.Policy == chaos.PolicyFromBackup {
-			srv, _ = testkit.StartObjectStore(t, "backups")
+			srv, _ = testkit.StartObjectStoreAt(t, "backups", mgmt.hostAddress())
 			storeSecret(t, mgmt, name+"-s3", srv)
 		}
 		s := newScenario(t, mgmt, name, int32(start), func(cp *controlplanev1.QuorumControlPlane) {
@@ -571,8 +587,9 @@ const leftoverBound = time.Minute
 // leftBehind reports what the management cluster's deleted objects left
 // on the host: a machine or load balancer directory (which holds its
 // processes) with no ProcessMachine or ProcessCluster of that name, a
-// process still running in one, or a loopback address still reserved for
-// an object that is gone. The reservations are the process provider's
+// process still running in one, an address still reserved for an object
+// that is gone, or, on a network of namespaces, a namespace on its bridge
+// that belongs to no live object. The reservations are the process provider's
 // files under <machine root>/.addresses, each holding its owner's key,
 // "machine/<namespace>/<name>" or "lb/<namespace>/<name>".
 func (m *management) leftBehind(ctx context.Context) error {
@@ -642,6 +659,23 @@ func (m *management) leftBehind(ctx context.Context) error {
 		}
 		if key := strings.TrimSpace(string(owner)); !live[key] {
 			left = append(left, fmt.Sprintf("address %s reserved for %s", e.Name(), key))
+		}
+	}
+	if m.network != nil {
+		// A namespace's veth pair goes with it (hostnet.Network.Detach).
+		ports, err := m.network.Ports()
+		if err != nil {
+			return err
+		}
+		liveIfs := map[string]bool{}
+		for key := range live {
+			_, hostIf := machinehost.NamespaceOf(key)
+			liveIfs[hostIf] = true
+		}
+		for _, p := range ports {
+			if !liveIfs[p] {
+				left = append(left, fmt.Sprintf("network namespace link %s on bridge %s", p, m.network.Bridge))
+			}
 		}
 	}
 	if len(left) > 0 {
@@ -781,7 +815,29 @@ func (s *scenario) strike(ctx context.Context, host *machinehost.Host, fault cha
 		})
 		return "", ""
 	case chaos.CutPeerTraffic:
-		return "", "not possible on this host: no nftables or iptables, and every machine's peer dials leave from 127.0.0.1, so no route or tc filter can cut one machine's peer traffic alone (docs/architecture.md)"
+		if s.mgmt.network == nil {
+			return "", "not possible on loopback addresses: this management cluster's machines are not network hosts of their own (ownNetworkedManagement)"
+		}
+		name, err := pick()
+		if err != nil {
+			return "", err.Error()
+		}
+		// Cut off from every other machine of its cluster, both ways, the
+		// manager still reaching it: `qcpctl machine isolate`, as a user
+		// cuts one.
+		if _, err := runQcpctl(ctx, s.mgmt, "machine", "isolate", name); err != nil {
+			return name, "failed: " + err.Error()
+		}
+		later(fault.For, func() {
+			// A machine deleted meanwhile took its namespace, and its cuts,
+			// with it.
+			if _, err := runQcpctl(context.Background(), s.mgmt, "machine", "heal", name); err != nil {
+				if m, gerr := s.machineNamed(context.Background(), name); gerr == nil && m.GetDeletionTimestamp() == nil {
+					s.t.Errorf("healing machine %s after %s: %v", name, fault.Kind, err)
+				}
+			}
+		})
+		return name, ""
 	}
 	return "", "unknown fault"
 }

@@ -3,7 +3,6 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -18,8 +17,6 @@ import (
 	"sigs.k8s.io/cluster-api/util/conditions"
 
 	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
-	"github.com/qcp-dev/qcp/internal/cli"
-	"github.com/qcp-dev/qcp/internal/hostnet"
 )
 
 // partitionAddressRange is the partition scenario's machines' network, in
@@ -67,18 +64,8 @@ const partitionMemberTimeout = 50 * time.Second
 // history is linearizable with nothing acknowledged lost.
 func TestPartitionedControlPlane(t *testing.T) {
 	requireShared(t)
-	if err := hostnet.Available(); err != nil {
-		t.Fatalf("network namespaces cannot be made here, and this scenario needs them: %v", err)
-	}
 	parallel(t, 9*time.Minute)
-	// Registered before the management cluster, so that it runs after its
-	// machines and their namespaces are gone.
-	t.Cleanup(func() {
-		if err := hostnet.ForRange(netip.MustParsePrefix(partitionAddressRange)).Remove(); err != nil {
-			t.Error(err)
-		}
-	})
-	mgmt := ownManagement(t, partitionAddressRange, []string{"--machine-network=namespaces", "--unhealthy-member-timeout=" + partitionMemberTimeout.String()})
+	mgmt := ownNetworkedManagement(t, partitionAddressRange, []string{"--unhealthy-member-timeout=" + partitionMemberTimeout.String()})
 	s := newScenario(t, mgmt, "partition", 3)
 	s.startTraffic(3)
 	cp := s.waitAvailable(convergeTimeout, 3)
@@ -309,21 +296,6 @@ func (s *scenario) healthyVoters(machine string) *controlplanev1.QuorumControlPl
 		return nil
 	})
 	return cp
-}
-
-// qcpctl runs qcpctl with args against mgmt, as a user does, and fails t
-// if it fails.
-func qcpctl(ctx context.Context, t testing.TB, mgmt *management, args ...string) {
-	t.Helper()
-	root := cli.NewRoot()
-	var out bytes.Buffer
-	root.SetOut(&out)
-	root.SetErr(&out)
-	root.SetArgs(append([]string{"--kubeconfig", mgmt.env.Kubeconfig}, args...))
-	if err := root.ExecuteContext(ctx); err != nil {
-		t.Fatalf("qcpctl %v: %v\n%s", args, err, out.String())
-	}
-	t.Logf("qcpctl %v: %s", args, bytes.TrimSpace(out.Bytes()))
 }
 
 // machineNames is the sorted names of ms.

@@ -14,6 +14,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -26,6 +27,7 @@ import (
 
 	"github.com/qcp-dev/qcp/internal/controllers/engine"
 	"github.com/qcp-dev/qcp/internal/hostcpu"
+	"github.com/qcp-dev/qcp/internal/hostnet"
 	"github.com/qcp-dev/qcp/internal/localenv"
 	"github.com/qcp-dev/qcp/internal/release"
 	"github.com/qcp-dev/qcp/internal/testkit"
@@ -44,8 +46,12 @@ type management struct {
 	env     *localenv.Env
 	binDir  string
 	manager *localenv.Process
-	// addressRange is the loopback prefix of this manager's machines.
+	// addressRange is the prefix of this manager's machines: on loopback,
+	// or on network's bridge.
 	addressRange string
+	// network is the machines' network when each machine is a network
+	// host of its own (ownNetworkedManagement); nil on loopback addresses.
+	network *hostnet.Network
 	// managerArgs are extra qcp-manager flags.
 	managerArgs []string
 	// machineRoot is where its qcp-manager keeps the process machines:
@@ -267,6 +273,37 @@ func ownManagementWith(t *testing.T, addrs string, args []string, opts localenv.
 		mgmt.stop()
 	})
 	return mgmt
+}
+
+// ownNetworkedManagement is ownManagement with each machine a network host
+// of its own (qcp-manager --machine-network=namespaces) on addrs, a range
+// off loopback, so that partitions can be made between machines
+// (`qcpctl machine isolate`); its bridge is removed after the machines.
+func ownNetworkedManagement(t *testing.T, addrs string, args []string) *management {
+	t.Helper()
+	if err := hostnet.Available(); err != nil {
+		t.Fatalf("network namespaces cannot be made here, and this scenario needs them: %v", err)
+	}
+	network := hostnet.ForRange(netip.MustParsePrefix(addrs))
+	// Registered before the management cluster, so that it runs after its
+	// machines and their namespaces are gone.
+	t.Cleanup(func() {
+		if err := network.Remove(); err != nil {
+			t.Error(err)
+		}
+	})
+	mgmt := ownManagement(t, addrs, append([]string{"--machine-network=namespaces"}, args...))
+	mgmt.network = network
+	return mgmt
+}
+
+// hostAddress is the host's address the machines of m reach it at: its
+// network's bridge's, or "" (127.0.0.1) on loopback addresses.
+func (m *management) hostAddress() string {
+	if m.network == nil {
+		return ""
+	}
+	return m.network.HostAddr().String()
 }
 
 // requireShared skips with -short and fails if the suite did not start.
