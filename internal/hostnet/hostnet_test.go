@@ -10,6 +10,7 @@ import (
 	"os"
 	"runtime"
 	"strings"
+	"slices"
 	"testing"
 	"time"
 
@@ -201,6 +202,17 @@ func TestNetwork(t *testing.T) {
 
 	if got, err := HostAddrOf(a); err != nil || got != n.HostAddr() {
 		t.Errorf("HostAddrOf(%s) = %v, %v; want the bridge's %v", a, got, err, n.HostAddr())
+	}
+
+	ports, err := n.Ports()
+	if slices.Sort(ports); err != nil || !slices.Equal(ports, []string{fmt.Sprintf("qcpt%xa", id), fmt.Sprintf("qcpt%xb", id)}) {
+		t.Errorf("the bridge's ports: %q, %v; want a's and b's host ends", ports, err)
+	}
+	if err := n.Detach(b, fmt.Sprintf("qcpt%xb", id)); err != nil {
+		t.Fatal(err)
+	}
+	if ports, err := n.Ports(); err != nil || !slices.Equal(ports, []string{fmt.Sprintf("qcpt%xa", id)}) {
+		t.Errorf("the bridge's ports once b is detached: %q, %v; want a's host end alone", ports, err)
 	}
 }
 
