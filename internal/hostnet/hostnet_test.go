@@ -9,8 +9,8 @@ import (
 	"net/netip"
 	"os"
 	"runtime"
-	"strings"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
