@@ -140,8 +140,8 @@ type wMember struct {
 	// cut: QCP cannot reach it, since epoch since, though its peers do (a
 	// partition between the management cluster and its machine). It
 	// works, and counts for quorum; QCP sees it down, and its machine
-	// says it answers there (Machine.EtcdAnswersOnMachine). The cut heals once it has lasted past
-	// every timeout (progress).
+	// says it answers there (Machine.EtcdAnswersOnMachine). The cut heals
+	// once it has lasted past every timeout (progress).
 	cut bool
 }
 

@@ -240,8 +240,9 @@ func (o *observation) build(cp *controlplanev1.QuorumControlPlane, cluster *clus
 	noSpace := quorum.NoSpaceRaised(s)
 	o.remediationRefused, o.remediationNext = map[string]string{}, map[string]remediationData{}
 	for _, m := range o.Machines {
-		pm := plannerMachine(m, o.node(m), len(o.rollout.outdated(m)) == 0)
-		pm.EtcdAnswersOnMachine = o.external == nil && etcdAnswersOnMachine(o.node(m), now)
+		node := o.node(m)
+		pm := plannerMachine(m, node, len(o.rollout.outdated(m)) == 0)
+		pm.EtcdAnswersOnMachine = o.external == nil && etcdAnswersOnMachine(node, now)
 		pastTimeout := o.unhealthyPastTimeout(m, pm, now, tun)
 		if pm.Remediate && noSpace && !pastTimeout {
 			pm.Remediate, pm.HoldRemediation = false, true

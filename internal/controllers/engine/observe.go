@@ -101,6 +101,17 @@ func (o *Observation) Machine(name string) *clusterv1.Machine {
 	return nil
 }
 
+// HostOf returns the first observed Machine that hosts mb (MemberOn), or
+// nil.
+func (o *Observation) HostOf(mb quorum.Member) *clusterv1.Machine {
+	for _, m := range o.Machines {
+		if on, ok := o.MemberOn(m); ok && on.ID == mb.ID {
+			return m
+		}
+	}
+	return nil
+}
+
 // MemberOn returns the member hosted on machine m (see FindMember); none
 // when the match is ambiguous.
 func (o *Observation) MemberOn(m *clusterv1.Machine) (quorum.Member, bool) {

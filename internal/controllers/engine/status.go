@@ -193,10 +193,8 @@ func DepartedAlarmMessage(a quorum.Alarm, quota int64) string {
 }
 
 func memberName(obs *Observation, mb quorum.Member) string {
-	for _, m := range obs.Machines {
-		if on, ok := obs.MemberOn(m); ok && on.ID == mb.ID {
-			return fmt.Sprintf("%s (machine %s)", FormatMemberID(mb.ID), m.Name)
-		}
+	if m := obs.HostOf(mb); m != nil {
+		return fmt.Sprintf("%s (machine %s)", FormatMemberID(mb.ID), m.Name)
 	}
 	return FormatMemberID(mb.ID)
 }
@@ -204,13 +202,12 @@ func memberName(obs *Observation, mb quorum.Member) string {
 // answersOnMachine reports whether the machine hosting mb says that it
 // answers there (quorum.Machine.EtcdAnswersOnMachine).
 func answersOnMachine(obs *Observation, mb quorum.Member) bool {
-	for _, m := range obs.Machines {
-		if on, ok := obs.MemberOn(m); ok && on.ID == mb.ID {
-			i := slices.IndexFunc(obs.State.Machines, func(pm quorum.Machine) bool { return pm.Name == m.Name })
-			return i >= 0 && obs.State.Machines[i].EtcdAnswersOnMachine
-		}
+	m := obs.HostOf(mb)
+	if m == nil {
+		return false
 	}
-	return false
+	i := slices.IndexFunc(obs.State.Machines, func(pm quorum.Machine) bool { return pm.Name == m.Name })
+	return i >= 0 && obs.State.Machines[i].EtcdAnswersOnMachine
 }
 
 // SetScaling reports owner's ScalingUp and ScalingDown; while one is under way and
