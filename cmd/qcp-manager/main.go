@@ -90,9 +90,10 @@ func main() {
 		processOpts.AddressRange = p
 		return nil
 	})
-	flag.StringVar(&machineNetwork, "machine-network", networkLoopback, "where process machines live: "+networkLoopback+
-		" (addresses of the host's loopback, shared by every machine) or "+networkNamespaces+
-		" (each machine and load balancer a network host of its own, a network namespace on a bridge of the host's, where `qcpctl machine isolate` cuts partitions; needs root)")
+	flag.StringVar(&machineNetwork, "machine-network", networkAuto, "where process machines live: "+networkLoopback+
+		" (addresses of the host's loopback, shared by every machine), "+networkNamespaces+
+		" (each machine and load balancer a network host of its own, a network namespace on a bridge of the host's, where `qcpctl machine isolate` cuts partitions; needs root) or "+networkAuto+
+		" (namespaces where qcp-manager can make them and --address-range is not a loopback prefix, else loopback; each ProcessMachine's "+process.OwnNetworkCondition+" condition says which, and why)")
 	flag.Func("controllers", "comma-separated controllers to run, of "+strings.Join(controllerNames, ", ")+" (default: all)", func(v string) error {
 		cpOpts.controllers = map[string]bool{}
 		for _, name := range strings.Split(v, ",") {
@@ -173,6 +174,7 @@ func (o controlPlaneOptions) runs(name string) bool {
 const (
 	networkLoopback   = "loopback"
 	networkNamespaces = "namespaces"
+	networkAuto       = "auto"
 )
 
 // completeProcessOptions checks and defaults the process provider's flags,
@@ -183,11 +185,15 @@ func completeProcessOptions(o process.Options, machineNetwork string, cpOpts con
 	if !cpOpts.runs("process") {
 		return o, nil
 	}
+	if machineNetwork == networkAuto {
+		machineNetwork, o.LoopbackReason = autoMachineNetwork(o.AddressRange, hostnet.Available())
+	}
 	switch machineNetwork {
 	case networkLoopback:
 		if o.AddressRange.IsValid() && !o.AddressRange.Addr().IsLoopback() {
 			return o, fmt.Errorf("--address-range=%s is not a loopback prefix: give one such as %s, or run the machines on a network of their own with --machine-network=%s", o.AddressRange, process.DefaultAddressRange, networkNamespaces)
 		}
+		o.LoopbackReason = cmp.Or(o.LoopbackReason, "qcp-manager runs with --machine-network="+networkLoopback)
 	case networkNamespaces:
 		if err := hostnet.Available(); err != nil {
 			return o, fmt.Errorf("--machine-network=%s: %w; run qcp-manager as root, or use --machine-network=%s", networkNamespaces, err, networkLoopback)
@@ -198,7 +204,7 @@ func completeProcessOptions(o process.Options, machineNetwork string, cpOpts con
 		}
 		o.Network = hostnet.ForRange(r)
 	default:
-		return o, fmt.Errorf("--machine-network=%s: choose %s or %s", machineNetwork, networkLoopback, networkNamespaces)
+		return o, fmt.Errorf("--machine-network=%s: choose %s, %s or %s", machineNetwork, networkAuto, networkLoopback, networkNamespaces)
 	}
 
 	if o.MachineRoot == "" {
@@ -219,6 +225,21 @@ func completeProcessOptions(o process.Options, machineNetwork string, cpOpts con
 		o.AgentPath = filepath.Join(filepath.Dir(self), "qcp-agent")
 	}
 	return o, nil
+}
+
+// autoMachineNetwork is what --machine-network=auto chooses, given the
+// address range asked for (if any) and whether network namespaces can be
+// made here (hostnet.Available's error): namespaces when they can be and
+// the range is not a loopback one, else loopback and why, for the
+// machines' OwnNetwork condition.
+func autoMachineNetwork(addressRange netip.Prefix, unavailable error) (network, loopbackReason string) {
+	switch {
+	case addressRange.IsValid() && addressRange.Addr().IsLoopback():
+		return networkLoopback, fmt.Sprintf("qcp-manager's --address-range=%s is a loopback prefix", addressRange)
+	case unavailable != nil:
+		return networkLoopback, fmt.Sprintf("qcp-manager cannot make network namespaces here (%v)", unavailable)
+	}
+	return networkNamespaces, ""
 }
 
 func run(metricsAddr, healthAddr, profilerAddr string, leaderElect bool, machineNetwork string, processOpts process.Options, webhookOpts webhook.Options, cpOpts controlPlaneOptions) error {
@@ -263,6 +284,11 @@ func run(metricsAddr, healthAddr, profilerAddr string, leaderElect bool, machine
 	if cpOpts.runs("process") {
 		if err := process.Setup(mgr, processOpts); err != nil {
 			return err
+		}
+		if processOpts.Network != nil {
+			ctrl.Log.Info("process machines are network hosts of their own", "network", processOpts.Network.Prefix.String(), "bridge", processOpts.Network.Bridge)
+		} else {
+			ctrl.Log.Info("process machines share the host's loopback network", "why", processOpts.LoopbackReason)
 		}
 	}
 	if cpOpts.runs("controlplane") {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"net/netip"
 	"os"
 	"strings"
@@ -58,11 +59,51 @@ func TestMachineNetworkFlags(t *testing.T) {
 	}{
 		{networkNamespaces, process.DefaultAddressRange, "cannot be a loopback prefix"},
 		{networkLoopback, own, "--machine-network=namespaces"},
-		{"bridge", netip.Prefix{}, "choose loopback or namespaces"},
+		{"bridge", netip.Prefix{}, "choose auto, loopback or namespaces"},
 	} {
 		_, err := completeProcessOptions(process.Options{MachineRoot: "/m", AddressRange: c.prefix}, c.network, controlPlaneOptions{})
 		if err == nil || !strings.Contains(err.Error(), c.want) {
 			t.Errorf("--machine-network=%s --address-range=%s: %v; want an error saying %q", c.network, c.prefix, err, c.want)
+		}
+	}
+}
+
+// TestMachineNetworkAuto: --machine-network=auto, the default, makes each
+// machine a network host of its own where namespaces can be made and the
+// address range is not a loopback one; otherwise it falls back to loopback
+// addresses and says why, for the machines' OwnNetwork condition.
+func TestMachineNetworkAuto(t *testing.T) {
+	loopback := process.DefaultAddressRange
+	for _, c := range []struct {
+		name        string
+		prefix      netip.Prefix
+		unavailable error
+		network     string
+		why         string
+	}{
+		{"as root, no range", netip.Prefix{}, nil, networkNamespaces, ""},
+		{"as root, a private range", netip.MustParsePrefix("198.18.9.0/24"), nil, networkNamespaces, ""},
+		{"as root, a loopback range", loopback, nil, networkLoopback, "--address-range=" + loopback.String() + " is a loopback prefix"},
+		{"without root", netip.Prefix{}, errors.New("creating network namespaces needs root"), networkLoopback, "cannot make network namespaces here (creating network namespaces needs root)"},
+	} {
+		network, why := autoMachineNetwork(c.prefix, c.unavailable)
+		if network != c.network || !strings.Contains(why, c.why) || (c.why == "") != (why == "") {
+			t.Errorf("%s: %s, %q; want %s, saying %q", c.name, network, why, c.network, c.why)
+		}
+	}
+	t.Setenv("QCP_BIN_DIR", t.TempDir())
+	got, err := completeProcessOptions(process.Options{MachineRoot: "/m", AddressRange: loopback}, networkAuto, controlPlaneOptions{})
+	if err != nil || got.Network != nil || !strings.Contains(got.LoopbackReason, "is a loopback prefix") {
+		t.Errorf("auto with a loopback range: network %+v, reason %q, %v; want loopback addresses and why", got.Network, got.LoopbackReason, err)
+	}
+	got, err = completeProcessOptions(process.Options{MachineRoot: "/m"}, networkLoopback, controlPlaneOptions{})
+	if err != nil || got.LoopbackReason != "qcp-manager runs with --machine-network=loopback" {
+		t.Errorf("--machine-network=loopback: reason %q, %v; want the flag named", got.LoopbackReason, err)
+	}
+	if hostnet.Available() == nil {
+		got, err = completeProcessOptions(process.Options{MachineRoot: "/m"}, networkAuto, controlPlaneOptions{})
+		if err != nil || got.Network == nil || got.Network.Prefix != hostnet.DefaultPrefix || got.LoopbackReason != "" {
+			t.Errorf("auto as root: network %+v, reason %q, %v; want namespaces on %s", got.Network, got.LoopbackReason, err, hostnet.DefaultPrefix)
 		}
 	}
 }

@@ -92,6 +92,11 @@ func (e *Env) StartManager(ctx context.Context, opts ManagerOptions) (*Process, 
 			"--metrics-bind-address=" + metricsAddr,
 			"--health-probe-bind-address=" + addrs[1],
 			"--leader-elect=false",
+			// Loopback addresses unless the caller asks for a network
+			// (ExtraArgs come later and win): qcp-manager's default, auto,
+			// would give every management cluster a test starts, as root,
+			// the same default network and bridge.
+			"--machine-network=loopback",
 		}, e.qcpWebhookArgs()...)
 		args = overrideArgs(installed, append(args, opts.ExtraArgs...))
 		return StartProcess("qcp-manager", opts.Path, args, append([]string{"KUBE_FEATURE_WatchListClient=false"}, opts.Env...), e.Dir)

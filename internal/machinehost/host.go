@@ -82,6 +82,16 @@ func (h *Host) machinePlace(spec MachineSpec) (place, error) {
 	return pl, nil
 }
 
+// NetworkNamespace names the network namespace machine namespace/name
+// runs in, or is "" without a Network (loopback addresses).
+func (h *Host) NetworkNamespace(namespace, name string) string {
+	if h.Network == nil {
+		return ""
+	}
+	ns, _ := NamespaceOf(machineKey(namespace, name))
+	return ns
+}
+
 // unplace removes the namespace of key, if a Network gave it one: also
 // when this Host has none, as a host that only tears machines down (a
 // local environment's StopAll) has not.

@@ -1,9 +1,11 @@
 package process
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 	"os"
 	"sync"
 	"time"
@@ -36,12 +38,19 @@ import (
 const (
 	// ProcessRunningCondition is true while the machine's agent runs.
 	ProcessRunningCondition = "ProcessRunning"
+	// OwnNetworkCondition is true when the machine is a network host of
+	// its own (a network namespace on the provider's bridge), where
+	// partitions can cut it off; false, with why, when it shares the
+	// host's loopback network.
+	OwnNetworkCondition = "OwnNetwork"
 
 	WaitingForInfrastructureReason = "WaitingForClusterInfrastructure"
 	WaitingForBootstrapDataReason  = "WaitingForBootstrapData"
 	StartFailedReason              = "StartFailed"
 	AgentExitedReason              = "AgentExited"
 	RunningReason                  = "Running"
+	NetworkNamespaceReason         = "NetworkNamespace"
+	LoopbackAddressReason          = "LoopbackAddress"
 )
 
 // LivenessPeriod is how often a running machine's process is checked, as a
@@ -60,6 +69,9 @@ type MachineReconciler struct {
 	Recorder  record.EventRecorder
 	// WatchFilter limits the reconciler to the objects it admits.
 	WatchFilter engine.WatchFilter
+	// LoopbackReason says why machines run on loopback addresses when
+	// Host has no Network.
+	LoopbackReason string
 
 	metrics *providerMetrics
 	// exits remembers the agents whose exit was counted, by machine UID
@@ -205,7 +217,20 @@ func (r *MachineReconciler) reconcileNormal(ctx context.Context, cluster *cluste
 	}
 	pm.Status.Initialization.Provisioned = ptr.To(true)
 	r.setRunning(pm, metav1.ConditionTrue, RunningReason, fmt.Sprintf("Agent runs on %s with pid %d", addr, pid))
+	r.setOwnNetwork(pm, addr)
 	return ctrl.Result{RequeueAfter: LivenessPeriod}, nil
+}
+
+// setOwnNetwork says whether the machine at addr is a network host of its
+// own, where a partition can cut it off, or why it is not.
+func (r *MachineReconciler) setOwnNetwork(pm *infrav1.ProcessMachine, addr netip.Addr) {
+	if ns := r.Host.NetworkNamespace(pm.Namespace, pm.Name); ns != "" {
+		conditions.Set(pm, metav1.Condition{Type: OwnNetworkCondition, Status: metav1.ConditionTrue, Reason: NetworkNamespaceReason,
+			Message: fmt.Sprintf("Machine is a network host of its own: network namespace %s, address %s on bridge %s", ns, addr, r.Host.Network.Bridge)})
+		return
+	}
+	conditions.Set(pm, metav1.Condition{Type: OwnNetworkCondition, Status: metav1.ConditionFalse, Reason: LoopbackAddressReason,
+		Message: fmt.Sprintf("Machine shares the host's network at loopback address %s, because %s: no partition can cut it off (qcpctl machine isolate). Run qcp-manager as root with --machine-network=auto or namespaces and an address range that is not a loopback one", addr, cmp.Or(r.LoopbackReason, "its qcp-manager gives machines no network of their own"))})
 }
 
 // startFailed records why a machine could not start. Bad bootstrap data, a

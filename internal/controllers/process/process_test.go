@@ -106,6 +106,13 @@ func TestProcessProvider(t *testing.T) {
 		if pm.Status.FailureDomain != "fd-a" || pm.Spec.ProviderID != node.Spec.ProviderID {
 			t.Errorf("ProcessMachine failure domain %q, providerID %q", pm.Status.FailureDomain, pm.Spec.ProviderID)
 		}
+		// The manager runs with --machine-network=auto, as root, on a
+		// loopback --address-range: auto falls back to loopback addresses,
+		// and the machine says so and why.
+		if c := conditions.Get(pm, process.OwnNetworkCondition); c == nil || c.Status != metav1.ConditionFalse || c.Reason != process.LoopbackAddressReason ||
+			!strings.Contains(c.Message, "--address-range="+addressRange+" is a loopback prefix") || !strings.Contains(c.Message, "no partition can cut it off") {
+			t.Errorf("OwnNetwork = %+v; want False, %s, naming the loopback --address-range=%s and what it rules out", c, process.LoopbackAddressReason, addressRange)
+		}
 	})
 
 	addrs := map[string]string{"m1": w.address(ctx, "m1")}

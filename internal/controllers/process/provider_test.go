@@ -79,8 +79,9 @@ func (w *world) startManager() {
 	defer cancel()
 	p, err := w.env.StartManager(ctx, localenv.ManagerOptions{
 		Path: filepath.Join(w.binDir, "qcp-manager"),
-		// The test plays the control plane provider itself.
-		ExtraArgs: []string{"--address-range=" + addressRange, "--controllers=process", "--bin-dir=" + w.machineBins},
+		// The test plays the control plane provider itself. auto, not the
+		// test harness's loopback: the loopback range makes auto fall back.
+		ExtraArgs: []string{"--address-range=" + addressRange, "--controllers=process", "--bin-dir=" + w.machineBins, "--machine-network=auto"},
 	})
 	if err != nil {
 		w.t.Fatal(err)

@@ -31,6 +31,9 @@ type Options struct {
 	// partitions can be made (machinehost.Isolate). Its range is
 	// the addresses'.
 	Network *hostnet.Network
+	// LoopbackReason says why the machines run on loopback addresses when
+	// Network is nil (a flag, or no root), for their OwnNetwork condition.
+	LoopbackReason string
 	// WatchFilter limits the controllers to the objects it admits.
 	WatchFilter engine.WatchFilter
 }
@@ -57,7 +60,7 @@ func Setup(mgr ctrl.Manager, opts Options) error {
 		Recorder: mgr.GetEventRecorderFor("processcluster-controller")}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the ProcessCluster controller: %w", err)
 	}
-	if err := (&MachineReconciler{Client: mgr.GetClient(), Host: host, Addresses: addrs, metrics: m, WatchFilter: opts.WatchFilter,
+	if err := (&MachineReconciler{Client: mgr.GetClient(), Host: host, Addresses: addrs, metrics: m, WatchFilter: opts.WatchFilter, LoopbackReason: opts.LoopbackReason,
 		Recorder: mgr.GetEventRecorderFor("processmachine-controller")}).SetupWithManager(mgr); err != nil {
 		return fmt.Errorf("setting up the ProcessMachine controller: %w", err)
 	}
