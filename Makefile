@@ -204,7 +204,7 @@ chaos: binaries
 
 ## partitions: the partition scenarios (issue 37), each machine a network host of its own; needs root.
 partitions: binaries qcp-binaries
-	QCP_BIN_DIR=$(BIN) QCP_REQUIRE_BINARIES=1 QCP_FRESH_BIN_DIR=$(BIN) go test -tags partitions -count=1 -v -run '^TestPartitioned' -timeout 30m ./test/e2e/
+	QCP_BIN_DIR=$(BIN) QCP_REQUIRE_BINARIES=1 QCP_FRESH_BIN_DIR=$(BIN) go test -count=1 -v -run '^TestPartitioned' -timeout 30m ./test/e2e/
 
 lint:
 	gofmt -l . | tee /dev/stderr | (! read)

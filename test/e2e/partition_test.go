@@ -1,5 +1,3 @@
-//go:build partitions
-
 package e2e
 
 import (
@@ -15,8 +13,11 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/conditions"
+	"sigs.k8s.io/controller-runtime/pkg/client"
 
 	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
+	infrav1 "github.com/qcp-dev/qcp/api/infrastructure/v1alpha1"
+	"github.com/qcp-dev/qcp/internal/controllers/process"
 )
 
 // partitionAddressRange is the partition scenario's machines' network, in
@@ -37,10 +38,6 @@ const partitionCut = 25 * time.Second
 // the same way; the default, 5 minutes, would only make the scenario
 // longer.
 const partitionMemberTimeout = 50 * time.Second
-
-// The partition scenarios run with `make partitions` (-tags partitions), not
-// yet in `make test`: they need a management cluster of their own, and no
-// full run of the suite with them has finished yet (docs/testing.md).
 
 // TestPartitionedControlPlane (issue 37): each machine a network host of
 // its own (qcp-manager --machine-network=namespaces), under the writer and
@@ -78,6 +75,13 @@ func TestPartitionedControlPlane(t *testing.T) {
 	for _, m := range before {
 		if a := internalIP(&m); !netip.MustParsePrefix(partitionAddressRange).Contains(netip.MustParseAddr(a)) {
 			t.Fatalf("machine %s has address %s, outside the machines' network %s", m.Name, a, partitionAddressRange)
+		}
+		pm := &infrav1.ProcessMachine{}
+		if err := s.reader(ctx).Get(ctx, client.ObjectKey{Namespace: ns, Name: m.Spec.InfrastructureRef.Name}, pm); err != nil {
+			t.Fatal(err)
+		}
+		if c := conditions.Get(pm, process.OwnNetworkCondition); c == nil || c.Status != metav1.ConditionTrue || c.Reason != process.NetworkNamespaceReason {
+			t.Errorf("ProcessMachine %s: OwnNetwork = %+v; want True, %s", pm.Name, c, process.NetworkNamespaceReason)
 		}
 	}
 	cp = s.cutLeader(ctx, cp, "cut off from its peers")
