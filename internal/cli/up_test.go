@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -22,6 +23,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/utils/ptr"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	clusterctlv1 "sigs.k8s.io/cluster-api/cmd/clusterctl/api/v1alpha3"
 	"sigs.k8s.io/controller-runtime/pkg/client"
@@ -154,38 +156,62 @@ func (q *tour) checkRecoverLevers(kubeconfig string) {
 // checkScaleUpDescribed scales the sample to 5 with two describe --watch
 // running, plain and JSON, and checks that their frames show each
 // machine's etcd role, the learner and the control plane's waiting reason.
+// A learner is promoted within a second or two, which a watch on a loaded
+// host can miss between two frames, so the first new machine is frozen as
+// soon as it runs: QCP adds it as a learner and waits for it to start,
+// and it is thawed once both watches have shown that.
 func (q *tour) checkScaleUpDescribed() {
 	t := q.t
 	plain, js := q.start("describe", "cluster", "demo", "--watch", "--interval", "200ms"),
 		q.start("describe", "cluster", "demo", "--watch", "--interval", "200ms", "-o", "json")
+	before := map[string]bool{}
+	for _, m := range q.describe().ControlPlane.Machines {
+		before[m.Name] = true
+	}
 	q.must(time.Minute, "scale", "demo", "--replicas", "5")
+	held := q.freezeFirstNew(before)
+	seen := func(out string) (learner, waiting bool) {
+		for _, frame := range strings.Split(out, "\n\n") {
+			for _, line := range strings.Split(frame, "\n") {
+				learner = learner || strings.Contains(line, "Machine/"+held) && slices.Contains(strings.Fields(line), "learner")
+				waiting = waiting || strings.Contains(line, "Waiting for: ")
+			}
+		}
+		return learner, waiting
+	}
+	seenJSON := func(out string) (learner, waiting bool, err error) {
+		for dec := json.NewDecoder(strings.NewReader(out)); dec.More(); {
+			var tree cli.ClusterTree
+			if err := dec.Decode(&tree); err != nil {
+				return false, false, fmt.Errorf("describe -o json --watch wrote a frame that is not JSON: %w", err)
+			}
+			for _, m := range tree.ControlPlane.Machines {
+				learner = learner || m.Name == held && m.EtcdRole == "learner"
+			}
+			op := tree.ControlPlane.Operation
+			waiting = waiting || op != nil && op.Kind == "Wait" && !strings.HasPrefix(op.Reason, "nothing to do")
+		}
+		return learner, waiting, nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	err := testkit.Eventually(ctx, 200*time.Millisecond, "both watches to show "+held+" as a learner and what the control plane waits for", func(context.Context) error {
+		l, w := seen(plain.output())
+		jl, jw, err := seenJSON(js.output())
+		if err != nil || !l || !w || !jl || !jw {
+			return fmt.Errorf("plain: learner %v, waiting %v; JSON: learner %v, waiting %v (%v)", l, w, jl, jw, err)
+		}
+		return nil
+	})
+	q.must(time.Minute, "machine", "thaw", held)
+	if err != nil {
+		t.Error(err)
+	}
 	q.waitForVoters(5, "")
-	var sawLearner, sawWaiting bool
 	frames := strings.Split(plain.stop(), "\n\n")
 	t.Logf("describe --watch: %d frames, the last:\n%s", len(frames), frames[len(frames)-1])
-	for _, frame := range frames {
-		for _, line := range strings.Split(frame, "\n") {
-			sawLearner = sawLearner || strings.Contains(line, "Machine/") && slices.Contains(strings.Fields(line), "learner")
-			sawWaiting = sawWaiting || strings.Contains(line, "Waiting for: ")
-		}
-	}
-	if !sawLearner || !sawWaiting {
-		t.Errorf("describe --watch showed a learner: %v, a waiting reason: %v; want both during a scale-up", sawLearner, sawWaiting)
-	}
-	sawLearner, sawWaiting = false, false
-	for dec := json.NewDecoder(strings.NewReader(js.stop())); dec.More(); {
-		var tree cli.ClusterTree
-		if err := dec.Decode(&tree); err != nil {
-			t.Fatalf("describe -o json --watch wrote a frame that is not JSON: %v", err)
-		}
-		for _, m := range tree.ControlPlane.Machines {
-			sawLearner = sawLearner || m.EtcdRole == "learner"
-		}
-		op := tree.ControlPlane.Operation
-		sawWaiting = sawWaiting || op != nil && op.Kind == "Wait" && !strings.HasPrefix(op.Reason, "nothing to do")
-	}
-	if !sawLearner || !sawWaiting {
-		t.Errorf("describe -o json --watch showed a learner: %v, a waiting reason: %v; want both during a scale-up", sawLearner, sawWaiting)
+	if _, _, err := seenJSON(js.stop()); err != nil {
+		t.Error(err)
 	}
 	// The watch may stop before its frame of the end; ask once more.
 	tree := q.describe()
@@ -297,7 +323,25 @@ func (q *tour) quiet(timeout time.Duration, args ...string) string {
 type background struct {
 	cmd    *exec.Cmd
 	cancel context.CancelFunc
-	out    bytes.Buffer
+	out    lockedBuffer
+}
+
+// lockedBuffer is a bytes.Buffer that a command writes while a test reads.
+type lockedBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *lockedBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *lockedBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
 }
 
 func (q *tour) start(args ...string) *background {
@@ -319,6 +363,38 @@ func (b *background) stop() string {
 	b.cancel()
 	_ = b.cmd.Wait()
 	return b.out.String()
+}
+
+// output is what the command wrote so far.
+func (b *background) output() string { return b.out.String() }
+
+// freezeFirstNew waits for the first control plane machine not in before
+// to run (its Machine's infrastructure provisioned) and freezes it with
+// qcpctl machine freeze, before it could have started etcd as a learner
+// and caught up; it returns the machine's name.
+func (q *tour) freezeFirstNew(before map[string]bool) string {
+	q.t.Helper()
+	c := managementClient(q.t, filepath.Join(q.state, "kubeconfig"))
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	name := ""
+	if err := testkit.Eventually(ctx, 100*time.Millisecond, "a new machine of the scale-up to run", func(ctx context.Context) error {
+		var list clusterv1.MachineList
+		if err := c.List(ctx, &list, client.InNamespace("default"), client.HasLabels{clusterv1.MachineControlPlaneLabel}); err != nil {
+			return err
+		}
+		for _, m := range list.Items {
+			if !before[m.Name] && ptr.Deref(m.Status.Initialization.InfrastructureProvisioned, false) {
+				name = m.Name
+				return nil
+			}
+		}
+		return fmt.Errorf("%d machines, none new and running", len(list.Items))
+	}); err != nil {
+		q.t.Fatal(err)
+	}
+	q.must(time.Minute, "machine", "freeze", name)
+	return name
 }
 
 func (q *tour) describe() cli.ClusterTree {
