@@ -23,6 +23,7 @@ import (
 	"github.com/qcp-dev/qcp/internal/agent"
 	"github.com/qcp-dev/qcp/internal/atomicfile"
 	"github.com/qcp-dev/qcp/internal/bootstrap"
+	"github.com/qcp-dev/qcp/internal/hostcgroup"
 	"github.com/qcp-dev/qcp/internal/hostnet"
 )
 
@@ -39,14 +40,22 @@ type Host struct {
 	// its address on the network's bridge, its hostname its name. Nil
 	// runs them on the host's own (loopback) addresses.
 	Network *hostnet.Network
+	// Cgroups gives each machine cgroups of its own (hostcgroup), where a
+	// freeze stops the whole machine at once and MachineSpec.MemoryLimit
+	// is its size. Freeze, Thaw, Kill and Stop find a machine's cgroups in
+	// its directory, so any Host handles a machine one with Cgroups started.
+	Cgroups bool
 }
 
 // place is where a launched agent runs: in the namespace ns (joined by its
-// veth pair, whose host end is hostIf), at addr, named hostname; the zero
-// place is the host itself.
+// veth pair, whose host end is hostIf), at addr, named hostname, and in
+// the cgroups named cgroup (hostcgroup) with memory bytes at most (0: no
+// limit); the zero place is the host itself.
 type place struct {
 	ns, hostIf, hostname string
 	addr                 netip.Addr
+	cgroup               string
+	memory               int64
 }
 
 // NamespaceOf names the namespace of the machine or load balancer key
@@ -73,13 +82,25 @@ func (h *Host) placeFor(key, hostname, address string) (place, error) {
 	return place{ns: ns, hostIf: hostIf, hostname: hostname, addr: addr}, nil
 }
 
-// machinePlace is placeFor of the machine spec describes.
+// machinePlace is placeFor of the machine spec describes, in cgroups of
+// its own with Cgroups.
 func (h *Host) machinePlace(spec MachineSpec) (place, error) {
-	pl, err := h.placeFor(machineKey(spec.Namespace, spec.Name), spec.Name, spec.Address)
+	key := machineKey(spec.Namespace, spec.Name)
+	pl, err := h.placeFor(key, spec.Name, spec.Address)
 	if err != nil {
 		return place{}, &Error{Reason: ReasonInvalidSpec, Object: spec.Namespace + "/" + spec.Name, Err: err}
 	}
+	if h.Cgroups {
+		pl.cgroup, pl.memory = cgroupOf(key), spec.MemoryLimit
+	}
 	return pl, nil
+}
+
+// cgroupOf names the cgroups of the machine key, as NamespaceOf names its
+// network namespace.
+func cgroupOf(key string) string {
+	ns, _ := NamespaceOf(key)
+	return ns
 }
 
 // NetworkNamespace names the network namespace machine namespace/name
@@ -152,7 +173,8 @@ func machineNetns(namespace, name string) (string, error) {
 
 func machineKey(namespace, name string) string { return "machine/" + namespace + "/" + name }
 
-// MachineSpec is a machine's identity, written to machine.json.
+// MachineSpec is a machine's identity, written to machine.json, and its
+// size.
 type MachineSpec struct {
 	Name          string
 	Namespace     string
@@ -160,6 +182,18 @@ type MachineSpec struct {
 	Address       string
 	ProviderID    string
 	FailureDomain string
+	// MemoryLimit, in bytes, limits the memory of all of the machine's
+	// processes together (0: no limit); it needs a Host with Cgroups.
+	MemoryLimit int64
+}
+
+// MinMemoryLimit is the smallest MemoryLimit a machine may be given.
+const MinMemoryLimit = 128 << 20
+
+// identity is what the agent reads from machine.json.
+func (s MachineSpec) identity() agent.Machine {
+	return agent.Machine{Name: s.Name, Namespace: s.Namespace, Cluster: s.Cluster, Address: s.Address,
+		ProviderID: s.ProviderID, FailureDomain: s.FailureDomain}
 }
 
 // Reasons of a *Error, CamelCase for conditions.
@@ -194,6 +228,8 @@ func ReasonOf(err error) string {
 const (
 	pidFile  = "agent.pid"
 	agentLog = "agent.log"
+	// cgroupFile holds the machine's cgroups (hostcgroup.Group.Save).
+	cgroupFile = "cgroups.json"
 	// stopTimeout bounds a graceful stop, after which the machine loses
 	// power (SIGKILL). A machine is deleted after QCP removed its etcd
 	// member, so its kube-apiserver has no etcd left: it would spend its
@@ -213,7 +249,7 @@ func (h *Host) Dir(namespace, name string) string {
 // bootstrap data, and the binaries first, and creates nothing if they fail.
 func (h *Host) Start(spec MachineSpec, bootstrapData []byte) error {
 	obj := spec.Namespace + "/" + spec.Name
-	m := agent.Machine(spec)
+	m := spec.identity()
 	dir, running, err := h.attach(spec)
 	if err != nil || running {
 		return err
@@ -246,7 +282,7 @@ func (h *Host) Start(spec MachineSpec, bootstrapData []byte) error {
 // attach validates spec and re-attaches to the machine's agent if it runs;
 // running says so, and there is nothing to start.
 func (h *Host) attach(spec MachineSpec) (dir string, running bool, err error) {
-	if err := validateSpec(spec); err != nil {
+	if err := h.validateSpec(spec); err != nil {
 		return "", false, &Error{Reason: ReasonInvalidSpec, Object: spec.Namespace + "/" + spec.Name, Err: err}
 	}
 	dir = h.Dir(spec.Namespace, spec.Name)
@@ -267,11 +303,18 @@ func (h *Host) checkAgent(obj string) error {
 	return nil
 }
 
-// validateSpec checks the machine's identity and that its name makes a
-// directory of its own.
-func validateSpec(spec MachineSpec) error {
-	if err := agent.Machine(spec).Validate(); err != nil || strings.ContainsAny(spec.Namespace+spec.Name, "/\x00") || strings.HasPrefix(spec.Namespace, ".") || strings.HasPrefix(spec.Name, ".") {
+// validateSpec checks the machine's identity, that its name makes a
+// directory of its own, and that its memory limit can be applied.
+func (h *Host) validateSpec(spec MachineSpec) error {
+	if err := spec.identity().Validate(); err != nil || strings.ContainsAny(spec.Namespace+spec.Name, "/\x00") || strings.HasPrefix(spec.Namespace, ".") || strings.HasPrefix(spec.Name, ".") {
 		return fmt.Errorf("invalid machine spec: %v; fix the ProcessMachine", err)
+	}
+	switch {
+	case spec.MemoryLimit == 0:
+	case spec.MemoryLimit < MinMemoryLimit:
+		return fmt.Errorf("spec.memory %d bytes is below %dMi: a machine runs etcd and kube-apiserver; give it 1Gi or more, or leave spec.memory unset", spec.MemoryLimit, MinMemoryLimit>>20)
+	case !h.Cgroups:
+		return fmt.Errorf("spec.memory needs cgroups for each machine, and this qcp-manager gives machines none (it needs root and cgroup v1's memory controller): leave spec.memory unset, or run qcp-manager where it can make cgroups")
 	}
 	return nil
 }
@@ -319,6 +362,20 @@ func (h *Host) launch(dir string, files map[string][]byte, pl place, args ...str
 			return 0, err
 		}
 		cmd.Env = append(os.Environ(), env...)
+	}
+	if pl.cgroup != "" {
+		g, err := hostcgroup.Create(pl.cgroup, pl.memory)
+		if err != nil {
+			return 0, fmt.Errorf("giving it cgroups: %w", err)
+		}
+		if err := g.Save(filepath.Join(dir, cgroupFile)); err != nil {
+			return 0, err
+		}
+		// The shell joins the cgroups and executes the agent (or ip, which
+		// executes it) in its place: nothing of the machine runs outside.
+		wrapped := exec.Command("/bin/sh", append([]string{"-c", g.JoinScript(), "sh", cmd.Path}, cmd.Args[1:]...)...)
+		wrapped.SysProcAttr, wrapped.Env = cmd.SysProcAttr, cmd.Env
+		cmd = wrapped
 	}
 	cmd.Stdout, cmd.Stderr = logFile, logFile
 	cmd.Dir = dir

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -34,6 +35,10 @@ func TestProcessMachines(t *testing.T) {
 	m1 := c.spec("m1", "fd-a")
 	m2 := c.spec("m2", "fd-b")
 	m3 := c.spec("m3", "fd-c")
+	if h.Cgroups {
+		// A VM's size, far above what the machine uses.
+		m3.MemoryLimit = 3 << 30
+	}
 	api := func(specs ...MachineSpec) []string {
 		var out []string
 		for _, s := range specs {
@@ -220,6 +225,14 @@ func TestProcessMachines(t *testing.T) {
 			t.Fatal(err)
 		}
 		frozen := time.Now()
+		checkFrozenWhole(t, h, "ns1", "m3")
+		if g, ok, err := h.MachineCgroups("ns1", "m3"); ok {
+			if limit, err := g.MemoryLimit(); err != nil || limit != m3.MemoryLimit {
+				t.Errorf("m3's memory limit %d bytes (%v), want its spec's %d", limit, err, m3.MemoryLimit)
+			}
+		} else if err != nil {
+			t.Fatal(err)
+		}
 		c.waitNodeReady("m3", corev1.ConditionUnknown, 2*time.Minute)
 		t.Logf("m3 NotReady %v after freeze", time.Since(frozen).Round(time.Second))
 		if err := h.Thaw("ns1", "m3"); err != nil {
@@ -304,11 +317,19 @@ func TestProcessMachines(t *testing.T) {
 
 	t.Run("stop leaves nothing behind", func(t *testing.T) {
 		c.checkNoRaces()
+		// A frozen machine stops too: its processes must be thawed to exit.
+		if err := h.Freeze("ns1", "m3"); err != nil {
+			t.Fatal(err)
+		}
 		for _, name := range []string{"m1", "m2", "m3"} {
 			// m1 was killed, but its pid file stays to check against.
 			pid, err := readPID(h.Dir("ns1", name))
 			if err != nil || pid <= 0 {
 				t.Fatalf("pid of %s read as %d (%v): nothing to check its processes against", name, pid, err)
+			}
+			g, grouped, err := h.MachineCgroups("ns1", name)
+			if err != nil || grouped != h.Cgroups {
+				t.Fatalf("machine %s has cgroups: %v (%v); want %v", name, grouped, err, h.Cgroups)
 			}
 			if err := h.Stop("ns1", name); err != nil {
 				t.Fatal(err)
@@ -318,6 +339,11 @@ func TestProcessMachines(t *testing.T) {
 			}
 			if _, err := os.Stat(h.Dir("ns1", name)); !os.IsNotExist(err) {
 				t.Errorf("directory of %s remains", name)
+			}
+			for ctl, dir := range g.Dirs {
+				if _, err := os.Stat(dir); !os.IsNotExist(err) {
+					t.Errorf("the %s cgroup of %s remains: %s", ctl, name, dir)
+				}
 			}
 		}
 		c.started = nil
@@ -347,4 +373,44 @@ func threadNiceness(pid int) (map[string]int, error) {
 		out[task.Name()] = n
 	}
 	return out, nil
+}
+
+// checkFrozenWhole checks that every process of frozen machine ns/name
+// stopped: all in its cgroups, whose freezer is FROZEN, with a Host that
+// gives machines cgroups (every process then sleeps uninterruptibly, D), or
+// stopped by SIGSTOP (T) without.
+func checkFrozenWhole(t *testing.T, h *Host, ns, name string) {
+	t.Helper()
+	procs, err := h.Processes(ns, name)
+	if err != nil || len(procs) < 5 {
+		t.Fatalf("machine %s/%s processes %v (%v): want the agent, etcd and three Kubernetes components", ns, name, procs, err)
+	}
+	g, grouped, err := h.MachineCgroups(ns, name)
+	if err != nil || grouped != h.Cgroups {
+		t.Fatalf("machine %s/%s has cgroups: %v (%v); want %v, as its Host gives them", ns, name, grouped, err, h.Cgroups)
+	}
+	want := "T"
+	if grouped {
+		want = "D"
+		if frozen, err := g.Frozen(); err != nil || !frozen {
+			t.Errorf("machine %s/%s freezer frozen: %v (%v), want true", ns, name, frozen, err)
+		}
+		inGroup, err := g.Procs()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range procs {
+			if !slices.Contains(inGroup, p.PID) {
+				t.Errorf("process %d (%s) of machine %s/%s is not in its freezer cgroup %v", p.PID, p.Comm, ns, name, inGroup)
+			}
+			if held, err := g.Holds(p.PID); err != nil || !held {
+				t.Errorf("process %d (%s) of machine %s/%s is not in all of its cgroups (%v)", p.PID, p.Comm, ns, name, err)
+			}
+		}
+	}
+	for _, p := range procs {
+		if now, err := readProc(p.PID); err != nil || now.State != want {
+			t.Errorf("process %d (%s) of frozen machine %s/%s is in state %q (%v), want %s", p.PID, p.Comm, ns, name, now.State, err, want)
+		}
+	}
 }

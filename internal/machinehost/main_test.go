@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/qcp-dev/qcp/internal/binaries"
+	"github.com/qcp-dev/qcp/internal/hostcgroup"
 	"github.com/qcp-dev/qcp/internal/testkit"
 )
 
@@ -67,5 +68,7 @@ func newHost(t testing.TB) *Host {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(root) })
-	return &Host{Root: root, BinDir: binDir, AgentPath: agentPath}
+	// Cgroups wherever qcp-manager would give them (as root): CI's machines
+	// are frozen through their freezer cgroups.
+	return &Host{Root: root, BinDir: binDir, AgentPath: agentPath, Cgroups: hostcgroup.Available() == nil}
 }

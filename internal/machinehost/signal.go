@@ -1,12 +1,15 @@
 package machinehost
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/qcp-dev/qcp/internal/hostcgroup"
 )
 
 // Stop stops the machine: SIGTERM to its process group, then SIGKILL if it
@@ -28,8 +31,23 @@ func (h *Host) stop(dir, key, sub, obj string) error {
 	if p, err := readProc(pid); pid > 0 && err == nil && p.State != "Z" && !isAgent(pid, sub, dir) {
 		pid = 0
 	}
+	g, grouped, err := hostcgroup.Load(filepath.Join(dir, cgroupFile))
+	if err != nil {
+		return fmt.Errorf("stopping %s: %w", obj, err)
+	}
+	if grouped {
+		// A frozen machine must run to handle SIGTERM, or even SIGKILL.
+		if err := g.Thaw(); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return fmt.Errorf("stopping %s: %w", obj, err)
+		}
+	}
 	if pid > 0 {
 		if err := stopGroup(pid); err != nil {
+			return fmt.Errorf("stopping %s: %w", obj, err)
+		}
+	}
+	if grouped {
+		if err := g.Remove(); err != nil {
 			return fmt.Errorf("stopping %s: %w", obj, err)
 		}
 	}
@@ -73,20 +91,65 @@ func waitEmpty(pgid int, timeout time.Duration) bool {
 	return !alive(pgid)
 }
 
-// Kill sends SIGKILL to the machine's process group, as a power cut would.
-// The directory stays, so the machine can be inspected or started again.
+// Kill sends SIGKILL to the machine's process group, as a power cut would,
+// and thaws a frozen machine's cgroups, where the processes would wait for
+// a thaw to die. The directory stays, so the machine can be inspected or
+// started again.
 func (h *Host) Kill(namespace, name string) error {
-	return h.signal(namespace, name, syscall.SIGKILL)
+	if err := h.signal(namespace, name, syscall.SIGKILL); err != nil {
+		return err
+	}
+	if g, ok, err := h.MachineCgroups(namespace, name); err != nil || !ok {
+		return err
+	} else if err := g.Thaw(); err != nil {
+		return fmt.Errorf("thawing machine %s/%s to let it die: %w", namespace, name, err)
+	}
+	return nil
 }
 
-// Freeze stops every process of the machine (SIGSTOP), as a hung VM.
+// Freeze stops every process of the machine, as a hung VM: all at once
+// through its freezer cgroup if it has cgroups, else by SIGSTOP to its
+// process group.
 func (h *Host) Freeze(namespace, name string) error {
-	return h.signal(namespace, name, syscall.SIGSTOP)
+	st, err := h.Status(namespace, name)
+	if err != nil {
+		return err
+	}
+	if !st.Running {
+		return fmt.Errorf("machine %s/%s is not running: start it before freezing it", namespace, name)
+	}
+	g, ok, err := h.MachineCgroups(namespace, name)
+	if err != nil {
+		return err
+	}
+	if !ok {
+		return h.signal(namespace, name, syscall.SIGSTOP)
+	}
+	if err := g.Freeze(); err != nil {
+		return fmt.Errorf("freezing machine %s/%s: %w", namespace, name, err)
+	}
+	return nil
 }
 
-// Thaw resumes a frozen machine (SIGCONT).
+// Thaw resumes a frozen machine: its freezer cgroup, if it has cgroups,
+// and SIGCONT to its process group.
 func (h *Host) Thaw(namespace, name string) error {
+	g, ok, err := h.MachineCgroups(namespace, name)
+	if err != nil {
+		return err
+	}
+	if ok {
+		if err := g.Thaw(); err != nil {
+			return fmt.Errorf("thawing machine %s/%s: %w", namespace, name, err)
+		}
+	}
 	return h.signal(namespace, name, syscall.SIGCONT)
+}
+
+// MachineCgroups are machine namespace/name's cgroups; ok is false for a
+// machine started without (by a Host without Cgroups).
+func (h *Host) MachineCgroups(namespace, name string) (g hostcgroup.Group, ok bool, err error) {
+	return hostcgroup.Load(filepath.Join(h.Dir(namespace, name), cgroupFile))
 }
 
 // AgentProcess names the machine's agent to FreezeProcess and

@@ -1,6 +1,7 @@
 package machinehost
 
 import (
+	"cmp"
 	"errors"
 	"os"
 	"os/exec"
@@ -40,21 +41,28 @@ func TestStartRejectsBeforeCreatingAnything(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	small, sized := spec, spec
+	small.MemoryLimit, sized.MemoryLimit = 64<<20, 2<<30
+	cgrouped, plain := *h, *h
+	cgrouped.Cgroups, plain.Cgroups = true, false
 	cases := []struct {
 		name   string
 		spec   MachineSpec
 		data   []byte
 		reason string
 		want   []string
+		host   *Host
 	}{
-		{"corrupt", spec, []byte("apiVersion: bootstrap.qcp.dev/v1alpha1\nkind: MachineBootstrap\nclusterName: [\n"), ReasonInvalidBootstrapData, []string{"machine ns/bad", "bootstrap data"}},
-		{"unknown version", spec, []byte(strings.Replace(string(good), bootstrap.APIVersion, "bootstrap.qcp.dev/v2", 1)), ReasonInvalidBootstrapData, []string{"apiVersion", "bootstrap.qcp.dev/v2", "upgrade qcp-agent"}},
-		{"missing binary", spec, missingData, ReasonBinaryMissing, []string{"kube v1.99.0", "make binaries"}},
-		{"bad address", MachineSpec{Name: "bad", Namespace: "ns", Cluster: "c", Address: "nowhere", ProviderID: "p"}, good, ReasonInvalidSpec, []string{"address", "nowhere"}},
+		{"corrupt", spec, []byte("apiVersion: bootstrap.qcp.dev/v1alpha1\nkind: MachineBootstrap\nclusterName: [\n"), ReasonInvalidBootstrapData, []string{"machine ns/bad", "bootstrap data"}, nil},
+		{"unknown version", spec, []byte(strings.Replace(string(good), bootstrap.APIVersion, "bootstrap.qcp.dev/v2", 1)), ReasonInvalidBootstrapData, []string{"apiVersion", "bootstrap.qcp.dev/v2", "upgrade qcp-agent"}, nil},
+		{"missing binary", spec, missingData, ReasonBinaryMissing, []string{"kube v1.99.0", "make binaries"}, nil},
+		{"bad address", MachineSpec{Name: "bad", Namespace: "ns", Cluster: "c", Address: "nowhere", ProviderID: "p"}, good, ReasonInvalidSpec, []string{"address", "nowhere"}, nil},
+		{"too little memory", small, good, ReasonInvalidSpec, []string{"spec.memory", "below 128Mi", "give it 1Gi or more"}, &cgrouped},
+		{"a memory limit without cgroups", sized, good, ReasonInvalidSpec, []string{"spec.memory needs cgroups", "leave spec.memory unset"}, &plain},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			err := h.Start(tc.spec, tc.data)
+			err := cmp.Or(tc.host, h).Start(tc.spec, tc.data)
 			if got := ReasonOf(err); got != tc.reason {
 				t.Fatalf("reason = %q (err %v), want %q", got, err, tc.reason)
 			}

@@ -1,6 +1,7 @@
 package v1alpha1
 
 import (
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 )
@@ -16,6 +17,16 @@ type ProcessMachineSpec struct {
 	// +kubebuilder:validation:MinLength=1
 	// +kubebuilder:validation:MaxLength=512
 	ProviderID string `json:"providerID,omitempty"`
+
+	// memory is the machine's size: every process of the machine together
+	// (its agent, etcd and the Kubernetes components) may use at most this
+	// much memory, and the kernel kills one that goes past it, as on a VM
+	// of that size. It needs a qcp-manager that gives machines cgroups of
+	// their own (as root, with cgroup v1's memory controller), and takes
+	// effect when the machine starts. At least 128Mi. Unset, the machine's
+	// memory is not limited.
+	// +optional
+	Memory *resource.Quantity `json:"memory,omitempty"`
 }
 
 // ProcessMachineInitializationStatus reports provisioning per the CAPI

@@ -170,6 +170,9 @@ func (r *MachineReconciler) reconcileNormal(ctx context.Context, cluster *cluste
 		Namespace: pm.Namespace, Name: pm.Name, Cluster: cluster.Name, Address: addr.String(),
 		ProviderID: pm.Spec.ProviderID, FailureDomain: machine.Spec.FailureDomain,
 	}
+	if pm.Spec.Memory != nil {
+		spec.MemoryLimit = pm.Spec.Memory.Value()
+	}
 	status, err := r.Host.Status(pm.Namespace, pm.Name)
 	if err != nil {
 		return ctrl.Result{}, err

@@ -11,6 +11,7 @@ import (
 	ctrl "sigs.k8s.io/controller-runtime"
 
 	"github.com/qcp-dev/qcp/internal/controllers/engine"
+	"github.com/qcp-dev/qcp/internal/hostcgroup"
 	"github.com/qcp-dev/qcp/internal/hostnet"
 	"github.com/qcp-dev/qcp/internal/machinehost"
 )
@@ -48,6 +49,14 @@ func Setup(mgr ctrl.Manager, opts Options) error {
 		opts.AddressRange = DefaultAddressRange
 	}
 	host := &machinehost.Host{Root: opts.MachineRoot, BinDir: opts.BinDir, AgentPath: opts.AgentPath}
+	// Cgroups wherever they can be made: a freeze then stops a machine whole,
+	// and spec.memory can size it. Without them (no root) a freeze falls
+	// back to SIGSTOP, and a machine with spec.memory does not start.
+	if err := hostcgroup.Available(); err == nil {
+		host.Cgroups = true
+	} else {
+		ctrl.Log.WithName("process").Info("process machines get no cgroups of their own: a freeze stops them by SIGSTOP, and spec.memory cannot be applied", "why", err.Error())
+	}
 	if opts.Network != nil {
 		if err := opts.Network.Ensure(); err != nil {
 			return fmt.Errorf("creating the machines' network (bridge %s, %s): %w", opts.Network.Bridge, opts.Network.Prefix, err)
