@@ -159,9 +159,9 @@ func newMachineCommand(g *globals) *cobra.Command {
 			func(ctx context.Context, c client.Client, m *clusterv1.Machine) error { return c.Delete(ctx, m) }, false},
 		{"kill", "Kill a machine: SIGKILL to its whole process group, as a power cut", "killed",
 			signal((*machinehost.Host).Kill), false},
-		{"freeze", "Freeze a machine: SIGSTOP to its process group, as a hung host, or with --process to one process", "frozen",
+		{"freeze", "Freeze a machine, as a hung host: all of it at once through its freezer cgroup (SIGSTOP to its process group where it has none), or with --process one process (SIGSTOP)", "frozen",
 			oneOrAll((*machinehost.Host).FreezeProcess, (*machinehost.Host).Freeze), true},
-		{"thaw", "Thaw a frozen machine: SIGCONT to its process group, or with --process to one process", "thawed",
+		{"thaw", "Thaw a frozen machine: its freezer cgroup and SIGCONT to its process group, or with --process to one process", "thawed",
 			oneOrAll((*machinehost.Host).ThawProcess, (*machinehost.Host).Thaw), true},
 		{"confirm-lost", "Confirm that a machine does not run and never will again, so that a quorum-loss recovery may count its member as fenced (any provider)", "confirmed lost",
 			func(ctx context.Context, c client.Client, m *clusterv1.Machine) error {

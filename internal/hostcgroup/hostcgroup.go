@@ -291,29 +291,3 @@ func Load(file string) (g Group, ok bool, err error) {
 	}
 	return g, true, nil
 }
-
-// Leftover lists the machine cgroups under this process's own cgroups whose
-// id keep does not accept, for a leftover check after a test: each is
-// "<controller>/<id>".
-func Leftover(keep func(id string) bool) ([]string, error) {
-	own, err := ownCgroups()
-	if err != nil {
-		return nil, err
-	}
-	var out []string
-	for _, c := range Controllers {
-		entries, err := os.ReadDir(filepath.Join(mountRoot, c, own[c], parent))
-		if errors.Is(err, os.ErrNotExist) {
-			continue
-		}
-		if err != nil {
-			return nil, err
-		}
-		for _, e := range entries {
-			if e.IsDir() && !keep(e.Name()) {
-				out = append(out, c+"/"+e.Name())
-			}
-		}
-	}
-	return out, nil
-}
