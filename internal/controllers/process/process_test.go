@@ -13,6 +13,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	clusterv1 "sigs.k8s.io/cluster-api/api/core/v1beta2"
 	"sigs.k8s.io/cluster-api/util/conditions"
@@ -51,6 +52,7 @@ func TestProcessProvider(t *testing.T) {
 	}))
 	w.createMachineFormat(ctx, "unknown-format", "fd-a", "qcp-unknown", w.bootstrapDoc(bootstrap.NewMember()))
 	w.createMachineFormat(ctx, "bad-cloud-config", "fd-a", cloudinit.Format, []byte("## template: jinja\n#cloud-config\nwrite_files:\n- path: /etc/x\n  content: [a\nruncmd: []\n"))
+	w.createMachine(ctx, "too-small", "fd-a", w.bootstrapDoc(bootstrap.NewMember()))
 	w.createMachine(ctx, "m1", "fd-a", w.bootstrapDoc(bootstrap.NewMember()))
 	// late-binary waits for an etcd build that is installed only at the end.
 	w.createMachine(ctx, "late-binary", "fd-a", w.etcdOnlyDoc("late", func(d *bootstrap.Document) { d.Versions.Etcd = lateEtcdVersion }))
@@ -64,6 +66,9 @@ func TestProcessProvider(t *testing.T) {
 			if c := w.waitCondition(ctx, name, machinehost.ReasonInvalidBootstrapData); !strings.Contains(c.Message, says) {
 				t.Errorf("machine %s: message %q does not name the fault (%s)", name, c.Message, says)
 			}
+		}
+		if c := w.waitCondition(ctx, "too-small", machinehost.ReasonInvalidSpec); !strings.Contains(c.Message, "spec.memory") || !strings.Contains(c.Message, "give it 1Gi or more") {
+			t.Errorf("machine too-small (spec.memory 64Mi): message %q does not name the field and the fix", c.Message)
 		}
 		missing := w.waitCondition(ctx, "bad-version", machinehost.ReasonBinaryMissing)
 		if !strings.Contains(missing.Message, "v1.99.0") || !strings.Contains(missing.Message, "make binaries") {
@@ -82,7 +87,7 @@ func TestProcessProvider(t *testing.T) {
 			}
 			return nil
 		})
-		for _, name := range []string{"bad-data", "bad-version", "unknown-format", "bad-cloud-config"} {
+		for _, name := range []string{"bad-data", "bad-version", "unknown-format", "bad-cloud-config", "too-small"} {
 			if _, err := os.Stat(host.Dir(ns, name)); !os.IsNotExist(err) {
 				t.Errorf("machine %s has a directory (%v): it half-started", name, err)
 			}
@@ -112,6 +117,15 @@ func TestProcessProvider(t *testing.T) {
 		if c := conditions.Get(pm, process.OwnNetworkCondition); c == nil || c.Status != metav1.ConditionFalse || c.Reason != process.LoopbackAddressReason ||
 			!strings.Contains(c.Message, "--address-range="+addressRange+" is a loopback prefix") || !strings.Contains(c.Message, "no partition can cut it off") {
 			t.Errorf("OwnNetwork = %+v; want False, %s, naming the loopback --address-range=%s and what it rules out", c, process.LoopbackAddressReason, addressRange)
+		}
+		// As root the manager gives machines cgroups, and spec.memory sizes them.
+		g, ok, err := host.MachineCgroups(ns, "m1")
+		if err != nil || !ok {
+			t.Fatalf("machine m1 has cgroups: %v (%v); want them, as qcp-manager runs as root", ok, err)
+		}
+		want := resource.MustParse(machineMemory)
+		if limit, err := g.MemoryLimit(); err != nil || limit != want.Value() {
+			t.Errorf("machine m1's memory limit %d bytes (%v), want its spec.memory, %s", limit, err, machineMemory)
 		}
 	})
 

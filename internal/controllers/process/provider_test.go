@@ -1,6 +1,7 @@
 package process_test
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -12,6 +13,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/apimachinery/pkg/api/resource"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
@@ -54,6 +56,10 @@ type world struct {
 	// so that a test can install a binary while the manager runs.
 	machineBins string
 }
+
+// machineMemory is every test machine's spec.memory but too-small's: a
+// VM's size, far above what a machine uses.
+const machineMemory = "4Gi"
 
 func buildQCP(t *testing.T) string {
 	t.Helper()
@@ -232,7 +238,8 @@ func (w *world) createMachineFormat(ctx context.Context, name, fd, format string
 			Data: map[string][]byte{"value": data, "format": []byte(format)},
 		},
 		&infrav1.ProcessMachine{ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns,
-			Labels: map[string]string{clusterv1.ClusterNameLabel: w.cluster}}},
+			Labels: map[string]string{clusterv1.ClusterNameLabel: w.cluster}},
+			Spec: infrav1.ProcessMachineSpec{Memory: ptr.To(resource.MustParse(cmp.Or(map[string]string{"too-small": "64Mi"}[name], machineMemory)))}},
 		&clusterv1.Machine{
 			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: map[string]string{
 				clusterv1.ClusterNameLabel: w.cluster, clusterv1.MachineControlPlaneLabel: "",
