@@ -1,14 +1,12 @@
 package agent
 
 import (
-	"bytes"
 	"context"
 	"crypto/tls"
 	"errors"
 	"net/http"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -34,7 +32,7 @@ func TestAgentEndpointWithoutEtcd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	logs := &logBuffer{}
+	logs := &testkit.SyncBuffer{}
 	_, ctx := serveEndpoint(t, dir, m, doc, p, logs)
 	named := func(signer *certs.KeyPair, cn string) *tls.Config {
 		cfg := clientTLS(t, cas.Cluster, nil)
@@ -104,29 +102,10 @@ func TestAgentEndpointWithoutEtcd(t *testing.T) {
 	}
 }
 
-// logBuffer keeps what the agent's servers log, which they write from
-// their own goroutines.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // waitLogged waits until a line of the log holds every one of want: the
 // server logs a refused handshake from its own goroutine, at about the
 // time the client fails.
-func waitLogged(ctx context.Context, t *testing.T, logs *logBuffer, want ...string) {
+func waitLogged(ctx context.Context, t *testing.T, logs *testkit.SyncBuffer, want ...string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()

@@ -7,7 +7,6 @@ import (
 	"regexp"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 	"unicode/utf8"
@@ -29,6 +28,7 @@ import (
 	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
 	infrav1 "github.com/qcp-dev/qcp/api/infrastructure/v1alpha1"
 	"github.com/qcp-dev/qcp/internal/scheme"
+	"github.com/qcp-dev/qcp/internal/testkit"
 )
 
 const (
@@ -334,29 +334,11 @@ func TestDescribeMissingClusterSaysWhatToDo(t *testing.T) {
 	}
 }
 
-// syncBuffer lets the test read what the watch goroutine writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 func TestDescribeWatchRedrawsOnlyOnChange(t *testing.T) {
 	for _, tty := range []bool{false, true} {
 		c := fakeClient(scaleUp(time.Now())...)
 		ctx, cancel := context.WithCancel(context.Background())
-		out := &syncBuffer{}
+		out := &testkit.SyncBuffer{}
 		done := make(chan error, 1)
 		go func() {
 			done <- describer{c: c, namespace: "default", name: "demo"}.watch(ctx, out, tty, 5*time.Millisecond)

@@ -12,7 +12,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -323,25 +322,7 @@ func (q *tour) quiet(timeout time.Duration, args ...string) string {
 type background struct {
 	cmd    *exec.Cmd
 	cancel context.CancelFunc
-	out    lockedBuffer
-}
-
-// lockedBuffer is a bytes.Buffer that a command writes while a test reads.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
+	out    testkit.SyncBuffer
 }
 
 func (q *tour) start(args ...string) *background {
