@@ -1,6 +1,7 @@
 package e2e
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -179,19 +180,61 @@ func processStart(pid int) (time.Time, error) {
 // logSteps logs the steps qcp-manager took for the scenario's control plane,
 // each with its reaction latency, to show where the time went.
 func (s *scenario) logSteps() {
+	for _, st := range s.steps() {
+		s.t.Logf("step %-14s %-22s reaction %s", st.Decision, st.Machine, st.ReactionLatency)
+	}
+}
+
+// step is one step qcp-manager logged taking ("Taking step").
+type step struct {
+	At                             time.Time `json:"ts"`
+	Msg, Decision, Machine, Reason string
+	ReactionLatency                string
+	CP                             struct{ Name string } `json:"QuorumControlPlane"`
+}
+
+// steps are the steps qcp-manager logged taking for the scenario's control
+// plane, in order.
+func (s *scenario) steps() []step {
 	data, err := os.ReadFile(filepath.Join(s.mgmt.env.Dir, "qcp-manager.log"))
 	if err != nil {
 		s.t.Fatal(err)
 	}
+	var out []step
 	for _, l := range strings.Split(string(data), "\n") {
-		var entry struct {
-			Msg, Decision, Machine, ReactionLatency string
-			CP                                      struct{ Name string } `json:"QuorumControlPlane"`
-		}
+		var entry step
 		if json.Unmarshal([]byte(l), &entry) != nil || entry.Msg != "Taking step" || entry.CP.Name != s.name {
 			continue
 		}
-		s.t.Logf("step %-14s %-22s reaction %s", entry.Decision, entry.Machine, entry.ReactionLatency)
+		out = append(out, entry)
+	}
+	return out
+}
+
+// logGapSteps logs, for each of the writer's longest gaps, the steps QCP
+// took from a second before it began to its end, and the writer's own
+// stalls (its process waiting for a CPU) that overlap it: where the gap
+// went, beside the writer's figures.
+func (s *scenario) logGapSteps(wr testkit.WriterReport) {
+	all := s.steps()
+	for _, g := range wr.Gaps {
+		end := wr.Start.Add(g.End)
+		begin := end.Add(-g.Length)
+		var near []string
+		for _, st := range all {
+			if !st.At.Before(begin.Add(-time.Second)) && !st.At.After(end) {
+				near = append(near, fmt.Sprintf("%s at %+dms from the gap's start (%s)", st.Decision, st.At.Sub(begin).Milliseconds(), st.Machine))
+			}
+		}
+		// Stalls and gaps as offsets from the writer's start.
+		var stalled time.Duration
+		for _, st := range wr.Stalls {
+			if overlap := min(st.End, g.End) - max(st.End-st.Length, g.End-g.Length); overlap > 0 {
+				stalled += overlap
+			}
+		}
+		s.t.Logf("write gap of %s ending %s: the writer's process waited %s of it for a CPU; steps from 1 s before it: %s",
+			g.Length.Round(time.Millisecond), end.Format("15:04:05.000"), stalled.Round(time.Millisecond), cmp.Or(strings.Join(near, "; "), "none"))
 	}
 }
 

@@ -54,6 +54,7 @@ func BenchmarkRolloutWriteGap(b *testing.B) {
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 			wr, mr := s.stopTraffic(ctx)
 			cancel()
+			s.logGapSteps(wr)
 			b.Logf("%s: leaders removed while leading %v, and gone across a sample gap %v", mode, mr.LeadersRemoved, mr.LeadersGoneInGaps)
 			switch {
 			case transfer && len(mr.LeadersRemoved) > 0:
