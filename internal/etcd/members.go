@@ -70,16 +70,46 @@ func leaderOnly(ctx context.Context) context.Context { return clientv3.WithRequi
 // leader waits before it asks again.
 const noLeaderRetry = 100 * time.Millisecond
 
+// readAttemptTimeout bounds one attempt of a linearizable read on one
+// member (onLedVoter): well above what a member list takes on a loaded
+// host, and short enough that a read can try three members within
+// MembershipTimeout.
+const readAttemptTimeout = 1500 * time.Millisecond
+
+// unansweredError is a read attempt a member did not answer within
+// readAttemptTimeout, which another member can answer.
+type unansweredError struct{ err error }
+
+func (e *unansweredError) Error() string {
+	return fmt.Sprintf("no answer within %s: %v", readAttemptTimeout, e.err)
+}
+func (e *unansweredError) Unwrap() error { return e.err }
+
 // onLedVoter is onVoter for a linearizable read: fn gets ctx with
 // leaderOnly, and is called again while every member refuses it for want
 // of a leader, until ctx ends. The client's own retries of such a refusal
 // (100, 25 ms apart) end after about 2.5 s, and an election on a loaded
 // host can take longer: a read that waited for the leader on the member
 // before leaderOnly must go on waiting for as long as its context lets it.
+//
+// Each attempt may take readAttemptTimeout: a member the manager cannot
+// reach while its peers can (a partition between the two, a frozen
+// member) holds whatever the client's balancer sends it over a connection
+// that looks open, and the read is then asked of each member in turn
+// (onVoter), so that one such member does not fail the whole read.
 func (c *Client) onLedVoter(ctx context.Context, fn func(context.Context, *clientv3.Client) error) error {
 	led := leaderOnly(ctx)
+	attempt := func(cli *clientv3.Client) error {
+		actx, cancel := context.WithTimeout(led, readAttemptTimeout)
+		defer cancel()
+		err := fn(actx, cli)
+		if err != nil && actx.Err() != nil && led.Err() == nil {
+			return &unansweredError{err: err}
+		}
+		return err
+	}
 	for {
-		err := c.onVoter(func(cli *clientv3.Client) error { return fn(led, cli) })
+		err := c.onVoter(attempt)
 		if !IsNoLeader(err) {
 			return err
 		}
@@ -109,8 +139,9 @@ func (c *Client) Members(ctx context.Context) ([]Member, error) {
 
 // onVoter calls fn with the client, and if a learner refused it (etcd
 // v3.5's learners serve no linearizable request, and the client's balancer
-// may pick one) or a member shutting down answered it (one just removed,
-// which the client's endpoints still hold), with each endpoint's own client
+// may pick one), a member shutting down answered it (one just removed,
+// which the client's endpoints still hold) or, for a read, no member
+// answered in time (an unansweredError), with each endpoint's own client
 // in turn until one answers otherwise. A learner refuses before doing
 // anything, so asking again is safe for every request. A member shutting
 // down may have applied a change before it stopped; asked again, etcd
@@ -120,7 +151,10 @@ func (c *Client) Members(ctx context.Context) ([]Member, error) {
 func (c *Client) onVoter(fn func(*clientv3.Client) error) error {
 	// Another member can answer what a learner, or a member shutting down
 	// (one just removed), refused.
-	elsewhere := func(err error) bool { return IsLearnerRefusal(err) || IsMemberStopping(err) }
+	elsewhere := func(err error) bool {
+		var unanswered *unansweredError
+		return IsLearnerRefusal(err) || IsMemberStopping(err) || errors.As(err, &unanswered)
+	}
 	err := fn(c.cli)
 	if !elsewhere(err) {
 		return err
