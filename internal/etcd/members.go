@@ -87,7 +87,7 @@ func (e *unansweredError) Unwrap() error { return e.err }
 
 // onLedVoter is onVoter for a linearizable read: fn gets ctx with
 // leaderOnly, and is called again while every member refuses it for want
-// of a leader, until ctx ends. The client's own retries of such a refusal
+// of a leader, or none answers within an attempt's bound, until ctx ends. The client's own retries of such a refusal
 // (100, 25 ms apart) end after about 2.5 s, and an election on a loaded
 // host can take longer: a read that waited for the leader on the member
 // before leaderOnly must go on waiting for as long as its context lets it.
@@ -110,7 +110,11 @@ func (c *Client) onLedVoter(ctx context.Context, fn func(context.Context, *clien
 	}
 	for {
 		err := c.onVoter(attempt)
-		if !IsNoLeader(err) {
+		// No member answered in time: the client's own retries of a
+		// refusal for want of a leader can outlast an attempt, as can a
+		// loaded host's election; ask again, as for the refusal.
+		var unanswered *unansweredError
+		if !IsNoLeader(err) && !errors.As(err, &unanswered) {
 			return err
 		}
 		select {
