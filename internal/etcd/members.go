@@ -638,6 +638,8 @@ type LocalView struct {
 	// ClusterID is the cluster the member belongs to.
 	ClusterID uint64
 	Members   []uint64
+	// Learners are those of Members that are learners.
+	Learners []uint64
 }
 
 // LocalView reads the member at endpoint's own view, from it alone and
@@ -659,6 +661,9 @@ func (c *Client) LocalView(ctx context.Context, endpoint string) (LocalView, err
 	v := LocalView{ID: s.ID, Leader: s.Leader, ClusterID: s.ClusterID}
 	for _, m := range members {
 		v.Members = append(v.Members, m.ID)
+		if m.IsLearner {
+			v.Learners = append(v.Learners, m.ID)
+		}
 	}
 	return v, nil
 }

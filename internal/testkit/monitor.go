@@ -50,6 +50,10 @@ type Monitor struct {
 	// applied their removal, by ID: each was removed while it led, if the
 	// samples confirm it was removed (see result).
 	followedGone map[uint64]string
+	// learners holds every member ID a sample or a member's own view
+	// (probe) listed as a learner. etcd never reuses a member ID, so one
+	// listed as a learner once joined as a learner.
+	learners map[uint64]bool
 
 	// follow is the monitor's own context, which ends with Stop.
 	follow context.Context
@@ -173,7 +177,7 @@ func StartMonitor(client *etcd.Client, desired int, interval time.Duration) *Mon
 // StartMonitor feeds it from etcd.
 func newMonitor(desired int) *Monitor {
 	return &Monitor{desired: desired, bound: desired, listed: map[uint64]bool{}, removed: map[uint64]bool{},
-		gapLeaders: map[uint64]string{}, followedGone: map[uint64]string{},
+		gapLeaders: map[uint64]string{}, followedGone: map[uint64]string{}, learners: map[uint64]bool{},
 		down: map[uint64]context.CancelFunc{}}
 }
 
@@ -263,14 +267,17 @@ func (m *Monitor) probe(ctx context.Context, done chan<- struct{}) {
 	}
 }
 
-// recordView notes a leader that the member v is from still follows
-// although it no longer lists it.
+// recordView notes the learners v lists, and a leader that the member v
+// is from still follows although it no longer lists it.
 func (m *Monitor) recordView(at time.Time, v etcd.LocalView) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, id := range v.Learners {
+		m.learners[id] = true
+	}
 	if v.Leader == 0 || v.Leader == v.ID || slices.Contains(v.Members, v.Leader) {
 		return
 	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
 	if _, ok := m.followedGone[v.Leader]; !ok {
 		m.followedGone[v.Leader] = fmt.Sprintf("%s: member %x still followed %x after applying its removal (members %x)",
 			at.Format("15:04:05.000"), v.ID, v.Leader, v.Members)
@@ -436,6 +443,7 @@ func (m *Monitor) record(start, at, done time.Time, members []quorum.Member, err
 		m.listed[mb.ID] = true
 		if mb.Learner {
 			learners++
+			m.learners[mb.ID] = true
 		} else {
 			voters++
 		}
@@ -455,7 +463,7 @@ func (m *Monitor) record(start, at, done time.Time, members []quorum.Member, err
 			m.report.Gaps = append(m.report.Gaps, fmt.Sprintf("%s: %s since the previous readable sample started", at.Format("15:04:05.000"), gap.Round(time.Millisecond)))
 		} else {
 			m.report.Judged++
-			if err := quorum.CheckMembershipChange(m.prev, members); err != nil {
+			if err := quorum.CheckMembershipChange(m.withLearnersSeen(m.prev, members), members); err != nil {
 				m.report.Violations = append(m.report.Violations, Violation{At: at, Members: describe(m.prev) + " -> " + describe(members), Err: err})
 			}
 		}
@@ -476,6 +484,26 @@ func (m *Monitor) record(start, at, done time.Time, members []quorum.Member, err
 		}
 	}
 	m.prev, m.prevStart = members, start
+}
+
+// withLearnersSeen is prev with, as learners, the members of next that are
+// voters not in prev but that a sample or a member's own view listed as
+// learners: QCP can add a learner and promote it within one sampling
+// interval (a CI run's scale-up did, in 300 ms), and the members' views,
+// read between the samples, may have seen the learner the samples missed.
+// One seen nowhere as a learner is still judged a voter that joined
+// directly (I3).
+func (m *Monitor) withLearnersSeen(prev, next []quorum.Member) []quorum.Member {
+	out := prev
+	for _, mb := range next {
+		if !mb.Learner && m.learners[mb.ID] && !slices.ContainsFunc(prev, func(p quorum.Member) bool { return p.ID == mb.ID }) {
+			if len(out) == len(prev) {
+				out = slices.Clone(prev)
+			}
+			out = append(out, quorum.Member{ID: mb.ID, Learner: true})
+		}
+	}
+	return out
 }
 
 func describe(ms []quorum.Member) string {

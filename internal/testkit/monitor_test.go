@@ -213,6 +213,30 @@ func TestMonitorSeesHandOverBetweenSamples(t *testing.T) {
 	}
 }
 
+// TestMonitorCountsLearnersTheMembersSaw: a member that joins and is
+// promoted between two samples first appears as a voter, which the monitor
+// judges a voter that joined directly (I3), unless a member's own view,
+// read between the samples, listed it as a learner.
+func TestMonitorCountsLearnersTheMembersSaw(t *testing.T) {
+	before := []quorum.Member{member(1, true), member(2, false)}
+	after := []quorum.Member{member(1, true), member(2, false), member(3, false)}
+	for _, seen := range []bool{false, true} {
+		m := newMonitor(3)
+		m.record(at(0), at(50*time.Millisecond), at(60*time.Millisecond), before, nil)
+		if seen {
+			m.recordView(at(200*time.Millisecond), etcd.LocalView{ID: 2, Leader: 1, Members: []uint64{1, 2, 3}, Learners: []uint64{3}})
+		} else {
+			m.recordView(at(200*time.Millisecond), etcd.LocalView{ID: 2, Leader: 1, Members: []uint64{1, 2}})
+		}
+		m.record(at(400*time.Millisecond), at(450*time.Millisecond), at(460*time.Millisecond), after, nil)
+		r := m.result()
+		flagged := len(r.Violations) == 1 && strings.Contains(r.Violations[0].Err.Error(), "I3 learners first: member 3 joined as a voter")
+		if flagged == seen || (!flagged && len(r.Violations) != 0) {
+			t.Errorf("learner seen by a member's view: %v; violations %v", seen, r.Violations)
+		}
+	}
+}
+
 // TestMonitorJudgesLeaderFollowedAfterRemoval: across a sample gap, a
 // leader that a member still followed after applying its removal was
 // removed while it led. A leader a lagging member follows before it has
