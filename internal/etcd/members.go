@@ -85,12 +85,19 @@ func (e *unansweredError) Error() string {
 }
 func (e *unansweredError) Unwrap() error { return e.err }
 
+// isUnanswered reports whether err is an unansweredError.
+func isUnanswered(err error) bool {
+	var unanswered *unansweredError
+	return errors.As(err, &unanswered)
+}
+
 // onLedVoter is onVoter for a linearizable read: fn gets ctx with
 // leaderOnly, and is called again while every member refuses it for want
-// of a leader, or none answers within an attempt's bound, until ctx ends. The client's own retries of such a refusal
-// (100, 25 ms apart) end after about 2.5 s, and an election on a loaded
-// host can take longer: a read that waited for the leader on the member
-// before leaderOnly must go on waiting for as long as its context lets it.
+// of a leader, or none answers within an attempt's bound, until ctx ends.
+// The client's own retries of such a refusal (100, 25 ms apart) end after
+// about 2.5 s, and an election on a loaded host can take longer: a read
+// that waited for the leader on the member before leaderOnly must go on
+// waiting for as long as its context lets it.
 //
 // Each attempt may take readAttemptTimeout: a member the manager cannot
 // reach while its peers can (a partition between the two, a frozen
@@ -113,8 +120,7 @@ func (c *Client) onLedVoter(ctx context.Context, fn func(context.Context, *clien
 		// No member answered in time: the client's own retries of a
 		// refusal for want of a leader can outlast an attempt, as can a
 		// loaded host's election; ask again, as for the refusal.
-		var unanswered *unansweredError
-		if !IsNoLeader(err) && !errors.As(err, &unanswered) {
+		if !IsNoLeader(err) && !isUnanswered(err) {
 			return err
 		}
 		select {
@@ -155,10 +161,7 @@ func (c *Client) Members(ctx context.Context) ([]Member, error) {
 func (c *Client) onVoter(fn func(*clientv3.Client) error) error {
 	// Another member can answer what a learner, or a member shutting down
 	// (one just removed), refused.
-	elsewhere := func(err error) bool {
-		var unanswered *unansweredError
-		return IsLearnerRefusal(err) || IsMemberStopping(err) || errors.As(err, &unanswered)
-	}
+	elsewhere := func(err error) bool { return IsLearnerRefusal(err) || IsMemberStopping(err) || isUnanswered(err) }
 	err := fn(c.cli)
 	if !elsewhere(err) {
 		return err
