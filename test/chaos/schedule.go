@@ -278,17 +278,22 @@ func (r Run) MayLoseQuorum() bool {
 	if r.Operation == LoseMajority {
 		return false // it loses quorum by design, and must recover
 	}
-	kills := 0
-	for _, f := range r.Faults {
-		if f.Kind == KillMachine {
-			kills++
-		}
-	}
 	smallest := min(r.Replicas, r.Desired)
 	if r.Operation == Remediate {
 		smallest--
 	}
-	return kills > (smallest-1)/2
+	return r.kills() > (smallest-1)/2
+}
+
+// kills counts the run's KillMachine faults.
+func (r Run) kills() int {
+	n := 0
+	for _, f := range r.Faults {
+		if f.Kind == KillMachine {
+			n++
+		}
+	}
+	return n
 }
 
 // Outcome is what one run found: its schedule, the faults as injected (or
@@ -369,8 +374,16 @@ type Injected struct {
 	StruckAt time.Duration `json:"struckAt"`
 	// Machine is the machine it struck, for machine faults.
 	Machine string `json:"machine,omitempty"`
-	// Skipped says why the fault could not be injected here.
+	// Skipped says why the fault could not be injected here: the harness
+	// failed, or the host cannot (a cut on loopback addresses).
 	Skipped string `json:"skipped,omitempty"`
+	// Moot says why a machine fault had nothing to strike: no machine of
+	// the cluster ran within the harness's wait (all of a plane of 1
+	// killed, say). The run goes on; it is not a fault the host refused.
+	Moot string `json:"moot,omitempty"`
+	// Note says how the fault was adapted to the cluster as it found it: a
+	// cut of a machine with no peer is a cut from the manager.
+	Note string `json:"note,omitempty"`
 }
 
 // JSONLine is the outcome as one line of JSON, as a campaign records it.
@@ -386,7 +399,16 @@ type Summary struct {
 	Operations map[Operation]int
 	Faults     map[FaultKind]int
 	Skipped    map[FaultKind]int
+	Moot       map[FaultKind]int
+	// Adapted counts the faults struck otherwise than drawn (Injected.Note).
+	Adapted    map[FaultKind]int
 	Violations int
+	// Converged counts the passing runs that converged; ByDesign lists the
+	// others: runs that killed more machines than etcd tolerates, which
+	// cannot converge on their own and pass with QCP Degraded for the lost
+	// quorum, by seed and QCP's reason.
+	Converged int
+	ByDesign  []string
 	// P50 and P99 are the convergence times of the runs that converged.
 	P50, P99 time.Duration
 	// Acknowledged, Unknown and LostWrites sum the runs' writes; NotLinearizable
@@ -396,7 +418,8 @@ type Summary struct {
 	// LossRuns counts the LoseMajority runs.
 	LossRuns int
 	// GapP50 and GapMax are over the runs' longest write gaps, loss runs
-	// left out (their gap is the outage itself).
+	// and runs Degraded by design left out (their gap is the outage
+	// itself).
 	GapP50, GapMax time.Duration
 	// Unjudged sums the monitor's unjudged sample pairs; MaxVoters,
 	// MaxLearners and MaxMachines are the most any run saw.
@@ -408,7 +431,8 @@ type Summary struct {
 
 // Summarize sums up outcomes.
 func Summarize(outcomes []Outcome) Summary {
-	s := Summary{Runs: len(outcomes), Operations: map[Operation]int{}, Faults: map[FaultKind]int{}, Skipped: map[FaultKind]int{}}
+	s := Summary{Runs: len(outcomes), Operations: map[Operation]int{}, Faults: map[FaultKind]int{}, Skipped: map[FaultKind]int{},
+		Moot: map[FaultKind]int{}, Adapted: map[FaultKind]int{}}
 	var times, gaps []time.Duration
 	for _, o := range outcomes {
 		s.Operations[o.Operation]++
@@ -422,19 +446,30 @@ func Summarize(outcomes []Outcome) Summary {
 		}
 		if o.Operation == LoseMajority {
 			s.LossRuns++
-		} else if o.LongestGap > 0 {
+		} else if o.LongestGap > 0 && (o.Converged || o.Degraded == "") {
 			gaps = append(gaps, o.LongestGap)
 		}
 		for _, f := range o.Injected {
-			if f.Skipped != "" {
+			switch {
+			case f.Skipped != "":
 				s.Skipped[f.Kind]++
-			} else {
+			case f.Moot != "":
+				s.Moot[f.Kind]++
+			default:
 				s.Faults[f.Kind]++
+				if f.Note != "" {
+					s.Adapted[f.Kind]++
+				}
 			}
 		}
 		s.Violations += len(o.Violations)
 		if len(o.Violations) == 0 && (o.Converged || o.Degraded != "") {
 			s.Passed++
+			if o.Converged {
+				s.Converged++
+			} else {
+				s.ByDesign = append(s.ByDesign, fmt.Sprintf("seed %d (%s of %d, %d machines killed): %s", o.Seed, o.Operation, o.Replicas, o.kills(), o.Degraded))
+			}
 		}
 		if o.Converged {
 			times = append(times, o.ConvergedAfter)
@@ -459,16 +494,19 @@ func percentile(ds []time.Duration, p int) time.Duration {
 // Table is the summary as the table `make chaos` prints.
 func (s Summary) Table() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "runs %d, passed %d, violations %d, convergence p50 %s, p99 %s\n", s.Runs, s.Passed, s.Violations,
-		s.P50.Round(time.Second), s.P99.Round(time.Second))
+	fmt.Fprintf(&b, "runs %d, passed %d (%d converged, %d could not by design), violations %d, convergence p50 %s, p99 %s\n",
+		s.Runs, s.Passed, s.Converged, len(s.ByDesign), s.Violations, s.P50.Round(time.Second), s.P99.Round(time.Second))
+	for _, d := range s.ByDesign {
+		fmt.Fprintf(&b, "  could not converge by design, Degraded: %s\n", d)
+	}
 	fmt.Fprintf(&b, "writes acknowledged %d, unknown %d; lost in loss runs' recoveries %d (%d loss runs); not linearizable %d\n",
 		s.Acknowledged, s.Unknown, s.LostWrites, s.LossRuns, s.NotLinearizable)
-	fmt.Fprintf(&b, "longest write gap (loss runs apart) p50 %s, max %s; unjudged sample pairs %d; at most %d voters, %d learners, %d machines\n",
+	fmt.Fprintf(&b, "longest write gap (loss runs and those Degraded by design apart) p50 %s, max %s; unjudged sample pairs %d; at most %d voters, %d learners, %d machines\n",
 		s.GapP50.Round(time.Millisecond), s.GapMax.Round(time.Millisecond), s.Unjudged, s.MaxVoters, s.MaxLearners, s.MaxMachines)
 	fmt.Fprintf(&b, "commits %s\n", strings.Join(s.Commits, ", "))
-	fmt.Fprintf(&b, "%-28s %8s %8s\n", "fault", "injected", "skipped")
+	fmt.Fprintf(&b, "%-28s %8s %8s %8s %8s\n", "fault", "injected", "adapted", "moot", "skipped")
 	for _, k := range FaultKinds {
-		fmt.Fprintf(&b, "%-28s %8d %8d\n", k, s.Faults[k], s.Skipped[k])
+		fmt.Fprintf(&b, "%-28s %8d %8d %8d %8d\n", k, s.Faults[k], s.Adapted[k], s.Moot[k], s.Skipped[k])
 	}
 	fmt.Fprintf(&b, "%-28s %8s\n", "operation", "runs")
 	for _, op := range append(slices.Clone(Operations), LoseMajority) {

@@ -133,8 +133,14 @@ func TestSummary(t *testing.T) {
 		converged(10*time.Second, Injected{Fault: Fault{Kind: KillMachine}, Machine: "m1"}),
 		converged(30*time.Second, Injected{Fault: Fault{Kind: CutPeerTraffic}, Skipped: "not root"}),
 		converged(20 * time.Second),
-		{Degraded: "etcd has lost quorum", Injected: []Injected{{Fault: Fault{Kind: KillMachine}}, {Fault: Fault{Kind: KillMachine}}}},
+		{Converged: true, ConvergedAfter: 40 * time.Second, Injected: []Injected{{Fault: Fault{Kind: KillMachine}}, {Fault: Fault{Kind: KillMachine}}}},
 		{Violations: []string{"lost write k1"}},
+		// A plane of 1 killed: it cannot converge, and its gap is the
+		// outage; the freeze after the kill had nothing to strike, and
+		// the lone machine's cut was a cut from the manager.
+		{Run: Run{Seed: 7, Replicas: 1, Operation: Rollout, Desired: 1, Faults: []Fault{{Kind: KillMachine}, {Kind: FreezeMachine}, {Kind: CutPeerTraffic}}},
+			Degraded: "etcd has lost quorum", Record: Record{LongestGap: 11 * time.Minute},
+			Injected: []Injected{{Fault: Fault{Kind: CutPeerTraffic}, Note: "no peer"}, {Fault: Fault{Kind: KillMachine}}, {Fault: Fault{Kind: FreezeMachine}, Moot: "nothing to strike"}}},
 	}
 	outcomes[0].Operation, outcomes[1].Operation = Remediate, Remediate
 	outcomes[0].Record = Record{Commit: "abc", Acknowledged: 100, Unknown: 2, Linearizable: "Ok", LongestGap: 300 * time.Millisecond, MaxVoters: 5, MaxLearners: 1, MaxMachines: 6, Unjudged: 3}
@@ -148,14 +154,18 @@ func TestSummary(t *testing.T) {
 		s.GapP50 != 300*time.Millisecond || s.GapMax != 900*time.Millisecond {
 		t.Errorf("the records sum up to %+v", s)
 	}
-	if s.Runs != 5 || s.Passed != 4 || s.Violations != 1 || s.Faults[KillMachine] != 3 || s.Skipped[CutPeerTraffic] != 1 || s.Faults[CutPeerTraffic] != 0 ||
-		s.Operations[Remediate] != 2 || s.Operations[""] != 2 {
+	if s.Runs != 6 || s.Passed != 5 || s.Converged != 4 || len(s.ByDesign) != 1 || s.Violations != 1 || s.Faults[KillMachine] != 4 ||
+		s.Skipped[CutPeerTraffic] != 1 || s.Faults[CutPeerTraffic] != 1 || s.Adapted[CutPeerTraffic] != 1 || s.Moot[FreezeMachine] != 1 ||
+		s.Faults[FreezeMachine] != 0 || s.Operations[Remediate] != 2 || s.Operations[""] != 2 {
 		t.Errorf("summary %+v", s)
 	}
-	if s.P50 != 20*time.Second || s.P99 != 30*time.Second {
-		t.Errorf("p50 %s, p99 %s; want 20s and 30s", s.P50, s.P99)
+	if s.P50 != 20*time.Second || s.P99 != 40*time.Second {
+		t.Errorf("p50 %s, p99 %s; want 20s and 40s", s.P50, s.P99)
 	}
-	if table := s.Table(); !strings.Contains(table, "runs 5, passed 4, violations 1") || !strings.Contains(table, "CutPeerTraffic") ||
+	if table := s.Table(); !strings.Contains(table, "runs 6, passed 5 (4 converged, 1 could not by design), violations 1") ||
+		!strings.Contains(table, "could not converge by design, Degraded: seed 7 (Rollout of 1, 1 machines killed): etcd has lost quorum") ||
+		!strings.Contains(table, "CutPeerTraffic                      1        1        0        1") ||
+		!strings.Contains(table, "FreezeMachine                       0        0        1        0") || !strings.Contains(table, "CutPeerTraffic") ||
 		!strings.Contains(table, "Remediate                           2") || !strings.Contains(table, "LoseMajority") ||
 		!strings.Contains(table, "writes acknowledged 200, unknown 2; lost in loss runs' recoveries 4 (1 loss runs); not linearizable 1") ||
 		!strings.Contains(table, "p50 300ms, max 900ms; unjudged sample pairs 4; at most 5 voters, 1 learners, 6 machines") ||

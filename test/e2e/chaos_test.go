@@ -740,7 +740,8 @@ func (f *faultRun) wait() []chaos.Injected {
 
 // injectFaults strikes each fault at its time from now. It never calls
 // t.Fatal (it runs in its own goroutine); what it cannot inject it
-// records as skipped, with the reason.
+// records as skipped, with the reason, and a fault with nothing to strike
+// (no machine of the cluster running) as moot.
 func (s *scenario) injectFaults(ctx context.Context, faults []chaos.Fault) *faultRun {
 	f := &faultRun{done: make(chan struct{})}
 	host := &machinehost.Host{Root: s.mgmt.env.MachineRoot()}
@@ -755,9 +756,9 @@ func (s *scenario) injectFaults(ctx context.Context, faults []chaos.Fault) *faul
 			case <-time.After(time.Until(start.Add(fault.At))):
 			}
 			in := chaos.Injected{Fault: fault}
-			in.Machine, in.Skipped = s.strike(ctx, host, fault, &restore)
+			s.strike(ctx, host, &in, &restore)
 			in.StruckAt = time.Since(start)
-			s.t.Logf("+%s %s %s %s", in.StruckAt.Round(time.Millisecond), fault.Kind, in.Machine, in.Skipped)
+			s.t.Logf("+%s %s %s %s%s%s", in.StruckAt.Round(time.Millisecond), fault.Kind, in.Machine, in.Note, in.Moot, in.Skipped)
 			f.injected = append(f.injected, in)
 		}
 		restore.Wait()
@@ -765,68 +766,130 @@ func (s *scenario) injectFaults(ctx context.Context, faults []chaos.Fault) *faul
 	return f
 }
 
-// strike injects one fault and returns the machine it struck and, if it
-// could not, why. Faults that end later (a thaw, a restart) are waited
-// for through restore.
-func (s *scenario) strike(ctx context.Context, host *machinehost.Host, fault chaos.Fault, restore *sync.WaitGroup) (machine, skipped string) {
-	pick := func() (string, error) {
+// strikeWait is how long a machine fault waits for a machine of the
+// cluster to run (one being created, or a killed one's replacement) before
+// it is recorded as moot.
+const strikeWait = time.Minute
+
+// runningMachine waits, up to strikeWait, for a machine of the scenario's
+// to run, and returns the one target picks among those running (sorted
+// by creation) and how many Machines the cluster has; moot says why there
+// was none to strike.
+func (s *scenario) runningMachine(ctx context.Context, host *machinehost.Host, target int) (name string, machines int, moot string) {
+	wctx, cancel := context.WithTimeout(ctx, strikeWait)
+	defer cancel()
+	err := testkit.Eventually(wctx, 500*time.Millisecond, "a running machine of the cluster", func(ctx context.Context) error {
 		ms, err := s.machines(ctx)
-		if err != nil || len(ms) == 0 {
-			return "", fmt.Errorf("no machine to strike (%v)", err)
+		if err != nil {
+			return err
 		}
-		return ms[fault.Target%len(ms)].Name, nil
+		var running, down []string
+		for _, m := range ms {
+			if st, err := host.Status(ns, m.Name); err == nil && st.Running && m.DeletionTimestamp.IsZero() {
+				running = append(running, m.Name)
+			} else {
+				down = append(down, m.Name)
+			}
+		}
+		if len(running) == 0 {
+			return fmt.Errorf("machines not running or being deleted: %v", down)
+		}
+		name, machines = running[target%len(running)], len(ms)
+		return nil
+	})
+	if err != nil {
+		return "", 0, fmt.Sprintf("nothing to strike for %s: %v", strikeWait, err)
 	}
+	return name, machines, ""
+}
+
+// retryStrike retries fn, which reads the management cluster, for up to
+// strikeWait: a fault that strikes while the management API server is
+// down waits for it, as StruckAt then shows.
+func retryStrike(ctx context.Context, what string, fn func(context.Context) error) error {
+	ctx, cancel := context.WithTimeout(ctx, strikeWait)
+	defer cancel()
+	return testkit.Eventually(ctx, time.Second, what, fn)
+}
+
+// strike injects one fault, recording in in the machine it struck and, if
+// it could not, why. Machine faults other than a deletion strike a running
+// machine (a freeze of a machine already killed would prove nothing).
+// Faults that end later (a thaw, a restart, a heal) are waited for
+// through restore.
+func (s *scenario) strike(ctx context.Context, host *machinehost.Host, in *chaos.Injected, restore *sync.WaitGroup) {
+	fault := in.Fault
 	later := func(after time.Duration, fn func()) {
 		restore.Add(1)
 		time.AfterFunc(after, func() { defer restore.Done(); fn() })
 	}
+	failed := func(err error) {
+		if err != nil {
+			in.Skipped = "failed: " + err.Error()
+		}
+	}
 	switch fault.Kind {
-	case chaos.KillMachine, chaos.FreezeMachine, chaos.DeleteMachine:
-		name, err := pick()
-		if err != nil {
-			return "", err.Error()
-		}
-		switch fault.Kind {
-		case chaos.KillMachine:
-			err = host.Kill(ns, name)
-		case chaos.FreezeMachine:
-			if err = host.Freeze(ns, name); err == nil {
-				later(fault.For, func() { _ = host.Thaw(ns, name) })
+	case chaos.DeleteMachine:
+		// Retried while the management API server restarts, say.
+		failed(retryStrike(ctx, "deleting a machine", func(ctx context.Context) error {
+			ms, err := s.machines(ctx)
+			if err != nil || len(ms) == 0 {
+				return fmt.Errorf("no machine to delete (%v)", err)
 			}
-		case chaos.DeleteMachine:
-			m, gerr := s.machineNamed(ctx, name)
-			if err = gerr; err == nil {
-				err = s.c.Delete(ctx, m)
-			}
+			in.Machine = ms[fault.Target%len(ms)].Name
+			return s.c.Delete(ctx, &ms[fault.Target%len(ms)])
+		}))
+	case chaos.KillMachine, chaos.FreezeMachine:
+		if in.Machine, _, in.Moot = s.runningMachine(ctx, host, fault.Target); in.Moot != "" {
+			return
 		}
-		if err != nil {
-			return name, "failed: " + err.Error()
+		name := in.Machine
+		if fault.Kind == chaos.KillMachine {
+			failed(host.Kill(ns, name))
+			return
 		}
-		return name, ""
+		err := host.Freeze(ns, name)
+		if err == nil {
+			later(fault.For, func() { _ = host.Thaw(ns, name) })
+		}
+		failed(err)
 	case chaos.KillManager, chaos.KillCAPI, chaos.RestartAPIServer:
 		stop, start := s.processFault(ctx, fault.Kind)
 		if err := s.mgmt.outages.begin(fault.Kind, stop); err != nil {
-			return "", "failed: " + err.Error()
+			failed(err)
+			return
 		}
 		later(fault.For, func() {
 			if err := s.mgmt.outages.end(fault.Kind, start); err != nil {
 				s.t.Errorf("after %s: %v", fault.Kind, err)
 			}
 		})
-		return "", ""
 	case chaos.CutPeerTraffic:
 		if s.mgmt.network == nil {
-			return "", "not possible on loopback addresses: this management cluster's machines are not network hosts of their own (ownNetworkedManagement)"
+			in.Skipped = "not possible on loopback addresses: this management cluster's machines are not network hosts of their own (ownNetworkedManagement)"
+			return
 		}
-		name, err := pick()
-		if err != nil {
-			return "", err.Error()
+		var machines int
+		if in.Machine, machines, in.Moot = s.runningMachine(ctx, host, fault.Target); in.Moot != "" {
+			return
 		}
+		name := in.Machine
 		// Cut off from every other machine of its cluster, both ways, the
 		// manager still reaching it: `qcpctl machine isolate`, as a user
-		// cuts one.
-		if _, err := runQcpctl(ctx, s.mgmt, "machine", "isolate", name); err != nil {
-			return name, "failed: " + err.Error()
+		// cuts one. A machine with no peer yet (the first of a create, the
+		// only one of a plane of 1) is cut from the manager instead: the
+		// other partition a lone machine can have.
+		args := []string{"machine", "isolate", name}
+		if machines == 1 {
+			args = append(args, "--from", "manager")
+			in.Note = "no peer to cut it from: cut from the manager instead"
+		}
+		if err := retryStrike(ctx, "qcpctl "+strings.Join(args, " "), func(ctx context.Context) error {
+			_, err := runQcpctl(ctx, s.mgmt, args...)
+			return err
+		}); err != nil {
+			failed(err)
+			return
 		}
 		later(fault.For, func() {
 			// A machine deleted meanwhile took its namespace, and its cuts,
@@ -837,9 +900,9 @@ func (s *scenario) strike(ctx context.Context, host *machinehost.Host, fault cha
 				}
 			}
 		})
-		return name, ""
+	default:
+		in.Skipped = "unknown fault"
 	}
-	return "", "unknown fault"
 }
 
 // processFault returns how a fault of kind stops its process (qcp-manager
