@@ -144,18 +144,31 @@ func TestWriterSurvivesLeaderKill(t *testing.T) {
 
 // TestLostWritesAreFlagged feeds the lost-write check a history made for
 // the purpose: a key whose final value is older than its last acknowledged
-// write is lost; one holding a later write of unknown outcome is not.
+// write is lost; one holding a write of unknown outcome is not, even one
+// issued before the last acknowledged write (a proposal delivered late).
 func TestLostWritesAreFlagged(t *testing.T) {
-	w := &Writer{opts: WriterOptions{Keys: 3}.withDefaults(), lastAck: map[string]ackedWrite{}, afterAck: map[string][]string{}}
+	w := &Writer{opts: WriterOptions{Keys: 4}.withDefaults(), lastAck: map[string]ackedWrite{}, unknownOf: map[string][]string{}}
 	key := func(i int) string { return fmt.Sprintf("%sk%d", w.opts.Prefix, i) }
-	w.lastAck[key(0)] = ackedWrite{value: "w0-5"}
-	w.lastAck[key(1)] = ackedWrite{value: "w1-5"}
-	w.afterAck[key(1)] = []string{"w1-6"}
-	w.lastAck[key(2)] = ackedWrite{value: "w2-5"}
+	put := func(k int, value string, acked bool) {
+		op := porcupine.Operation{Input: kvInput{Put: true, Key: key(k), Value: value}}
+		if acked {
+			w.recordAck(op, key(k), value)
+		} else {
+			w.recordUnknown(op, key(k), value)
+		}
+	}
+	put(0, "w0-4", true)
+	put(0, "w0-5", true)
+	put(1, "w1-5", true)
+	put(1, "w1-6", false)
+	put(2, "w2-5", true)
+	put(3, "w3-4", false)
+	put(3, "w3-5", true)
 	finals := map[string]finalRead{
 		key(0): {value: "w0-4"}, // the acknowledged w0-5 was lost
 		key(1): {value: "w1-6"}, // a write of unknown outcome landed
 		key(2): {value: "w2-5"},
+		key(3): {value: "w3-4"}, // one issued before the acknowledged w3-5 landed after it
 	}
 	lost := w.lostWrites(finals)
 	if len(lost) != 1 || !strings.Contains(lost[0], key(0)) {
