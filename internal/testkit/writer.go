@@ -67,9 +67,9 @@ type Writer struct {
 	history []porcupine.Operation
 	// unknown marks history entries whose outcome is unknown; their
 	// return time is set to the end of the history at Stop.
-	unknown  []int
-	acks     []time.Duration
-	failed   int
+	unknown []int
+	acks    []time.Duration
+	failed  int
 	lastAck map[string]ackedWrite
 	// unknownOf holds, per key, the writes of unknown outcome since the
 	// last CheckKept: each may take effect at any time after its call,
