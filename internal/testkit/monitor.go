@@ -54,6 +54,10 @@ type Monitor struct {
 	// (probe) listed as a learner. etcd never reuses a member ID, so one
 	// listed as a learner once joined as a learner.
 	learners map[uint64]bool
+	// promotions reads a member's promotion counter (WithPromotionCounts);
+	// promotedBase holds the counters read at the last membership change.
+	promotions   func(ctx context.Context, clientURL string) (uint64, error)
+	promotedBase map[uint64]uint64
 
 	// follow is the monitor's own context, which ends with Stop.
 	follow context.Context
@@ -99,6 +103,10 @@ type MonitorReport struct {
 	// request for a second or two, but the members' own views, probed
 	// meanwhile, usually show it.)
 	LeadersGoneInGaps []string
+	// PromotedUnseen counts the voters that appeared between two samples,
+	// listed as learners by neither, that etcd's own promotion counters
+	// showed promoted (WithPromotionCounts).
+	PromotedUnseen int
 }
 
 // maxSampleGap is the longest span, from the start of one readable sample
@@ -152,12 +160,15 @@ func (r MonitorReport) Err() error {
 // the alarm list) and probing every 200 ms did (docs/measurements.md): on
 // a 2-core host each scenario's observers competed with the machines they
 // observe.
-func StartMonitor(client *etcd.Client, desired int, interval time.Duration) *Monitor {
+func StartMonitor(client *etcd.Client, desired int, interval time.Duration, opts ...MonitorOption) *Monitor {
 	if interval == 0 {
 		interval = defaultSampleInterval
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	m := newMonitor(desired)
+	for _, o := range opts {
+		o(m)
+	}
 	m.client, m.interval, m.cancel, m.done, m.follow = client, interval, cancel, make(chan struct{}), ctx
 	probed := make(chan struct{})
 	go m.probe(ctx, probed)
@@ -344,8 +355,15 @@ func (m *Monitor) sample(ctx context.Context) {
 		err = fmt.Errorf("observing etcd members: %w", err)
 	} else {
 		members = etcd.MembersWith(list, m.statusesOf(ctx, list))
+		m.coverUnseenPromotions(ctx, list, members)
 	}
+	m.mu.Lock()
+	before := m.prev
+	m.mu.Unlock()
 	m.record(start, listed, time.Now(), members, err)
+	if err == nil {
+		m.rebasePromotions(ctx, list, before, members)
+	}
 }
 
 // statusInterval is how often a member that stopped answering is asked

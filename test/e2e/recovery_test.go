@@ -119,7 +119,11 @@ func (s *scenario) loseMajority(ctx context.Context, host *machinehost.Host, rep
 		s.t.Fatal(err)
 	}
 	defer mcli.Close()
-	mon := testkit.StartMonitor(mcli, replicas, 0)
+	tlsCfg, err := mcfg.TLSConfig()
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	mon := testkit.StartMonitor(mcli, replicas, 0, testkit.WithPromotionCounts(tlsCfg))
 	survivor, lagging := machines[0].Name, ""
 	if replicas == 5 {
 		survivor, lagging = s.lagOneFollower(ctx, host, mcli, machines)

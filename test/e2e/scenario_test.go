@@ -583,7 +583,11 @@ func startTraffic(cfg etcd.Config, desired int, pause time.Duration) (*traffic, 
 	if err != nil {
 		return nil, err
 	}
-	return &traffic{writer: w, client: cli, monitor: testkit.StartMonitor(cli, desired, 0)}, nil
+	tlsCfg, err := mcfg.TLSConfig()
+	if err != nil {
+		return nil, err
+	}
+	return &traffic{writer: w, client: cli, monitor: testkit.StartMonitor(cli, desired, 0, testkit.WithPromotionCounts(tlsCfg))}, nil
 }
 
 // follow points the writer and the monitor at endpoints.
