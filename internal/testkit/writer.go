@@ -472,12 +472,13 @@ const UnreadableFinal = ": final value could not be read"
 // lostWrites lists the keys whose final value is neither the last
 // acknowledged write nor a write of unknown outcome. An unknown write
 // issued before the last acknowledged one counts too: it may still have
-// been in flight, and linearizability lets it land later. A cut-off
-// member forwards a put to the leader; the put times out at the client,
-// which goes on writing through the majority; the proposal waits in the
-// member's TCP send buffer and reaches the leader when the cut heals,
-// 20 s on (chaos seed 784394, stop 69). Porcupine, which has the final
-// reads in its history, judges such a history as well.
+// been in flight, and linearizability lets it land later. Chaos seed
+// 784394 (stop 69) read two such values after two overlapping cuts, and
+// porcupine, which has the final reads in its history, found it
+// linearizable. The likeliest path: a put sent to a cut-off member times
+// out at the client, which writes on through the majority, while the
+// proposal the member forwarded waits in its TCP send buffer and reaches
+// the leader when the cut heals.
 func (w *Writer) lostWrites(finals map[string]finalRead) []string {
 	var lost []string
 	for i := range w.opts.Keys {
