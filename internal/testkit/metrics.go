@@ -14,11 +14,17 @@ import (
 // at addr (host:port) whose name and labels start with series, e.g.
 // `qcp_process_lb_backends{cluster="c1"`. Labels appear sorted by name.
 func Metric(ctx context.Context, addr, series string) (float64, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/metrics", nil)
+	return metricAt(ctx, http.DefaultClient, "http://"+addr, series)
+}
+
+// metricAt is Metric for the endpoint at base (scheme://host:port), asked
+// with hc: an etcd member's, over TLS with the client's certificate.
+func metricAt(ctx context.Context, hc *http.Client, base, series string) (float64, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(base, "/")+"/metrics", nil)
 	if err != nil {
 		return 0, err
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := hc.Do(req)
 	if err != nil {
 		return 0, err
 	}

@@ -350,19 +350,19 @@ func (m *Monitor) sample(ctx context.Context) {
 	if ctx.Err() != nil {
 		return
 	}
+	m.mu.Lock()
+	prev := m.prev
+	m.mu.Unlock()
 	var members []quorum.Member
 	if err != nil {
 		err = fmt.Errorf("observing etcd members: %w", err)
 	} else {
 		members = etcd.MembersWith(list, m.statusesOf(ctx, list))
-		m.coverUnseenPromotions(ctx, list, members)
+		m.coverUnseenPromotions(ctx, list, prev, members)
 	}
-	m.mu.Lock()
-	before := m.prev
-	m.mu.Unlock()
 	m.record(start, listed, time.Now(), members, err)
 	if err == nil {
-		m.rebasePromotions(ctx, list, before, members)
+		m.rebasePromotions(ctx, list, prev, members)
 	}
 }
 

@@ -3,13 +3,8 @@ package testkit
 import (
 	"context"
 	"crypto/tls"
-	"fmt"
 	"net/http"
 	"slices"
-	"strings"
-
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 
 	"github.com/qcp-dev/qcp/internal/etcd"
 	"github.com/qcp-dev/qcp/internal/quorum"
@@ -40,28 +35,8 @@ func WithPromotionCounts(tlsCfg *tls.Config) MonitorOption {
 
 // readPromotions reads promotionCounter from the member at clientURL.
 func readPromotions(ctx context.Context, hc *http.Client, clientURL string) (uint64, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(clientURL, "/")+"/metrics", nil)
-	if err != nil {
-		return 0, err
-	}
-	resp, err := hc.Do(req)
-	if err != nil {
-		return 0, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return 0, fmt.Errorf("%s/metrics: %s", clientURL, resp.Status)
-	}
-	p := expfmt.NewTextParser(model.UTF8Validation)
-	families, err := p.TextToMetricFamilies(resp.Body)
-	if err != nil {
-		return 0, fmt.Errorf("%s/metrics: %w", clientURL, err)
-	}
-	f, ok := families[promotionCounter]
-	if !ok || len(f.GetMetric()) == 0 {
-		return 0, fmt.Errorf("%s/metrics has no %s", clientURL, promotionCounter)
-	}
-	return uint64(f.GetMetric()[0].GetCounter().GetValue()), nil
+	v, err := metricAt(ctx, hc, clientURL, promotionCounter+" ")
+	return uint64(v), err
 }
 
 // promotionCounts reads every member of list's promotion counter, the
@@ -84,15 +59,15 @@ func (m *Monitor) promotionCounts(ctx context.Context, list []etcd.Member) map[u
 
 // coverUnseenPromotions runs before a sample is recorded. If the sample
 // (members, from list) has voters that were not voters in the previous
-// sample and that nothing listed as learners, it reads the members'
+// sample (prev) and that nothing listed as learners, it reads the members'
 // promotion counters: if the counters of the members read at the last
 // membership change grew since by at least the number of voters new since
 // the previous sample, every new voter was promoted, so each joined as a
 // learner, and the unseen ones are noted as learners (I3). Otherwise they
 // stay to be judged as voters that joined directly.
-func (m *Monitor) coverUnseenPromotions(ctx context.Context, list []etcd.Member, members []quorum.Member) {
+func (m *Monitor) coverUnseenPromotions(ctx context.Context, list []etcd.Member, prev, members []quorum.Member) {
 	m.mu.Lock()
-	prev, base := m.prev, m.promotedBase
+	base := m.promotedBase
 	var unseen []uint64
 	newVoters := 0
 	for _, mb := range members {
@@ -148,13 +123,7 @@ func (m *Monitor) rebasePromotions(ctx context.Context, list []etcd.Member, befo
 // sameMembership reports whether a and b list the same members, each a
 // learner in both or in neither.
 func sameMembership(a, b []quorum.Member) bool {
-	key := func(ms []quorum.Member) []string {
-		out := make([]string, 0, len(ms))
-		for _, mb := range ms {
-			out = append(out, fmt.Sprintf("%x/%v", mb.ID, mb.Learner))
-		}
-		slices.Sort(out)
-		return out
-	}
-	return slices.Equal(key(a), key(b))
+	return len(a) == len(b) && !slices.ContainsFunc(a, func(x quorum.Member) bool {
+		return !slices.ContainsFunc(b, func(y quorum.Member) bool { return y.ID == x.ID && y.Learner == x.Learner })
+	})
 }

@@ -32,10 +32,10 @@ func TestMonitorCoversUnseenPromotions(t *testing.T) {
 	step := func(list []etcd.Member, members []quorum.Member) {
 		now = now.Add(200 * time.Millisecond)
 		for _, m := range []*Monitor{with, without} {
-			m.coverUnseenPromotions(ctx, list, members)
-			before := m.prev
+			prev := m.prev
+			m.coverUnseenPromotions(ctx, list, prev, members)
 			m.record(now, now, now, members, nil)
-			m.rebasePromotions(ctx, list, before, members)
+			m.rebasePromotions(ctx, list, prev, members)
 		}
 	}
 	step([]etcd.Member{member(1)}, []quorum.Member{{ID: 1, Healthy: true, Leader: true}})

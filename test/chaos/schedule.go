@@ -444,9 +444,12 @@ func Summarize(outcomes []Outcome) Summary {
 		if o.Commit != "" && !slices.Contains(s.Commits, o.Commit) {
 			s.Commits = append(s.Commits, o.Commit)
 		}
+		// A run that did not converge but passed Degraded lost its quorum
+		// by design.
+		byDesign := !o.Converged && o.Degraded != ""
 		if o.Operation == LoseMajority {
 			s.LossRuns++
-		} else if o.LongestGap > 0 && (o.Converged || o.Degraded == "") {
+		} else if o.LongestGap > 0 && !byDesign {
 			gaps = append(gaps, o.LongestGap)
 		}
 		for _, f := range o.Injected {
@@ -463,7 +466,7 @@ func Summarize(outcomes []Outcome) Summary {
 			}
 		}
 		s.Violations += len(o.Violations)
-		if len(o.Violations) == 0 && (o.Converged || o.Degraded != "") {
+		if len(o.Violations) == 0 && (o.Converged || byDesign) {
 			s.Passed++
 			if o.Converged {
 				s.Converged++
