@@ -224,6 +224,9 @@ func runChaos(t *testing.T, mgmt *management, r chaos.Run) chaos.Outcome {
 	o.Injected = faults.wait()
 	stopped := time.Now()
 	cctx, ccancel := context.WithTimeout(ctx, convergeBound)
+	if r.MayLoseQuorum() {
+		converged = s.untilDegradedFor(ccancel, target, r.Desired, degradedSettle, converged)
+	}
 	err := testkit.Eventually(forWait(cctx), time.Second, "convergence", converged)
 	ccancel()
 	var last controlplanev1.LastOperation
@@ -264,6 +267,40 @@ func runChaos(t *testing.T, mgmt *management, r chaos.Run) chaos.Outcome {
 		t.Error(err)
 	}
 	return o
+}
+
+// degradedSettle is how long QCP must have said, without a break, that it
+// lost quorum before a run that may lose it stops waiting for convergence:
+// with the default quorum-loss policy (Manual) QCP never recovers on its
+// own, so the rest of convergeBound would only wait. Every such run of the
+// campaigns before stop 70 waited out the whole bound and then found QCP
+// Degraded, at about a quarter of a worker's time.
+const degradedSettle = 3 * time.Minute
+
+// untilDegradedFor is converged, which also ends the wait (through
+// cancel) once the target has reported Degraded for the lost quorum for
+// settle without a break.
+func (s *scenario) untilDegradedFor(cancel context.CancelFunc, target chaosTarget, desired int, settle time.Duration, converged func(context.Context) error) func(context.Context) error {
+	var since time.Time
+	return func(ctx context.Context) error {
+		err := converged(ctx)
+		if err == nil {
+			return nil
+		}
+		st, serr := target.state(ctx, desired)
+		if serr != nil || st.last.Kind != controlplanev1.OperationDegraded || !reportsLostQuorum(st.last.Reason) {
+			since = time.Time{}
+			return err
+		}
+		if since.IsZero() {
+			since = time.Now()
+		}
+		if time.Since(since) >= settle {
+			cancel()
+			return fmt.Errorf("QCP has reported the lost quorum for %s without a break: not waiting longer (%w)", settle, err)
+		}
+		return err
+	}
 }
 
 // rolledOut is ready, once every machine of outdated (the machines from
