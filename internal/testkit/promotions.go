@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"net/http"
 	"slices"
+	"sync"
 
 	"github.com/qcp-dev/qcp/internal/etcd"
 	"github.com/qcp-dev/qcp/internal/quorum"
@@ -39,10 +40,13 @@ func readPromotions(ctx context.Context, hc *http.Client, clientURL string) (uin
 	return uint64(v), err
 }
 
-// promotionCounts reads every member of list's promotion counter, the
-// members known to be down and those that do not answer left out.
+// promotionCounts reads every member of list's promotion counter, all at
+// once (a sample waits for the slowest, not for their sum), the members
+// known to be down and those that do not answer left out.
 func (m *Monitor) promotionCounts(ctx context.Context, list []etcd.Member) map[uint64]uint64 {
 	out := map[uint64]uint64{}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
 	for _, mb := range list {
 		m.statusMu.Lock()
 		_, down := m.down[mb.ID]
@@ -50,10 +54,15 @@ func (m *Monitor) promotionCounts(ctx context.Context, list []etcd.Member) map[u
 		if down || len(mb.ClientURLs) == 0 {
 			continue
 		}
-		if n, err := m.promotions(ctx, mb.ClientURLs[0]); err == nil {
-			out[mb.ID] = n
-		}
+		wg.Go(func() {
+			if n, err := m.promotions(ctx, mb.ClientURLs[0]); err == nil {
+				mu.Lock()
+				out[mb.ID] = n
+				mu.Unlock()
+			}
+		})
 	}
+	wg.Wait()
 	return out
 }
 

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -22,9 +23,9 @@ import (
 func TestMonitorCoversUnseenPromotions(t *testing.T) {
 	ctx := context.Background()
 	counts := map[string]uint64{"https://m1": 0}
-	reads := 0
+	var reads atomic.Int32
 	with, without := newMonitor(3), newMonitor(3)
-	with.promotions = func(_ context.Context, url string) (uint64, error) { reads++; return counts[url], nil }
+	with.promotions = func(_ context.Context, url string) (uint64, error) { reads.Add(1); return counts[url], nil }
 	now := time.Now()
 	member := func(id uint64) etcd.Member {
 		return etcd.Member{ID: id, Name: "m", ClientURLs: []string{fmt.Sprintf("https://m%d", id)}}
@@ -53,10 +54,10 @@ func TestMonitorCoversUnseenPromotions(t *testing.T) {
 	}
 	// Counters are read at each membership change and when a voter shows up
 	// unseen, not on every sample.
-	before := reads
+	before := reads.Load()
 	step([]etcd.Member{member(1), member(2), member(3)}, []quorum.Member{{ID: 1, Healthy: true, Leader: true}, {ID: 2, Healthy: true}, {ID: 3, Healthy: true}})
-	if reads != before {
-		t.Errorf("%d counter reads for a sample that changed nothing", reads-before)
+	if n := reads.Load() - before; n != 0 {
+		t.Errorf("%d counter reads for a sample that changed nothing", n)
 	}
 }
 
