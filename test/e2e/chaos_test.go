@@ -121,7 +121,7 @@ func campaign(t *testing.T, mgmt *management, seeds []uint64, out io.Writer, unt
 			break
 		}
 		r := chaos.NewRun(seed)
-		var o chaos.Outcome
+		o := chaos.Outcome{Run: r, Record: chaos.Record{Commit: campaignCommit()}} // what a run that fails early records
 		ok := t.Run(fmt.Sprintf("seed=%d", r.Seed), func(t *testing.T) { o = runChaos(t, mgmt, r) })
 		if !ok && len(o.Violations) == 0 {
 			o.Violations = append(o.Violations, "the run failed; see its test log")
@@ -844,7 +844,16 @@ func (s *scenario) runningMachine(ctx context.Context, host *machinehost.Host, t
 // strikeWait: a fault that strikes while the management API server is
 // down waits for it, as StruckAt then shows.
 func retryStrike(ctx context.Context, what string, fn func(context.Context) error) error {
-	ctx, cancel := context.WithTimeout(ctx, strikeWait)
+	return retryFor(ctx, strikeWait, what, fn)
+}
+
+// restartWait bounds how long the restart of a process a fault killed is
+// retried: longer than any fault holds the API server down.
+const restartWait = 2 * time.Minute
+
+// retryFor retries fn every second until it succeeds or bound passes.
+func retryFor(ctx context.Context, bound time.Duration, what string, fn func(context.Context) error) error {
+	ctx, cancel := context.WithTimeout(ctx, bound)
 	defer cancel()
 	return testkit.Eventually(ctx, time.Second, what, fn)
 }
@@ -897,7 +906,13 @@ func (s *scenario) strike(ctx context.Context, host *machinehost.Host, in *chaos
 			return
 		}
 		later(fault.For, func() {
-			if err := s.mgmt.outages.end(fault.Kind, start); err != nil {
+			// Retried: restarting CAPI core or qcp-manager reads the
+			// management cluster, whose API server another fault may hold
+			// down meanwhile (seed 120427 lost its worker's CAPI core so).
+			restart := func() error {
+				return retryFor(ctx, restartWait, "restarting after "+string(fault.Kind), func(context.Context) error { return start() })
+			}
+			if err := s.mgmt.outages.end(fault.Kind, restart); err != nil {
 				s.t.Errorf("after %s: %v", fault.Kind, err)
 			}
 		})
@@ -969,34 +984,92 @@ func (s *scenario) processFault(ctx context.Context, kind chaos.FaultKind) (stop
 // outages counts, for each kind of process fault, the faults holding its
 // process down: one that strikes while the process is down extends the
 // outage, and only the last to end starts the process again (two would
-// start two qcp-managers, or a kube-apiserver on a taken port).
+// start two qcp-managers, or a kube-apiserver on a taken port). Each kind
+// has its own lock, held while its process stops or starts: a restart of
+// CAPI core that waits for the API server must not hold up the API
+// server's own restart.
 type outages struct {
-	mu   sync.Mutex
-	down map[chaos.FaultKind]int
+	mu    sync.Mutex
+	kinds map[chaos.FaultKind]*outage
+}
+
+// outage is one kind's: the faults holding its process down.
+type outage struct {
+	sync.Mutex
+	down int
+}
+
+// of returns kind's outage, locked.
+func (o *outages) of(kind chaos.FaultKind) *outage {
+	o.mu.Lock()
+	if o.kinds == nil {
+		o.kinds = map[chaos.FaultKind]*outage{}
+	}
+	k := o.kinds[kind]
+	if k == nil {
+		k = &outage{}
+		o.kinds[kind] = k
+	}
+	o.mu.Unlock()
+	k.Lock()
+	return k
 }
 
 func (o *outages) begin(kind chaos.FaultKind, stop func() error) error {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	if o.down == nil {
-		o.down = map[chaos.FaultKind]int{}
-	}
-	if o.down[kind] == 0 {
+	k := o.of(kind)
+	defer k.Unlock()
+	if k.down == 0 {
 		if err := stop(); err != nil {
 			return err
 		}
 	}
-	o.down[kind]++
+	k.down++
 	return nil
 }
 
 func (o *outages) end(kind chaos.FaultKind, start func() error) error {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	if o.down[kind]--; o.down[kind] > 0 {
+	k := o.of(kind)
+	defer k.Unlock()
+	if k.down--; k.down > 0 {
 		return nil
 	}
 	return start()
+}
+
+// TestOutages: only the last of a kind's faults to end starts its process
+// again, and a restart that waits for another kind's process (CAPI core's
+// for the API server) does not hold up that process's own restart.
+func TestOutages(t *testing.T) {
+	var o outages
+	var capiStops, capiStarts int
+	stopCAPI := func() error { capiStops++; return nil }
+	for _, err := range []error{o.begin(chaos.RestartAPIServer, func() error { return nil }), o.begin(chaos.KillCAPI, stopCAPI), o.begin(chaos.KillCAPI, stopCAPI)} {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := o.end(chaos.KillCAPI, func() error { capiStarts++; return nil }); err != nil || capiStops != 1 || capiStarts != 0 {
+		t.Fatalf("two faults on CAPI core, one ended: stopped %d times, started %d (%v); want 1 and 0", capiStops, capiStarts, err)
+	}
+	waiting, apiUp := make(chan struct{}), make(chan struct{})
+	restarted := make(chan error)
+	go func() {
+		restarted <- o.end(chaos.KillCAPI, func() error {
+			close(waiting)
+			select {
+			case <-apiUp:
+				capiStarts++
+				return nil
+			case <-time.After(10 * time.Second):
+				return errors.New("the API server was not restarted while CAPI core's restart waited for it")
+			}
+		})
+	}()
+	<-waiting
+	go func() { _ = o.end(chaos.RestartAPIServer, func() error { close(apiUp); return nil }) }()
+	if err := <-restarted; err != nil || capiStarts != 1 {
+		t.Fatalf("CAPI core started %d times (%v); want once", capiStarts, err)
+	}
 }
 
 // machineNamed reads one of the scenario's Machines.
