@@ -209,7 +209,8 @@ func TestRegressionSeedsDrawTheirRuns(t *testing.T) {
 
 // TestMayLoseQuorum: a run may lose quorum when it kills more machines
 // than etcd tolerates at its smallest membership, which a remediation
-// makes one smaller while the remediated member is out.
+// makes one smaller while the remediated member is out, and which is one
+// member while a create begins.
 func TestMayLoseQuorum(t *testing.T) {
 	kills := func(n int) []Fault {
 		return slices.Repeat([]Fault{{Kind: KillMachine}}, n)
@@ -227,6 +228,9 @@ func TestMayLoseQuorum(t *testing.T) {
 		{Run{Replicas: 5, Desired: 5, Operation: Remediate, Faults: kills(1)}, false},
 		{Run{Replicas: 5, Desired: 5, Operation: Remediate, Faults: kills(2)}, true},
 		{Run{Replicas: 3, Desired: 3, Operation: LoseMajority}, false},
+		{Run{Replicas: 3, Desired: 3, Operation: Create, Faults: kills(1)}, true},
+		{Run{Replicas: 5, Desired: 5, Operation: EtcdCreate, Faults: kills(1)}, true},
+		{Run{Replicas: 3, Desired: 3, Operation: Create, Faults: []Fault{{Kind: FreezeMachine}, {Kind: DeleteMachine}}}, false},
 	} {
 		if got := c.run.MayLoseQuorum(); got != c.want {
 			t.Errorf("%s of %d with %d faults: MayLoseQuorum = %v, want %v", c.run.Operation, c.run.Replicas, len(c.run.Faults), got, c.want)
