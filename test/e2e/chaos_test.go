@@ -840,18 +840,14 @@ func (s *scenario) runningMachine(ctx context.Context, host *machinehost.Host, t
 	return name, machines, ""
 }
 
-// retryStrike retries fn, which reads the management cluster, for up to
-// strikeWait: a fault that strikes while the management API server is
-// down waits for it, as StruckAt then shows.
-func retryStrike(ctx context.Context, what string, fn func(context.Context) error) error {
-	return retryFor(ctx, strikeWait, what, fn)
-}
-
 // restartWait bounds how long the restart of a process a fault killed is
 // retried: longer than any fault holds the API server down.
 const restartWait = 2 * time.Minute
 
-// retryFor retries fn every second until it succeeds or bound passes.
+// retryFor retries fn, which reads the management cluster, every second
+// until it succeeds or bound passes: a fault that strikes while the
+// management API server is down waits for it (up to strikeWait, as
+// StruckAt then shows), and so does a restart (up to restartWait).
 func retryFor(ctx context.Context, bound time.Duration, what string, fn func(context.Context) error) error {
 	ctx, cancel := context.WithTimeout(ctx, bound)
 	defer cancel()
@@ -877,7 +873,7 @@ func (s *scenario) strike(ctx context.Context, host *machinehost.Host, in *chaos
 	switch fault.Kind {
 	case chaos.DeleteMachine:
 		// Retried while the management API server restarts, say.
-		failed(retryStrike(ctx, "deleting a machine", func(ctx context.Context) error {
+		failed(retryFor(ctx, strikeWait, "deleting a machine", func(ctx context.Context) error {
 			ms, err := s.machines(ctx)
 			if err != nil || len(ms) == 0 {
 				return fmt.Errorf("no machine to delete (%v)", err)
@@ -906,13 +902,7 @@ func (s *scenario) strike(ctx context.Context, host *machinehost.Host, in *chaos
 			return
 		}
 		later(fault.For, func() {
-			// Retried: restarting CAPI core or qcp-manager reads the
-			// management cluster, whose API server another fault may hold
-			// down meanwhile (seed 120427 lost its worker's CAPI core so).
-			restart := func() error {
-				return retryFor(ctx, restartWait, "restarting after "+string(fault.Kind), func(context.Context) error { return start() })
-			}
-			if err := s.mgmt.outages.end(fault.Kind, restart); err != nil {
+			if err := s.mgmt.outages.end(fault.Kind, start); err != nil {
 				s.t.Errorf("after %s: %v", fault.Kind, err)
 			}
 		})
@@ -936,7 +926,7 @@ func (s *scenario) strike(ctx context.Context, host *machinehost.Host, in *chaos
 			args = append(args, "--from", "manager")
 			in.Note = "no peer to cut it from: cut from the manager instead"
 		}
-		if err := retryStrike(ctx, "qcpctl "+strings.Join(args, " "), func(ctx context.Context) error {
+		if err := retryFor(ctx, strikeWait, "qcpctl "+strings.Join(args, " "), func(ctx context.Context) error {
 			_, err := runQcpctl(ctx, s.mgmt, args...)
 			return err
 		}); err != nil {
@@ -959,7 +949,10 @@ func (s *scenario) strike(ctx context.Context, host *machinehost.Host, in *chaos
 
 // processFault returns how a fault of kind stops its process (qcp-manager
 // and CAPI core are killed with their process groups; the kube-apiserver is
-// killed too) and how it starts it again.
+// killed too) and how it starts it again. Starting qcp-manager or CAPI core
+// reads the management cluster (CAPI core's Deployment, say), whose API
+// server another fault may hold down meanwhile, so it is retried: seed
+// 120427 lost its worker's CAPI core for good when it was not.
 func (s *scenario) processFault(ctx context.Context, kind chaos.FaultKind) (stop, start func() error) {
 	if kind == chaos.RestartAPIServer {
 		return func() error { return s.mgmt.env.StopAPIServer(ctx) }, s.mgmt.env.StartAPIServer
@@ -978,7 +971,10 @@ func (s *scenario) processFault(ctx context.Context, kind chaos.FaultKind) (stop
 			return nil
 		})
 	}
-	return stop, restart
+	start = func() error {
+		return retryFor(ctx, restartWait, "restarting after "+string(kind), func(context.Context) error { return restart() })
+	}
+	return stop, start
 }
 
 // outages counts, for each kind of process fault, the faults holding its
