@@ -389,9 +389,17 @@ func (s *scenario) etcdClient(ctx context.Context) (*etcd.Client, etcd.Config, e
 // workload etcd, once a member answers.
 func (s *scenario) startTraffic(desired int) {
 	s.t.Helper()
+	if err := s.startTrafficOr(desired, nil); err != nil {
+		s.t.Fatal(err)
+	}
+}
+
+// startTrafficOr is startTraffic, which returns why it started no traffic
+// instead of failing the test. wrap, if given, wraps the wait's condition,
+// with the wait's cancel, to end it early (untilDegradedFor).
+func (s *scenario) startTrafficOr(desired int, wrap func(cancel context.CancelFunc, cond func(context.Context) error) func(context.Context) error) error {
 	var cfg etcd.Config
-	// As long as waitAvailable allows: the machines are created meanwhile.
-	s.eventually(convergeTimeout, "the workload etcd answering", func(ctx context.Context) error {
+	answering := func(ctx context.Context) error {
 		var err error
 		if cfg, err = s.etcdConfig(ctx); err != nil {
 			return err
@@ -403,12 +411,23 @@ func (s *scenario) startTraffic(desired int) {
 		defer cli.Close()
 		_, err = cli.Members(ctx)
 		return err
-	})
+	}
+	// As long as waitAvailable allows: the machines are created meanwhile.
+	ctx, cancel := context.WithTimeout(context.Background(), convergeTimeout)
+	defer cancel()
+	cond := answering
+	if wrap != nil {
+		cond = wrap(cancel, answering)
+	}
+	if err := testkit.Eventually(forWait(ctx), eventuallyInterval, "the workload etcd answering", cond); err != nil {
+		return err
+	}
 	tr, err := startTraffic(cfg, desired, cmp.Or(s.writerPause, scenarioWriterPause))
 	if err != nil {
-		s.t.Fatal(err)
+		return err
 	}
 	s.traffic = tr
+	return nil
 }
 
 // finish stops the traffic and checks what every scenario must end with:
