@@ -75,6 +75,9 @@ func TestRecordSeesAChildsCPU(t *testing.T) {
 	}
 	var got float64
 	for _, s := range r.samples {
+		if s.MemUsed <= 0 {
+			t.Errorf("a sample shows no memory in use: %+v", s)
+		}
 		for g, v := range s.CPU {
 			if strings.HasPrefix(g, "make|") {
 				got += v
@@ -99,7 +102,10 @@ func TestReport(t *testing.T) {
 	var prof, tests strings.Builder
 	enc := json.NewEncoder(&prof)
 	for i := 1; i <= 180; i++ {
-		s := sample{T: t0.Add(time.Duration(i) * time.Second).UnixMilli(), Busy: 1.5, Idle: 0.5, CPU: map[string]float64{}}
+		s := sample{T: t0.Add(time.Duration(i) * time.Second).UnixMilli(), Busy: 1.5, Idle: 0.5, CPU: map[string]float64{}, MemUsed: 2}
+		if i == 100 {
+			s.MemUsed = 7.5 // the test phase's peak
+		}
 		switch {
 		case i <= 60:
 			s.CPU["build kube v1.36.3|go toolchain|"] = 1.5
@@ -131,8 +137,8 @@ func TestReport(t *testing.T) {
 	}
 	got := b.String()
 	for _, want := range []string{
-		"| builds, generate, vet (before go test) | 60 | 90 | 30 | 1.50 |",
-		"| test (go test: compiling, then running) | 120 | 180 | 60 | 1.50 |",
+		"| builds, generate, vet (before go test) | 60 | 90 | 30 | 1.50 | 2.0 |",
+		"| test (go test: compiling, then running) | 120 | 180 | 60 | 1.50 | 7.5 |",
 		"| build kube v1.36.3 | 90 |",
 		"| test/e2e | 11 | 109 | 165 | pass |",
 		"| test/e2e TestCreateAndScale | 12 | 8 | 98 | 98 | pass |",

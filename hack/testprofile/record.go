@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/procfs"
+
 	"github.com/qcp-dev/qcp/internal/hostcpu"
 )
 
@@ -30,6 +32,10 @@ type sample struct {
 	// CPU is CPU-seconds by group (owner|component|cluster) since the
 	// sample before. Busy minus their sum is what no group was found for.
 	CPU map[string]float64 `json:"cpu,omitempty"`
+	// MemUsed is the host's memory in use at the sample, in GiB: MemTotal
+	// less MemAvailable (/proc/meminfo), what more scenarios at once must
+	// fit beside. Zero in profiles recorded before it was added.
+	MemUsed float64 `json:"memUsedGiB,omitempty"`
 }
 
 // proc is what the recorder remembers of one process.
@@ -67,7 +73,7 @@ func record(out string, interval time.Duration, args []string) int {
 			fmt.Fprintln(os.Stderr, err)
 			return 2
 		}
-		r := &recorder{procs: map[int]*proc{}, root: pid}
+		r := newRecorder(pid)
 		r.busy, r.idle = hostcpu.Ticks()
 		r.scan()
 		for syscall.Kill(pid, 0) == nil {
@@ -94,7 +100,7 @@ func record(out string, interval time.Duration, args []string) int {
 	done := make(chan error, 1)
 	go func() { done <- cmd.Wait() }()
 
-	r := &recorder{procs: map[int]*proc{}, root: cmd.Process.Pid}
+	r := newRecorder(cmd.Process.Pid)
 	r.busy, r.idle = hostcpu.Ticks()
 	r.scan() // the baseline: nothing is attributed for what ran before
 	tick := time.NewTicker(interval)
@@ -118,9 +124,15 @@ func record(out string, interval time.Duration, args []string) int {
 }
 
 type recorder struct {
+	fs         procfs.FS
 	procs      map[int]*proc
 	root       int
 	busy, idle uint64
+}
+
+func newRecorder(root int) *recorder {
+	fs, _ := procfs.NewDefaultFS() // a host without /proc shows no memory
+	return &recorder{fs: fs, procs: map[int]*proc{}, root: root}
 }
 
 // sample reads the host and every process, and returns what changed.
@@ -129,6 +141,9 @@ func (r *recorder) sample() sample {
 	s := sample{T: time.Now().UnixMilli(), Busy: float64(busy-r.busy) / ticks, Idle: float64(idle-r.idle) / ticks}
 	r.busy, r.idle = busy, idle
 	s.CPU = r.scan()
+	if mi, err := r.fs.Meminfo(); err == nil && mi.MemTotal != nil && mi.MemAvailable != nil {
+		s.MemUsed = float64(*mi.MemTotal-*mi.MemAvailable) / (1 << 20)
+	}
 	return s
 }
 

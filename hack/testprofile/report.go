@@ -136,7 +136,9 @@ func ended(m map[string]*span) []span {
 // totals sums the samples in [from, to).
 type totals struct {
 	wall, busy, idle float64
-	groups           map[string]float64
+	// memPeak is the most memory in use at any sample, in GiB.
+	memPeak float64
+	groups  map[string]float64
 }
 
 func (r *run) sum(from, to time.Time) totals {
@@ -149,6 +151,7 @@ func (r *run) sum(from, to time.Time) totals {
 		}
 		t.busy += s.Busy
 		t.idle += s.Idle
+		t.memPeak = max(t.memPeak, s.MemUsed)
 		for g, v := range s.CPU {
 			t.groups[g] += v
 		}
@@ -203,12 +206,12 @@ func report(w io.Writer, prof, tests string, testStart time.Time) error {
 	cores := (all.busy + all.idle) / max(all.wall, 1)
 
 	fmt.Fprintf(w, "## Phases\n\n%.0f cores. CPU-seconds are the host's (/proc/stat); idle is core-seconds no process used.\n\n", cores)
-	fmt.Fprintf(w, "| phase | wall (s) | CPU-seconds | idle core-seconds | cores busy (mean) |\n|---|---:|---:|---:|---:|\n")
+	fmt.Fprintf(w, "| phase | wall (s) | CPU-seconds | idle core-seconds | cores busy (mean) | peak memory in use (GiB) |\n|---|---:|---:|---:|---:|---:|\n")
 	for _, p := range []struct {
 		name string
 		t    totals
 	}{{"builds, generate, vet (before go test)", build}, {"test (go test: compiling, then running)", test}, {"after (stray check)", after}, {"whole run", all}} {
-		fmt.Fprintf(w, "| %s | %.0f | %.0f | %.0f | %.2f |\n", p.name, p.t.wall, p.t.busy, p.t.idle, p.t.busy/max(p.t.wall, 1))
+		fmt.Fprintf(w, "| %s | %.0f | %.0f | %.0f | %.2f | %.1f |\n", p.name, p.t.wall, p.t.busy, p.t.idle, p.t.busy/max(p.t.wall, 1), p.t.memPeak)
 	}
 
 	fmt.Fprintf(w, "\n## Build steps\n\nCPU-seconds by who asked for them, before go test started.\n\n")
