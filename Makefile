@@ -49,13 +49,13 @@ TEST_TIMEOUT ?= 80m
 # and 6 to 9 % less wall time (docs/measurements.md). It is set for go test
 # only: the builds, and `make up`, keep the default.
 TEST_GOMAXPROCS ?= 1
-# The same processes inherit GOGC. At 200 each collects garbage half as often
-# as at Go's default (100): one machine's start took 2.0 to 2.1 CPU-seconds
-# against 2.2 to 2.5, for 681 MB of memory against 606 (400 saved more, 1.8
-# to 1.9, but took 775 MB a machine, too close to 24 GiB with a dozen
-# machines and four management clusters up at once); docs/measurements.md,
-# stop 72. Only the test processes: the builds and `make up` keep Go's.
-TEST_GOGC ?= 200
+# The same processes inherit GOGC. At 400 each collects garbage a quarter as
+# often as at Go's default (100): one machine's start took 1.8 to 1.9
+# CPU-seconds against 2.2 to 2.5, for 775 MB of memory against 606. At 200
+# (2.0 to 2.1 CPU-seconds, 681 MB) the suite's peak was 11.2 GiB of 24
+# (bin/profile.md); docs/measurements.md, stop 72. Only the test processes:
+# the builds and `make up` keep Go's.
+TEST_GOGC ?= 400
 TEST_FLAGS ?=
 
 export QCP_BIN_DIR := $(BIN)
