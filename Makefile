@@ -51,10 +51,11 @@ TEST_TIMEOUT ?= 80m
 TEST_GOMAXPROCS ?= 1
 # The same processes inherit GOGC. At 400 each collects garbage a quarter as
 # often as at Go's default (100): one machine's start took 1.8 to 1.9
-# CPU-seconds against 2.2 to 2.5, for 775 MB of memory against 606. At 200
-# (2.0 to 2.1 CPU-seconds, 681 MB) the suite's peak was 11.2 GiB of 24
-# (bin/profile.md); docs/measurements.md, stop 72. Only the test processes:
-# the builds and `make up` keep Go's.
+# CPU-seconds against 2.2 to 2.5, for 775 MB of memory against 606. Over the
+# whole suite the saving was within the noise between two runs; its peak
+# memory in use was 13.5 GiB of 24 (11.2 at 200; bin/profile.md). Lower it
+# if more scenarios at once need the memory. docs/measurements.md, stop 72.
+# Only the test processes: the builds and `make up` keep Go's.
 TEST_GOGC ?= 400
 TEST_FLAGS ?=
 
