@@ -74,8 +74,6 @@ func record(out string, interval time.Duration, args []string) int {
 			return 2
 		}
 		r := newRecorder(pid)
-		r.busy, r.idle = hostcpu.Ticks()
-		r.scan()
 		for syscall.Kill(pid, 0) == nil {
 			time.Sleep(interval)
 			_ = enc.Encode(r.sample())
@@ -101,8 +99,6 @@ func record(out string, interval time.Duration, args []string) int {
 	go func() { done <- cmd.Wait() }()
 
 	r := newRecorder(cmd.Process.Pid)
-	r.busy, r.idle = hostcpu.Ticks()
-	r.scan() // the baseline: nothing is attributed for what ran before
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
 	for {
@@ -130,9 +126,15 @@ type recorder struct {
 	busy, idle uint64
 }
 
+// newRecorder returns a recorder of the processes under root, having taken
+// the host's and their CPU so far as its baseline: nothing is attributed for
+// what ran before.
 func newRecorder(root int) *recorder {
 	fs, _ := procfs.NewDefaultFS() // a host without /proc shows no memory
-	return &recorder{fs: fs, procs: map[int]*proc{}, root: root}
+	r := &recorder{fs: fs, procs: map[int]*proc{}, root: root}
+	r.busy, r.idle = hostcpu.Ticks()
+	r.scan()
+	return r
 }
 
 // sample reads the host and every process, and returns what changed.
