@@ -97,14 +97,45 @@ func TestRecordSeesAChildsCPU(t *testing.T) {
 func seconds(tv syscall.Timeval) float64 { return float64(tv.Sec) + float64(tv.Usec)/1e6 }
 
 func TestReport(t *testing.T) {
+	got := reportOf(t, true)
+	for _, want := range []string{
+		"| builds, generate, vet (before go test) | 60 | 90 | 30 | 1.50 | 2.0 |",
+		"| test (go test: compiling, then running) | 120 | 180 | 60 | 1.50 | 7.5 |",
+		"| build kube v1.36.3 | 90 |",
+		"| test/e2e | 11 | 109 | 165 | pass |",
+		"| test/e2e TestCreateAndScale | 12 | 8 | 98 | 98 | pass |",
+		"| scale | 110 |",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("the report lacks %q:\n%s", want, got)
+		}
+	}
+}
+
+// TestReportWithoutMemory: a profile recorded before samples carried the
+// host's memory says so, rather than a peak of 0.
+func TestReportWithoutMemory(t *testing.T) {
+	got := reportOf(t, false)
+	if want := "| test (go test: compiling, then running) | 120 | 180 | 60 | 1.50 | not recorded |"; !strings.Contains(got, want) {
+		t.Errorf("the report lacks %q:\n%s", want, got)
+	}
+}
+
+// reportOf is the report of a made-up run of 180 s: 60 s of builds, then
+// go test; withMemory gives each sample the host's memory in use.
+func reportOf(t *testing.T, withMemory bool) string {
+	t.Helper()
 	dir := t.TempDir()
 	t0 := time.Date(2026, 11, 26, 10, 0, 0, 0, time.UTC)
 	var prof, tests strings.Builder
 	enc := json.NewEncoder(&prof)
 	for i := 1; i <= 180; i++ {
-		s := sample{T: t0.Add(time.Duration(i) * time.Second).UnixMilli(), Busy: 1.5, Idle: 0.5, CPU: map[string]float64{}, MemUsed: 2}
-		if i == 100 {
-			s.MemUsed = 7.5 // the test phase's peak
+		s := sample{T: t0.Add(time.Duration(i) * time.Second).UnixMilli(), Busy: 1.5, Idle: 0.5, CPU: map[string]float64{}}
+		if withMemory {
+			s.MemUsed = 2
+			if i == 100 {
+				s.MemUsed = 7.5 // the test phase's peak
+			}
 		}
 		switch {
 		case i <= 60:
@@ -135,17 +166,5 @@ func TestReport(t *testing.T) {
 	if err := report(&b, p, tj, time.Time{}); err != nil {
 		t.Fatal(err)
 	}
-	got := b.String()
-	for _, want := range []string{
-		"| builds, generate, vet (before go test) | 60 | 90 | 30 | 1.50 | 2.0 |",
-		"| test (go test: compiling, then running) | 120 | 180 | 60 | 1.50 | 7.5 |",
-		"| build kube v1.36.3 | 90 |",
-		"| test/e2e | 11 | 109 | 165 | pass |",
-		"| test/e2e TestCreateAndScale | 12 | 8 | 98 | 98 | pass |",
-		"| scale | 110 |",
-	} {
-		if !strings.Contains(got, want) {
-			t.Errorf("the report lacks %q:\n%s", want, got)
-		}
-	}
+	return b.String()
 }

@@ -211,7 +211,12 @@ func report(w io.Writer, prof, tests string, testStart time.Time) error {
 		name string
 		t    totals
 	}{{"builds, generate, vet (before go test)", build}, {"test (go test: compiling, then running)", test}, {"after (stray check)", after}, {"whole run", all}} {
-		fmt.Fprintf(w, "| %s | %.0f | %.0f | %.0f | %.2f | %.1f |\n", p.name, p.t.wall, p.t.busy, p.t.idle, p.t.busy/max(p.t.wall, 1), p.t.memPeak)
+		// Profiles recorded before samples carried memory have none.
+		peak := "not recorded"
+		if p.t.memPeak > 0 {
+			peak = fmt.Sprintf("%.1f", p.t.memPeak)
+		}
+		fmt.Fprintf(w, "| %s | %.0f | %.0f | %.0f | %.2f | %s |\n", p.name, p.t.wall, p.t.busy, p.t.idle, p.t.busy/max(p.t.wall, 1), peak)
 	}
 
 	fmt.Fprintf(w, "\n## Build steps\n\nCPU-seconds by who asked for them, before go test started.\n\n")
