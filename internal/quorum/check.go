@@ -125,10 +125,10 @@ func checkQuorum(b view, d Decision, _ view) error {
 
 func checkBounded(b view, d Decision, a view) error {
 	var errs []error
-	if av := len(a.voters()); av > a.Desired+1 && av > len(b.voters()) {
+	if av := a.voterCount(); av > a.Desired+1 && av > b.voterCount() {
 		errs = append(errs, fmt.Errorf("I2 bounded: voters grew to %d, above desired %d + 1", av, a.Desired))
 	}
-	if al := len(a.learners()); al > 1 && al > len(b.learners()) {
+	if al := a.learnerCount(); al > 1 && al > b.learnerCount() {
 		errs = append(errs, fmt.Errorf("I2 bounded: learners grew to %d", al))
 	}
 	return errors.Join(errs...)
@@ -137,8 +137,8 @@ func checkBounded(b view, d Decision, a view) error {
 func checkLearnersFirst(b view, d Decision, a view) error {
 	var errs []error
 	if len(b.members) > 0 {
-		for _, m := range a.voters() {
-			if _, existed := b.member(m.ID); !existed {
+		for _, m := range a.members {
+			if _, existed := b.member(m.ID); m.Voter() && !existed {
 				errs = append(errs, fmt.Errorf("I3 learners first: member %s appeared as a voter", a.memberName(m)))
 			}
 		}
@@ -211,7 +211,7 @@ func checkOneDisruption(b view, d Decision) error {
 		case d.Kind == AddLearner, d.Kind == Promote, d.Kind == Defragment, restart:
 			return fmt.Errorf("I4 one at a time: %s while member %s is %s", d.Kind, b.memberName(busy), b.disrupting(busy))
 		case d.Kind == RemoveMember, d.Kind == DeleteMachine:
-			if d.Destructive(b.State) {
+			if b.destructive(d) {
 				return fmt.Errorf("I4 one at a time: %s of a voter while member %s is %s", d.Kind, b.memberName(busy), b.disrupting(busy))
 			}
 		}
@@ -311,7 +311,7 @@ func checkLeaderTarget(b view, d Decision) error {
 }
 
 func checkNoHeroics(b view, d Decision, _ view) error {
-	if !d.Destructive(b.State) {
+	if !b.destructive(d) {
 		return nil
 	}
 	voters := b.voters()

@@ -331,8 +331,9 @@ func idList(ids []uint64) string {
 // Destructive reports whether the step can reduce etcd's fault tolerance:
 // removing a voter, or deleting a machine that hosts one. I7 forbids these
 // while the cluster has lost more members than it tolerates.
-func (d Decision) Destructive(s State) bool {
-	v := newView(s)
+func (d Decision) Destructive(s State) bool { return newView(s).destructive(d) }
+
+func (v view) destructive(d Decision) bool {
 	switch d.Kind {
 	case RemoveMember:
 		m, ok := v.member(d.MemberID)

@@ -25,6 +25,12 @@ func digestOf(key string) digest {
 	return digest{maphash.String(digestSeeds[0], key), maphash.String(digestSeeds[1], key)}
 }
 
+// spentSet is a set of (faults, stale) pairs, the fault budgets paths to a
+// node used, one bit each: both stay below 8.
+type spentSet uint64
+
+func spent(faults, stale int) spentSet { return 1 << (8*faults + stale) }
+
 // explorer walks every state reachable from some initial worlds, under the
 // planner plan and at most maxFaults faults per path. A fault is a world
 // fault (faults), a world fault between plan and act (the caller acts on a
@@ -32,9 +38,9 @@ func digestOf(key string) digest {
 type explorer struct {
 	plan      func(State) Decision
 	maxFaults int
-	maxStale  int // how many of a path's faults may be stale ones
-	seen      map[digest]bool
-	outcome   map[digest]string // fault-free run from a key: "" converged, else why not
+	maxStale  int                 // how many of a path's faults may be stale ones
+	seen      map[digest]spentSet // nodes explored: their world's key, and the budgets spent on the way
+	outcome   map[digest]string   // fault-free run from a key: "" converged, else why not
 	states    int
 	degr      int
 	dropped   int          // stale or misobserved steps the preconditions stopped
@@ -47,7 +53,7 @@ type explorer struct {
 }
 
 func newExplorer(plan func(State) Decision, maxFaults int) *explorer {
-	return &explorer{plan: plan, maxFaults: maxFaults, maxStale: 1, seen: map[digest]bool{}, outcome: map[digest]string{}, kinds: map[Kind]int{}, waits: map[string]int{}, maxErrs: 5}
+	return &explorer{plan: plan, maxFaults: maxFaults, maxStale: 1, seen: map[digest]spentSet{}, outcome: map[digest]string{}, kinds: map[Kind]int{}, waits: map[string]int{}, maxErrs: 5}
 }
 
 type node struct {
@@ -60,6 +66,10 @@ type node struct {
 	// members is w's member list, filled in when the node is expanded.
 	members []Member
 	path    *pathStep
+	// walked are the steps a convergence walk already planned from w on,
+	// along the fault-free path, and checked: explore takes them instead
+	// of planning and checking them again.
+	walked []Decision
 }
 
 // pathStep is one step of the path to a node, linked to the one before: a
@@ -79,56 +89,80 @@ func (p *pathStep) lines() []string {
 // explore runs a breadth-first search and records every violation.
 func (e *explorer) explore(start world, name string) {
 	queue := []node{{w: start, path: &pathStep{step: name}}}
+	worldFaults, staleOnly := faults(), staleFaults()
 	for len(queue) > 0 && len(e.errs) < e.maxErrs {
 		n := queue[0]
 		queue = queue[1:]
-		k := digestOf(fmt.Sprintf("%d%d|%s", n.faults, n.stale, n.w.key()))
-		if e.seen[k] {
+		key := n.w.key()
+		k, used := digestOf(key), spent(n.faults, n.stale)
+		if e.seen[k]&used != 0 {
 			continue
 		}
-		e.seen[k] = true
+		e.seen[k] |= used
 		e.states++
 		s := n.w.state()
 		n.members = s.Members
-		d := e.plan(s)
+		walked := len(n.walked) > 0
+		var d Decision
+		if walked {
+			d = n.walked[0]
+		} else {
+			d = e.plan(s)
+		}
 		e.kinds[d.Kind]++
 		if d.Kind == Wait {
 			e.countWait(d.Reason)
 		}
-		if !n.w.admits(d, s) {
-			e.fail(n, "%s: its preconditions do not hold on the world it was planned on: %+v", d, d.Expect)
-			continue
+		var after world
+		var afterState State
+		if walked {
+			after = n.w.apply(d)
+			afterState = after.state()
+			if !e.judge(n, n.w, s, d, after, afterState, "") {
+				continue
+			}
+		} else {
+			if !n.w.admits(d, s) {
+				e.fail(n, "%s: its preconditions do not hold on the world it was planned on: %+v", d, d.Expect)
+				continue
+			}
+			var ok bool
+			if after, afterState, ok = e.take(n, n.w, s, d, ""); !ok {
+				continue
+			}
 		}
-		after, ok := e.act(n, n.w, d, "")
-		if !ok {
-			continue
-		}
-		if why := e.converges(n.w); why != "" {
+		why, walk := e.converges(n.w, key, d, after, afterState)
+		if why != "" {
 			e.fail(n, "does not converge: %s", why)
 			continue
 		}
-		queue = append(queue, e.successor(n, after, 0, 0, d.String()))
+		if walked {
+			walk = n.walked[1:] // n.w's own walk ended at once: an earlier one went through it
+		}
+		next := e.successor(n, after, 0, 0, d.String())
+		next.walked = walk
+		queue = append(queue, next)
 		if n.faults == e.maxFaults {
 			continue
 		}
 		stale := n.stale < e.maxStale && d.Kind != Wait && d.Kind != Degraded
-		for _, f := range faults() {
+		for _, f := range worldFaults {
 			for _, w := range f.apply(n.w) {
 				queue = append(queue, e.successor(n, w, 1, 0, "FAULT "+f.name))
 				if !stale {
 					continue
 				}
-				if after, ok := e.act(n, w, d, "FAULT "+f.name+" between plan and act, then "); ok {
+				if after, ok := e.act(n, w, w.state(), d, "FAULT "+f.name+" between plan and act, then "); ok {
 					queue = append(queue, e.successor(n, after, 1, 1, "FAULT "+f.name+" between plan and act, then "+d.String()))
 				}
 			}
 		}
-		for _, f := range staleFaults() {
+		for _, f := range staleOnly {
 			for _, w := range f.apply(n.w) {
 				if !stale {
 					continue
 				}
-				if after, ok := e.act(n, w, d, "FAULT "+f.name+" between plan and act, then "); ok {
+				if after, ok := e.act(n, w, w.state(), d, "FAULT "+f.name+" between plan and act, then "); ok {
 					queue = append(queue, e.successor(n, after, 1, 1, "FAULT "+f.name+" between plan and act, then "+d.String()))
 				}
 			}
@@ -142,7 +176,7 @@ func (e *explorer) explore(start world, name string) {
 				continue // acting on a wait is the same as on the true view
 			}
 			e.kinds[d.Kind]++
-			if after, ok := e.act(n, n.w, d, "FAULT "+o.name+", planned "); ok {
+			if after, ok := e.act(n, n.w, s, d, "FAULT "+o.name+", planned "); ok {
 				queue = append(queue, e.successor(n, after, 1, 1, "FAULT "+o.name+", planned "+d.String()))
 			}
 		}
@@ -177,33 +211,45 @@ func (e *explorer) successor(n node, w world, fault, stale int, step string) nod
 }
 
 // act carries out d in w, as a caller that enforces d's preconditions
-// would, and checks the transition: the invariants I1–I9 (Check, against
-// the world as it really was), the member bound, and the world invariant.
-// A step whose preconditions fail is dropped; the caller plans again.
-func (e *explorer) act(n node, w world, d Decision, how string) (world, bool) {
-	before := w.state()
+// would; before is w.state(). A step whose preconditions fail is dropped;
+// the caller plans again.
+func (e *explorer) act(n node, w world, before State, d Decision, how string) (world, bool) {
 	if !w.admits(d, before) {
 		e.dropped++
 		return w, false
 	}
+	after, _, ok := e.take(n, w, before, d, how)
+	return after, ok
+}
+
+// take carries out d, whose preconditions hold in w, and checks the
+// transition: the invariants I1–I9 (Check, against the world as it really
+// was), then the rest (judge). before is w.state(); it returns the world
+// after the step and its state.
+func (e *explorer) take(n node, w world, before State, d Decision, how string) (world, State, bool) {
 	after := w.apply(d)
 	afterState := after.state()
-	fail := func(format string, args ...any) (world, bool) {
-		e.fail(n, how+format, args...)
-		return world{}, false
-	}
 	if err := Check(before, d, afterState); err != nil {
-		return fail("%v", err)
+		e.fail(n, how+"%v", err)
+		return world{}, State{}, false
 	}
+	return after, afterState, e.judge(n, w, before, d, after, afterState, how)
+}
+
+// judge checks what Check does not of the step d from w to after: the
+// member bound, and the world invariant.
+func (e *explorer) judge(n node, w world, before State, d Decision, after world, afterState State, how string) bool {
 	// The user lowering desired is not a violation; QCP growing past it is.
-	bound := max(w.desired, len(newView(before).voters())-1)
+	bound := max(w.desired, newView(before).voterCount()-1)
 	if err := CheckMembers(bound, afterState.Members); err != nil {
-		return fail("after %s: %v", d, err)
+		e.fail(n, how+"after %s: %v", d, err)
+		return false
 	}
 	if why := worldInvariant(w, d, after); why != "" {
-		return fail("%s", why)
+		e.fail(n, how+"%s", why)
+		return false
 	}
-	return after, true
+	return true
 }
 
 // worldInvariant judges QCP's step d by what it does to the world, not by
@@ -337,51 +383,67 @@ func strategyInvariant(before world, d Decision) string {
 	return ""
 }
 
-// converges follows the planner without faults. If it stops in Degraded,
-// that must be I7 and the crashed members coming back must fix it, unless
-// members whose machines are gone are needed for quorum: then only a
-// restore from backup can help, and Degraded is the right answer.
-func (e *explorer) converges(w world) string {
+// converges follows the planner without faults from w, whose key is key.
+// Its first step, d to next (whose state is nextState), is the one the
+// explorer planned and checked.
+// If it stops in Degraded, that must be I7 and the crashed members coming
+// back must fix it, unless members whose machines are gone are needed for
+// quorum: then only a restore from backup can help, and Degraded is the
+// right answer. It also returns the steps it planned and checked from next
+// on, while it followed the path the explorer takes (as node.walked).
+func (e *explorer) converges(w world, key string, d Decision, next world, nextState State) (string, []Decision) {
 	var visited []digest
-	result := func(r string) string {
+	var walked []Decision
+	onPath := true // w is where the explorer's fault-free successors lead
+	result := func(r string) (string, []Decision) {
 		for _, k := range visited {
 			e.outcome[k] = r
 		}
-		return r
+		return r, walked
 	}
-	for range convergeSteps {
-		k := w.key()
-		if r, ok := e.outcome[digestOf(k)]; ok {
+	var s State // w's state, from the second step on
+	for i := range convergeSteps {
+		if i > 0 {
+			key = w.key()
+		}
+		k := digestOf(key)
+		if r, ok := e.outcome[k]; ok {
 			return result(r)
 		}
-		visited = append(visited, digestOf(k))
+		visited = append(visited, k)
 		if w.converged() {
 			return result("")
 		}
-		s := w.state()
-		d := e.plan(s)
-		if err := Check(s, d, w.apply(d).state()); err != nil {
-			return result(fmt.Sprintf("fault-free step breaks invariants in %s: %v", s.describe(), err))
-		}
-		if !w.admits(d, s) {
-			return result(fmt.Sprintf("fault-free step's preconditions do not hold in %s: %s", s.describe(), d))
+		if i > 0 {
+			d = e.plan(s)
+			next = w.apply(d)
+			nextState = next.state()
+			if err := Check(s, d, nextState); err != nil {
+				return result(fmt.Sprintf("fault-free step breaks invariants in %s: %v", s.describe(), err))
+			}
+			if !w.admits(d, s) {
+				return result(fmt.Sprintf("fault-free step's preconditions do not hold in %s: %s", s.describe(), d))
+			}
+			if onPath {
+				walked = append(walked, d)
+			}
 		}
 		if d.Kind == Degraded {
 			e.degr++
-			r := recoverAll(w.apply(d)) // the world moves on while QCP waits for a human
-			if r.key() != k {
-				w = r
+			r := recoverAll(next) // the world moves on while QCP waits for a human
+			if r.key() != key {
+				w, s, onPath = r, r.state(), false
 				continue
 			}
 			if !needsRestore(w) {
-				return result(fmt.Sprintf("degraded with nothing to recover in %s: %s", s.describe(), d.Reason))
+				return result(fmt.Sprintf("degraded with nothing to recover in %s: %s", w.state().describe(), d.Reason))
 			}
 			if restorable(w) {
-				return result(fmt.Sprintf("degraded although the policy FromBackup can restore a verified snapshot in %s: %s", s.describe(), d.Reason))
+				return result(fmt.Sprintf("degraded although the policy FromBackup can restore a verified snapshot in %s: %s", w.state().describe(), d.Reason))
 			}
 			return result("") // only a restore from backup helps; Degraded is right
 		}
-		w = w.apply(d)
+		w, s = next, nextState
 	}
 	return result(fmt.Sprintf("no convergence in %d steps; stuck at %s: %s", convergeSteps, w.state().describe(), e.plan(w.state())))
 }

@@ -204,26 +204,36 @@ func (w world) hasLeader() bool {
 	return slices.ContainsFunc(w.members, func(m wMember) bool { return m.leader })
 }
 
+// eachMember applies f to each member of a copy of the world, and returns
+// the copies f changed. f returns false, and leaves the copy as it was, where
+// the fault does not apply: the copy then serves the next member.
 func eachMember(f func(*wMember, *world) bool) func(world) []world {
 	return func(w world) []world {
 		var out []world
+		c, fresh := world{}, false
 		for i := range w.members {
-			c := w.clone()
+			if !fresh {
+				c, fresh = w.clone(), true
+			}
 			if f(&c.members[i], &c) {
-				out = append(out, c)
+				out, fresh = append(out, c), false
 			}
 		}
 		return out
 	}
 }
 
+// eachMachine is eachMember for machines.
 func eachMachine(f func(*wMachine, *world) bool) func(world) []world {
 	return func(w world) []world {
 		var out []world
+		c, fresh := world{}, false
 		for i := range w.machines {
-			c := w.clone()
+			if !fresh {
+				c, fresh = w.clone(), true
+			}
 			if f(&c.machines[i], &c) {
-				out = append(out, c)
+				out, fresh = append(out, c), false
 			}
 		}
 		return out

@@ -66,13 +66,17 @@ func (p planner) deleteUnusableMachines() (Decision, bool) {
 // can go, leadership need not move to a machine that is leaving too.
 func (p planner) removeDepartingVoter() (Decision, bool) {
 	voters := p.voters()
-	var candidates []Member
+	candidates := make([]Member, 0, len(voters))
 	for _, class := range []func(Member) bool{
 		func(m Member) bool { return !m.Healthy },
 		func(m Member) bool { return m.Healthy && !m.Leader },
 		func(m Member) bool { return m.Healthy && m.Leader },
 	} {
-		candidates = append(candidates, filter(voters, class)...)
+		for _, m := range voters {
+			if class(m) {
+				candidates = append(candidates, m)
+			}
+		}
 	}
 	var blocked []Member
 	for _, m := range candidates {
@@ -285,10 +289,10 @@ func (p planner) promote(mc Machine, m Member) (Decision, bool) {
 	if d, ok := p.waitForDisrupted("promoting learner " + mc.Name); ok {
 		return d, true
 	}
-	voters := p.voters()
-	healthy := len(filter(voters, func(v Member) bool { return v.Healthy }))
-	if 2*(healthy+1) <= len(voters)+1 {
-		return waitf("waiting for voters to recover before promoting learner %s: %d of %d healthy", mc.Name, healthy, len(voters)), true
+	voters := p.voterCount()
+	healthy := countOf(p.members, func(v Member) bool { return v.Voter() && v.Healthy })
+	if 2*(healthy+1) <= voters+1 {
+		return waitf("waiting for voters to recover before promoting learner %s: %d of %d healthy", mc.Name, healthy, voters), true
 	}
 	return Decision{Kind: Promote, MemberID: m.ID, Machine: mc.Name,
 		Reason: fmt.Sprintf("promoting learner %s: applied index %d of leader's %d", mc.Name, m.AppliedIndex, leader.AppliedIndex)}, true

@@ -12,13 +12,12 @@ import (
 // the replacement comes first, the old machine goes once it is a voter).
 func (p planner) createMachine() (Decision, bool) {
 	keep := p.keep()
-	outdated := filter(keep, p.outdated)
 	var reason string
 	var leaving *Machine
 	switch {
 	case len(keep) < p.Desired:
 		reason = fmt.Sprintf("scaling up: %d of %d machines", len(keep), p.Desired)
-	case len(keep) == p.Desired && len(outdated) > 0:
+	case len(keep) == p.Desired && slices.ContainsFunc(keep, p.outdated):
 		victim := p.scaleDownVictim(keep)
 		leaving = &victim
 		reason = fmt.Sprintf("%s: replacing %s machine %s", why(victim.Remediate, "remediating", "rolling out"),
@@ -120,7 +119,7 @@ func (p planner) cancelSurplusMachines() (Decision, bool) {
 		}
 	}
 	surge := 0
-	if p.Strategy != RemoveFirst && len(filter(keep, func(mc Machine) bool { return p.phase(mc) == phaseVoter && p.outdated(mc) })) > 0 {
+	if p.Strategy != RemoveFirst && slices.ContainsFunc(keep, func(mc Machine) bool { return p.phase(mc) == phaseVoter && p.outdated(mc) }) {
 		surge = 1
 	}
 	if len(notVoting) == 0 || len(keep) <= p.Desired+surge {

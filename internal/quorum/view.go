@@ -1,6 +1,7 @@
 package quorum
 
 import (
+	"cmp"
 	"fmt"
 	"slices"
 	"strings"
@@ -35,31 +36,33 @@ type view struct {
 
 func newView(s State) view {
 	v := view{State: s}
-	v.machines = slices.Clone(s.Machines)
-	slices.SortFunc(v.machines, func(a, b Machine) int {
+	v.machines = sorted(s.Machines, func(a, b Machine) int {
 		if c := a.CreatedAt.Compare(b.CreatedAt); c != 0 {
 			return c
 		}
 		return strings.Compare(a.Name, b.Name)
 	})
 	if !s.MembersUnknown && s.Topology != APIServersOnly {
-		v.members = slices.Clone(s.Members)
+		v.members = sorted(s.Members, func(a, b Member) int { return cmp.Compare(a.ID, b.ID) })
 	}
-	slices.SortFunc(v.members, func(a, b Member) int {
-		switch {
-		case a.ID < b.ID:
-			return -1
-		case a.ID > b.ID:
-			return 1
-		}
-		return 0
-	})
 	v.tun = s.Tunables.WithDefaults()
 	if v.Strategy == RemoveFirst && v.Desired < minRemoveFirst {
 		// Removing one of one or two voters first loses quorum: surge.
 		v.Strategy = SurgeFirst
 	}
 	return v
+}
+
+// sorted returns xs in order: xs itself when it already is (callers
+// usually list things in order, and a view only reads them), else a sorted
+// copy. Not copying saves the planner's most frequent allocation.
+func sorted[T any](xs []T, order func(a, b T) int) []T {
+	if slices.IsSortedFunc(xs, order) {
+		return slices.Clip(xs) // an append must not write into the caller's array
+	}
+	out := slices.Clone(xs)
+	slices.SortFunc(out, order)
+	return out
 }
 
 // minRemoveFirst is the fewest replicas RemoveFirst works with (the
@@ -127,6 +130,11 @@ func (v view) memberOn(machine string) (Member, bool) {
 	if !ok {
 		return Member{}, false
 	}
+	return v.memberOf(mc)
+}
+
+// memberOf returns the member hosted by mc, one of the view's machines.
+func (v view) memberOf(mc Machine) (Member, bool) {
 	for _, m := range v.members {
 		if hosts(mc, m) && !v.ambiguous(mc, m) {
 			return m, true
@@ -162,13 +170,23 @@ func (v view) ambiguous(mc Machine, m Member) bool {
 	return false
 }
 
+// voters returns the voting members. Callers must not modify the list: it
+// is the view's own when every member votes, which spares an allocation in
+// most calls.
 func (v view) voters() []Member {
+	if len(v.members) > 0 && !slices.ContainsFunc(v.members, func(m Member) bool { return !m.Voter() }) {
+		return slices.Clip(v.members)
+	}
 	return filter(v.members, Member.Voter)
 }
 
 func (v view) learners() []Member {
 	return filter(v.members, func(m Member) bool { return m.Learner })
 }
+
+func (v view) voterCount() int { return countOf(v.members, Member.Voter) }
+
+func (v view) learnerCount() int { return len(v.members) - v.voterCount() }
 
 func (v view) leader() (Member, bool) {
 	for _, m := range v.members {
@@ -211,6 +229,18 @@ func filter[T any](xs []T, keep func(T) bool) []T {
 	return out
 }
 
+// countOf returns how many of xs match, without the list filter would
+// build only to be measured.
+func countOf[T any](xs []T, match func(T) bool) int {
+	n := 0
+	for _, x := range xs {
+		if match(x) {
+			n++
+		}
+	}
+	return n
+}
+
 func names[T any](xs []T, name func(T) string) string {
 	var out []string
 	for _, x := range xs {
@@ -237,7 +267,7 @@ func (v view) phase(mc Machine) phase {
 	if v.Topology == APIServersOnly {
 		return v.apiServerPhase(mc)
 	}
-	m, hasMember := v.memberOn(mc.Name)
+	m, hasMember := v.memberOf(mc)
 	switch {
 	case mc.Deleting:
 		return phaseDeleting
@@ -331,7 +361,7 @@ func (v view) learnerAge(m Member) time.Duration { return v.since(m.AddedAt) }
 // so its member is about to drop out, and quorum decisions must not lean
 // on it.
 func (v view) atRiskVoters() []Member {
-	voters := v.voters()
+	voters := slices.Clone(v.voters()) // it may be the view's own list
 	for i, m := range voters {
 		if mc, ok := v.machineOf(m); ok && mc.Deleting && !mc.HasHook {
 			voters[i].Healthy = false
@@ -343,9 +373,9 @@ func (v view) atRiskVoters() []Member {
 // hasQuorum reports whether no more voters are unhealthy than etcd
 // tolerates (I7).
 func (v view) hasQuorum() bool {
-	voters := v.voters()
-	unhealthy := filter(voters, func(m Member) bool { return !m.Healthy })
-	return len(voters) > 0 && len(unhealthy) <= tolerance(len(voters))
+	voters := v.voterCount()
+	unhealthy := countOf(v.members, func(m Member) bool { return m.Voter() && !m.Healthy })
+	return voters > 0 && unhealthy <= tolerance(voters)
 }
 
 // keepsFloor is I8: removing voter m leaves at least desired − 1 voters,
@@ -453,7 +483,10 @@ func (v view) misplaced(mc Machine) string {
 		return fmt.Sprintf("failure domain %s is no longer offered", quoteFD(mc.FailureDomain))
 	}
 	limit := (v.Desired + len(v.FailureDomains) - 1) / len(v.FailureDomains)
-	if n := countByDomain(v.keep(), func(o Machine) bool { return o.FailureDomain == mc.FailureDomain })[mc.FailureDomain]; n > limit {
+	// The kept machines in mc's domain, counted without building keep's
+	// list: outdated asks this of every kept machine, many times per plan.
+	n := countOf(v.machines, func(o Machine) bool { return o.FailureDomain == mc.FailureDomain && v.phase(o) >= phasePending })
+	if n > limit {
 		return fmt.Sprintf("failure domain %s holds %d machines, more than an even spread's %d", quoteFD(mc.FailureDomain), n, limit)
 	}
 	return ""

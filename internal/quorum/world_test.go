@@ -4,7 +4,6 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
-	"strings"
 	"time"
 )
 
@@ -108,9 +107,19 @@ type wMachine struct {
 // version stands in for the Machine's resourceVersion: it changes whenever
 // anything the API server stores about the machine changes.
 func (m wMachine) version() string {
-	return m.fd + "/" + bits(m.addr, m.upToDate, m.deleting, m.annotated, m.hook, m.failed, m.remediate, m.joinStarted, m.defragOpen, m.defragged, m.restartOpen,
-		m.certsDue, m.renewOpen, m.lost) + string(m.authority) +
-		"/" + strconv.FormatUint(m.memberID, 10) + "/" + strconv.Itoa(m.defragAt) + "/" + strconv.Itoa(m.restartAt) + "/" + strconv.Itoa(m.renewAt)
+	b := make([]byte, 0, 64)
+	b = append(b, m.fd...)
+	b = append(b, '/')
+	b = appendBits(b, m.addr, m.upToDate, m.deleting, m.annotated, m.hook, m.failed, m.remediate, m.joinStarted, m.defragOpen, m.defragged, m.restartOpen,
+		m.certsDue, m.renewOpen, m.lost)
+	b = append(b, m.authority...)
+	b = append(b, '/')
+	b = strconv.AppendUint(b, m.memberID, 10)
+	for _, n := range []int{m.defragAt, m.restartAt, m.renewAt} {
+		b = append(b, '/')
+		b = strconv.AppendInt(b, int64(n), 10)
+	}
+	return string(b)
 }
 
 type wMember struct {
@@ -161,14 +170,18 @@ var machineNameTable, peerURLTable = func() (names, urls []string) {
 func machineName(id int) string { return machineNameTable[id] }
 func peerURL(id int) string     { return peerURLTable[id] }
 
-func bits(flags ...bool) string {
+func bits(flags ...bool) string { return string(appendBits(nil, flags...)) }
+
+// appendBits appends flags to b as the decimal number whose bit i is
+// flags[i].
+func appendBits(b []byte, flags ...bool) []byte {
 	n := 0
 	for i, f := range flags {
 		if f {
 			n |= 1 << i
 		}
 	}
-	return strconv.Itoa(n)
+	return strconv.AppendInt(b, int64(n), 10)
 }
 
 func (w world) clone() world {
@@ -255,9 +268,11 @@ func (w world) state() State {
 			mm.DBSizeQuota = worldQuota
 		}
 		// A working voter's machine says it answers there, whether QCP
-		// reaches it or not; a learner fails /health by design.
-		if i := slices.IndexFunc(s.Machines, func(mc Machine) bool { return mc.Name == machineName(m.host) }); i >= 0 && m.healthy && m.started && !m.learner {
-			s.Machines[i].EtcdAnswersOnMachine = true
+		// reaches it or not; a learner fails /health by design. s.Machines
+		// are listed as w.machines.
+		host := slices.IndexFunc(w.machines, func(mc wMachine) bool { return mc.id == m.host })
+		if host >= 0 && m.healthy && m.started && !m.learner {
+			s.Machines[host].EtcdAnswersOnMachine = true
 		}
 		if m.fragmented {
 			mm.DBSizeInUse = worldDBSize / 4
@@ -267,7 +282,7 @@ func (w world) state() State {
 		}
 		if !m.caughtUp {
 			mm.AppliedIndex = 100
-			if mc := w.machine(machineName(m.host)); mc != nil && mc.stalled {
+			if host >= 0 && w.machines[host].stalled {
 				mm.CatchUpProgressAt = at(m.since) // no closer since it was added
 			}
 		}
@@ -636,46 +651,40 @@ func (w world) memberOn(machine int) *wMember {
 // members renumbered by age, epochs reduced to what timeouts can tell.
 func (w world) key() string {
 	b := make([]byte, 0, 256)
-	rank := map[int]int{}
-	for i, mc := range w.machines {
-		rank[mc.id] = i
-	}
-	mrank := map[uint64]int{}
-	for i, m := range w.members {
-		mrank[m.id] = i
-	}
+	// A machine's rank is its index in w.machines, a member's in w.members;
+	// -1 for one that is gone.
+	rank := func(id int) int { return slices.IndexFunc(w.machines, func(mc wMachine) bool { return mc.id == id }) }
 	b = strconv.AppendInt(b, int64(w.desired), 10)
 	b = append(b, w.strategy...)
 	b = strconv.AppendBool(b, w.bootstrapped)
 	b = strconv.AppendBool(b, w.compacted)
 	b = strconv.AppendBool(b, w.quotaRaised)
-	b = append(b, bits(w.backupDue, w.backupConfigured, w.backupFresh, w.restore, w.restoreBad, w.triggered, w.restoring)...)
+	b = appendBits(b, w.backupDue, w.backupConfigured, w.backupFresh, w.restore, w.restoreBad, w.triggered, w.restoring)
 	b = append(b, w.recovery...)
 	for _, id := range w.lostIDs {
-		r, ok := rank[id]
-		if !ok {
-			r = -1 // deleted since
-		}
 		b = append(b, ',')
-		b = strconv.AppendInt(b, int64(r), 10)
+		b = strconv.AppendInt(b, int64(rank(id)), 10)
 	}
-	b = append(b, strings.Join(w.domains, ",")...)
+	for i, fd := range w.domains {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = append(b, fd...)
+	}
 	b = append(b, '|')
 	for _, mc := range w.machines {
-		mid, ok := mrank[mc.memberID]
-		if !ok && mc.memberID != 0 {
-			mid = -1
-		} else if mc.memberID == 0 {
-			mid = -2
+		mid := -2
+		if mc.memberID != 0 {
+			mid = slices.IndexFunc(w.members, func(m wMember) bool { return m.id == mc.memberID })
 		}
 		b = append(b, mc.fd...)
 		b = append(b, ',')
 		b = strconv.AppendInt(b, int64(min(w.epoch-mc.born, 3)), 10)
 		b = append(b, ',')
-		b = append(b, bits(w.epoch > mc.readyAt, mc.addr, mc.upToDate, mc.deleting, mc.annotated, mc.hook, mc.failed, mc.broken,
+		b = appendBits(b, w.epoch > mc.readyAt, mc.addr, mc.upToDate, mc.deleting, mc.annotated, mc.hook, mc.failed, mc.broken,
 			mc.noInfra, mc.slow, mc.remediate, mc.joinStarted, mc.memberID != 0, mc.stalled, mc.defragOpen, mc.defragged && mc.defragAt == w.epoch,
 			mc.defragged && w.compacted && mc.defragAt >= w.compactAt, mc.restartOpen && mc.restartAt == w.epoch,
-			mc.certsDue, mc.renewOpen, mc.renewOpen && mc.renewAt == w.epoch, mc.lost)...)
+			mc.certsDue, mc.renewOpen, mc.renewOpen && mc.renewAt == w.epoch, mc.lost)
 		b = append(b, mc.authority...)
 		b = append(b, ',')
 		b = strconv.AppendInt(b, int64(mid), 10)
@@ -683,14 +692,10 @@ func (w world) key() string {
 	}
 	b = append(b, '|')
 	for _, m := range w.members {
-		host, ok := rank[m.host]
-		if !ok {
-			host = -1
-		}
-		b = strconv.AppendInt(b, int64(host), 10)
+		b = strconv.AppendInt(b, int64(rank(m.host)), 10)
 		b = append(b, ',')
-		b = append(b, bits(m.learner, m.started, m.healthy, m.caughtUp, m.leader, w.epoch > m.since, m.fragmented, m.defragmenting, m.overQuota, m.liveOverQuota,
-			m.oldQuota, m.restarting, m.lagging, m.cut)...)
+		b = appendBits(b, m.learner, m.started, m.healthy, m.caughtUp, m.leader, w.epoch > m.since, m.fragmented, m.defragmenting, m.overQuota, m.liveOverQuota,
+			m.oldQuota, m.restarting, m.lagging, m.cut)
 		b = append(b, m.alarm...)
 		b = append(b, ';')
 	}
