@@ -288,9 +288,10 @@ func (v view) phase(mc Machine) phase {
 }
 
 // keep returns the machines meant to stay: not deleting, failed or spent.
-func (v view) keep() []Machine {
-	return filter(v.machines, func(mc Machine) bool { return v.phase(mc) >= phasePending })
-}
+func (v view) keep() []Machine { return filter(v.machines, v.kept) }
+
+// kept reports whether mc is one of keep's machines.
+func (v view) kept(mc Machine) bool { return v.phase(mc) >= phasePending }
 
 // provisioning returns the kept machines still being created, in the sense
 // of I4: they host no started member yet.
@@ -485,7 +486,7 @@ func (v view) misplaced(mc Machine) string {
 	limit := (v.Desired + len(v.FailureDomains) - 1) / len(v.FailureDomains)
 	// The kept machines in mc's domain, counted without building keep's
 	// list: outdated asks this of every kept machine, many times per plan.
-	n := countOf(v.machines, func(o Machine) bool { return o.FailureDomain == mc.FailureDomain && v.phase(o) >= phasePending })
+	n := countOf(v.machines, func(o Machine) bool { return o.FailureDomain == mc.FailureDomain && v.kept(o) })
 	if n > limit {
 		return fmt.Sprintf("failure domain %s holds %d machines, more than an even spread's %d", quoteFD(mc.FailureDomain), n, limit)
 	}
