@@ -9,35 +9,71 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Ticks returns the busy and idle ticks (USER_HZ) of all CPUs since boot,
-// from /proc/stat's cpu line; idle counts iowait too. Both are 0 where
-// /proc/stat cannot be read.
+// from /proc/stat's cpu line; idle counts iowait too, busy counts work at a
+// lowered priority (nice) too. Both are 0 where /proc/stat cannot be read.
 func Ticks() (busy, idle uint64) {
+	t := read()
+	return t.busy + t.nice, t.idle
+}
+
+// ticks are /proc/stat's cpu line: nice is the work of processes at a
+// lowered priority, busy all other work.
+type ticks struct{ busy, nice, idle uint64 }
+
+func read() ticks {
 	b, err := os.ReadFile("/proc/stat")
 	if err != nil {
-		return 0, 0
+		return ticks{}
 	}
 	line, _, _ := strings.Cut(string(b), "\n")
+	return parse(line)
+}
+
+// parse reads a cpu line of /proc/stat: user, nice, system, idle, iowait,
+// irq, softirq, steal.
+func parse(line string) ticks {
+	var t ticks
 	f := strings.Fields(line)
 	for k := 1; k < len(f) && k <= 8; k++ {
 		v, _ := strconv.ParseUint(f[k], 10, 64)
-		if k == 4 || k == 5 { // idle, iowait
-			idle += v
-		} else {
-			busy += v
+		switch k {
+		case 2:
+			t.nice += v
+		case 4, 5: // idle, iowait
+			t.idle += v
+		default:
+			t.busy += v
 		}
 	}
-	return busy, idle
+	return t
 }
 
-// Load samples Ticks every interval and reports the busy fraction of the
-// host's CPUs (0 to 1) over the last window.
+// niceSpare says whether work at a lowered priority is CPU to spare for
+// this process: it is when this process runs at the default priority, so
+// that the kernel gives such work only what this process's kind leaves.
+// A process that runs niced itself cannot tell its own kind's work from
+// the other niced work in /proc/stat, so to it that work is busy.
+func niceSpare() bool {
+	p, err := unix.Getpriority(unix.PRIO_PROCESS, 0)
+	// The raw system call returns 20 - nice.
+	return err == nil && p == 20
+}
+
+// Load samples the host's CPUs every interval and reports their busy
+// fraction (0 to 1) over the last window. Work at a lowered priority counts
+// as spare when this process runs at the default priority (niceSpare): it
+// yields its CPU to everything else, as `make test`'s build of a binary
+// only some tests need yields to the tests.
 type Load struct {
-	mu      sync.Mutex
-	window  time.Duration
-	samples []sample
+	mu        sync.Mutex
+	window    time.Duration
+	niceSpare bool
+	samples   []sample
 }
 
 type sample struct {
@@ -47,7 +83,7 @@ type sample struct {
 
 // NewLoad starts sampling every interval, for as long as the process runs.
 func NewLoad(interval, window time.Duration) *Load {
-	l := &Load{window: window}
+	l := &Load{window: window, niceSpare: niceSpare()}
 	l.take(time.Now())
 	go func() {
 		for now := range time.Tick(interval) {
@@ -57,8 +93,13 @@ func NewLoad(interval, window time.Duration) *Load {
 	return l
 }
 
-func (l *Load) take(now time.Time) {
-	busy, idle := Ticks()
+func (l *Load) take(now time.Time) { l.add(now, read()) }
+
+func (l *Load) add(now time.Time, t ticks) {
+	busy, idle := t.busy+t.nice, t.idle
+	if l.niceSpare {
+		busy, idle = t.busy, t.idle+t.nice
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	l.samples = append(l.samples, sample{now, busy, idle})
