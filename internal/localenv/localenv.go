@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -96,6 +97,10 @@ type Env struct {
 	ownsDir        bool
 	// opts are the options Start was given, for starting CAPI core again.
 	opts Options
+	// imageMu guards imageFrom: the bin directory and agent the machine
+	// image was last installed from (installMachineImage).
+	imageMu   sync.Mutex
+	imageFrom [2]string
 }
 
 // Start starts the management cluster, its garbage collector and, unless

@@ -62,8 +62,9 @@ const backupKeep = 2
 //     while it grows from one machine to three.
 func TestBackups(t *testing.T) {
 	mgmt := requireShared(t)
-	testkit.RequireBinaries(t, "versitygw", "kube-previous")
-	parallel(t, 6*time.Minute)
+	testkit.RequireBinaries(t, "versitygw")
+	parallel(t, 6*time.Minute, "kube-previous")
+	requirePreviousKube(t, mgmt)
 	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
 	defer cancel()
 	name := "backup"

@@ -4,8 +4,11 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/qcp-dev/qcp/internal/testkit"
 )
 
 // scenarios runs the package's scenarios side by side, slots at a time,
@@ -47,6 +50,9 @@ type scenarioQueue struct {
 type queued struct {
 	name     string
 	expected time.Duration
+	// ready, when set, says whether it may start yet: false while a binary
+	// it needs is still being built.
+	ready func() bool
 	// since is when it began to wait.
 	since time.Time
 }
@@ -56,14 +62,24 @@ type queued struct {
 // it orders the queue and bounds nothing), and returns once it has a slot;
 // the slot is freed when t ends. It must be called where t.Parallel would
 // be: at the start of a top-level test, before anything slow.
-func parallel(t *testing.T, expected time.Duration) { scenarios.parallel(t, expected) }
+//
+// A scenario that needs a pinned binary `make test` builds beside the tests
+// (kube-previous) names it in needs: it takes no slot until the binary is
+// built, and the scenarios behind it go first.
+func parallel(t *testing.T, expected time.Duration, needs ...string) {
+	var ready func() bool
+	if len(needs) > 0 {
+		ready = func() bool { return !slices.ContainsFunc(needs, testkit.BinaryBuilding) }
+	}
+	scenarios.parallel(t, expected, ready)
+}
 
-func (q *scenarioQueue) parallel(t *testing.T, expected time.Duration) {
+func (q *scenarioQueue) parallel(t *testing.T, expected time.Duration, ready func() bool) {
 	q.mu.Lock()
 	if q.cond == nil {
 		q.cond = sync.NewCond(&q.mu)
 	}
-	me := &queued{name: t.Name(), expected: expected}
+	me := &queued{name: t.Name(), expected: expected, ready: ready}
 	// Registered before t.Parallel: go test runs every top-level test's
 	// sequential part first, so all scenarios are queued before any starts.
 	q.waiting = append(q.waiting, me)
@@ -73,8 +89,9 @@ func (q *scenarioQueue) parallel(t *testing.T, expected time.Duration) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	me.since = time.Now()
-	if q.busy != nil && !q.ticking {
-		// The host's load changes without anything here broadcasting.
+	if (q.busy != nil || ready != nil) && !q.ticking {
+		// The host's load, and a build, change without anything here
+		// broadcasting.
 		q.ticking = true
 		go func() {
 			for range time.Tick(2 * time.Second) {
@@ -130,10 +147,14 @@ func (q *scenarioQueue) load() string {
 	return fmt.Sprintf("host CPUs %.0f%% busy, starts below %.0f%%", busy*100, q.maxBusy*100)
 }
 
-// next is the waiting scenario expected to take longest (by name on a tie).
+// next is the waiting scenario expected to take longest (by name on a
+// tie) of those ready to start.
 func (q *scenarioQueue) next() *queued {
 	var best *queued
 	for _, w := range q.waiting {
+		if w.ready != nil && !w.ready() {
+			continue
+		}
 		if best == nil || w.expected > best.expected || w.expected == best.expected && w.name < best.name {
 			best = w
 		}
@@ -154,7 +175,7 @@ func TestScenarioQueue(t *testing.T) {
 			expected time.Duration
 		}{{"short", time.Second}, {"long", 3 * time.Second}, {"middle", 2 * time.Second}} {
 			t.Run(c.name, func(t *testing.T) {
-				q.parallel(t, c.expected)
+				q.parallel(t, c.expected, nil)
 				mu.Lock()
 				order = append(order, c.name)
 				running++
@@ -174,6 +195,35 @@ func TestScenarioQueue(t *testing.T) {
 	}
 }
 
+// TestScenarioQueueWaitsForBinary: a scenario whose binary is still being
+// built takes no slot, and a shorter one behind it goes first; it starts
+// once the binary is built.
+func TestScenarioQueueWaitsForBinary(t *testing.T) {
+	q := &scenarioQueue{slots: 1}
+	var built atomic.Bool
+	var mu sync.Mutex
+	var order []string
+	run := func(name string) {
+		mu.Lock()
+		defer mu.Unlock()
+		order = append(order, name)
+	}
+	t.Run("group", func(t *testing.T) {
+		t.Run("upgrade", func(t *testing.T) {
+			q.parallel(t, 3*time.Second, built.Load)
+			run("upgrade")
+		})
+		t.Run("short", func(t *testing.T) {
+			q.parallel(t, time.Second, nil)
+			run("short")
+			built.Store(true) // the build ends while it runs
+		})
+	})
+	if want := []string{"short", "upgrade"}; !slices.Equal(order, want) {
+		t.Errorf("ran in the order %v, want %v", order, want)
+	}
+}
+
 // TestScenarioQueueWaitsForCPU: with three slots, scenarios on a busy host
 // run one at a time; on an idle one, side by side.
 func TestScenarioQueueWaitsForCPU(t *testing.T) {
@@ -184,7 +234,7 @@ func TestScenarioQueueWaitsForCPU(t *testing.T) {
 		t.Run("group", func(t *testing.T) {
 			for _, name := range []string{"a", "b", "c"} {
 				t.Run(name, func(t *testing.T) {
-					q.parallel(t, time.Second)
+					q.parallel(t, time.Second, nil)
 					mu.Lock()
 					running++
 					most = max(most, running)
@@ -231,7 +281,7 @@ func TestScenarioQueueFirstWaitsAWhile(t *testing.T) {
 		t.Run(fmt.Sprintf("busy %.1f", c.busy), func(t *testing.T) {
 			t.Run("one", func(t *testing.T) {
 				released := time.Now()
-				q.parallel(t, time.Second)
+				q.parallel(t, time.Second, nil)
 				waited = time.Since(released)
 			})
 		})

@@ -24,7 +24,6 @@ import (
 	controlplanev1 "github.com/qcp-dev/qcp/api/controlplane/v1alpha1"
 	infrav1 "github.com/qcp-dev/qcp/api/infrastructure/v1alpha1"
 	"github.com/qcp-dev/qcp/internal/binaries"
-	"github.com/qcp-dev/qcp/internal/testkit"
 )
 
 // TestVersionUpgradeAndRollouts upgrades 3 machines from the previous
@@ -37,8 +36,8 @@ import (
 // creating each costs minutes of the suite's time).
 func TestVersionUpgradeAndRollouts(t *testing.T) {
 	mgmt := requireShared(t)
-	testkit.RequireBinaries(t, "kube-previous")
-	parallel(t, 2*time.Minute)
+	parallel(t, 2*time.Minute, "kube-previous")
+	requirePreviousKube(t, mgmt)
 	from := binaries.PreviousKubeVersion
 	s := newScenario(t, mgmt, "upgrade", 3, withoutAutorepair, func(cp *controlplanev1.QuorumControlPlane) {
 		cp.Spec.Version = from

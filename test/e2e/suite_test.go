@@ -307,6 +307,19 @@ func (m *management) hostAddress() string {
 }
 
 // requireShared skips with -short and fails if the suite did not start.
+// requirePreviousKube fails t without the kube version upgrades start from
+// (skips it outside make test), and puts it into mgmt's machine image:
+// `make test` builds it beside the tests, so it can be newer than the image
+// the manager installed at its start. Call it after parallel, which waits
+// for that build.
+func requirePreviousKube(t *testing.T, mgmt *management) {
+	t.Helper()
+	testkit.RequireBinaries(t, "kube-previous")
+	if err := mgmt.env.UpdateMachineImage(); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func requireShared(t *testing.T) *management {
 	t.Helper()
 	if testing.Short() {

@@ -29,7 +29,6 @@ import (
 	"github.com/qcp-dev/qcp/internal/binaries"
 	"github.com/qcp-dev/qcp/internal/controllers/controlplane"
 	"github.com/qcp-dev/qcp/internal/machinehost"
-	"github.com/qcp-dev/qcp/internal/testkit"
 )
 
 // clusterClassFile is the ClusterClass QCP ships, with its templates.
@@ -478,8 +477,8 @@ func (s *scenario) patchClass(ctx context.Context, edit func(*clusterv1.ClusterC
 // machine of the old version is left.
 func TestTopologyUpgrade(t *testing.T) {
 	mgmt := requireShared(t)
-	testkit.RequireBinaries(t, "kube-previous")
-	parallel(t, 3*time.Minute)
+	parallel(t, 3*time.Minute, "kube-previous")
+	requirePreviousKube(t, mgmt)
 	from := binaries.PreviousKubeVersion
 	s := newTopologyScenario(t, mgmt, "topology-upgrade", map[string]string{"KUBERNETES_VERSION": from}, nil)
 	s.startTraffic(3)
