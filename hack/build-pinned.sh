@@ -54,6 +54,9 @@ esac
 
 echo ">> building $tool $version into $out (a cold build can take minutes)"
 start=$(date +%s)
-(cd "$src" && go build -trimpath -ldflags "$ldflags" -o "$out.tmp" "$target")
-mv "$out.tmp" "$out"
+# Built under a hidden name and renamed: images/install.sh takes every
+# bin/kube-v* it finds, and `make test` builds one beside the tests.
+tmp=$(dirname "$out")/.$(basename "$out").tmp
+(cd "$src" && go build -trimpath -ldflags "$ldflags" -o "$tmp" "$target")
+mv "$tmp" "$out"
 echo ">> built $tool $version in $(( $(date +%s) - start ))s"
