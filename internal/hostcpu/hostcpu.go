@@ -9,71 +9,43 @@ import (
 	"strings"
 	"sync"
 	"time"
-
-	"golang.org/x/sys/unix"
 )
 
 // Ticks returns the busy and idle ticks (USER_HZ) of all CPUs since boot,
-// from /proc/stat's cpu line; idle counts iowait too, busy counts work at a
-// lowered priority (nice) too. Both are 0 where /proc/stat cannot be read.
+// from /proc/stat's cpu line; idle counts iowait too. Both are 0 where
+// /proc/stat cannot be read.
 func Ticks() (busy, idle uint64) {
-	t := read()
-	return t.busy + t.nice, t.idle
-}
-
-// ticks are /proc/stat's cpu line: nice is the work of processes at a
-// lowered priority, busy all other work.
-type ticks struct{ busy, nice, idle uint64 }
-
-func read() ticks {
 	b, err := os.ReadFile("/proc/stat")
 	if err != nil {
-		return ticks{}
+		return 0, 0
 	}
 	line, _, _ := strings.Cut(string(b), "\n")
-	return parse(line)
-}
-
-// parse reads a cpu line of /proc/stat: user, nice, system, idle, iowait,
-// irq, softirq, steal.
-func parse(line string) ticks {
-	var t ticks
 	f := strings.Fields(line)
 	for k := 1; k < len(f) && k <= 8; k++ {
 		v, _ := strconv.ParseUint(f[k], 10, 64)
-		switch k {
-		case 2:
-			t.nice += v
-		case 4, 5: // idle, iowait
-			t.idle += v
-		default:
-			t.busy += v
+		if k == 4 || k == 5 { // idle, iowait
+			idle += v
+		} else {
+			busy += v
 		}
 	}
-	return t
+	return busy, idle
 }
 
-// niceSpare says whether work at a lowered priority is CPU to spare for
-// this process: it is when this process runs at the default priority, so
-// that the kernel gives such work only what this process's kind leaves.
-// A process that runs niced itself cannot tell its own kind's work from
-// the other niced work in /proc/stat, so to it that work is busy.
-func niceSpare() bool {
-	p, err := unix.Getpriority(unix.PRIO_PROCESS, 0)
-	// The raw system call returns 20 - nice.
-	return err == nil && p == 20
-}
-
-// Load samples the host's CPUs every interval and reports their busy
-// fraction (0 to 1) over the last window. Work at a lowered priority counts
-// as spare when this process runs at the default priority (niceSpare): it
-// yields its CPU to everything else, as `make test`'s build of a binary
-// only some tests need yields to the tests.
+// Load samples Ticks every interval and reports the busy fraction of the
+// host's CPUs (0 to 1) over the last window. With yielding set, the CPU of
+// work that yields to everything else counts as spare: yielding returns the
+// ticks that work has used so far (`make test` builds a binary only some
+// tests need at the lowest priority beside them). It may fall back (when
+// that work ends); the ticks used since the last sample then go uncounted.
 type Load struct {
-	mu        sync.Mutex
-	window    time.Duration
-	niceSpare bool
-	samples   []sample
+	mu       sync.Mutex
+	window   time.Duration
+	yielding func() uint64
+	// yielded is what yielding reported at the last sample, and spared all
+	// it has added since the first.
+	yielded, spared uint64
+	samples         []sample
 }
 
 type sample struct {
@@ -81,9 +53,10 @@ type sample struct {
 	busy, idle uint64
 }
 
-// NewLoad starts sampling every interval, for as long as the process runs.
-func NewLoad(interval, window time.Duration) *Load {
-	l := &Load{window: window, niceSpare: niceSpare()}
+// NewLoad starts sampling every interval, for as long as the process runs;
+// yielding may be nil.
+func NewLoad(interval, window time.Duration, yielding func() uint64) *Load {
+	l := &Load{window: window, yielding: yielding}
 	l.take(time.Now())
 	go func() {
 		for now := range time.Tick(interval) {
@@ -93,16 +66,24 @@ func NewLoad(interval, window time.Duration) *Load {
 	return l
 }
 
-func (l *Load) take(now time.Time) { l.add(now, read()) }
-
-func (l *Load) add(now time.Time, t ticks) {
-	busy, idle := t.busy+t.nice, t.idle
-	if l.niceSpare {
-		busy, idle = t.busy, t.idle+t.nice
+func (l *Load) take(now time.Time) {
+	var yielded uint64
+	if l.yielding != nil {
+		yielded = l.yielding()
 	}
+	busy, idle := Ticks()
+	l.add(now, busy, idle, yielded)
+}
+
+func (l *Load) add(now time.Time, busy, idle, yielded uint64) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	l.samples = append(l.samples, sample{now, busy, idle})
+	if yielded > l.yielded && len(l.samples) > 0 {
+		l.spared += yielded - l.yielded
+	}
+	l.yielded = yielded
+	spared := min(l.spared, busy)
+	l.samples = append(l.samples, sample{now, busy - spared, idle + spared})
 	// Keep one sample at or before the window's start.
 	for len(l.samples) > 2 && now.Sub(l.samples[1].at) >= l.window {
 		l.samples = l.samples[1:]

@@ -1,10 +1,7 @@
 package hostcpu
 
 import (
-	"os"
-	"os/exec"
 	"runtime"
-	"strings"
 	"testing"
 	"time"
 )
@@ -15,7 +12,7 @@ func TestLoad(t *testing.T) {
 	if busy, idle := Ticks(); busy == 0 || idle == 0 {
 		t.Fatalf("ticks from /proc/stat: busy %d, idle %d", busy, idle)
 	}
-	l := NewLoad(100*time.Millisecond, 500*time.Millisecond)
+	l := NewLoad(100*time.Millisecond, 500*time.Millisecond, nil)
 	if _, ok := l.Busy(); ok {
 		t.Fatal("a load with one sample reports a busy fraction")
 	}
@@ -53,46 +50,26 @@ func TestLoad(t *testing.T) {
 	}
 }
 
-// TestNiceWork: /proc/stat's niced work is busy to Ticks, and spare to a
-// Load whose process runs at the default priority; a niced process counts
-// it busy, as it cannot tell its own kind's work from it.
-func TestNiceWork(t *testing.T) {
-	at := parse("cpu  100 40 20 300 10 1 2 3 0 0")
-	if want := (ticks{busy: 126, nice: 40, idle: 310}); at != want {
-		t.Fatalf("parsed %+v, want %+v", at, want)
-	}
-	later := ticks{busy: at.busy + 20, nice: at.nice + 60, idle: at.idle + 20}
-	for _, c := range []struct {
-		niceSpare bool
-		want      float64
-	}{{true, 0.2}, {false, 0.8}} {
-		l := &Load{window: time.Minute, niceSpare: c.niceSpare}
-		l.add(time.Now(), at)
-		l.add(time.Now().Add(time.Second), later)
+// TestLoadYielding: the CPU of work that yields counts as spare, and when
+// that work ends (its ticks fall back to 0) the load does not jump.
+func TestLoadYielding(t *testing.T) {
+	start := time.Now()
+	l := &Load{window: time.Minute}
+	for k, c := range []struct {
+		busy, idle, yielded uint64
+		want                float64
+	}{
+		{100, 100, 500, 0},         // before the first sample: not counted
+		{180, 120, 560, 0.2},       // 80 busy, 60 of them the yielding work's
+		{200, 140, 0, 40.0 / 140},  // it ended: the 20 busy since count
+		{240, 160, 30, 50.0 / 200}, // another: 30 of the 40 busy since
+	} {
+		l.add(start.Add(time.Duration(k)*time.Second), c.busy, c.idle, c.yielded)
+		if k == 0 {
+			continue
+		}
 		if busy, ok := l.Busy(); !ok || busy < c.want-1e-9 || busy > c.want+1e-9 {
-			t.Errorf("niced work spare %v: the load read %.2f busy (ok %v), want %.2f", c.niceSpare, busy, ok, c.want)
+			t.Errorf("sample %d: the load read %.3f busy (ok %v), want %.3f", k, busy, ok, c.want)
 		}
-	}
-
-	// This process's own priority decides.
-	stat, err := os.ReadFile("/proc/self/stat")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, after, _ := strings.Cut(string(stat), ") ")
-	own := strings.Fields(after)[16] // field 19, nice
-	if got, want := niceSpare(), own == "0"; got != want {
-		t.Errorf("running at nice %s, niceSpare() = %v, want %v", own, got, want)
-	}
-	if os.Getenv("HOSTCPU_NICED_CHILD") == "1" {
-		if niceSpare() {
-			t.Error("a niced process takes niced work as spare")
-		}
-		return
-	}
-	cmd := exec.Command("nice", "-n", "5", os.Args[0], "-test.run=^TestNiceWork$")
-	cmd.Env = append(os.Environ(), "HOSTCPU_NICED_CHILD=1")
-	if out, err := cmd.CombinedOutput(); err != nil {
-		t.Errorf("at nice 5: %v\n%s", err, out)
 	}
 }

@@ -4,8 +4,11 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/prometheus/procfs"
 
 	"github.com/qcp-dev/qcp/internal/binaries"
 )
@@ -70,6 +73,52 @@ func BinaryBuilding(name string) bool {
 	}
 	_, err := os.Stat("/proc/" + pid)
 	return err == nil
+}
+
+// BuildTicks returns the CPU the builds beside the tests have used so far,
+// in clock ticks (as /proc/stat counts them): every process of each build
+// that runs (its marker names the build's first process), with what the
+// children they reaped used. test/e2e's scenario queue counts it as CPU to
+// spare, as the build runs at the lowest priority and yields it. It falls
+// back to 0 once the builds have ended.
+func BuildTicks() uint64 {
+	roots := map[int]bool{}
+	for _, pin := range pinned {
+		state, _ := buildState(pin.binary, pin.version)
+		if pid, ok := strings.CutPrefix(state, "building "); ok {
+			if n, err := strconv.Atoi(pid); err == nil {
+				roots[n] = true
+			}
+		}
+	}
+	if len(roots) == 0 {
+		return 0
+	}
+	procs, err := procfs.AllProcs()
+	if err != nil {
+		return 0
+	}
+	stats := map[int]procfs.ProcStat{}
+	for _, p := range procs {
+		if st, err := p.Stat(); err == nil {
+			stats[st.PID] = st
+		}
+	}
+	var ticks uint64
+	for pid, st := range stats {
+		// A process of a build has the build's first process among its
+		// ancestors (or is it).
+		for p, seen := pid, 0; p > 1 && seen < len(stats); p, seen = stats[p].PPID, seen+1 {
+			if roots[p] {
+				ticks += uint64(st.UTime+st.STime) + uint64(st.CUTime+st.CSTime)
+				break
+			}
+			if _, ok := stats[p]; !ok {
+				break
+			}
+		}
+	}
+	return ticks
 }
 
 // buildState reads the marker of a build beside the tests, and false

@@ -150,8 +150,9 @@ func scenariosAtOnce() error {
 	if !given && !testing.Short() {
 		// Beyond the first, a scenario starts only while the host has CPU
 		// to spare (scenarioQueue); -parallel, as `make chaos` gives it,
-		// asks for that many at once whatever the load.
-		load := hostcpu.NewLoad(2*time.Second, 20*time.Second)
+		// asks for that many at once whatever the load. A build beside
+		// the tests yields its CPU, so that CPU is spare.
+		load := hostcpu.NewLoad(2*time.Second, 20*time.Second, testkit.BuildTicks)
 		scenarios.busy, scenarios.maxBusy, scenarios.spacing, scenarios.aloneAfter = load.Busy, 0.75, 30*time.Second, 2*time.Minute
 	}
 	return p.Value.Set("1000")
