@@ -167,7 +167,7 @@ test-profile:
 # The kube version upgrades start from (KUBE_PREVIOUS) is built beside the
 # tests, at the lowest CPU priority (hack/build-beside.sh), not before
 # them: only three scenarios need it, and they wait for it in the scenario
-# queue while the others run. Built before, it was a third of a cold
+# queue while the others run. Built before, it was a quarter of a cold
 # build's time, on a host the test phase leaves a quarter idle.
 TEST_PACKAGES ?= ./test/e2e ./internal/controllers/process ./internal/cli ./internal/machinehost ./test/engine ./...
 test-steps: binaries $(ETCD_PREVIOUS) verify-generate cloud-init
