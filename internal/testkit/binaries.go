@@ -59,20 +59,14 @@ func RequireBinaries(t testing.TB, names ...string) {
 // run, instead of before them, and only the scenarios that need it wait
 // for it. While the build runs, <bin>/.<binary>-<version>.building says
 // "building <pid>" (hack/build-beside.sh); it is removed once the binary is
-// in place, and says why once the build failed. A marker whose process is
-// gone (a run that was interrupted) is no build.
+// in place, and says why once the build failed.
 func BinaryBuilding(name string) bool {
 	pin, ok := pinned[name]
 	if !ok {
 		return false
 	}
-	state, ok := buildState(pin.binary, pin.version)
-	pid, building := strings.CutPrefix(state, "building ")
-	if !ok || !building {
-		return false
-	}
-	_, err := os.Stat("/proc/" + pid)
-	return err == nil
+	_, ok = buildPID(pin.binary, pin.version)
+	return ok
 }
 
 // BuildTicks returns the CPU the builds beside the tests have used so far,
@@ -84,11 +78,8 @@ func BinaryBuilding(name string) bool {
 func BuildTicks() uint64 {
 	roots := map[int]bool{}
 	for _, pin := range pinned {
-		state, _ := buildState(pin.binary, pin.version)
-		if pid, ok := strings.CutPrefix(state, "building "); ok {
-			if n, err := strconv.Atoi(pid); err == nil {
-				roots[n] = true
-			}
+		if pid, ok := buildPID(pin.binary, pin.version); ok {
+			roots[pid] = true
 		}
 	}
 	if len(roots) == 0 {
@@ -119,6 +110,23 @@ func BuildTicks() uint64 {
 		}
 	}
 	return ticks
+}
+
+// buildPID is the first process of the build of binary at version that
+// runs beside the tests, and false when none runs: no marker, a failed
+// build's, or one whose process is gone (a run that was interrupted).
+func buildPID(binary, version string) (int, bool) {
+	state, _ := buildState(binary, version)
+	pid, ok := strings.CutPrefix(state, "building ")
+	if !ok {
+		return 0, false
+	}
+	n, err := strconv.Atoi(pid)
+	if err != nil {
+		return 0, false
+	}
+	_, err = os.Stat(fmt.Sprintf("/proc/%d", n))
+	return n, err == nil
 }
 
 // buildState reads the marker of a build beside the tests, and false
