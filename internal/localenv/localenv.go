@@ -97,10 +97,11 @@ type Env struct {
 	ownsDir        bool
 	// opts are the options Start was given, for starting CAPI core again.
 	opts Options
-	// imageMu guards imageFrom: the bin directory and agent the machine
-	// image was last installed from (installMachineImage).
-	imageMu   sync.Mutex
-	imageFrom [2]string
+	// imageMu guards imageBinDir and imageAgent: the bin directory and
+	// agent the machine image was last installed from
+	// (installMachineImage).
+	imageMu                 sync.Mutex
+	imageBinDir, imageAgent string
 }
 
 // Start starts the management cluster, its garbage collector and, unless

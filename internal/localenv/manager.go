@@ -141,7 +141,7 @@ func (e *Env) installMachineImage(binDir, manager string) (string, error) {
 		return "", err
 	}
 	e.imageMu.Lock()
-	e.imageFrom = [2]string{binDir, agent}
+	e.imageBinDir, e.imageAgent = binDir, agent
 	e.imageMu.Unlock()
 	return image, nil
 }
@@ -154,12 +154,12 @@ func (e *Env) installMachineImage(binDir, manager string) (string, error) {
 // keep their binaries. Without an image (a stand-in manager), nothing.
 func (e *Env) UpdateMachineImage() error {
 	e.imageMu.Lock()
-	from := e.imageFrom
+	binDir, agent := e.imageBinDir, e.imageAgent
 	e.imageMu.Unlock()
-	if from[0] == "" {
+	if binDir == "" {
 		return nil
 	}
-	return images.Install(filepath.Join(e.Dir, "machine-image"), from[0], from[1])
+	return images.Install(filepath.Join(e.Dir, "machine-image"), binDir, agent)
 }
 
 // qcpDeployments are the Deployments of QCP's two providers in the release.
