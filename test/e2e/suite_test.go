@@ -307,7 +307,6 @@ func (m *management) hostAddress() string {
 	return m.network.HostAddr().String()
 }
 
-// requireShared skips with -short and fails if the suite did not start.
 // requirePreviousKube fails t without the kube version upgrades start from
 // (skips it outside make test), and puts it into mgmt's machine image:
 // `make test` builds it beside the tests, so it can be newer than the image
@@ -321,6 +320,7 @@ func requirePreviousKube(t *testing.T, mgmt *management) {
 	}
 }
 
+// requireShared skips with -short and fails if the suite did not start.
 func requireShared(t *testing.T) *management {
 	t.Helper()
 	if testing.Short() {
