@@ -104,7 +104,12 @@ func TestReport(t *testing.T) {
 		"| build kube v1.36.3 | 90 |",
 		"| test/e2e | 11 | 109 | 165 | pass |",
 		"| test/e2e TestCreateAndScale | 12 | 8 | 98 | 98 | pass |",
-		"| scale | 110 |",
+		// Two packages' clusters of one name are two rows; a cluster lives
+		// from the sample before its first to its last.
+		"| test/e2e | scale | 110 | 110 | 1000 |",
+		"| internal/machinehost | scale | 20 | 10 | 500 |",
+		"| total | 2 clusters | 130 | 120 | 923 |",
+		"The test phase's CPU besides the process machines': 60 CPU-seconds.",
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("the report lacks %q:\n%s", want, got)
@@ -145,6 +150,9 @@ func reportOf(t *testing.T, withMemory bool) string {
 		default:
 			s.CPU["test /src/qcp/test/e2e|etcd|scale"] = 1
 			s.CPU["test /src/qcp/test/e2e|test binary|"] = 0.5
+			if i >= 100 && i < 120 {
+				s.CPU["test /src/qcp/internal/machinehost|etcd|scale"] = 0.5
+			}
 		}
 		_ = enc.Encode(s)
 	}

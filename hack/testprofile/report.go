@@ -160,6 +160,70 @@ func (r *run) sum(from, to time.Time) totals {
 	return t
 }
 
+// packageOf names the package whose test binary owns a group ("test
+// <dir>"): the package of the run that dir ends in, or dir's last two
+// elements if none does; "" for an owner that is no test binary.
+func (r *run) packageOf(owner string) string {
+	dir, ok := strings.CutPrefix(owner, "test ")
+	if !ok {
+		return ""
+	}
+	for _, p := range r.packages {
+		if strings.HasSuffix(dir, "/"+lastTwo(p.name)) {
+			return short(p.name)
+		}
+	}
+	return lastTwo(dir)
+}
+
+// clusterUse is one process machine cluster's share of the test phase.
+type clusterUse struct {
+	pkg, cluster string
+	cpu          float64
+	// from is when the sample before the cluster's first one was taken (a
+	// sample covers the interval before it); to, its last sample's time.
+	from, to time.Time
+}
+
+func (u clusterUse) life() float64 { return u.to.Sub(u.from).Seconds() }
+
+// clusters lists the process machine clusters that used CPU in (from, to],
+// by package and cluster name (two packages may name a cluster alike),
+// the costliest first.
+func (r *run) clusters(from, to time.Time) []clusterUse {
+	m := map[string]*clusterUse{}
+	prev := from
+	for _, s := range r.samples {
+		at := time.UnixMilli(s.T)
+		if !at.After(from) || at.After(to) {
+			continue
+		}
+		for g, v := range s.CPU {
+			p := strings.SplitN(g, "|", 3)
+			if len(p) < 3 || p[2] == "" {
+				continue
+			}
+			pkg := r.packageOf(p[0])
+			u := m[pkg+"|"+p[2]]
+			if u == nil {
+				u = &clusterUse{pkg: pkg, cluster: p[2], from: prev}
+				m[pkg+"|"+p[2]] = u
+			}
+			u.cpu += v
+			u.to = at
+		}
+		prev = at
+	}
+	out := make([]clusterUse, 0, len(m))
+	for _, u := range m {
+		out = append(out, *u)
+	}
+	slices.SortFunc(out, func(a, b clusterUse) int {
+		return cmp.Or(cmp.Compare(b.cpu, a.cpu), strings.Compare(a.pkg, b.pkg), strings.Compare(a.cluster, b.cluster))
+	})
+	return out
+}
+
 // by adds up groups by one of their parts (0 owner, 1 component, 2 cluster).
 func (t totals) by(part int, keep func(owner string) bool) map[string]float64 {
 	out := map[string]float64{}
@@ -235,7 +299,7 @@ func report(w io.Writer, prof, tests string, testStart time.Time) error {
 		}
 		cpu := 0.0
 		for o, v := range owners {
-			if dir, ok := strings.CutPrefix(o, "test "); ok && strings.HasSuffix(dir, "/"+lastTwo(p.name)) {
+			if r.packageOf(o) == short(p.name) {
 				cpu += v
 			}
 		}
@@ -258,10 +322,18 @@ func report(w io.Writer, prof, tests string, testStart time.Time) error {
 		}
 	}
 
-	fmt.Fprintf(w, "\n## Process machines: CPU by cluster\n\nEvery process of a machine (agent, etcd, Kubernetes components), by the cluster its machine belongs to; the scenarios name their clusters.\n\n")
-	clusters := test.by(2, nil)
-	delete(clusters, "")
-	table(w, []string{"cluster", "CPU-seconds"}, clusters, 1)
+	fmt.Fprintf(w, "\n## Process machines: CPU by cluster\n\nEvery process of a machine (agent, etcd, Kubernetes components), by the package and the cluster its machine belongs to; the scenarios name their clusters. A cluster lives from the first sample with a process of its to the last (a name that tests of one package use one after the other counts as one cluster, from the first's start to the last's end); cluster-seconds, its lifetime, are what a scenario that shares another's cluster saves.\n\n")
+	uses := r.clusters(r.testStart, r.testEnd)
+	fmt.Fprintf(w, "| package | cluster | lifetime (s) | CPU-seconds | CPU (ms/s) |\n|---|---|---:|---:|---:|\n")
+	var life, cpu float64
+	for _, u := range uses {
+		life, cpu = life+u.life(), cpu+u.cpu
+		if u.cpu >= 1 {
+			fmt.Fprintf(w, "| %s | %s | %.0f | %.0f | %.0f |\n", u.pkg, u.cluster, u.life(), u.cpu, 1000*u.cpu/max(u.life(), 1))
+		}
+	}
+	fmt.Fprintf(w, "| total | %d clusters | %.0f | %.0f | %.0f |\n", len(uses), life, cpu, 1000*cpu/max(life, 1))
+	fmt.Fprintf(w, "\nThe test phase's CPU besides the process machines': %.0f CPU-seconds.\n", test.busy-cpu)
 
 	fmt.Fprintf(w, "\n## Timeline\n\nEach minute of the test phase: the cores busy (mean) and the packages running.\n\n| minute | cores busy | packages |\n|---:|---:|---|\n")
 	for m := r.testStart; m.Before(r.testEnd); m = m.Add(time.Minute) {
