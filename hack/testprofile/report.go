@@ -133,20 +133,30 @@ func ended(m map[string]*span) []span {
 	return out
 }
 
-// totals sums the samples in [from, to).
+// totals sums the samples in (from, to].
 type totals struct {
 	wall, busy, idle float64
 	// memPeak is the most memory in use at any sample, in GiB.
 	memPeak float64
 	groups  map[string]float64
+	// lives is, for each group, when it used CPU: from the sample before
+	// its first (a sample covers the interval before it) to its last.
+	lives map[string]life
 }
 
+// life is a time from when to until.
+type life struct{ from, to time.Time }
+
+func (l life) seconds() float64 { return l.to.Sub(l.from).Seconds() }
+
 func (r *run) sum(from, to time.Time) totals {
-	t := totals{groups: map[string]float64{}}
+	t := totals{groups: map[string]float64{}, lives: map[string]life{}}
+	prev := from
 	for _, s := range r.samples {
 		// A sample covers the interval before it: (from, to] holds the
 		// samples taken after from, up to and including to.
-		if at := time.UnixMilli(s.T); !at.After(from) || at.After(to) {
+		at := time.UnixMilli(s.T)
+		if !at.After(from) || at.After(to) {
 			continue
 		}
 		t.busy += s.Busy
@@ -154,7 +164,14 @@ func (r *run) sum(from, to time.Time) totals {
 		t.memPeak = max(t.memPeak, s.MemUsed)
 		for g, v := range s.CPU {
 			t.groups[g] += v
+			l, ok := t.lives[g]
+			if !ok {
+				l.from = prev
+			}
+			l.to = at
+			t.lives[g] = l
 		}
+		prev = at
 	}
 	t.wall = to.Sub(from).Seconds()
 	return t
@@ -180,39 +197,34 @@ func (r *run) packageOf(owner string) string {
 type clusterUse struct {
 	pkg, cluster string
 	cpu          float64
-	// from is when the sample before the cluster's first one was taken (a
-	// sample covers the interval before it); to, its last sample's time.
-	from, to time.Time
+	life
 }
 
-func (u clusterUse) life() float64 { return u.to.Sub(u.from).Seconds() }
-
-// clusters lists the process machine clusters that used CPU in (from, to],
-// by package and cluster name (two packages may name a cluster alike),
-// the costliest first.
-func (r *run) clusters(from, to time.Time) []clusterUse {
+// clusters lists the process machine clusters of t, by package and
+// cluster name (two packages may name a cluster alike), the costliest
+// first. A cluster's life spans its processes' groups'.
+func (t totals) clusters(packageOf func(owner string) string) []clusterUse {
 	m := map[string]*clusterUse{}
-	prev := from
-	for _, s := range r.samples {
-		at := time.UnixMilli(s.T)
-		if !at.After(from) || at.After(to) {
+	// In a fixed order, so that clusters of equal CPU sort alike each run.
+	for _, g := range slices.Sorted(maps.Keys(t.groups)) {
+		v := t.groups[g]
+		p := strings.SplitN(g, "|", 3)
+		if len(p) < 3 || p[2] == "" {
 			continue
 		}
-		for g, v := range s.CPU {
-			p := strings.SplitN(g, "|", 3)
-			if len(p) < 3 || p[2] == "" {
-				continue
-			}
-			pkg := r.packageOf(p[0])
-			u := m[pkg+"|"+p[2]]
-			if u == nil {
-				u = &clusterUse{pkg: pkg, cluster: p[2], from: prev}
-				m[pkg+"|"+p[2]] = u
-			}
-			u.cpu += v
-			u.to = at
+		pkg, l := packageOf(p[0]), t.lives[g]
+		u := m[pkg+"|"+p[2]]
+		if u == nil {
+			u = &clusterUse{pkg: pkg, cluster: p[2], life: l}
+			m[pkg+"|"+p[2]] = u
 		}
-		prev = at
+		u.cpu += v
+		if l.from.Before(u.from) {
+			u.from = l.from
+		}
+		if l.to.After(u.to) {
+			u.to = l.to
+		}
 	}
 	out := make([]clusterUse, 0, len(m))
 	for _, u := range m {
@@ -323,16 +335,16 @@ func report(w io.Writer, prof, tests string, testStart time.Time) error {
 	}
 
 	fmt.Fprintf(w, "\n## Process machines: CPU by cluster\n\nEvery process of a machine (agent, etcd, Kubernetes components), by the package and the cluster its machine belongs to; the scenarios name their clusters. A cluster lives from the first sample with a process of its to the last (a name that tests of one package use one after the other counts as one cluster, from the first's start to the last's end); cluster-seconds, its lifetime, are what a scenario that shares another's cluster saves.\n\n")
-	uses := r.clusters(r.testStart, r.testEnd)
+	uses := test.clusters(r.packageOf)
 	fmt.Fprintf(w, "| package | cluster | lifetime (s) | CPU-seconds | CPU (ms/s) |\n|---|---|---:|---:|---:|\n")
-	var life, cpu float64
+	var lives, cpu float64
 	for _, u := range uses {
-		life, cpu = life+u.life(), cpu+u.cpu
+		lives, cpu = lives+u.seconds(), cpu+u.cpu
 		if u.cpu >= 1 {
-			fmt.Fprintf(w, "| %s | %s | %.0f | %.0f | %.0f |\n", u.pkg, u.cluster, u.life(), u.cpu, 1000*u.cpu/max(u.life(), 1))
+			fmt.Fprintf(w, "| %s | %s | %.0f | %.0f | %.0f |\n", u.pkg, u.cluster, u.seconds(), u.cpu, 1000*u.cpu/max(u.seconds(), 1))
 		}
 	}
-	fmt.Fprintf(w, "| total | %d clusters | %.0f | %.0f | %.0f |\n", len(uses), life, cpu, 1000*cpu/max(life, 1))
+	fmt.Fprintf(w, "| total | %d clusters | %.0f | %.0f | %.0f |\n", len(uses), lives, cpu, 1000*cpu/max(lives, 1))
 	fmt.Fprintf(w, "\nThe test phase's CPU besides the process machines': %.0f CPU-seconds.\n", test.busy-cpu)
 
 	fmt.Fprintf(w, "\n## Timeline\n\nEach minute of the test phase: the cores busy (mean) and the packages running.\n\n| minute | cores busy | packages |\n|---:|---:|---|\n")
